@@ -1,0 +1,33 @@
+# The two commands a newcomer needs: `make demo` and `make test`.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test install services bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# torch is the user's own in production; the demo and tests use the CPU build.
+	$(PY) -m pip install -q -e '.[broker,test]' 'torch==2.13.0'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/spotbroker demo
+
+# PostgreSQL must be up for the suite (it runs every database test on both).
+services:
+	@scripts/ensure-postgres
+
+test: $(STAMP) services
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) bench/api_submit.py
+	$(PY) bench/reconcile_pass.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info

@@ -1,0 +1,1 @@
+"""spotbroker node agent: notice watchers, supervisor, checkpoint library."""

@@ -1,0 +1,1 @@
+"""spotbroker REST API (FastAPI)."""

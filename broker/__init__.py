@@ -1,0 +1,1 @@
+"""spotbroker broker: the domain (jobs, offers, placement, launchers, costs)."""
