@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch is the user's own in production; the demo and tests use the CPU build.
-	$(PY) -m pip install -q -e '.[broker,test]' 'torch==2.13.0'
+	$(PY) -m pip install -q -e '.[broker,plot,test]' 'torch==2.13.0'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -1,0 +1,1 @@
+"""Placement policy: what a job should run on next (used by the reconciler and the simulator)."""

@@ -1,0 +1,1 @@
+"""Trace simulator for placement policies (spot-sim-protocol)."""
