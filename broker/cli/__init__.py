@@ -28,10 +28,21 @@ class LazyGroup(click.Group):
         try:
             return getattr(importlib.import_module(module), attr)
         except ImportError as exc:
-            raise click.ClickException(
-                f"'spotbroker {name}' needs the broker's dependencies ({exc.name} is missing): "
-                "pip install 'spotbroker[broker]'"
-            ) from exc
+            if (exc.name or "").startswith("spotbroker"):
+                raise
+            return _missing_dependency(name, exc.name or "a dependency")
+
+
+def _missing_dependency(name: str, missing: str) -> click.Command:
+    """A placeholder that lists in --help and explains itself when run."""
+
+    def fail() -> None:
+        raise click.ClickException(
+            f"'spotbroker {name}' needs the broker's dependencies ({missing} is not installed): "
+            "pip install 'spotbroker[broker]'"
+        )
+
+    return click.Command(name, callback=fail, help=f"(needs spotbroker[broker]: {missing} is missing)")
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
