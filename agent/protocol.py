@@ -1,0 +1,80 @@
+"""The wire between the broker, the node agent and the trainer: one source.
+
+Three parties talk, and every name they share is defined here:
+
+* the **broker** launches an attempt and gives the agent its environment;
+* the **agent** (supervisor, `agent/runner.py`) starts the trainer, watches
+  the cloud's preemption notice and reports to the broker over HTTP;
+* the **trainer** uses the checkpoint library (`agent/checkpoint.py`), which
+  talks to the agent through files in a private control directory.
+
+This module imports nothing beyond the standard library: the broker, the
+agent and the trainer all import it.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+# --- Environment given to the agent by the launcher, and passed on to the trainer.
+ENV_BROKER_URL = "SPOTBROKER_URL"            # e.g. http://10.0.0.5:8000
+ENV_AGENT_TOKEN = "SPOTBROKER_AGENT_TOKEN"   # per-attempt token; may post only for its attempt
+ENV_JOB_ID = "SPOTBROKER_JOB_ID"
+ENV_ATTEMPT_ID = "SPOTBROKER_ATTEMPT_ID"
+ENV_CLOUD = "SPOTBROKER_CLOUD"               # aws | gcp | azure | local; unset = detect
+ENV_METADATA_URL = "SPOTBROKER_METADATA_URL"  # stand-in for the cloud's metadata endpoint
+ENV_CHECKPOINT_URI = "CHECKPOINT_URI"        # {root}/{team}/{job}/{attempt}: this attempt's prefix
+ENV_CHECKPOINT_ROOT = "SPOTBROKER_CHECKPOINT_JOB_URI"  # {root}/{team}/{job}: all attempts of the job
+ENV_RESUME_FROM = "RESUME_FROM"              # a committed checkpoint's URI, or empty
+ENV_CONTROL_DIR = "SPOTBROKER_CONTROL_DIR"   # trainer <-> agent files, private to the attempt
+
+# --- Trainer <-> agent, through files in the control directory.
+LIBRARY_FILE = "library.json"  # the library writes it at start: {"pid": int, "version": 1}
+FLUSH_FILE = "flush.json"      # the agent writes it on a notice: {"deadline": iso8601, "reason": str}
+EVENTS_FILE = "events.jsonl"   # the library appends one JSON object per line (types below)
+FLUSH_SIGNAL = "SIGUSR1"       # sent to the library's pid (never the process group) with FLUSH_FILE
+
+# --- Event types (trainer -> agent -> broker, and agent -> broker).
+HEARTBEAT = "heartbeat"
+PREEMPTION_NOTICE = "preemption_notice"        # data: cloud, kind, deadline (iso8601), raw
+REBALANCE_RECOMMENDATION = "rebalance_recommendation"
+CHECKPOINT_COMMITTED = "checkpoint_committed"  # data: step, uri, bytes, seconds, reason
+NO_FLUSH = "no_flush"                          # data: reason (no library, deadline passed, trainer gone)
+RESUMED = "resumed"                            # data: step, uri
+TRAINER_STARTED = "trainer_started"            # data: pid, library (bool)
+TRAINER_EXITED = "trainer_exited"              # data: exit_code
+AGENT_EVENT_TYPES = frozenset({
+    HEARTBEAT, PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION, CHECKPOINT_COMMITTED,
+    NO_FLUSH, RESUMED, TRAINER_STARTED, TRAINER_EXITED,
+})
+
+# --- Agent -> broker over HTTP, `Authorization: Bearer <agent token>`.
+# POST EVENTS_PATH  {"events": [{"seq": int, "type": str, "at": iso8601, "data": {...}}]}
+#   seq counts from 1 per attempt; the broker ignores a seq it has already
+#   stored, so a buffered batch can be re-sent safely. Answer 200
+#   {"accepted": int, "last_seq": int, "cancel": bool}.
+# POST LOGS_PATH    raw bytes of the trainer's output, header `X-Log-Offset`:
+#   the byte offset of this chunk in the attempt's log; re-sent chunks are
+#   ignored by offset. Answer 200 {"size": int} (bytes stored so far).
+EVENTS_PATH = "/v1/agent/events"
+LOGS_PATH = "/v1/agent/logs"
+LOG_OFFSET_HEADER = "X-Log-Offset"
+
+# --- Checkpoint layout (see DESIGN.md): {prefix}/step-{N:012d}/... then MANIFEST.json last.
+MANIFEST = "MANIFEST.json"
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:012d}"
+
+
+def append_event(control_dir: str | os.PathLike[str], event: dict[str, Any]) -> None:
+    """Append one event line; a single small O_APPEND write is atomic on POSIX."""
+    line = (json.dumps(event, separators=(",", ":")) + "\n").encode()
+    fd = os.open(Path(control_dir) / EVENTS_FILE, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
