@@ -1,0 +1,102 @@
+"""Teams and API tokens. A token is shown once, at creation; only its
+SHA-256 digest is stored, and tokens never reach a log."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.models import ApiToken, Team
+
+TOKEN_PREFIX = "sbt_"
+TEAM_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+
+
+class TeamExists(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a team, or the admin (team None)."""
+
+    team_id: int | None
+    team_name: str | None
+
+    @property
+    def is_admin(self) -> bool:
+        return self.team_id is None
+
+
+ADMIN = Principal(team_id=None, team_name=None)
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def create_team(session: Session, name: str, clock: Clock = SYSTEM_CLOCK) -> tuple[Team, str]:
+    """Create a team and its first token; returns the token in the clear (once)."""
+    if not TEAM_NAME_RE.match(name):
+        raise ValueError(f"team name {name!r}: use lower-case letters, digits, '-' and '_' (at most 64)")
+    if session.scalar(select(Team.id).where(Team.name == name)) is not None:
+        raise TeamExists(f"team {name!r} already exists")
+    team = Team(name=name, created_at=clock.now())
+    session.add(team)
+    try:
+        session.flush()
+    except IntegrityError:
+        raise TeamExists(f"team {name!r} already exists") from None
+    return team, create_token(session, team, clock=clock)
+
+
+def create_token(session: Session, team: Team, name: str = "default", clock: Clock = SYSTEM_CLOCK) -> str:
+    token = new_token()
+    session.add(ApiToken(team_id=team.id, digest=digest(token), name=name, created_at=clock.now()))
+    session.flush()
+    return token
+
+
+class TokenResolver:
+    """Maps a bearer token to its principal, caching lookups briefly so a
+    busy API does not hit the database twice per request. A revoked token
+    stops working within `ttl` seconds."""
+
+    def __init__(self, admin_token: str | None, ttl: float = 30.0) -> None:
+        self._admin_digest = digest(admin_token) if admin_token else None
+        self._ttl = ttl
+        self._cache: dict[str, tuple[float, Principal | None]] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, session: Session, token: str) -> Principal | None:
+        key = digest(token)
+        if self._admin_digest and hmac.compare_digest(key, self._admin_digest):
+            return ADMIN
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit and hit[0] > now:
+            return hit[1]
+        row = session.execute(
+            select(Team.id, Team.name).join(ApiToken, ApiToken.team_id == Team.id)
+            .where(ApiToken.digest == key, ApiToken.revoked_at.is_(None))
+        ).first()
+        principal = Principal(team_id=row.id, team_name=row.name) if row else None
+        with self._lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[key] = (now + self._ttl, principal)
+        return principal

@@ -1,0 +1,67 @@
+"""The jobs service: what the API's job routes do, as plain functions that
+take a session. Reads are scoped to a team; another team's job is "not
+found", never "forbidden"."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.models import Event, Job
+from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, JobState, transition
+
+
+class JobNotFound(LookupError):
+    pass
+
+
+def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_CLOCK) -> Job:
+    now = clock.now()
+    job = Job(team_id=team_id, name=spec.name, state=JobState.PENDING, spec=spec.stored(),
+              created_at=now, updated_at=now, next_check_at=now)
+    session.add(job)
+    session.flush()
+    session.add(Event(job_id=job.id, type="submitted", at=now, data={"name": spec.name}))
+    return job
+
+
+def get(session: Session, team_id: int, job_id: int) -> Job:
+    job = session.scalar(select(Job).where(Job.id == job_id, Job.team_id == team_id))
+    if job is None:
+        raise JobNotFound(job_id)
+    return job
+
+
+def list_jobs(session: Session, team_id: int, *, states: Sequence[JobState] = (),
+              before: int | None = None, limit: int = 50) -> list[Job]:
+    """Newest first; `before` is the cursor (the last id of the previous page)."""
+    query = select(Job).where(Job.team_id == team_id)
+    if states:
+        query = query.where(Job.state.in_([str(s) for s in states]))
+    if before is not None:
+        query = query.where(Job.id < before)
+    return list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
+
+
+def events(session: Session, team_id: int, job_id: int, after: int | None = None) -> list[Event]:
+    get(session, team_id, job_id)
+    query = select(Event).where(Event.job_id == job_id)
+    if after is not None:
+        query = query.where(Event.id > after)
+    return list(session.scalars(query.order_by(Event.id)))
+
+
+def cancel(session: Session, team_id: int, job_id: int, clock: Clock = SYSTEM_CLOCK) -> Job:
+    """Cancel in the database now; the reconciler then stops what still runs
+    (an attempt in a final state whose resources are not yet released)."""
+    job = get(session, team_id, job_id)
+    if JobState(job.state) in TERMINAL_JOB_STATES:
+        return job
+    for attempt in job.attempts:
+        if attempt.state in LIVE_ATTEMPT_STATES:
+            transition(session, attempt, "CANCELLED", reason="cancelled", clock=clock)
+    transition(session, job, JobState.CANCELLED, reason="cancelled by request", clock=clock)
+    return job

@@ -1,0 +1,63 @@
+"""The launcher interface: what the reconciler needs from whatever starts
+machines (local processes here; SkyPilot in the clouds).
+
+Every method is idempotent per attempt: the reconciler may be killed at any
+line and call `launch` again for the same attempt after a restart, and
+`launch` must then return the handle of what is already running instead of
+starting it twice.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from spotbroker.broker.offers import Placement
+
+
+class LaunchError(Exception):
+    """The launch failed for a reason that another offer will not fix."""
+
+
+class CapacityError(LaunchError):
+    """No capacity or quota for this offer now: try the next offer."""
+
+
+@dataclass(frozen=True)
+class LaunchRequest:
+    attempt_id: int
+    job_id: int
+    team: str
+    run: str
+    setup: str | None
+    envs: dict[str, str]
+    workdir: str | None
+    num_nodes: int
+    placement: Placement
+    extra_env: dict[str, str] = field(default_factory=dict)  # broker-provided (ids, tokens)
+
+
+class RunState(StrEnum):
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    GONE = "GONE"        # the node vanished without an exit code
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    state: RunState
+    exit_code: int | None = None
+
+
+Handle = dict[str, Any]
+
+
+class Launcher(Protocol):
+    name: str
+
+    def launch(self, request: LaunchRequest) -> Handle: ...
+
+    def status(self, handle: Handle) -> RunStatus: ...
+
+    def terminate(self, handle: Handle) -> None: ...

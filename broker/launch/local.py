@@ -1,0 +1,161 @@
+"""The local launcher: runs an attempt as local process groups, one per node.
+
+It stands in for a cloud while running here: the attempt carries the chosen
+offer (cloud, zone, price) and the processes get the same variables SkyPilot
+sets on real nodes. Everything it needs to find a run again lives in the
+run's directory, so any broker process on this host, including one started
+after a crash, can observe or stop runs that another one launched.
+
+    {data_dir}/runs/{attempt_id}/node-{rank}.json   pid and start time
+    {data_dir}/runs/{attempt_id}/exit-{rank}        exit code, written last
+    {data_dir}/logs/{job_id}/{attempt_id}.log       node 0's output (node-{rank} for others)
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+from spotbroker.broker.launch.base import Handle, LaunchRequest, RunState, RunStatus
+
+log = logging.getLogger(__name__)
+
+# The wrapper records the exit code atomically once the command ends; a node
+# that dies without one (killed with its group, host lost) counts as gone.
+_WRAPPER = 'bash -c "$SPOTBROKER_SCRIPT"; rc=$?; echo $rc > "$SPOTBROKER_EXIT.tmp" && mv "$SPOTBROKER_EXIT.tmp" "$SPOTBROKER_EXIT"; exit $rc'
+
+
+def log_path(data_dir: Path, job_id: int, attempt_id: int, rank: int = 0) -> Path:
+    suffix = "" if rank == 0 else f".node-{rank}"
+    return data_dir / "logs" / str(job_id) / f"{attempt_id}{suffix}.log"
+
+
+def _start_time(pid: int) -> str | None:
+    """The kernel's start time of a process: tells a live pid from a reused one."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()
+    if fields[0] == "Z":  # a zombie has finished
+        return None
+    return fields[19]
+
+
+class LocalLauncher:
+    name = "local"
+
+    def __init__(self, data_dir: Path, kill_grace_seconds: float = 10.0) -> None:
+        self.data_dir = data_dir
+        self.kill_grace_seconds = kill_grace_seconds
+        self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._lock = threading.Lock()
+
+    def run_dir(self, attempt_id: int) -> Path:
+        return self.data_dir / "runs" / str(attempt_id)
+
+    def launch(self, request: LaunchRequest) -> Handle:
+        run_dir = self.run_dir(request.attempt_id)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        script = "\n".join(
+            ([f"cd {shlex.quote(request.workdir)}"] if request.workdir else [])
+            + ([f"( {request.setup}\n) || exit $?"] if request.setup else [])
+            + [request.run]
+        )
+        ips = "\n".join(["127.0.0.1"] * request.num_nodes)
+        p = request.placement
+        nodes = []
+        for rank in range(request.num_nodes):
+            node_file = run_dir / f"node-{rank}.json"
+            if node_file.exists():  # launched before a restart: do not start it twice
+                nodes.append(json.loads(node_file.read_text()))
+                continue
+            out = log_path(self.data_dir, request.job_id, request.attempt_id, rank)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            env = {
+                **os.environ, **request.envs, **request.extra_env,
+                "SPOTBROKER_SCRIPT": script, "SPOTBROKER_EXIT": str(run_dir / f"exit-{rank}"),
+                "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
+                "SKYPILOT_NODE_IPS": ips, "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",
+                "SPOTBROKER_CLOUD": p.cloud, "SPOTBROKER_REGION": p.region or "",
+                "SPOTBROKER_ZONE": p.zone or p.zone_id or "",
+                "SPOTBROKER_INSTANCE_TYPE": p.instance_type or "",
+            }
+            with out.open("ab") as sink:
+                proc = subprocess.Popen(["bash", "-c", _WRAPPER], stdin=subprocess.DEVNULL, stdout=sink,
+                                        stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                        cwd=str(run_dir))
+            node = {"rank": rank, "pid": proc.pid, "start": _start_time(proc.pid), "log": str(out)}
+            with self._lock:
+                self._children[proc.pid] = proc
+            tmp = node_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(node))
+            tmp.replace(node_file)
+            nodes.append(node)
+        return {"run_dir": str(run_dir), "nodes": nodes}
+
+    def _reap(self) -> None:
+        with self._lock:
+            for pid, proc in list(self._children.items()):
+                if proc.poll() is not None:
+                    del self._children[pid]
+
+    def _node_state(self, run_dir: Path, node: dict) -> tuple[RunState, int | None]:
+        exit_file = run_dir / f"exit-{node['rank']}"
+        if exit_file.exists():
+            code = int(exit_file.read_text().strip() or 1)
+            return (RunState.SUCCEEDED if code == 0 else RunState.FAILED), code
+        started = node.get("start")
+        if started is not None and _start_time(node["pid"]) == started:
+            return RunState.RUNNING, None
+        if exit_file.exists():  # it finished between the two looks
+            return self._node_state(run_dir, node)
+        return RunState.GONE, None
+
+    def status(self, handle: Handle) -> RunStatus:
+        self._reap()
+        run_dir = Path(handle["run_dir"])
+        states = [self._node_state(run_dir, n) for n in handle["nodes"]]
+        if any(s == RunState.GONE for s, _ in states):
+            return RunStatus(RunState.GONE)
+        if any(s == RunState.RUNNING for s, _ in states):
+            return RunStatus(RunState.RUNNING)
+        failed = [code for s, code in states if s == RunState.FAILED]
+        if failed:
+            return RunStatus(RunState.FAILED, failed[0])
+        return RunStatus(RunState.SUCCEEDED, 0)
+
+    def terminate(self, handle: Handle) -> None:
+        """SIGTERM each node's process group now, SIGKILL after the grace period."""
+        live = [n for n in handle.get("nodes", []) if n.get("start") and _start_time(n["pid"]) == n["start"]]
+        for node in live:
+            _signal_group(node["pid"], signal.SIGTERM)
+        if live:
+            threading.Thread(target=self._kill_later, args=(live,), daemon=True).start()
+
+    def _kill_later(self, nodes: list[dict]) -> None:
+        deadline = time.monotonic() + self.kill_grace_seconds
+        while time.monotonic() < deadline:
+            self._reap()
+            if not any(_start_time(n["pid"]) == n["start"] for n in nodes):
+                return
+            time.sleep(0.1)
+        for node in nodes:
+            if _start_time(node["pid"]) == node["start"]:
+                _signal_group(node["pid"], signal.SIGKILL)
+        self._reap()
+
+
+def _signal_group(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)  # start_new_session made the pid its group's leader
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        log.warning("not allowed to signal process group %d", pid)

@@ -1,0 +1,139 @@
+"""Tables. States are stored as strings (see states.py for their machines)."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from spotbroker.broker.db import Base
+
+# BIGINT on PostgreSQL, INTEGER (the rowid alias) on SQLite.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class Team(Base):
+    __tablename__ = "teams"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime]
+
+
+class ApiToken(Base):
+    """A team's API token. Only the SHA-256 digest of the token is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    name: Mapped[str] = mapped_column(String(64), default="default")
+    created_at: Mapped[datetime]
+    revoked_at: Mapped[datetime | None]
+
+
+class Offer(Base):
+    """One price sample of a machine shape in a place; history is kept, the
+    newest sample per key is the offer."""
+
+    __tablename__ = "offers"
+    __table_args__ = (
+        Index("ix_offers_key", "cloud", "instance_type", "region", "zone_id", "observed_at"),
+        Index("ix_offers_accelerator", "accelerator"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    cloud: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str] = mapped_column(String(64))
+    zone: Mapped[str | None] = mapped_column(String(64))      # the cloud's zone name when known
+    zone_id: Mapped[str | None] = mapped_column(String(64))   # e.g. AWS use1-az1
+    instance_type: Mapped[str] = mapped_column(String(64))
+    accelerator: Mapped[str | None] = mapped_column(String(32))
+    accelerator_count: Mapped[float] = mapped_column(Float, default=0)
+    vcpus: Mapped[float | None] = mapped_column(Float)
+    memory_gib: Mapped[float | None] = mapped_column(Float)
+    spot_price: Mapped[float | None] = mapped_column(Float)
+    ondemand_price: Mapped[float | None] = mapped_column(Float)
+    observed_at: Mapped[datetime]
+    source: Mapped[str] = mapped_column(String(32))
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_team_id_id", "team_id", "id"),
+        Index("ix_jobs_due", "state", "next_check_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)      # non-zero exits recovered
+    recoveries: Mapped[int] = mapped_column(Integer, default=0)    # preemptions recovered
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    # Reconciler bookkeeping: when to look next, and who is looking now.
+    next_check_at: Mapped[datetime | None]
+    lease_owner: Mapped[str | None] = mapped_column(String(64))
+    lease_expires_at: Mapped[datetime | None]
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+    attempts: Mapped[list[Attempt]] = relationship(
+        back_populates="job", order_by="Attempt.id", lazy="selectin"
+    )
+
+    __mapper_args__ = {"version_id_col": version}
+
+
+class Attempt(Base):
+    """One launch of a job on one offer."""
+
+    __tablename__ = "attempts"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    launcher: Mapped[str] = mapped_column(String(16))
+    cloud: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str | None] = mapped_column(String(64))
+    zone: Mapped[str | None] = mapped_column(String(64))
+    zone_id: Mapped[str | None] = mapped_column(String(64))
+    instance_type: Mapped[str | None] = mapped_column(String(64))
+    accelerator: Mapped[str | None] = mapped_column(String(32))
+    accelerator_count: Mapped[float] = mapped_column(Float, default=0)
+    use_spot: Mapped[bool] = mapped_column(Boolean)
+    num_nodes: Mapped[int] = mapped_column(Integer, default=1)
+    # Stored at launch: later catalog changes never rewrite what was paid.
+    price_per_hour: Mapped[float] = mapped_column(Float)
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    exit_code: Mapped[int | None] = mapped_column(Integer)
+    # Set once the launcher has released what the attempt held (processes, VMs).
+    released: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[datetime]
+    updated_at: Mapped[datetime]
+    started_at: Mapped[datetime | None]
+    ended_at: Mapped[datetime | None]
+    version: Mapped[int] = mapped_column(Integer, default=1)
+
+    job: Mapped[Job] = relationship(back_populates="attempts")
+
+    __mapper_args__ = {"version_id_col": version}
+
+
+class Event(Base):
+    __tablename__ = "events"
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt_id: Mapped[int | None] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    type: Mapped[str] = mapped_column(String(32))
+    at: Mapped[datetime]
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -1,0 +1,132 @@
+"""Offers: price samples per machine shape and place, and the first
+placement rule — the cheapest feasible offer.
+
+History is kept: a source appends samples, and the newest sample per key
+(cloud, region, zone, instance type) is the offer.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import func, insert, select
+from sqlalchemy.orm import Session
+
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.models import Offer
+from spotbroker.broker.pricing import catalog
+from spotbroker.broker.spec import Infra, JobSpec, ResourceSet, parse_amount
+
+OfferKey = tuple[str, str, str | None, str]  # cloud, region, zone name or id, instance type
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one attempt goes, and what it costs per node-hour."""
+
+    cloud: str
+    region: str | None
+    zone: str | None
+    zone_id: str | None
+    instance_type: str | None
+    accelerator: str | None
+    accelerator_count: float
+    use_spot: bool
+    price_per_hour: float
+
+    @property
+    def place(self) -> str:
+        """The zone-level place used for cool-downs (zone name, id, or region)."""
+        return f"{self.cloud}/{self.region}/{self.zone or self.zone_id or '*'}"
+
+
+LOCAL_PLACEMENT = Placement(cloud="local", region=None, zone=None, zone_id=None, instance_type=None,
+                            accelerator=None, accelerator_count=0, use_spot=False, price_per_hour=0.0)
+
+
+def record_samples(session: Session, rows: Iterable[catalog.OfferRow], source: str,
+                   observed_at: datetime) -> int:
+    values = [dict(vars(r), source=source, observed_at=observed_at) for r in rows]
+    if values:
+        session.execute(insert(Offer), values)
+    return len(values)
+
+
+def seed_from_catalog(session: Session, clock: Clock = SYSTEM_CLOCK) -> int:
+    """Load the bundled snapshot once, so that placement works with no credentials."""
+    if session.scalar(select(func.count()).select_from(Offer).where(Offer.source == catalog.SOURCE)):
+        return 0
+    return record_samples(session, catalog.snapshot_rows(), catalog.SOURCE, clock.now())
+
+
+def current_offers(session: Session, accelerator: str, count: float) -> list[Offer]:
+    """The newest sample of each offer with exactly this accelerator shape."""
+    rows = session.scalars(
+        select(Offer)
+        .where(func.lower(Offer.accelerator) == accelerator.lower(), Offer.accelerator_count == count)
+        .order_by(Offer.observed_at)
+    ).all()
+    newest: dict[OfferKey, Offer] = {}
+    for o in rows:
+        newest[(o.cloud, o.region, o.zone or o.zone_id, o.instance_type)] = o
+    return list(newest.values())
+
+
+def _fits(offer: Offer, want: ResourceSet, infra: Infra | None) -> bool:
+    if infra is not None:
+        if infra.cloud and offer.cloud != infra.cloud:
+            return False
+        if infra.region and offer.region != infra.region:
+            return False
+        if infra.zone and infra.zone not in (offer.zone, offer.zone_id):
+            return False
+    for text, have in ((want.cpus, offer.vcpus), (want.memory, offer.memory_gib)):
+        if text is not None:
+            amount, at_least = parse_amount(text)
+            if have is None or (have < amount if at_least else have != amount):
+                return False
+    return True
+
+
+def _placement(offer: Offer, use_spot: bool) -> Placement | None:
+    price = offer.spot_price if use_spot else offer.ondemand_price
+    if price is None:
+        return None
+    return Placement(cloud=offer.cloud, region=offer.region, zone=offer.zone, zone_id=offer.zone_id,
+                     instance_type=offer.instance_type, accelerator=offer.accelerator,
+                     accelerator_count=offer.accelerator_count, use_spot=use_spot, price_per_hour=price)
+
+
+def rank_offers(session: Session, spec: JobSpec, *, exclude_places: frozenset[str] = frozenset(),
+                limit: int = 20) -> list[Placement]:
+    """Feasible placements for a GPU job, best first.
+
+    `any_of` alternatives compete on price; `ordered` ones are taken in
+    order, a later one only when every earlier one has no feasible offer.
+    Places in `exclude_places` (cool-downs after a preemption or a capacity
+    error) are skipped.
+    """
+    groups: list[list[Placement]] = []
+    for want in spec.resources.alternatives():
+        shape = want.accelerator
+        if shape is None:
+            continue
+        infra = Infra(want.infra) if want.infra else None
+        found = []
+        for offer in current_offers(session, *shape):
+            if not _fits(offer, want, infra):
+                continue
+            placement = _placement(offer, want.use_spot)
+            if placement is None or placement.place in exclude_places:
+                continue
+            if want.max_price_per_hour is not None and placement.price_per_hour > want.max_price_per_hour:
+                continue
+            found.append(placement)
+        groups.append(found)
+    if spec.resources.is_ordered:
+        best = next((g for g in groups if g), [])
+    else:
+        best = [p for g in groups for p in g]
+    best.sort(key=lambda p: (p.price_per_hour, p.cloud, p.region or "", p.zone or p.zone_id or ""))
+    return best[:limit]

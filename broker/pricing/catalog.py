@@ -1,0 +1,158 @@
+"""The bundled snapshot of real SkyPilot catalog rows: the offer source that
+needs no credentials.
+
+The rows are real and carry real traps (see catalog_data/README.md): blank
+and zero prices, spot above on-demand by rounding, GCP host and GPU prices in
+separate rows, a wrong GPU count. Each is handled here, once.
+"""
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from typing import TextIO
+
+SOURCE = "catalog"
+
+
+@dataclass(frozen=True)
+class OfferRow:
+    cloud: str
+    region: str
+    zone: str | None
+    zone_id: str | None
+    instance_type: str
+    accelerator: str | None
+    accelerator_count: float
+    vcpus: float | None
+    memory_gib: float | None
+    spot_price: float | None
+    ondemand_price: float | None
+
+
+def _price(text: str) -> float | None:
+    """Blank and zero (a placeholder in the catalog) both mean "unknown"."""
+    text = (text or "").strip()
+    if not text:
+        return None
+    value = float(text)
+    return value if value > 0 else None
+
+
+def _num(text: str) -> float | None:
+    text = (text or "").strip()
+    return float(text) if text else None
+
+
+def _capped(spot: float | None, ondemand: float | None) -> float | None:
+    # SpotPrice has 6 decimals and Price fewer, so rounding makes spot look
+    # above on-demand in some rows: spot is never worth more than on-demand.
+    if spot is not None and ondemand is not None and spot > ondemand:
+        return ondemand
+    return spot
+
+
+def _open(name: str) -> TextIO:
+    return resources.files("spotbroker.broker.pricing").joinpath("catalog_data", name).open(encoding="utf-8")
+
+
+def aws_rows(f: TextIO) -> Iterator[OfferRow]:
+    for r in csv.DictReader(f):
+        ondemand, spot = _price(r["Price"]), _price(r["SpotPrice"])
+        if ondemand is None and spot is None:
+            continue
+        yield OfferRow(
+            cloud="aws", region=r["Region"], zone=None, zone_id=r["AvailabilityZone"] or None,
+            instance_type=r["InstanceType"], accelerator=r["AcceleratorName"] or None,
+            accelerator_count=_num(r["AcceleratorCount"]) or 0, vcpus=_num(r["vCPUs"]),
+            memory_gib=_num(r["MemoryGiB"]), spot_price=_capped(spot, ondemand), ondemand_price=ondemand,
+        )
+
+
+# GCP prices a GPU machine as its host row plus the GPU add-on row.
+_GCP_FAMILY_GPU = [
+    ("a2-highgpu-", "A100"), ("a2-megagpu-", "A100"), ("a2-ultragpu-", "A100-80GB"),
+    ("a3-highgpu-", "H100"), ("a3-edgegpu-", "H100"), ("a3-megagpu-", "H100-MEGA"),
+    ("a3-ultragpu-", "H200"), ("a4-highgpu-", "B200"), ("g2-standard-", "L4"),
+]
+_G2_L4_COUNT = {4: 1, 8: 1, 12: 1, 16: 1, 32: 1, 24: 2, 48: 4, 96: 8}
+
+
+def gcp_host_gpu(instance_type: str) -> tuple[str, int] | None:
+    for prefix, gpu in _GCP_FAMILY_GPU:
+        if instance_type.startswith(prefix):
+            rest = instance_type[len(prefix):]
+            if gpu == "L4":
+                count = _G2_L4_COUNT.get(int(rest)) if rest.isdigit() else None
+            else:
+                match = re.match(r"(\d+)g", rest)
+                count = int(match[1]) if match else None
+            return (gpu, count) if count else None
+    return None
+
+
+def gcp_rows(f: TextIO) -> Iterator[OfferRow]:
+    hosts, gpus = [], {}
+    for r in csv.DictReader(f):
+        if r["InstanceType"]:
+            hosts.append(r)
+        else:
+            key = (r["AcceleratorName"], float(r["AcceleratorCount"]), r["AvailabilityZone"])
+            gpus[key] = r
+    for h in hosts:
+        shape = gcp_host_gpu(h["InstanceType"])
+        if shape is None:
+            continue
+        gpu_name, count = shape
+        addon = gpus.get((gpu_name, float(count), h["AvailabilityZone"]))
+        if addon is None:
+            continue
+
+        def total(col: str) -> float | None:
+            host_p, gpu_p = _price(h[col]), _price(addon[col])
+            return None if host_p is None or gpu_p is None else round(host_p + gpu_p, 6)
+
+        ondemand, spot = total("Price"), total("SpotPrice")
+        if ondemand is None and spot is None:
+            continue
+        yield OfferRow(
+            cloud="gcp", region=h["Region"], zone=h["AvailabilityZone"], zone_id=None,
+            instance_type=h["InstanceType"], accelerator=gpu_name, accelerator_count=float(count),
+            vcpus=_num(h["vCPUs"]), memory_gib=_num(h["MemoryGiB"]),
+            spot_price=_capped(spot, ondemand), ondemand_price=ondemand,
+        )
+
+
+# Rows whose accelerator is missing or wrong in the catalog.
+_AZURE_FIXES = {"Standard_ND96isr_H100_v5": ("H100", 8.0), "Standard_NCC40ads_H100_v5": ("H100", 1.0)}
+
+
+def azure_rows(f: TextIO) -> Iterator[OfferRow]:
+    for r in csv.DictReader(f):
+        name, count = r["AcceleratorName"] or None, _num(r["AcceleratorCount"]) or 0
+        if r["InstanceType"] in _AZURE_FIXES:
+            name, count = _AZURE_FIXES[r["InstanceType"]]
+        elif name is None and "_A10_v4" in r["InstanceType"]:
+            name = "A10"
+        if name is None or not count:
+            continue  # FPGA and unnamed GPUs: nothing a job can ask for
+        ondemand, spot = _price(r["Price"]), _price(r["SpotPrice"])
+        if ondemand is None and spot is None:
+            continue
+        yield OfferRow(
+            cloud="azure", region=r["Region"], zone=None, zone_id=None,
+            instance_type=r["InstanceType"], accelerator=name, accelerator_count=float(count),
+            vcpus=_num(r["vCPUs"]), memory_gib=_num(r["MemoryGiB"]),
+            spot_price=_capped(spot, ondemand), ondemand_price=ondemand,
+        )
+
+
+def snapshot_rows() -> list[OfferRow]:
+    rows: list[OfferRow] = []
+    for name, parse in (("aws_vms_gpu.csv", aws_rows), ("gcp_vms_gpu.csv", gcp_rows),
+                        ("azure_vms_gpu.csv", azure_rows)):
+        with _open(name) as f:
+            rows.extend(parse(f))
+    return rows

@@ -1,0 +1,401 @@
+"""The reconciler: moves every live job towards its goal, one small,
+idempotent step at a time.
+
+State lives in the database, never only here, so any number of broker
+processes can run a reconciler on one database, and any of them can be
+killed at any line. A pass has three phases:
+
+1. observe: ask the launchers about every live attempt (no lease, no write
+   unless something changed);
+2. release: stop what attempts in a final state still hold (a cancelled
+   job's processes, a vanished node's remaining nodes);
+3. advance: claim the jobs that need a decision with a row lease
+   (`FOR UPDATE SKIP LOCKED` on PostgreSQL) and step each of them.
+
+Launching is split so that a crash at any point is safe: the attempt row is
+committed first (LAUNCHING, no handle), then the launcher is called (which is
+idempotent per attempt), then the handle is stored. A job found LAUNCHING
+without a handle after a crash is simply launched again: the launcher
+returns what is already running, so there is one attempt per launch.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+
+from spotbroker.agent import protocol
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.db import transaction
+from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LaunchRequest, RunState
+from spotbroker.broker.models import Attempt, Event, Job, Team
+from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement, rank_offers
+from spotbroker.broker.settings import Settings
+from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, JobState,
+                                      transition)
+
+log = logging.getLogger(__name__)
+
+A, J = AttemptState, JobState
+# States in which a job waits for a decision of ours (at next_check_at).
+DECIDING = (J.PENDING, J.RECOVERING, J.LAUNCHING, J.HELD)
+ZONE_COOLDOWN = timedelta(minutes=30)
+RETRY_LATER = timedelta(seconds=15)
+
+
+@dataclass
+class PassStats:
+    observed: int = 0
+    changed: int = 0
+    released: int = 0
+    stepped: int = 0
+    conflicts: int = 0
+    errors: list[str] = field(default_factory=list)
+
+
+class Reconciler:
+    def __init__(self, factory: sessionmaker[Session], launchers: dict[str, Launcher], settings: Settings,
+                 clock: Clock = SYSTEM_CLOCK, owner: str | None = None) -> None:
+        self.factory = factory
+        self.launchers = launchers
+        self.settings = settings
+        self.clock = clock
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._wake = threading.Event()
+        self._dialect = factory.kw["bind"].dialect.name
+
+    # --- running in the server ---------------------------------------------------------
+
+    def hint(self) -> None:
+        """Something changed (a job was submitted): look now, not at the next poll."""
+        self._wake.set()
+
+    def run_forever(self, stop: threading.Event) -> None:
+        while not stop.is_set():
+            try:
+                stats = self.pass_once()
+                busy = stats.stepped > 0 or stats.changed > 0
+            except Exception:  # a pass must never kill the loop; the next one retries
+                log.exception("reconciler pass failed")
+                busy = False
+            if not busy:
+                self._wake.wait(self.settings.reconcile_interval)
+            self._wake.clear()
+
+    def pass_once(self) -> PassStats:
+        stats = PassStats()
+        changed = self._observe(stats)
+        self._release(stats)
+        for job_id in self._claim(changed):
+            self._step_safely(job_id, stats)
+        return stats
+
+    # --- phase 1: observe ----------------------------------------------------------------
+
+    def _observe(self, stats: PassStats) -> dict[int, tuple[int, RunState, int | None]]:
+        """job id -> (attempt id, state, exit code) for attempts whose run changed."""
+        with self.factory() as session:
+            rows = session.execute(
+                select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.launcher, Attempt.handle)
+                .where(Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]), Attempt.handle.is_not(None))
+            ).all()
+        changed = {}
+        for row in rows:
+            launcher = self.launchers.get(row.launcher)
+            if launcher is None:
+                continue
+            stats.observed += 1
+            try:
+                status = launcher.status(row.handle)
+            except Exception as exc:
+                log.warning("status of attempt %d failed: %s", row.id, exc)
+                continue
+            if status.state == RunState.RUNNING and row.state == A.RUNNING:
+                continue
+            changed[row.job_id] = (row.id, status.state, status.exit_code)
+        stats.changed = len(changed)
+        return changed
+
+    # --- phase 2: release ----------------------------------------------------------------
+
+    def _release(self, stats: PassStats) -> None:
+        with self.factory() as session:
+            rows = session.execute(
+                select(Attempt.id, Attempt.launcher, Attempt.handle)
+                .where(Attempt.released.is_(False), Attempt.handle.is_not(None),
+                       Attempt.state.not_in([str(s) for s in LIVE_ATTEMPT_STATES]))
+            ).all()
+        for row in rows:
+            launcher = self.launchers.get(row.launcher)
+            if launcher is None:
+                continue
+            try:
+                launcher.terminate(row.handle)
+            except Exception as exc:
+                log.warning("terminating attempt %d failed: %s", row.id, exc)
+                continue
+            with transaction(self.factory) as session:
+                # Only if no newer handle was stored meanwhile (see _store_handle).
+                session.execute(update(Attempt).where(Attempt.id == row.id, Attempt.handle == row.handle)
+                                .values(released=True))
+            stats.released += 1
+
+    # --- phase 3: claim and step ---------------------------------------------------------
+
+    def _claim(self, changed: dict[int, tuple[int, RunState, int | None]]) -> list[int]:
+        now = self.clock.now()
+        self._changed = changed
+        with transaction(self.factory) as session:
+            due = and_(Job.state.in_([str(s) for s in DECIDING]), Job.next_check_at <= now)
+            wanted = or_(due, Job.id.in_(list(changed))) if changed else due
+            query = (select(Job.id)
+                     .where(Job.state.in_([str(s) for s in LIVE_JOB_STATES]), wanted,
+                            or_(Job.lease_expires_at.is_(None), Job.lease_expires_at < now))
+                     .order_by(Job.next_check_at.nulls_first(), Job.id)
+                     .limit(200)
+                     .with_for_update(skip_locked=True))
+            ids = list(session.scalars(query))
+            if ids:
+                session.execute(update(Job).where(Job.id.in_(ids)).values(
+                    lease_owner=self.owner,
+                    lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds)))
+        return ids
+
+    def _step_safely(self, job_id: int, stats: PassStats) -> None:
+        try:
+            self.step(job_id)
+            stats.stepped += 1
+        except StaleDataError:
+            # Someone else (a cancel, another broker) changed the job first;
+            # its lease is dropped below and the next pass looks again.
+            stats.conflicts += 1
+        except Exception as exc:
+            log.exception("step of job %d failed", job_id)
+            stats.errors.append(f"job {job_id}: {exc}")
+        finally:
+            with transaction(self.factory) as session:
+                session.execute(update(Job).where(Job.id == job_id, Job.lease_owner == self.owner)
+                                .values(lease_owner=None, lease_expires_at=None))
+
+    def step(self, job_id: int) -> None:
+        """Take the one next step for a job we hold the lease of."""
+        observed = self._changed.get(job_id)
+        with transaction(self.factory) as session:
+            job = session.get(Job, job_id)
+            if job is None or job.lease_owner != self.owner or job.state not in LIVE_JOB_STATES:
+                return
+            state = JobState(job.state)
+            if observed is not None:
+                self._on_observed(session, job, *observed)
+                return
+            if state in (J.PENDING, J.RECOVERING):
+                attempt = self._place(session, job)
+            elif state == J.LAUNCHING:
+                attempt = self._unlaunched(job)
+            else:
+                job.next_check_at = None
+                return
+        if attempt is not None:
+            self._launch(job_id, attempt.id)
+
+    # --- deciding where to run -----------------------------------------------------------
+
+    def _place(self, session: Session, job: Job) -> Attempt | None:
+        spec = JobSpec.model_validate(job.spec)
+        now = self.clock.now()
+        if spec.wants_gpu:
+            cooling = self._cooling_places(session, job)
+            ranked = rank_offers(session, spec, exclude_places=cooling, limit=1)
+            if not ranked:
+                if rank_offers(session, spec, limit=1):  # only cooling places fit: wait
+                    job.next_check_at = now + RETRY_LATER
+                    return None
+                transition(session, job, J.FAILED, reason="no_feasible_offer",
+                           data={"resources": spec.resources.model_dump(exclude_none=True)}, clock=self.clock)
+                return None
+            placement = ranked[0]
+        else:
+            placement = LOCAL_PLACEMENT
+        launcher = self._launcher_for(placement)
+        if launcher == "local" and not self._local_slot_free(session):
+            job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
+            return None
+        return self._new_attempt(session, job, spec, placement, launcher)
+
+    def _launcher_for(self, placement: Placement) -> str:
+        # Until a cloud launcher is configured, the local launcher stands in
+        # for every offer and simulates the chosen cloud and price.
+        return "local" if placement.cloud == "local" or "skypilot" not in self.launchers else "skypilot"
+
+    def _local_slot_free(self, session: Session) -> bool:
+        if self._dialect == "postgresql":
+            # Serialise slot counting across broker processes (SQLite's
+            # BEGIN IMMEDIATE already does).
+            session.execute(text("SELECT pg_advisory_xact_lock(7041)"))
+        running = session.scalar(
+            select(func.count()).select_from(Attempt)
+            .where(Attempt.launcher == "local", Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])))
+        return running < self.settings.local_max_running
+
+    def _cooling_places(self, session: Session, job: Job) -> frozenset[str]:
+        since = self.clock.now() - ZONE_COOLDOWN
+        places = set()
+        for a in job.attempts:
+            if a.state in (A.PREEMPTED, A.FAILED) and a.ended_at and a.ended_at > since and a.reason in (
+                    "no_capacity", "preempted", "vanished"):
+                places.add(f"{a.cloud}/{a.region}/{a.zone or a.zone_id or '*'}")
+        return frozenset(places)
+
+    def _new_attempt(self, session: Session, job: Job, spec: JobSpec, placement: Placement,
+                     launcher: str) -> Attempt:
+        now = self.clock.now()
+        attempt = Attempt(job_id=job.id, state=A.LAUNCHING, launcher=launcher, cloud=placement.cloud,
+                          region=placement.region, zone=placement.zone, zone_id=placement.zone_id,
+                          instance_type=placement.instance_type, accelerator=placement.accelerator,
+                          accelerator_count=placement.accelerator_count, use_spot=placement.use_spot,
+                          num_nodes=spec.num_nodes, price_per_hour=placement.price_per_hour,
+                          created_at=now, updated_at=now)
+        session.add(attempt)
+        session.flush()
+        transition(session, job, J.LAUNCHING, clock=self.clock, data={
+            "attempt_id": attempt.id, "cloud": placement.cloud, "region": placement.region,
+            "zone": placement.zone or placement.zone_id, "instance_type": placement.instance_type,
+            "use_spot": placement.use_spot, "price_per_hour": placement.price_per_hour})
+        # Due again only if we die before the launch is recorded.
+        job.next_check_at = now + timedelta(seconds=self.settings.lease_seconds)
+        return attempt
+
+    def _unlaunched(self, job: Job) -> Attempt | None:
+        """After a crash between creating an attempt and storing its handle."""
+        pending = [a for a in job.attempts if a.state == A.LAUNCHING and a.handle is None]
+        if not pending:
+            job.next_check_at = None
+        return pending[-1] if pending else None
+
+    # --- launching -----------------------------------------------------------------------
+
+    def _launch(self, job_id: int, attempt_id: int) -> None:
+        for _ in range(self.settings.launch_failover_limit):
+            with self.factory() as session:
+                attempt = session.get(Attempt, attempt_id)
+                request = self._request(session, attempt)
+                launcher = self.launchers[attempt.launcher]
+            try:
+                handle = launcher.launch(request)
+            except CapacityError as exc:
+                next_attempt = self._failover(job_id, attempt_id, str(exc))
+                if next_attempt is None:
+                    return
+                attempt_id = next_attempt
+                continue
+            except LaunchError as exc:
+                self._launch_failed(job_id, attempt_id, str(exc))
+                return
+            self._store_handle(job_id, attempt_id, handle)
+            return
+
+    def _request(self, session: Session, attempt: Attempt) -> LaunchRequest:
+        job = attempt.job
+        spec = JobSpec.model_validate(job.spec)
+        team = session.get(Team, job.team_id)
+        job_uri = f"{self.settings.checkpoint_uri.rstrip('/')}/{team.name}/{job.id}"
+        placement = Placement(cloud=attempt.cloud, region=attempt.region, zone=attempt.zone,
+                              zone_id=attempt.zone_id, instance_type=attempt.instance_type,
+                              accelerator=attempt.accelerator, accelerator_count=attempt.accelerator_count,
+                              use_spot=attempt.use_spot, price_per_hour=attempt.price_per_hour)
+        extra = {
+            protocol.ENV_JOB_ID: str(job.id), protocol.ENV_ATTEMPT_ID: str(attempt.id),
+            protocol.ENV_CHECKPOINT_ROOT: job_uri, protocol.ENV_CHECKPOINT_URI: f"{job_uri}/{attempt.id}",
+        }
+        return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, run=spec.run,
+                             setup=spec.setup, envs=spec.envs, workdir=spec.workdir,
+                             num_nodes=spec.num_nodes, placement=placement, extra_env=extra)
+
+    def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
+        with transaction(self.factory) as session:
+            attempt = session.get(Attempt, attempt_id)
+            attempt.handle = handle
+            attempt.released = False  # whatever it holds now must be released when it ends
+            job = session.get(Job, job_id)
+            if job.state == J.LAUNCHING:
+                job.next_check_at = None
+            if attempt.state not in LIVE_ATTEMPT_STATES:
+                return  # cancelled meanwhile: the release phase stops it
+            status = self.launchers[attempt.launcher].status(handle)
+            self._on_observed(session, job, attempt_id, status.state, status.exit_code)
+
+    def _failover(self, job_id: int, attempt_id: int, why: str) -> int | None:
+        with transaction(self.factory) as session:
+            job = session.get(Job, job_id)
+            attempt = session.get(Attempt, attempt_id)
+            if attempt.state in LIVE_ATTEMPT_STATES:
+                transition(session, attempt, A.FAILED, reason="no_capacity", data={"error": why},
+                           clock=self.clock)
+            if job.state != J.LAUNCHING:
+                return None
+            session.flush()
+            spec = JobSpec.model_validate(job.spec)
+            ranked = rank_offers(session, spec, exclude_places=self._cooling_places(session, job), limit=1)
+            if not ranked:
+                job.next_check_at = self.clock.now() + RETRY_LATER
+                transition(session, job, J.RECOVERING, reason="no_capacity", clock=self.clock)
+                return None
+            return self._new_attempt(session, job, spec, ranked[0], self._launcher_for(ranked[0])).id
+
+    def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
+        with transaction(self.factory) as session:
+            attempt = session.get(Attempt, attempt_id)
+            job = session.get(Job, job_id)
+            if attempt.state in LIVE_ATTEMPT_STATES:
+                transition(session, attempt, A.FAILED, reason="launch_error", data={"error": why},
+                           clock=self.clock)
+            if job.state in LIVE_JOB_STATES:
+                transition(session, job, J.FAILED, reason=f"launch failed: {why}", clock=self.clock)
+
+    # --- reacting to what a run did ------------------------------------------------------
+
+    def _on_observed(self, session: Session, job: Job, attempt_id: int, state: RunState,
+                     exit_code: int | None) -> None:
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES:
+            return
+        if state == RunState.RUNNING:
+            if attempt.state == A.LAUNCHING:
+                transition(session, attempt, A.RUNNING, clock=self.clock)
+            if job.state == J.LAUNCHING:
+                transition(session, job, J.RUNNING, data={"attempt_id": attempt.id}, clock=self.clock)
+            return
+        attempt.exit_code = exit_code
+        if state == RunState.SUCCEEDED:
+            attempt.released = True  # the processes have exited
+            transition(session, attempt, A.SUCCEEDED, reason="exit 0", clock=self.clock)
+            transition(session, job, J.SUCCEEDED, data={"attempt_id": attempt.id}, clock=self.clock)
+        elif state == RunState.FAILED:
+            attempt.released = True
+            transition(session, attempt, A.FAILED, reason=f"exit {exit_code}", clock=self.clock)
+            spec = JobSpec.model_validate(job.spec)
+            if job.restarts < spec.max_restarts:
+                job.restarts += 1
+                self._recover(session, job, f"exit {exit_code}; restart {job.restarts} of {spec.max_restarts}")
+            else:
+                transition(session, job, J.FAILED, reason=f"exit code {exit_code}",
+                           data={"attempt_id": attempt.id}, clock=self.clock)
+        elif state == RunState.GONE:
+            transition(session, attempt, A.PREEMPTED, reason="vanished", clock=self.clock)
+            job.recoveries += 1
+            self._recover(session, job, "node vanished without a notice")
+
+    def _recover(self, session: Session, job: Job, why: str) -> None:
+        transition(session, job, J.RECOVERING, reason=why, clock=self.clock)
+        job.next_check_at = self.clock.now()
+        session.add(Event(job_id=job.id, type="recovery_scheduled", at=self.clock.now(), data={"why": why}))
+        self.hint()

@@ -1,0 +1,170 @@
+"""The job spec: what `POST /v1/jobs` takes, in JSON or as a SkyPilot task YAML.
+
+The resource shapes are SkyPilot's (one set, or `any_of` / `ordered`
+alternatives), so a SkyPilot task file maps onto a job one to one. Every
+model forbids unknown fields, so a typo is a 422 naming the field rather
+than a silently ignored option.
+"""
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any
+
+from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, field_validator,
+                      model_validator)
+
+CLOUDS = ("aws", "gcp", "azure", "local")
+_ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?$")
+_AMOUNT_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<plus>\+)?$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+def parse_accelerator(value: str) -> tuple[str, float]:
+    """"A100:2" -> ("A100", 2.0); "A100" -> ("A100", 1.0)."""
+    match = _ACCEL_RE.match(value.strip())
+    if not match:
+        raise ValueError(f"{value!r} is not NAME[:COUNT] (for example 'A100:1')")
+    count_text = match["count"]
+    if count_text is None:
+        return match["name"], 1.0
+    try:
+        count = float(count_text)
+    except ValueError:
+        raise ValueError(f"{value!r}: the count {count_text!r} is not a number") from None
+    if not count > 0:
+        raise ValueError(f"{value!r}: the count must be positive")
+    return match["name"], count
+
+
+def parse_amount(value: str) -> tuple[float, bool]:
+    """"8" -> (8, exact); "8+" -> (8, at least)."""
+    match = _AMOUNT_RE.match(value.strip())
+    if not match:
+        raise ValueError(f"{value!r} is not N or N+ (for example '8' or '32+')")
+    return float(match["n"]), bool(match["plus"])
+
+
+class Infra:
+    """"aws", "gcp/us-central1", "aws/us-east-1/us-east-1a" ("*" = any)."""
+
+    def __init__(self, text: str) -> None:
+        parts = [p.strip() for p in text.strip().split("/")]
+        if not 1 <= len(parts) <= 3 or any(not p for p in parts):
+            raise ValueError(f"{text!r} is not CLOUD[/REGION[/ZONE]]")
+        cloud = parts[0].lower()
+        if cloud not in (*CLOUDS, "*"):
+            raise ValueError(f"{text!r}: unknown cloud {parts[0]!r} (one of {', '.join(CLOUDS)})")
+        self.cloud = None if cloud == "*" else cloud
+        self.region = parts[1] if len(parts) > 1 and parts[1] != "*" else None
+        self.zone = parts[2] if len(parts) > 2 and parts[2] != "*" else None
+
+
+class ResourceSet(_Strict):
+    accelerators: str | None = None
+    infra: str | None = None
+    cpus: str | None = None
+    memory: str | None = None
+    use_spot: bool = True
+    max_price_per_hour: Annotated[float, Field(gt=0)] | None = None
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _accelerators(cls, value: Any) -> Any:
+        if isinstance(value, dict):  # SkyPilot's {"A100": 1} form, one entry
+            if len(value) != 1:
+                raise ValueError("give one accelerator here; alternatives go in any_of")
+            (name, count), = value.items()
+            value = f"{name}:{count}"
+        if isinstance(value, str):
+            name, count = parse_accelerator(value)
+            return f"{name}:{count:g}"
+        return value
+
+    @field_validator("cpus", "memory", mode="before")
+    @classmethod
+    def _amount(cls, value: Any) -> Any:
+        if isinstance(value, bool):
+            raise ValueError("must be a number or 'N+'")
+        if isinstance(value, int | float):
+            value = str(value)
+        if isinstance(value, str):
+            parse_amount(value)
+        return value
+
+    @field_validator("infra")
+    @classmethod
+    def _infra(cls, value: str | None) -> str | None:
+        if value is not None:
+            Infra(value)
+        return value
+
+    @property
+    def accelerator(self) -> tuple[str, float] | None:
+        return parse_accelerator(self.accelerators) if self.accelerators else None
+
+
+class Resources(ResourceSet):
+    """One set of resources, or alternatives: `any_of` (cheapest wins) or
+    `ordered` (first that can run wins)."""
+
+    any_of: list[ResourceSet] | None = None
+    ordered: list[ResourceSet] | None = None
+
+    @model_validator(mode="after")
+    def _one_shape(self) -> Resources:
+        if self.any_of is not None and self.ordered is not None:
+            raise ValueError("give any_of or ordered, not both")
+        alternatives = self.any_of if self.any_of is not None else self.ordered
+        if alternatives is not None and not alternatives:
+            raise ValueError("any_of/ordered needs at least one resource set")
+        return self
+
+    def alternatives(self) -> list[ResourceSet]:
+        """The sets to consider, in order, with top-level fields as defaults
+        for each alternative (as SkyPilot does)."""
+        own = self.model_dump(exclude={"any_of", "ordered"}, exclude_unset=True)
+        alts = self.any_of if self.any_of is not None else self.ordered
+        if alts is None:
+            return [ResourceSet(**own)]
+        return [ResourceSet(**{**own, **alt.model_dump(exclude_unset=True)}) for alt in alts]
+
+    @property
+    def is_ordered(self) -> bool:
+        return self.ordered is not None
+
+
+class JobSpec(_Strict):
+    name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] = "job"
+    run: Annotated[str, Field(min_length=1)]
+    setup: str | None = None
+    envs: dict[str, str] = Field(default_factory=dict)
+    workdir: str | None = None
+    num_nodes: Annotated[int, Field(ge=1, le=512)] = 1
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
+    deadline: AwareDatetime | None = None
+    resources: Resources = Field(default_factory=Resources)
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _envs(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, val in value.items():
+            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if val is None or isinstance(val, dict | list):
+                raise ValueError(f"{key}: value must be a string or a number")
+            out[key] = str(val).lower() if isinstance(val, bool) else str(val)
+        return out
+
+    @property
+    def wants_gpu(self) -> bool:
+        return any(alt.accelerators for alt in self.resources.alternatives())
+
+    def stored(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)

@@ -1,0 +1,116 @@
+"""The job and attempt state machines: one transition table each, and the
+one function that changes a state.
+
+Nothing else writes a `state` column. `transition()` checks the move against
+the table, writes the new state and an `events` row in the caller's
+transaction, so a state and its event are committed together or not at all.
+"""
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+
+
+class JobState(StrEnum):
+    PENDING = "PENDING"
+    LAUNCHING = "LAUNCHING"
+    RUNNING = "RUNNING"
+    PREEMPTING = "PREEMPTING"
+    RECOVERING = "RECOVERING"
+    HELD = "HELD"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+
+class AttemptState(StrEnum):
+    LAUNCHING = "LAUNCHING"
+    RUNNING = "RUNNING"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    PREEMPTED = "PREEMPTED"
+    CANCELLED = "CANCELLED"
+
+
+J = JobState
+JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
+    # FAILED from PENDING/RECOVERING: no offer can ever fit the job.
+    J.PENDING: frozenset({J.LAUNCHING, J.HELD, J.FAILED, J.CANCELLED}),
+    # LAUNCHING -> LAUNCHING is a failover to the next offer.
+    J.LAUNCHING: frozenset({J.LAUNCHING, J.RUNNING, J.SUCCEEDED, J.FAILED, J.RECOVERING,
+                            J.PREEMPTING, J.CANCELLED}),
+    J.RUNNING: frozenset({J.PREEMPTING, J.SUCCEEDED, J.RECOVERING, J.FAILED, J.HELD, J.CANCELLED}),
+    J.PREEMPTING: frozenset({J.RECOVERING, J.SUCCEEDED, J.FAILED, J.CANCELLED}),
+    J.RECOVERING: frozenset({J.LAUNCHING, J.HELD, J.FAILED, J.CANCELLED}),
+    J.HELD: frozenset({J.PENDING, J.RECOVERING, J.CANCELLED}),
+    J.SUCCEEDED: frozenset(),
+    J.FAILED: frozenset(),
+    J.CANCELLED: frozenset(),
+}
+
+A = AttemptState
+ATTEMPT_TRANSITIONS: dict[AttemptState, frozenset[AttemptState]] = {
+    A.LAUNCHING: frozenset({A.RUNNING, A.SUCCEEDED, A.FAILED, A.PREEMPTED, A.CANCELLED}),
+    A.RUNNING: frozenset({A.SUCCEEDED, A.FAILED, A.PREEMPTED, A.CANCELLED}),
+    A.SUCCEEDED: frozenset(),
+    A.FAILED: frozenset(),
+    A.PREEMPTED: frozenset(),
+    A.CANCELLED: frozenset(),
+}
+
+TERMINAL_JOB_STATES = frozenset(s for s, nxt in JOB_TRANSITIONS.items() if not nxt)
+LIVE_JOB_STATES = frozenset(JobState) - TERMINAL_JOB_STATES
+LIVE_ATTEMPT_STATES = frozenset({A.LAUNCHING, A.RUNNING})
+
+
+class IllegalTransition(RuntimeError):
+    pass
+
+
+def transition(
+    session: Session,
+    obj: Any,
+    to: JobState | AttemptState,
+    *,
+    reason: str | None = None,
+    data: dict[str, Any] | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> None:
+    """Move a Job or an Attempt to `to` and record the event, in `session`."""
+    from spotbroker.broker.models import Attempt, Event, Job
+
+    if isinstance(obj, Job):
+        table, kind, job_id, attempt_id = JOB_TRANSITIONS, "job", obj.id, None
+        current = JobState(obj.state)
+    elif isinstance(obj, Attempt):
+        table, kind, job_id, attempt_id = ATTEMPT_TRANSITIONS, "attempt", obj.job_id, obj.id
+        current = AttemptState(obj.state)
+    else:
+        raise TypeError(f"transition() takes a Job or an Attempt, not {type(obj).__name__}")
+    if to not in table[current]:
+        raise IllegalTransition(f"{kind} {obj.id}: {current} -> {to} is not allowed")
+
+    now = clock.now()
+    obj.state = str(to)
+    obj.updated_at = now
+    payload: dict[str, Any] = {"from": str(current), "to": str(to)}
+    if reason:
+        payload["reason"] = reason
+    if data:
+        payload.update(data)
+    if kind == "attempt":
+        if to == A.RUNNING and obj.started_at is None:
+            obj.started_at = now
+        if to not in LIVE_ATTEMPT_STATES:
+            obj.ended_at = now
+            obj.reason = reason
+    else:
+        if to in TERMINAL_JOB_STATES:
+            obj.ended_at = now
+        if reason:
+            obj.reason = reason
+    session.add(Event(job_id=job_id, attempt_id=attempt_id, type=f"{kind}_state", at=now, data=payload))
