@@ -1,0 +1,368 @@
+"""One object-storage API for ``s3://``, ``gs://``, ``az://`` and ``file://`` URIs.
+
+Built on obstore, which speaks S3, GCS and Azure Blob through one Rust client
+with multipart uploads and connection reuse. A :class:`Storage` is rooted at a
+URI; every key is a ``/``-separated path relative to that root::
+
+    store = Storage("s3://bucket/team/job/attempt")
+    store.put("step-000000000100/part-00000.bin", data)
+    store.get("step-000000000100/part-00000.bin", start=0, end=16)
+
+S3 endpoints follow the standard environment, so a local stand-in such as
+moto's server or MinIO works with no code change: ``AWS_ENDPOINT_URL_S3`` or
+``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``. With an
+endpoint set, requests are path-style (stand-ins rarely have wildcard DNS) and
+plain HTTP is allowed when the endpoint is ``http://``.
+
+``file://`` writes are atomic and durable: the bytes go to a temporary file
+beside the target (``name#<pid>.<token>``, a name obstore's listing skips),
+are fsynced, then renamed over the target, and the directory is fsynced. A
+writer killed at any moment leaves either the old object or the new one,
+never a half object under the final name.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Union
+from urllib.parse import unquote, urlparse
+
+import obstore
+from obstore.store import LocalStore, S3Store, from_url
+
+# bytes, bytearray, memoryview, or any 1-D contiguous uint8 buffer.
+BytesLike = Union[bytes, bytearray, memoryview]
+
+SCHEMES = ("s3", "gs", "az", "file")
+
+# Objects at or above this size are uploaded in parts, in parallel.
+MULTIPART_THRESHOLD = 64 * 1024 * 1024
+PART_SIZE = 16 * 1024 * 1024
+MAX_CONCURRENCY = 8
+# Large ranged reads are split into pieces fetched in parallel.
+READ_PIECE = 16 * 1024 * 1024
+# Linux caps one write() near 2 GiB; stay well below it.
+_WRITE_CHUNK = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object: its key relative to the storage root, its size."""
+
+    key: str
+    size: int
+    last_modified: datetime | None = None
+
+
+def join_uri(uri: str, *keys: str) -> str:
+    """``join_uri("s3://b/p", "step-1", "MANIFEST.json")`` → ``s3://b/p/step-1/MANIFEST.json``."""
+    parts = [uri.rstrip("/")] + [k.strip("/") for k in keys if k.strip("/")]
+    return "/".join(parts)
+
+
+def _scheme_and_path(uri: str) -> tuple[str, str, str]:
+    """Split a URI into (scheme, bucket-or-empty, path without slashes at the ends)."""
+    if "://" not in uri:
+        # A bare path is a local directory: convenient on a laptop.
+        return "file", "", str(Path(uri).resolve())
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme == "s3a":
+        scheme = "s3"
+    if scheme not in SCHEMES:
+        raise ValueError(f"unsupported storage URI {uri!r}: use one of {', '.join(s + '://' for s in SCHEMES)}")
+    if scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise ValueError(f"file URI must be absolute (file:///path): {uri!r}")
+        return "file", "", unquote(parsed.path).rstrip("/") or "/"
+    if not parsed.netloc:
+        raise ValueError(f"storage URI without a bucket: {uri!r}")
+    return scheme, parsed.netloc, unquote(parsed.path).strip("/")
+
+
+def _s3_options_from_env() -> dict[str, Any]:
+    """Endpoint and region from the standard AWS environment.
+
+    obstore reads the credentials itself; the endpoint needs two extra
+    settings that it does not derive: path-style requests and plain HTTP.
+    """
+    options: dict[str, Any] = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        options["endpoint"] = endpoint
+        options["virtual_hosted_style_request"] = False
+        if endpoint.startswith("http://"):
+            options["client_options"] = {"allow_http": True}
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        options["region"] = region
+    return options
+
+
+def _open_store(scheme: str, bucket: str, path: str) -> Any:
+    if scheme == "file":
+        # automatic_cleanup removes directories left empty by a delete.
+        return LocalStore(path, automatic_cleanup=True)
+    if scheme == "s3":
+        return S3Store(bucket, prefix=path or None, **_s3_options_from_env())
+    # gs:// and az:// take their credentials and accounts from the standard
+    # environment (GOOGLE_*, AZURE_STORAGE_*), as obstore documents them.
+    return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"))
+
+
+def _not_found(exc: BaseException) -> bool:
+    return isinstance(exc, (FileNotFoundError, obstore.exceptions.NotFoundError))
+
+
+class Storage:
+    """Objects under one root URI.
+
+    Thread-safe: the underlying obstore clients are, and local writes use
+    unique temporary names. Keys never start with ``/``.
+    """
+
+    def __init__(self, uri: str, *, max_concurrency: int = MAX_CONCURRENCY,
+                 multipart_threshold: int = MULTIPART_THRESHOLD, part_size: int = PART_SIZE) -> None:
+        self.scheme, self._bucket, self._path = _scheme_and_path(uri)
+        self.uri = uri.rstrip("/") if "://" in uri else f"file://{self._path}"
+        self.max_concurrency = max_concurrency
+        self.multipart_threshold = multipart_threshold
+        self.part_size = part_size
+        self._local_root = Path(self._path) if self.scheme == "file" else None
+        # A local root may not exist yet (obstore refuses that): open on first use.
+        self._opened: Any = None if self._local_root is not None else _open_store(
+            self.scheme, self._bucket, self._path)
+
+    def __repr__(self) -> str:
+        return f"Storage({self.uri!r})"
+
+    @property
+    def _store(self) -> Any:
+        if self._opened is None:
+            assert self._local_root is not None
+            if not self._local_root.is_dir():
+                raise FileNotFoundError(f"no such directory: {self._local_root}")
+            self._opened = _open_store(self.scheme, self._bucket, self._path)
+        return self._opened
+
+    @property
+    def is_local(self) -> bool:
+        return self._local_root is not None
+
+    def url(self, key: str = "") -> str:
+        """The full URI of ``key``."""
+        return join_uri(self.uri, key)
+
+    def child(self, key: str) -> Storage:
+        """A Storage rooted at ``key`` below this root."""
+        return Storage(self.url(key), max_concurrency=self.max_concurrency,
+                       multipart_threshold=self.multipart_threshold, part_size=self.part_size)
+
+    # --- writes -------------------------------------------------------------
+
+    def put(self, key: str, data: BytesLike) -> None:
+        """Store ``data`` under ``key``, replacing any object there; atomic."""
+        view = memoryview(data).cast("B")
+        if self._local_root is not None:
+            self._local_put(key, lambda fd: _write_all(fd, view))
+            return
+        multipart = view.nbytes >= self.multipart_threshold
+        obstore.put(self._store, key, view, use_multipart=multipart,
+                    chunk_size=self.part_size, max_concurrency=self.max_concurrency)
+
+    def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
+        """Upload a local file (multipart and parallel when large); atomic."""
+        source = Path(path)
+        if self._local_root is not None:
+            def copy(fd: int) -> None:
+                with open(source, "rb") as src, os.fdopen(os.dup(fd), "wb", buffering=0) as dst:
+                    shutil.copyfileobj(src, dst, _WRITE_CHUNK)
+            self._local_put(key, copy)
+            return
+        multipart = source.stat().st_size >= self.multipart_threshold
+        obstore.put(self._store, key, source, use_multipart=multipart,
+                    chunk_size=self.part_size, max_concurrency=self.max_concurrency)
+
+    def _local_put(self, key: str, write: Any) -> None:
+        assert self._local_root is not None
+        target = self._local_root / key
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # '#' marks a staging file: obstore's local listing never shows it.
+        temp = target.with_name(f"{target.name}#{os.getpid()}.{secrets.token_hex(4)}")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            write(fd)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            temp.unlink(missing_ok=True)
+            raise
+        os.close(fd)
+        os.replace(temp, target)
+        _fsync_dir(target.parent)
+
+    # --- reads --------------------------------------------------------------
+
+    def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
+        """The bytes of ``key``, or of ``[start, end)`` of it (end exclusive)."""
+        if start is None and end is None:
+            return bytes(obstore.get(self._store, key).bytes())
+        begin = start or 0
+        stop = end if end is not None else self.size(key)
+        if stop <= begin:
+            return b""
+        return bytes(obstore.get_range(self._store, key, start=begin, end=stop))
+
+    def get_into(self, key: str, out: memoryview | bytearray, start: int = 0) -> int:
+        """Read ``len(out)`` bytes of ``key`` from ``start`` into ``out``; large reads in parallel."""
+        view = memoryview(out).cast("B")
+        length = view.nbytes
+        if length == 0:
+            return 0
+        if self._local_root is not None:
+            with open(self._local_root / key, "rb", buffering=0) as f:
+                f.seek(start)
+                got = 0
+                while got < length:
+                    n = f.readinto(view[got:])
+                    if not n:
+                        raise EOFError(f"{self.url(key)}: {got} of {length} bytes from offset {start}")
+                    got += n
+            return length
+        starts = list(range(start, start + length, READ_PIECE))
+        ends = [min(s + READ_PIECE, start + length) for s in starts]
+        for s, piece in zip(starts, obstore.get_ranges(self._store, key, starts=starts, ends=ends)):
+            chunk = memoryview(piece)
+            if chunk.nbytes != min(READ_PIECE, start + length - s):
+                raise EOFError(f"{self.url(key)}: short read at offset {s}")
+            view[s - start:s - start + chunk.nbytes] = chunk
+        return length
+
+    def get_file(self, key: str, path: str | os.PathLike[str]) -> int:
+        """Download ``key`` into a local file, atomically (temp file + rename)."""
+        target = Path(path)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        temp = target.with_name(f"{target.name}#{os.getpid()}.{secrets.token_hex(4)}")
+        written = 0
+        try:
+            with open(temp, "wb") as f:
+                if self._local_root is not None:
+                    with open(self._local_root / key, "rb") as src:
+                        shutil.copyfileobj(src, f, _WRITE_CHUNK)
+                    written = f.tell()
+                else:
+                    for chunk in obstore.get(self._store, key).stream(min_chunk_size=PART_SIZE):
+                        f.write(chunk)
+                        written += len(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(temp, target)
+        except BaseException:
+            temp.unlink(missing_ok=True)
+            raise
+        return written
+
+    # --- metadata -----------------------------------------------------------
+
+    def head(self, key: str) -> ObjectInfo | None:
+        """Size and time of ``key``, or None when there is no such object."""
+        try:
+            meta = obstore.head(self._store, key)
+        except Exception as exc:
+            if _not_found(exc):
+                return None
+            raise
+        return ObjectInfo(key=meta["path"], size=int(meta["size"]), last_modified=meta["last_modified"])
+
+    def size(self, key: str) -> int:
+        info = self.head(key)
+        if info is None:
+            raise FileNotFoundError(self.url(key))
+        return info.size
+
+    def exists(self, key: str) -> bool:
+        return self.head(key) is not None
+
+    def iter(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Every object whose key starts with the path segments of ``prefix`` (recursive)."""
+        if self._local_root is not None and not self._local_root.is_dir():
+            return
+        try:
+            for batch in obstore.list(self._store, prefix.strip("/") or None, chunk_size=1000):
+                for meta in batch:
+                    yield ObjectInfo(key=meta["path"], size=int(meta["size"]),
+                                     last_modified=meta["last_modified"])
+        except Exception as exc:
+            if not _not_found(exc):
+                raise
+
+    def list(self, prefix: str = "") -> list[ObjectInfo]:
+        """:meth:`iter` as a list sorted by key."""
+        return sorted(self.iter(prefix), key=lambda o: o.key)
+
+    # --- deletes ------------------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing object is not an error."""
+        self.delete_many([key])
+
+    def delete_many(self, keys: list[str]) -> None:
+        """Remove objects in the given order (bulk where the store allows)."""
+        if not keys:
+            return
+        if self._local_root is not None:
+            # One by one, in order: callers rely on it (manifest before parts).
+            for key in keys:
+                try:
+                    obstore.delete(self._store, key)
+                except Exception as exc:
+                    if not _not_found(exc):
+                        raise
+            return
+        try:
+            obstore.delete(self._store, keys)
+        except Exception as exc:
+            if not _not_found(exc):
+                raise
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every object under ``prefix``; returns how many."""
+        keys = [o.key for o in self.iter(prefix)]
+        self.delete_many(keys)
+        return len(keys)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    done = 0
+    total = view.nbytes
+    while done < total:
+        done += os.write(fd, view[done:done + _WRITE_CHUNK])
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a rename in ``path`` durable (a no-op where directories can't be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def parallel_map(fn: Any, items: list[Any], workers: int) -> list[Any]:
+    """``[fn(x) for x in items]`` on up to ``workers`` threads; the first error is raised."""
+    if workers <= 1 or len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(workers, len(items))) as pool:
+        return list(pool.map(fn, items))
