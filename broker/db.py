@@ -53,14 +53,22 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
-        # pysqlite's own transaction handling defers BEGIN and breaks
-        # SERIALIZABLE reads; emit BEGIN ourselves (the documented recipe).
-        event.listen(engine, "begin", lambda conn: conn.exec_driver_sql("BEGIN IMMEDIATE"))
+        event.listen(engine, "begin", _sqlite_begin)
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
     kwargs.setdefault("pool_pre_ping", True)
     return create_engine(url, **kwargs)
+
+
+def _sqlite_begin(conn: Any) -> None:
+    # pysqlite's own transaction handling is off (see _sqlite_pragmas), so we
+    # emit BEGIN. A unit of work that writes takes the write lock up front
+    # (IMMEDIATE): a deferred transaction that reads, then writes, fails at
+    # once when another process wrote in between. Reads stay deferred, and
+    # WAL lets them run beside a writer.
+    immediate = conn.get_execution_options().get(IMMEDIATE, False)
+    conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
@@ -77,8 +85,12 @@ def make_session_factory(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
+IMMEDIATE = "spotbroker_immediate"
+
+
 @contextmanager
 def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
-    """One unit of work: commit on success, roll back on any error."""
+    """One unit of work that writes: commit on success, roll back on any error."""
     with factory() as session, session.begin():
+        session.connection(execution_options={IMMEDIATE: True})
         yield session

@@ -168,3 +168,60 @@ class JobSpec(_Strict):
 
     def stored(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
+
+
+class SpecSyntaxError(ValueError):
+    """A job document that is not valid JSON/YAML; `line` is 1-based."""
+
+    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
+        where = f"line {line}" + (f", column {column}" if column else "") + ": " if line else ""
+        super().__init__(where + message)
+        self.line, self.column, self.message = line, column, message
+
+
+def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
+    """Parse a job document (JSON, or a SkyPilot-style YAML) into a dict.
+
+    `fmt` is "json", "yaml" or "auto" (JSON if it starts with '{').
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecSyntaxError(f"not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
+    if fmt == "auto":
+        fmt = "json" if text.lstrip().startswith("{") else "yaml"
+    if fmt == "json":
+        import json
+
+        try:
+            doc = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise SpecSyntaxError(exc.msg, exc.lineno, exc.colno) from None
+    else:
+        import yaml
+
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.MarkedYAMLError as exc:
+            mark = exc.problem_mark
+            raise SpecSyntaxError(str(exc.problem or exc), mark.line + 1 if mark else None,
+                                  mark.column + 1 if mark else None) from None
+        except yaml.YAMLError as exc:
+            raise SpecSyntaxError(str(exc)) from None
+    if not isinstance(doc, dict):
+        raise SpecSyntaxError("the document must be a mapping of fields (name, run, resources, ...)")
+    return _accelerator_alternatives(doc)
+
+
+def _accelerator_alternatives(doc: dict[str, Any]) -> dict[str, Any]:
+    """SkyPilot's `accelerators: {A10G: 1, L4: 1}` (or a list) means "any of"."""
+    res = doc.get("resources")
+    if isinstance(res, dict):
+        acc = res.get("accelerators")
+        many = (isinstance(acc, dict) and len(acc) > 1) or isinstance(acc, list)
+        if many and "any_of" not in res and "ordered" not in res:
+            items = acc.items() if isinstance(acc, dict) else ((a, None) for a in acc)
+            rest = {k: v for k, v in res.items() if k != "accelerators"}
+            doc = {**doc, "resources": {**rest, "any_of": [
+                {"accelerators": name if count is None else f"{name}:{count}"} for name, count in items]}}
+    return doc

@@ -23,17 +23,13 @@ import time
 from pathlib import Path
 
 from spotbroker.broker.launch.base import Handle, LaunchRequest, RunState, RunStatus
+from spotbroker.broker.logs import log_path
 
 log = logging.getLogger(__name__)
 
 # The wrapper records the exit code atomically once the command ends; a node
 # that dies without one (killed with its group, host lost) counts as gone.
 _WRAPPER = 'bash -c "$SPOTBROKER_SCRIPT"; rc=$?; echo $rc > "$SPOTBROKER_EXIT.tmp" && mv "$SPOTBROKER_EXIT.tmp" "$SPOTBROKER_EXIT"; exit $rc'
-
-
-def log_path(data_dir: Path, job_id: int, attempt_id: int, rank: int = 0) -> Path:
-    suffix = "" if rank == 0 else f".node-{rank}"
-    return data_dir / "logs" / str(job_id) / f"{attempt_id}{suffix}.log"
 
 
 def _start_time(pid: int) -> str | None:

@@ -1,0 +1,100 @@
+"""The FastAPI application: wires settings, database, launchers and the
+reconciler together. `create_app()` is what `spotbroker serve` runs."""
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from spotbroker.api import errors
+from spotbroker.api.routers import health, jobs, teams
+from spotbroker.broker import migrate
+from spotbroker.broker.auth import TokenResolver
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.launch.local import LocalLauncher
+from spotbroker.broker.offers import seed_from_catalog
+from spotbroker.broker.reconciler import Reconciler
+from spotbroker.broker.settings import Settings, get_settings
+from spotbroker.broker.spec import JobSpec
+
+log = logging.getLogger("spotbroker")
+
+
+class SchemaBehind(RuntimeError):
+    pass
+
+
+def prepare_database(engine, settings: Settings) -> None:
+    """SQLite (the embedded default) is migrated here; PostgreSQL is shared
+    by several brokers and is migrated on purpose, by `spotbroker db upgrade`."""
+    if engine.dialect.name == "sqlite":
+        settings.data_dir.mkdir(parents=True, exist_ok=True)
+        migrate.upgrade(engine)
+    elif not migrate.is_current(engine):
+        have, want = migrate.current_revision(engine), migrate.head_revision(str(engine.url))
+        raise SchemaBehind(f"the database schema is at {have or 'nothing'} and this broker needs {want}: "
+                           "run 'spotbroker db upgrade' first")
+
+
+def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
+               run_reconciler: bool = True) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = make_engine(settings.sqlalchemy_url)
+        prepare_database(engine, settings)
+        factory = make_session_factory(engine)
+        with transaction(factory) as session:
+            seed_from_catalog(session, clock)
+        launchers = {}
+        if settings.local_launcher_enabled():
+            launchers["local"] = LocalLauncher(settings.data_dir, settings.local_kill_grace_seconds)
+        else:
+            log.warning("the local launcher is off (the server listens beyond loopback); "
+                        "set SPOTBROKER_LOCAL_LAUNCHER=true to run jobs on this host")
+        reconciler = Reconciler(factory, launchers, settings, clock=clock)
+        app.state.settings, app.state.engine, app.state.session_factory = settings, engine, factory
+        app.state.clock, app.state.reconciler = clock, reconciler
+        app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
+        stop = threading.Event()
+        worker = threading.Thread(target=reconciler.run_forever, args=(stop,), name="reconciler", daemon=True)
+        if run_reconciler:
+            worker.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            reconciler.hint()
+            if worker.is_alive():
+                worker.join(timeout=10)
+            engine.dispose()
+
+    app = FastAPI(title="spotbroker", version="0.1.0", lifespan=lifespan,
+                  description="Run ML training on spot GPUs at the lowest expected cost.")
+    errors.install(app)
+    app.include_router(health.router)
+    app.include_router(jobs.router)
+    app.include_router(teams.router)
+    # The request body is parsed by hand (JSON or YAML); publish its schema.
+    _publish_schema(app, JobSpec)
+    return app
+
+
+def _publish_schema(app: FastAPI, model) -> None:
+    original = app.openapi
+
+    def openapi():
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = original()
+        defs = model.model_json_schema(ref_template="#/components/schemas/{model}")
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        components.update(defs.pop("$defs", {}))
+        components[model.__name__] = defs
+        return schema
+
+    app.openapi = openapi

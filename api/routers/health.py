@@ -1,0 +1,31 @@
+"""Liveness and readiness probes (no token needed, nothing secret inside)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+
+from spotbroker.api.schemas import Health
+from spotbroker.broker import migrate
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health)
+def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
+def readyz(request: Request):
+    engine = request.app.state.engine
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        if not migrate.is_current(engine):
+            return JSONResponse(Health(status="unavailable", detail="migrations are behind; run "
+                                       "'spotbroker db upgrade'").model_dump(), status_code=503)
+    except Exception as exc:
+        return JSONResponse(Health(status="unavailable", detail=f"database unreachable: "
+                                   f"{type(exc).__name__}").model_dump(), status_code=503)
+    return Health(status="ok")

@@ -1,0 +1,147 @@
+"""Jobs: submit, list, read, events, logs, cancel. Each route parses,
+authorizes, calls one `broker` function and shapes the answer."""
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import PlainTextResponse, StreamingResponse
+from pydantic import ValidationError
+
+from spotbroker.api.deps import CurrentTeam, SessionDep
+from spotbroker.api.errors import PROBLEM, Problem, field_errors, invalid
+from spotbroker.api.schemas import EventList, EventOut, JobOut, JobPage
+from spotbroker.broker.db import transaction
+from spotbroker.broker import jobs, logs
+from spotbroker.broker.spec import JobSpec, SpecSyntaxError, load_document
+from spotbroker.broker.states import LIVE_ATTEMPT_STATES, JobState
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+MAX_BODY = 1 << 20
+_ERRORS = {401: {"description": "No or bad token"}, 404: {"description": "No such job for this team"}}
+_YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+
+
+def _not_found(job_id: int) -> Problem:
+    return Problem(404, "Not found", f"no job {job_id}")
+
+
+def _get(session, team, job_id: int):
+    try:
+        return jobs.get(session, team.team_id, job_id)
+    except jobs.JobNotFound:
+        raise _not_found(job_id) from None
+
+
+async def _read_spec(request: Request) -> JobSpec:
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        raise Problem(413, "Payload too large", f"a job spec is at most {MAX_BODY} bytes")
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    fmt = "yaml" if ctype in _YAML_TYPES else "json"
+    if ctype not in _YAML_TYPES and ctype not in ("application/json", ""):
+        raise Problem(415, "Unsupported media type", f"send application/json or application/yaml, not {ctype}")
+    try:
+        doc = load_document(body, fmt)
+    except SpecSyntaxError as exc:
+        err = {"field": "body", "message": str(exc)}
+        if exc.line:
+            err["line"] = exc.line
+        raise invalid([err]) from None
+    try:
+        return JobSpec.model_validate(doc)
+    except ValidationError as exc:
+        raise invalid(field_errors(exc.errors())) from None
+
+
+@router.post("", status_code=201, response_model=JobOut, responses={
+    **_ERRORS, 422: {"description": "Invalid spec; `errors` names each field", "content": {PROBLEM: {}}}},
+    openapi_extra={"requestBody": {"required": True, "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+        "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}}})
+async def submit_job(request: Request, team: CurrentTeam) -> JobOut:
+    """Submit a job: a JSON job spec, or a SkyPilot-style task YAML
+    (`Content-Type: application/yaml`)."""
+    spec = await _read_spec(request)
+    state = request.app.state
+    with transaction(state.session_factory) as session:
+        job = jobs.submit(session, team.team_id, spec, clock=state.clock)
+        out = JobOut.of(job, team.team_name, state.clock.now())
+    state.reconciler.hint()
+    return out
+
+
+@router.get("", response_model=JobPage, responses=_ERRORS)
+def list_jobs(request: Request, session: SessionDep, team: CurrentTeam,
+              state: Annotated[list[JobState] | None, Query(description="repeat to filter by several")] = None,
+              cursor: Annotated[str | None, Query(pattern=r"^\d+$")] = None,
+              limit: Annotated[int, Query(ge=1, le=500)] = 50) -> JobPage:
+    """Jobs of the caller's team, newest first."""
+    found = jobs.list_jobs(session, team.team_id, states=state or (),
+                           before=int(cursor) if cursor else None, limit=limit + 1)
+    now = request.app.state.clock.now()
+    page = [JobOut.of(j, team.team_name, now) for j in found[:limit]]
+    return JobPage(jobs=page, next_cursor=str(page[-1].id) if len(found) > limit else None)
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=_ERRORS)
+def get_job(request: Request, job_id: int, session: SessionDep, team: CurrentTeam) -> JobOut:
+    return JobOut.of(_get(session, team, job_id), team.team_name, request.app.state.clock.now())
+
+
+@router.get("/{job_id}/events", response_model=EventList, responses=_ERRORS)
+def job_events(job_id: int, session: SessionDep, team: CurrentTeam,
+               after: Annotated[int | None, Query(description="only events with a larger id")] = None) -> EventList:
+    """The job's history, oldest first."""
+    try:
+        found = jobs.events(session, team.team_id, job_id, after=after)
+    except jobs.JobNotFound:
+        raise _not_found(job_id) from None
+    return EventList(events=[EventOut.of(e) for e in found])
+
+
+@router.get("/{job_id}/logs", response_class=PlainTextResponse, responses={
+    **_ERRORS, 200: {"content": {"text/plain": {}}, "description": "the attempt's output"}})
+def job_logs(request: Request, job_id: int, session: SessionDep, team: CurrentTeam,
+             attempt: Annotated[int | None, Query(description="default: the newest attempt")] = None,
+             tail: Annotated[int | None, Query(ge=0, description="last N lines; default all")] = None,
+             follow: Annotated[bool, Query(description="keep streaming until the attempt ends")] = False):
+    job = _get(session, team, job_id)
+    if not job.attempts:
+        return PlainTextResponse("")
+    chosen = next((a for a in job.attempts if a.id == attempt), None) if attempt else job.attempts[-1]
+    if chosen is None:
+        raise Problem(404, "Not found", f"job {job_id} has no attempt {attempt}")
+    state = request.app.state
+    path = logs.log_path(state.settings.data_dir, job_id, chosen.id)
+    head, offset = logs.tail(path, tail)
+    if not follow:
+        return PlainTextResponse(head.decode("utf-8", "replace"))
+    attempt_id = chosen.id
+
+    def running() -> bool:
+        from spotbroker.broker.models import Attempt
+
+        with state.session_factory() as s:
+            return s.get(Attempt, attempt_id).state in LIVE_ATTEMPT_STATES
+
+    def stream():
+        yield head
+        yield from logs.follow(path, offset, running)
+
+    return StreamingResponse(stream(), media_type="text/plain; charset=utf-8")
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=_ERRORS)
+def cancel_job(request: Request, job_id: int, team: CurrentTeam) -> JobOut:
+    """Cancel a job; what still runs is stopped right after (SIGTERM, then SIGKILL)."""
+    state = request.app.state
+    with transaction(state.session_factory) as session:
+        try:
+            job = jobs.cancel(session, team.team_id, job_id, clock=state.clock)
+        except jobs.JobNotFound:
+            raise _not_found(job_id) from None
+        out = JobOut.of(job, team.team_name, state.clock.now())
+    state.reconciler.hint()
+    return out

@@ -1,0 +1,50 @@
+"""Teams and tokens (admin token), and who-am-I (any token)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from sqlalchemy import select
+
+from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
+from spotbroker.api.errors import Problem
+from spotbroker.api.schemas import TeamCreate, TeamOut, TokenOut
+from spotbroker.broker.db import transaction
+from spotbroker.broker import auth
+from spotbroker.broker.models import Team
+
+router = APIRouter(prefix="/v1", tags=["teams"])
+
+
+@router.post("/teams", status_code=201, response_model=TokenOut)
+def create_team(request: Request, body: TeamCreate, _: Admin) -> TokenOut:
+    """Create a team; the answer holds its first token (shown once)."""
+    with transaction(request.app.state.session_factory) as session:
+        try:
+            team, token = auth.create_team(session, body.name, clock=request.app.state.clock)
+        except auth.TeamExists as exc:
+            raise Problem(409, "Conflict", str(exc)) from None
+        except ValueError as exc:
+            raise Problem(422, "Invalid request", str(exc), errors=[{"field": "name", "message": str(exc)}]) from None
+    return TokenOut(team=team.name, token=token)
+
+
+@router.get("/teams", response_model=list[TeamOut])
+def list_teams(session: SessionDep, _: Admin) -> list[TeamOut]:
+    return [TeamOut(id=t.id, name=t.name, created_at=t.created_at)
+            for t in session.scalars(select(Team).order_by(Team.id))]
+
+
+@router.post("/teams/{name}/tokens", status_code=201, response_model=TokenOut)
+def create_token(request: Request, name: str, _: Admin) -> TokenOut:
+    """Another token for a team (the old ones stay valid)."""
+    with transaction(request.app.state.session_factory) as session:
+        team = session.scalar(select(Team).where(Team.name == name))
+        if team is None:
+            raise Problem(404, "Not found", f"no team {name!r}")
+        token = auth.create_token(session, team, name="api", clock=request.app.state.clock)
+    return TokenOut(team=team.name, token=token)
+
+
+@router.get("/whoami", response_model=TeamOut)
+def whoami(session: SessionDep, team: CurrentTeam) -> TeamOut:
+    row = session.get(Team, team.team_id)
+    return TeamOut(id=row.id, name=row.name, created_at=row.created_at)

@@ -1,0 +1,107 @@
+"""What the API answers with. Requests are `broker.spec.JobSpec` and the
+small models here."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotbroker.broker import costs
+from spotbroker.broker.models import Attempt, Event, Job
+
+
+class AttemptOut(BaseModel):
+    id: int
+    state: str
+    reason: str | None
+    cloud: str
+    region: str | None
+    zone: str | None = Field(description="the cloud's zone name; null when only its id is known")
+    zone_id: str | None = Field(description="the zone id (AWS use1-az1) where the catalog gives one")
+    instance_type: str | None
+    accelerator: str | None
+    accelerator_count: float
+    use_spot: bool
+    num_nodes: int
+    price_per_hour: float = Field(description="per node, stored at launch")
+    cost: float = Field(description="dollars so far (to now while running)")
+    exit_code: int | None
+    created_at: datetime
+    started_at: datetime | None
+    ended_at: datetime | None
+
+    @classmethod
+    def of(cls, a: Attempt, now: datetime) -> AttemptOut:
+        return cls(id=a.id, state=a.state, reason=a.reason, cloud=a.cloud, region=a.region, zone=a.zone,
+                   zone_id=a.zone_id, instance_type=a.instance_type, accelerator=a.accelerator,
+                   accelerator_count=a.accelerator_count, use_spot=a.use_spot, num_nodes=a.num_nodes,
+                   price_per_hour=a.price_per_hour, cost=round(costs.attempt_cost(a, now), 6),
+                   exit_code=a.exit_code, created_at=a.created_at, started_at=a.started_at,
+                   ended_at=a.ended_at)
+
+
+class JobOut(BaseModel):
+    id: int
+    name: str
+    state: str
+    reason: str | None
+    team: str
+    spec: dict[str, Any]
+    restarts: int
+    recoveries: int
+    cost: float
+    created_at: datetime
+    updated_at: datetime
+    ended_at: datetime | None
+    attempts: list[AttemptOut]
+
+    @classmethod
+    def of(cls, job: Job, team: str, now: datetime) -> JobOut:
+        attempts = [AttemptOut.of(a, now) for a in job.attempts]
+        return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team, spec=job.spec,
+                   restarts=job.restarts, recoveries=job.recoveries,
+                   cost=round(sum(a.cost for a in attempts), 6), created_at=job.created_at,
+                   updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
+
+
+class JobPage(BaseModel):
+    jobs: list[JobOut]
+    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+
+
+class EventOut(BaseModel):
+    id: int
+    type: str
+    at: datetime
+    attempt_id: int | None
+    data: dict[str, Any]
+
+    @classmethod
+    def of(cls, e: Event) -> EventOut:
+        return cls(id=e.id, type=e.type, at=e.at, attempt_id=e.attempt_id, data=e.data or {})
+
+
+class EventList(BaseModel):
+    events: list[EventOut]
+
+
+class TeamCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, max_length=64)
+
+
+class TeamOut(BaseModel):
+    id: int
+    name: str
+    created_at: datetime
+
+
+class TokenOut(BaseModel):
+    team: str
+    token: str = Field(description="shown once; only its SHA-256 digest is stored")
+
+
+class Health(BaseModel):
+    status: str
+    detail: str | None = None

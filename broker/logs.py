@@ -1,0 +1,64 @@
+"""Attempt logs on the broker's disk: `{data_dir}/logs/{job_id}/{attempt_id}.log`.
+
+The local launcher writes them directly; on cloud nodes the agent ships the
+trainer's output here over HTTP. Reading is by tail and by following.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+
+def log_path(data_dir: Path, job_id: int, attempt_id: int, rank: int = 0) -> Path:
+    suffix = "" if rank == 0 else f".node-{rank}"
+    return data_dir / "logs" / str(job_id) / f"{attempt_id}{suffix}.log"
+
+
+def tail(path: Path, lines: int | None) -> tuple[bytes, int]:
+    """The last `lines` lines (all when None) and the file offset after them."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if lines is None:
+                f.seek(0)
+                return f.read(), size
+            block, data, pos = 64 * 1024, b"", size
+            while pos > 0 and data.count(b"\n") <= lines:
+                pos = max(0, pos - block)
+                f.seek(pos)
+                data = f.read(size - pos)
+            kept = data.splitlines(keepends=True)[-lines:] if lines else []
+            return b"".join(kept), size
+    except FileNotFoundError:
+        return b"", 0
+
+
+def read_from(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
+    try:
+        with path.open("rb") as f:
+            f.seek(offset)
+            return f.read(limit)
+    except FileNotFoundError:
+        return b""
+
+
+def follow(path: Path, offset: int, still_running, poll: float = 0.25,
+           sleep=None) -> Iterator[bytes]:
+    """Yield new bytes as they are written, until `still_running()` is false
+    and nothing is left to read."""
+    import time
+
+    sleep = sleep or time.sleep
+    while True:
+        chunk = read_from(path, offset)
+        if chunk:
+            offset += len(chunk)
+            yield chunk
+            continue
+        if not still_running():
+            chunk = read_from(path, offset)
+            if chunk:
+                yield chunk
+            return
+        sleep(poll)
