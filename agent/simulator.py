@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -129,6 +130,7 @@ class MetadataSimulator:
         self.acknowledged: list[str] = []
         self.requests = 0          # metadata requests served (control endpoints excluded)
         self.faulted_requests = 0  # of which answered by a fault mode
+        self.hits: Counter[str] = Counter()  # metadata requests per path
         self._start_triggers = (notice_after, notice_at, rebalance_after)
 
     # --- life cycle -------------------------------------------------------
@@ -141,11 +143,10 @@ class MetadataSimulator:
         return f"http://{host}:{port}"
 
     def start(self) -> "MetadataSimulator":
-        server = ThreadingHTTPServer((self._host, self._port), _Handler)
-        server.daemon_threads = True
+        server = _Server((self._host, self._port), _Handler)
         server.sim = self  # type: ignore[attr-defined]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name=f"metadata-sim-{self.cloud}", daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=f"metadata-sim-{self.cloud}", daemon=True)
         self._thread.start()
         notice_after, notice_at, rebalance_after = self._start_triggers
         if notice_after is not None:
@@ -274,9 +275,10 @@ class MetadataSimulator:
 
     # --- request handling -------------------------------------------------
 
-    def _take_fault(self) -> str | None:
+    def _take_fault(self, path: str) -> str | None:
         with self._changed:
             self.requests += 1
+            self.hits[path] += 1
             fault = self._fault
             if fault.mode is None:
                 return None
@@ -298,7 +300,7 @@ class MetadataSimulator:
     def handle(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: bytes) -> _Reply | None:
         if path.startswith("/_sim/"):
             return self._control(method, path, body)
-        mode = self._take_fault()
+        mode = self._take_fault(path)
         if mode is not None:
             return self._faulted(mode)
         if self.cloud == "aws":
@@ -525,6 +527,16 @@ def _json_reply(payload: Any, status: int = 200) -> _Reply:
 
 def _azure_error(status: int, message: str) -> _Reply:
     return _json_reply({"error": message}, status)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client giving up on a slow or hung answer is part of the game, not an error.
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
 
 
 class _Handler(BaseHTTPRequestHandler):

@@ -1,0 +1,233 @@
+"""The metadata simulator speaks each cloud's protocol, refusals included (real HTTP)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from datetime import datetime, timedelta, timezone
+from email.utils import parsedate_to_datetime
+
+import httpx
+import pytest
+
+TTL = "X-aws-ec2-metadata-token-ttl-seconds"
+TOKEN = "X-aws-ec2-metadata-token"
+GOOGLE = {"Metadata-Flavor": "Google"}
+AZURE = {"Metadata": "true"}
+EVENTS = "/metadata/scheduledevents?api-version=2020-07-01"
+
+
+def _token(client: httpx.Client, ttl: int = 60) -> str:
+    answer = client.put("/latest/api/token", headers={TTL: str(ttl)})
+    assert answer.status_code == 200
+    assert answer.headers[TTL] == str(ttl)
+    return answer.text
+
+
+# --- AWS IMDSv2 ---------------------------------------------------------------
+
+
+def test_aws_token_refusals(make_sim):
+    sim = make_sim("aws")
+    with httpx.Client(base_url=sim.url) as client:
+        assert client.put("/latest/api/token").status_code == 400            # no TTL header
+        for bad in ("0", "21601", "soon"):
+            assert client.put("/latest/api/token", headers={TTL: bad}).status_code == 400
+        proxied = client.put("/latest/api/token", headers={TTL: "60", "X-Forwarded-For": "10.0.0.9"})
+        assert proxied.status_code == 403
+        assert client.get("/latest/api/token").status_code == 405
+
+
+def test_aws_reads_need_a_valid_token(make_sim, wait):
+    sim = make_sim("aws")
+    with httpx.Client(base_url=sim.url) as client:
+        assert client.get("/latest/meta-data/instance-id").status_code == 401
+        assert client.get("/latest/meta-data/instance-id", headers={TOKEN: "made-up"}).status_code == 401
+        token = _token(client)
+        answer = client.get("/latest/meta-data/instance-id", headers={TOKEN: token})
+        assert (answer.status_code, answer.text) == (200, sim.instance_id)
+        zone = client.get("/latest/meta-data/placement/availability-zone", headers={TOKEN: token}).text
+        assert zone == "us-east-1a"
+        assert client.get("/latest/meta-data/placement/region", headers={TOKEN: token}).text == "us-east-1"
+        short = _token(client, ttl=1)  # expires after its TTL
+        wait(lambda: client.get("/latest/meta-data/instance-id", headers={TOKEN: short}).status_code == 401,
+             timeout=5, what="the 1-second token to expire")
+        sim.revoke_tokens()
+        assert client.get("/latest/meta-data/instance-id", headers={TOKEN: token}).status_code == 401
+
+
+def test_aws_instance_action_and_rebalance_appear_on_notice(make_sim):
+    sim = make_sim("aws", notice_window=7)
+    with httpx.Client(base_url=sim.url) as client:
+        headers = {TOKEN: _token(client)}
+        assert client.get("/latest/meta-data/spot/instance-action", headers=headers).status_code == 404
+        assert client.get("/latest/meta-data/events/recommendations/rebalance", headers=headers).status_code == 404
+        sim.rebalance()
+        rebalance = client.get("/latest/meta-data/events/recommendations/rebalance", headers=headers).json()
+        assert set(rebalance) == {"noticeTime"} and rebalance["noticeTime"].endswith("Z")
+        deadline = sim.preempt()
+        action = client.get("/latest/meta-data/spot/instance-action", headers=headers).json()
+        assert action["action"] == "terminate"
+        assert action["time"] == deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+        assert timedelta(seconds=6) <= deadline - sim.notice_time <= timedelta(seconds=7)
+        assert client.get("/latest/meta-data/spot/termination-time", headers=headers).text == action["time"]
+
+
+def test_default_windows_are_the_clouds_own(make_sim):
+    assert make_sim("aws").notice_window == 120
+    assert make_sim("gcp").notice_window == 30
+    assert make_sim("azure").notice_window >= 30
+
+
+# --- GCP ------------------------------------------------------------------------
+
+
+def test_gcp_needs_metadata_flavor(make_sim):
+    sim = make_sim("gcp")
+    with httpx.Client(base_url=sim.url) as client:
+        path = "/computeMetadata/v1/instance/preempted"
+        assert client.get(path).status_code == 403
+        assert client.get(path, headers={"Metadata-Flavor": "google-ish"}).status_code == 403
+        assert client.get(path, headers={**GOOGLE, "X-Forwarded-For": "10.0.0.9"}).status_code == 403
+        answer = client.get(path, headers=GOOGLE)
+        assert (answer.status_code, answer.text) == (200, "FALSE")
+        assert answer.headers["Metadata-Flavor"] == "Google" and answer.headers["ETag"]
+        assert client.get("/computeMetadata/v1/instance/name", headers=GOOGLE).text == sim.vm_name
+        assert client.get("/computeMetadata/v1/instance/zone", headers=GOOGLE).text.endswith("/zones/us-central1-a")
+
+
+def test_gcp_preempted_and_maintenance_values_and_etags(make_sim):
+    sim = make_sim("gcp")
+    with httpx.Client(base_url=sim.url, headers=GOOGLE) as client:
+        before = client.get("/computeMetadata/v1/instance/preempted")
+        assert client.get("/computeMetadata/v1/instance/maintenance-event").text == "NONE"
+        sim.preempt()
+        after = client.get("/computeMetadata/v1/instance/preempted")
+        assert after.text == "TRUE" and after.headers["ETag"] != before.headers["ETag"]
+        sim.maintenance()
+        assert client.get("/computeMetadata/v1/instance/maintenance-event").text == "TERMINATE_ON_HOST_MAINTENANCE"
+
+
+def test_gcp_wait_for_change_long_polls_until_the_value_changes(make_sim):
+    sim = make_sim("gcp")
+    path = "/computeMetadata/v1/instance/preempted"
+    with httpx.Client(base_url=sim.url, headers=GOOGLE, timeout=10) as client:
+        etag = client.get(path).headers["ETag"]
+        # A stale ETag answers at once with the current value.
+        stale = client.get(path, params={"wait_for_change": "true", "last_etag": "0" * 16})
+        assert (stale.text, stale.headers["ETag"]) == ("FALSE", etag)
+        # timeout_sec: the current value comes back unchanged when nothing happens.
+        unchanged = client.get(path, params={"wait_for_change": "true", "last_etag": etag, "timeout_sec": "1"})
+        assert (unchanged.text, unchanged.headers["ETag"]) == ("FALSE", etag)
+        # The current ETag waits for the change.
+        timer = threading.Timer(0.3, sim.preempt)
+        timer.start()
+        changed = client.get(path, params={"wait_for_change": "true", "last_etag": etag, "timeout_sec": "8"})
+        timer.join()
+        assert changed.text == "TRUE" and changed.headers["ETag"] != etag
+
+
+# --- Azure ------------------------------------------------------------------------
+
+
+def test_azure_refusals(make_sim):
+    sim = make_sim("azure")
+    with httpx.Client(base_url=sim.url) as client:
+        missing = client.get(EVENTS)
+        assert missing.status_code == 400 and "metadata header" in missing.json()["error"]
+        assert client.get(EVENTS, headers={"Metadata": "false"}).status_code == 400
+        assert client.get("/metadata/scheduledevents", headers=AZURE).status_code == 400  # no api-version
+        assert client.get("/metadata/scheduledevents?api-version=1999-01-01", headers=AZURE).status_code == 400
+        assert client.post(EVENTS, json={"StartRequests": []}).status_code == 400  # POST needs the header too
+        assert client.post(EVENTS, headers=AZURE, content=b"not json").status_code == 400
+        unknown = client.post(EVENTS, headers=AZURE, json={"StartRequests": [{"EventId": "NOPE"}]})
+        assert unknown.status_code == 400
+
+
+def test_azure_preempt_event_incarnation_and_acknowledgement(make_sim):
+    sim = make_sim("azure", notice_window=45, vm_name="trainer-vm-3")
+    with httpx.Client(base_url=sim.url, headers=AZURE) as client:
+        compute = client.get("/metadata/instance/compute?api-version=2021-02-01").json()
+        assert compute["name"] == "trainer-vm-3" and compute["priority"] == "Spot"
+        empty = client.get(EVENTS).json()
+        assert empty == {"DocumentIncarnation": 1, "Events": []}
+        deadline = sim.preempt()
+        document = client.get(EVENTS).json()
+        assert document["DocumentIncarnation"] == 2
+        [event] = document["Events"]
+        assert event["EventType"] == "Preempt" and event["ResourceType"] == "VirtualMachine"
+        assert event["Resources"] == ["trainer-vm-3"] and event["EventStatus"] == "Scheduled"
+        assert event["EventSource"] == "Platform" and "DurationInSeconds" in event and event["Description"]
+        assert parsedate_to_datetime(event["NotBefore"]) == deadline.replace(microsecond=0)
+        assert client.get(EVENTS).json()["DocumentIncarnation"] == 2  # unchanged: same incarnation
+        ack = client.post(EVENTS, json={"StartRequests": [{"EventId": event["EventId"]}]})
+        assert ack.status_code == 200
+        assert sim.acknowledged == [event["EventId"]]
+        started = client.get(EVENTS).json()
+        assert started["DocumentIncarnation"] == 3 and started["Events"][0]["EventStatus"] == "Started"
+
+
+# --- triggers, control endpoints, faults, command line ------------------------------
+
+
+def test_notice_after_a_delay_and_at_a_time(make_sim, wait):
+    after = make_sim("gcp", notice_after=0.2)
+    at = make_sim("gcp", notice_at=datetime.now(timezone.utc) + timedelta(seconds=0.3))
+    for sim in (after, at):
+        assert sim.deadline is None or sim.notice_time is not None
+        wait(lambda: sim.deadline is not None, timeout=5, what="the scheduled notice")
+        with httpx.Client(base_url=sim.url, headers=GOOGLE) as client:
+            assert client.get("/computeMetadata/v1/instance/preempted").text == "TRUE"
+
+
+def test_control_endpoints(make_sim):
+    sim = make_sim("aws")
+    with httpx.Client(base_url=sim.url) as client:
+        assert client.get("/_sim/state").json()["deadline"] is None
+        answer = client.post("/_sim/preempt", json={"notice_seconds": 4})
+        deadline = datetime.fromisoformat(answer.json()["deadline"])
+        assert deadline - sim.notice_time == timedelta(seconds=4)
+        again = client.post("/_sim/preempt", json={"notice_seconds": 99}).json()
+        assert datetime.fromisoformat(again["deadline"]) == deadline  # one notice per instance
+        assert client.post("/_sim/rebalance").status_code == 200 and sim.rebalance_time is not None
+        assert client.post("/_sim/fault", json={"mode": "wrong"}).status_code == 400
+        assert client.post("/_sim/nothing").status_code == 404
+
+
+@pytest.mark.parametrize("cloud, path, headers", [
+    ("gcp", "/computeMetadata/v1/instance/preempted", GOOGLE),
+    ("azure", EVENTS, AZURE),
+])
+def test_fault_modes(make_sim, cloud, path, headers):
+    sim = make_sim(cloud)
+    with httpx.Client(base_url=sim.url, headers=headers, timeout=0.5) as client:
+        sim.set_fault("500")
+        assert client.get(path).status_code == 500
+        sim.set_fault("garbage")
+        garbage = client.get(path)
+        assert garbage.status_code == 200 and garbage.content not in (b"FALSE",) and b"\x00" in garbage.content
+        sim.set_fault("hang")
+        with pytest.raises(httpx.TimeoutException):
+            client.get(path)
+        sim.set_fault("500", count=1)
+        assert client.get(path).status_code == 500
+        assert client.get(path).status_code == 200  # the counted fault is spent
+        assert sim.faulted_requests == 4
+
+
+def test_runs_as_a_module_and_prints_its_url():
+    process = subprocess.Popen(
+        [sys.executable, "-m", "spotbroker.agent.simulator", "--cloud", "azure", "--port", "0", "--window", "5"],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        url = process.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:")
+        with httpx.Client(base_url=url, headers=AZURE) as client:
+            client.post("/_sim/preempt", json={})
+            [event] = client.get(EVENTS).json()["Events"]
+            not_before = parsedate_to_datetime(event["NotBefore"])
+            assert timedelta(seconds=3) < not_before - datetime.now(timezone.utc) <= timedelta(seconds=5)
+    finally:
+        process.terminate()
+        assert process.wait(timeout=5) == 0
