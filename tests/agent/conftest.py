@@ -43,7 +43,7 @@ def fast_config() -> WatchConfig:
     """Watcher timings shrunk to test size (the defaults are the clouds' own)."""
     return WatchConfig(
         poll_interval=0.05, request_timeout=0.5, backoff_initial=0.05, backoff_max=0.2,
-        aws_token_ttl=60, gcp_long_poll=2, azure_first_timeout=0.5,
+        aws_token_ttl=60, gcp_long_poll=1, azure_first_timeout=0.5,
     )
 
 
