@@ -10,21 +10,34 @@ import importlib
 
 import click
 
-# name -> "module:attribute" of a click command or group
-COMMANDS: dict[str, str] = {
-    "simulate": "spotbroker.broker.sim.cli:simulate",
+# name -> ("module:attribute" of a click command or group, one-line help)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("spotbroker.broker.cli.server:serve", "Run the broker: REST API and reconciler."),
+    "db": ("spotbroker.broker.cli.server:db", "Database schema (upgrade, current)."),
+    "teams": ("spotbroker.broker.cli.server:teams", "Create teams and their tokens."),
+    "submit": ("spotbroker.broker.cli.jobs:submit", "Submit a job from a JSON or YAML file."),
+    "jobs": ("spotbroker.broker.cli.jobs:list_jobs", "List your team's jobs."),
+    "job": ("spotbroker.broker.cli.jobs:show_job", "Show one job: attempts, cost, events."),
+    "logs": ("spotbroker.broker.cli.jobs:logs", "Print (or follow) a job's output."),
+    "cancel": ("spotbroker.broker.cli.jobs:cancel", "Cancel a job."),
+    "demo": ("spotbroker.broker.cli.demo:demo", "Run the local demo end to end."),
+    "simulate": ("spotbroker.broker.sim.cli:simulate", "Replay a placement policy over spot traces."),
 }
 
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted(COMMANDS)
+        return list(COMMANDS)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # From the table, so that --help imports nothing.
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_) for name, (_, help_) in COMMANDS.items()])
 
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
-        target = COMMANDS.get(name)
-        if target is None:
+        if name not in COMMANDS:
             return None
-        module, attr = target.split(":")
+        module, attr = COMMANDS[name][0].split(":")
         try:
             return getattr(importlib.import_module(module), attr)
         except ImportError as exc:

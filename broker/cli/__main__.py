@@ -1,0 +1,3 @@
+from spotbroker.broker.cli import main
+
+main()

@@ -1,0 +1,99 @@
+"""Commands that act on the broker's own database: serve, db, teams."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from spotbroker.broker.settings import get_settings
+
+
+def _engine():
+    from spotbroker.broker.db import make_engine
+
+    return make_engine(get_settings().sqlalchemy_url)
+
+
+def _ready_engine():
+    """An engine whose schema is current (SQLite is migrated on the spot)."""
+    from spotbroker.api.app import SchemaBehind, prepare_database
+
+    engine = _engine()
+    try:
+        prepare_database(engine, get_settings())
+    except SchemaBehind as exc:
+        raise click.ClickException(str(exc)) from None
+    return engine
+
+
+@click.command()
+@click.option("--host", default=None, help="address to listen on [default: 127.0.0.1]")
+@click.option("--port", default=None, type=int, help="port [default: 8000]")
+@click.option("--log-level", default="info", show_default=True)
+def serve(host: str | None, port: int | None, log_level: str) -> None:
+    """Run the broker: REST API and reconciler."""
+    import uvicorn
+
+    from spotbroker.api.app import create_app
+
+    settings = get_settings()
+    host = host or settings.host
+    port = port if port is not None else settings.port
+    settings = settings.model_copy(update={"host": host, "port": port})
+    _ready_engine().dispose()
+    click.echo(f"spotbroker: serving on http://{host}:{port} (database: "
+               f"{settings.sqlalchemy_url.split('@')[-1]}, data: {settings.data_dir})", err=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+
+
+@click.group()
+def db() -> None:
+    """Database schema."""
+
+
+@db.command()
+def upgrade() -> None:
+    """Migrate the database to the newest schema."""
+    from spotbroker.broker import migrate
+
+    engine = _engine()
+    if engine.dialect.name == "sqlite":
+        get_settings().data_dir.mkdir(parents=True, exist_ok=True)
+    migrate.upgrade(engine)
+    click.echo(f"database at revision {migrate.current_revision(engine)}")
+
+
+@db.command()
+def current() -> None:
+    """Print the schema revision of the database and of this code."""
+    from spotbroker.broker import migrate
+
+    engine = _engine()
+    click.echo(f"database: {migrate.current_revision(engine) or 'empty'}; "
+               f"code: {migrate.head_revision(str(engine.url))}")
+
+
+@click.group()
+def teams() -> None:
+    """Teams and their tokens (on the broker's own database)."""
+
+
+@teams.command("create")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="print {team, token} as JSON")
+def teams_create(name: str, as_json: bool) -> None:
+    """Create a team; its token is printed alone on the last line."""
+    from spotbroker.broker import auth
+    from spotbroker.broker.db import make_session_factory, transaction
+
+    engine = _ready_engine()
+    try:
+        with transaction(make_session_factory(engine)) as session:
+            team, token = auth.create_team(session, name)
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    if as_json:
+        click.echo(json.dumps({"team": team.name, "token": token}))
+    else:
+        click.echo(f"created team {team.name}; its token (shown once):", err=True)
+        click.echo(token)

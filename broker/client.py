@@ -1,0 +1,93 @@
+"""A small HTTP client for the broker's REST API, used by the CLI, the demo
+and the benchmarks. Errors come back as `ApiError` with the server's
+problem+json detail (and each field error) in the message."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, body: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.body = status, body or {}
+
+
+class Client:
+    def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.http = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check(self, r: httpx.Response) -> httpx.Response:
+        if r.status_code < 400:
+            return r
+        try:
+            body = r.json()
+        except ValueError:
+            raise ApiError(r.status_code, f"HTTP {r.status_code}: {r.text[:200]}") from None
+        message = body.get("detail") or body.get("title") or f"HTTP {r.status_code}"
+        for err in body.get("errors") or []:
+            message += f"\n  {err.get('field')}: {err.get('message')}"
+        raise ApiError(r.status_code, message, body)
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return self._check(self.http.request(method, path, **kw))
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"cannot reach the broker at {self.http.base_url}: {exc}") from None
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        return self._request("POST", "/v1/jobs", json=spec).json()
+
+    def submit_yaml(self, text: bytes) -> dict[str, Any]:
+        return self._request("POST", "/v1/jobs", content=text,
+                             headers={"Content-Type": "application/yaml"}).json()
+
+    def jobs(self, states: list[str] | None = None, limit: int = 50,
+             cursor: str | None = None) -> dict[str, Any]:
+        params: dict[str, Any] = {"limit": limit}
+        if states:
+            params["state"] = states
+        if cursor:
+            params["cursor"] = cursor
+        return self._request("GET", "/v1/jobs", params=params).json()
+
+    def job(self, job_id: int) -> dict[str, Any]:
+        return self._request("GET", f"/v1/jobs/{job_id}").json()
+
+    def events(self, job_id: int) -> list[dict[str, Any]]:
+        return self._request("GET", f"/v1/jobs/{job_id}/events").json()["events"]
+
+    def logs(self, job_id: int, tail: int | None = None, attempt: int | None = None) -> str:
+        params = {k: v for k, v in {"tail": tail, "attempt": attempt}.items() if v is not None}
+        return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params).text
+
+    def follow_logs(self, job_id: int, tail: int | None = None) -> Iterator[str]:
+        params: dict[str, Any] = {"follow": "true"}
+        if tail is not None:
+            params["tail"] = tail
+        try:
+            with self.http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
+                if r.status_code >= 400:
+                    r.read()
+                    self._check(r)
+                yield from r.iter_text()
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"lost the broker at {self.http.base_url}: {exc}") from None
+
+    def cancel(self, job_id: int) -> dict[str, Any]:
+        return self._request("POST", f"/v1/jobs/{job_id}/cancel").json()
+
+    def create_team(self, name: str) -> dict[str, Any]:
+        return self._request("POST", "/v1/teams", json={"name": name}).json()
