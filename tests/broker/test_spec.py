@@ -1,0 +1,65 @@
+"""The job spec: SkyPilot's shapes accepted, every mistake named by field."""
+import pytest
+from pydantic import ValidationError
+
+from spotbroker.broker.spec import JobSpec, SpecSyntaxError, load_document
+
+
+def fields(body: dict) -> list[str]:
+    with pytest.raises(ValidationError) as info:
+        JobSpec.model_validate(body)
+    return [".".join(str(p) for p in e["loc"]) for e in info.value.errors()]
+
+
+def test_minimal_job_is_a_cpu_job():
+    spec = JobSpec.model_validate({"run": "echo hi"})
+    assert spec.name == "job" and not spec.wants_gpu and spec.resources.use_spot
+
+
+def test_alternatives_inherit_top_level_fields():
+    spec = JobSpec.model_validate({"run": "x", "resources": {
+        "use_spot": False, "any_of": [{"accelerators": "A100:8"}, {"accelerators": "H100:8", "use_spot": True}]}})
+    alts = spec.resources.alternatives()
+    assert [(a.accelerators, a.use_spot) for a in alts] == [("A100:8", False), ("H100:8", True)]
+
+
+def test_accelerator_forms_normalise():
+    assert JobSpec.model_validate({"run": "x", "resources": {"accelerators": "A100"}}).resources.accelerators == "A100:1"
+    assert JobSpec.model_validate({"run": "x", "resources": {"accelerators": {"L4": 4}}}).resources.accelerators == "L4:4"
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"run": "x", "resourcez": {}}, "resourcez"),
+    ({"run": "x", "resources": {"accelerators": "A100:x"}}, "resources.accelerators"),
+    ({"run": "x", "resources": {"accelerators": "A100:-1"}}, "resources.accelerators"),
+    ({"run": "x", "num_nodes": -1}, "num_nodes"),
+    ({"run": "x", "num_nodes": "two"}, "num_nodes"),
+    ({"run": 5}, "run"),
+    ({}, "run"),
+    ({"run": "x", "resources": {"infra": "ibm/us-south"}}, "resources.infra"),
+    ({"run": "x", "resources": {"cpus": "eight"}}, "resources.cpus"),
+    ({"run": "x", "resources": {"max_price_per_hour": 0}}, "resources.max_price_per_hour"),
+    ({"run": "x", "deadline": "2026-01-01T00:00:00"}, "deadline"),
+    ({"run": "x", "envs": {"1BAD": "v"}}, "envs"),
+    ({"run": "x", "resources": {"any_of": [{"accelerators": "A100:1", "colour": "red"}]}},
+     "resources.any_of.0.colour"),
+])
+def test_mistakes_name_their_field(body, field):
+    assert field in fields(body)
+
+
+def test_yaml_syntax_error_gives_the_line():
+    with pytest.raises(SpecSyntaxError) as info:
+        load_document(b"name: x\nrun: echo\nresources:\n  accelerators: [A100\n", "yaml")
+    assert info.value.line == 5 or info.value.line == 4
+
+
+def test_non_utf8_is_a_clear_error():
+    with pytest.raises(SpecSyntaxError, match="not UTF-8"):
+        load_document(b'{"run": "\xff"}', "json")
+
+
+def test_skypilot_accelerator_set_means_any_of():
+    doc = load_document(b"run: python train.py\nresources:\n  accelerators: {A10G: 1, L4: 1}\n  infra: aws\n")
+    spec = JobSpec.model_validate(doc)
+    assert [(a.accelerators, a.infra) for a in spec.resources.alternatives()] == [("A10G:1", "aws"), ("L4:1", "aws")]

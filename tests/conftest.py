@@ -1,0 +1,124 @@
+"""Fixtures shared by the whole suite.
+
+Every database test runs twice: on SQLite and on PostgreSQL. The PostgreSQL
+server is the machine's (127.0.0.1:5432, user postgres) unless
+SPOTBROKER_TEST_PG_URL names another; each test run creates its own
+database and drops it at the end. Without a server the PostgreSQL half skips
+with a message saying what is missing, except under CI=true, where it fails.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine, make_url
+
+from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database
+from spotbroker.broker import migrate
+from spotbroker.broker.db import make_engine, make_session_factory
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+ADMIN_TOKEN = "admin-token-for-tests"
+
+
+def _pg_unavailable(reason: str) -> None:
+    message = (f"PostgreSQL is not reachable at {make_url(PG_ADMIN_URL).render_as_string()} ({reason}); "
+               "start it (scripts/ensure-postgres) or point SPOTBROKER_TEST_PG_URL at a server")
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> str:
+    try:
+        probe = create_engine(PG_ADMIN_URL, connect_args={"connect_timeout": 3})
+        with probe.connect() as conn:
+            conn.execute(text("SELECT 1"))
+        probe.dispose()
+    except Exception as exc:  # any failure to connect means "no server here"
+        _pg_unavailable(type(exc).__name__)
+    return PG_ADMIN_URL
+
+
+@pytest.fixture(scope="session")
+def pg_database(pg_server: str) -> Iterator[str]:
+    """One migrated database for the run; each test empties it before use."""
+    url = create_pg_database()
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    yield url
+    drop_pg_database(url)
+
+
+def _truncate_all(engine: Engine) -> None:
+    from spotbroker.broker.db import Base
+
+    names = ", ".join(t.name for t in Base.metadata.sorted_tables)
+    with engine.begin() as conn:
+        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database of each kind."""
+    if request.param == "sqlite":
+        url = f"sqlite:///{tmp_path / 'broker.db'}"
+        engine = make_engine(url)
+        migrate.upgrade(engine)
+        engine.dispose()
+        return url
+    url = request.getfixturevalue("pg_database")
+    engine = make_engine(url)
+    _truncate_all(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def engine(db_url: str) -> Iterator[Engine]:
+    eng = make_engine(db_url)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def factory(engine: Engine):
+    return make_session_factory(engine)
+
+
+@pytest.fixture
+def settings(db_url: str, tmp_path: Path):
+    from spotbroker.broker.settings import Settings
+
+    return Settings(database_url=db_url, data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN,
+                    reconcile_interval=0.05, local_kill_grace_seconds=2, local_max_running=8,
+                    _env_file=None)
+
+
+@pytest.fixture
+def api(settings) -> Iterator:
+    """A TestClient on the full app, reconciler included."""
+    from fastapi.testclient import TestClient
+
+    from spotbroker.api.app import create_app
+
+    with TestClient(create_app(settings)) as client:
+        yield client
+
+
+@pytest.fixture
+def team_headers(api) -> Callable[[str], dict[str, str]]:
+    """Create a team over the API (admin token) and return its auth header."""
+
+    def make(name: str = "ml") -> dict[str, str]:
+        r = api.post("/v1/teams", json={"name": name}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        assert r.status_code == 201, r.text
+        return {"Authorization": f"Bearer {r.json()['token']}"}
+
+    return make

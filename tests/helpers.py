@@ -1,0 +1,53 @@
+"""Small helpers for tests (importable as `helpers`: pytest puts tests/ on the path)."""
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from collections.abc import Callable
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+PG_ADMIN_URL = os.environ.get("SPOTBROKER_TEST_PG_URL",
+                              "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 20, interval: float = 0.05,
+             what: str = "condition") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def wait_state(api, headers, job_id: int, states: set[str], timeout: float = 20) -> dict:
+    def reached():
+        job = api.get(f"/v1/jobs/{job_id}", headers=headers).json()
+        return job if job["state"] in states else None
+
+    return wait_for(reached, timeout, what=f"job {job_id} to reach {sorted(states)}")
+
+
+def create_pg_database(prefix: str = "spotbroker_test") -> str:
+    name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    finally:
+        admin.dispose()
+    return make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_pg_database(url: str) -> None:
+    name = make_url(url).database
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    finally:
+        admin.dispose()
