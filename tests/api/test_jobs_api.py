@@ -1,0 +1,205 @@
+"""The jobs API end to end: a real app, a real reconciler, the local launcher."""
+import os
+
+
+import pytest
+from sqlalchemy import func, select
+
+from helpers import wait_for, wait_state
+from spotbroker.broker.db import make_engine
+from spotbroker.broker.models import Event, Job
+
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def test_cpu_job_runs_to_success_with_events_logs_and_cost(api, team_headers):
+    h = team_headers()
+    r = api.post("/v1/jobs", json={"name": "hello", "run": "echo hello $GREETING", "envs": {"GREETING": "world"}},
+                 headers=h)
+    assert r.status_code == 201 and r.json()["state"] == "PENDING"
+    job = wait_state(api, h, r.json()["id"], TERMINAL)
+    assert job["state"] == "SUCCEEDED"
+    (attempt,) = job["attempts"]
+    assert attempt["cloud"] == "local" and attempt["price_per_hour"] == 0 and attempt["exit_code"] == 0
+    for key in ("id", "state", "cloud", "region", "zone", "instance_type", "use_spot", "price_per_hour",
+                "started_at", "ended_at"):
+        assert key in attempt
+    events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    assert events[0]["type"] == "submitted"
+    moves = [(e["data"]["from"], e["data"]["to"]) for e in events if e["type"] == "job_state"]
+    assert moves == [("PENDING", "LAUNCHING"), ("LAUNCHING", "RUNNING"), ("RUNNING", "SUCCEEDED")]
+    assert all(set(e) >= {"type", "at", "attempt_id", "data"} for e in events)
+    assert api.get(f"/v1/jobs/{job['id']}/logs", headers=h).text == "hello world\n"
+
+
+def test_gpu_job_is_placed_on_the_cheapest_spot_offer_and_simulated_here(api, team_headers):
+    h = team_headers()
+    r = api.post("/v1/jobs", json={"run": 'echo "$SPOTBROKER_CLOUD $SPOTBROKER_INSTANCE_TYPE"; sleep 0.3',
+                                   "resources": {"accelerators": "A100:8"}}, headers=h)
+    job = wait_state(api, h, r.json()["id"], TERMINAL)
+    a = job["attempts"][0]
+    assert job["state"] == "SUCCEEDED" and a["use_spot"] and a["accelerator"] == "A100"
+    assert a["price_per_hour"] > 0 and job["cost"] > 0
+    assert api.get(f"/v1/jobs/{job['id']}/logs", headers=h).text.split() == [a["cloud"], a["instance_type"]]
+
+
+def test_failing_command_fails_the_job_with_its_exit_code(api, team_headers):
+    h = team_headers()
+    job = wait_state(api, h, api.post("/v1/jobs", json={"run": "exit 3"}, headers=h).json()["id"], TERMINAL)
+    assert job["state"] == "FAILED" and job["attempts"][0]["exit_code"] == 3 and "3" in job["reason"]
+
+
+def test_restarts_recover_a_failing_run(api, team_headers, tmp_path):
+    h = team_headers()
+    marker = tmp_path / "ran-once"
+    run = f'if [ -e {marker} ]; then echo second; else touch {marker}; exit 1; fi'
+    job = wait_state(api, h, api.post("/v1/jobs", json={"run": run, "max_restarts": 2}, headers=h).json()["id"],
+                     TERMINAL)
+    assert job["state"] == "SUCCEEDED" and job["restarts"] == 1
+    assert [a["state"] for a in job["attempts"]] == ["FAILED", "SUCCEEDED"]
+
+
+def test_cancel_stops_the_process(api, team_headers, settings):
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "echo started; sleep 60"}, headers=h).json()["id"]
+    wait_state(api, h, job_id, {"RUNNING"})
+    wait_for(lambda: "started" in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text, what="output")
+    r = api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    assert r.status_code == 200 and r.json()["state"] == "CANCELLED"
+    assert r.json()["attempts"][0]["state"] == "CANCELLED"
+    import json
+    node = json.loads((settings.data_dir / "runs" / str(r.json()["attempts"][0]["id"]) / "node-0.json").read_text())
+
+    def gone():
+        try:
+            os.kill(node["pid"], 0)
+        except ProcessLookupError:
+            return True
+        return open(f"/proc/{node['pid']}/stat").read().split(") ")[1].startswith("Z")
+
+    wait_for(gone, what="the cancelled process to exit")
+    assert api.post(f"/v1/jobs/{job_id}/cancel", headers=h).json()["state"] == "CANCELLED"  # idempotent
+
+
+def test_follow_streams_until_the_attempt_ends(api, team_headers):
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "for i in 1 2 3; do echo line $i; sleep 0.2; done"},
+                      headers=h).json()["id"]
+    wait_for(lambda: api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"], what="an attempt")
+    with api.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=h) as r:
+        text = "".join(r.iter_text())
+    assert text == "line 1\nline 2\nline 3\n"
+    assert api.get(f"/v1/jobs/{job_id}/logs", params={"tail": 1}, headers=h).text == "line 3\n"
+
+
+def test_list_filters_and_paginates(api, team_headers):
+    h = team_headers()
+    ids = [api.post("/v1/jobs", json={"name": f"j{i}", "run": "true"}, headers=h).json()["id"] for i in range(5)]
+    for i in ids:
+        wait_state(api, h, i, TERMINAL)
+    seen, cursor = [], None
+    while True:
+        page = api.get("/v1/jobs", params={"limit": 2, **({"cursor": cursor} if cursor else {})}, headers=h).json()
+        seen += [j["id"] for j in page["jobs"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == sorted(ids, reverse=True)
+    assert len(api.get("/v1/jobs", params={"state": "SUCCEEDED"}, headers=h).json()["jobs"]) == 5
+    assert api.get("/v1/jobs", params={"state": "RUNNING"}, headers=h).json()["jobs"] == []
+    assert api.get("/v1/jobs", params={"state": "BOGUS"}, headers=h).status_code == 422
+
+
+def test_teams_see_only_their_own_jobs(api, team_headers):
+    alice, bob = team_headers("alice"), team_headers("bob")
+    job_id = api.post("/v1/jobs", json={"run": "true"}, headers=alice).json()["id"]
+    for path in (f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/events", f"/v1/jobs/{job_id}/logs"):
+        assert api.get(path, headers=bob).status_code == 404
+    assert api.post(f"/v1/jobs/{job_id}/cancel", headers=bob).status_code == 404
+    assert api.get("/v1/jobs", headers=bob).json()["jobs"] == []
+    assert api.get(f"/v1/jobs/{job_id}", headers=alice).status_code == 200
+
+
+def test_every_call_needs_a_valid_token(api, team_headers):
+    team_headers()
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic abc"}):
+        r = api.get("/v1/jobs", headers=headers)
+        assert r.status_code == 401 and r.headers["content-type"] == "application/problem+json"
+    admin = {"Authorization": "Bearer admin-token-for-tests"}
+    assert api.get("/v1/jobs", headers=admin).status_code == 403        # the admin has no team
+    assert api.post("/v1/teams", json={"name": "x"}, headers=team_headers("t2")).status_code == 403
+    assert api.post("/v1/teams", json={"name": "t2"}, headers=admin).status_code == 409
+    token = api.post("/v1/teams/t2/tokens", headers=admin).json()["token"]
+    assert api.get("/v1/whoami", headers={"Authorization": f"Bearer {token}"}).json()["name"] == "t2"
+    assert api.get("/healthz").status_code == 200 and api.get("/readyz").json()["status"] == "ok"
+
+
+MALFORMED = [
+    (b"", "application/json"), (b"{", "application/json"), (b"[]", "application/json"),
+    (b"null", "application/json"), (b'"run"', "application/json"), (b"\xff\xfe\x00", "application/json"),
+    (b'{"run": "\xff"}', "application/json"), (b'{"run": 1}', "application/json"),
+    (b'{"run": "x", "bogus": 1}', "application/json"), (b'{"run": "x", "num_nodes": -2}', "application/json"),
+    (b'{"run": "x", "num_nodes": 1e400}', "application/json"),
+    (b'{"run": "x", "resources": {"accelerators": "A100:x"}}', "application/json"),
+    (b'{"run": "x", "resources": {"accelerators": ":"}}', "application/json"),
+    (b'{"run": "x", "resources": {"accelerators": 5}}', "application/json"),
+    (b'{"run": "x", "resources": {"any_of": []}}', "application/json"),
+    (b'{"run": "x", "resources": {"any_of": [], "ordered": []}}', "application/json"),
+    (b'{"run": "x", "resources": {"infra": "aws/"}}', "application/json"),
+    (b'{"run": "x", "resources": {"cpus": -1}}', "application/json"),
+    (b'{"run": "x", "envs": {"A": {"b": 1}}}', "application/json"),
+    (b'{"run": "x", "envs": []}', "application/json"),
+    (b'{"run": "x", "deadline": "tomorrow"}', "application/json"),
+    (b'{"run": "x", "max_restarts": "many"}', "application/json"),
+    (b'{"run": "x", "name": "has spaces"}', "application/json"),
+    (b"run: [\n", "application/yaml"), (b"- a\n- b\n", "application/yaml"),
+    (b"run: x\nresources: {accelerators: {A100: 1, H100: x}}\n", "application/yaml"),
+    (b"!!python/object:os.system x", "application/yaml"),
+    (b"<xml/>", "text/xml"),
+    (b'{"run": "x"}' + b" " * (1 << 20), "application/json"),
+]
+
+
+@pytest.mark.parametrize("body, ctype", MALFORMED)
+def test_malformed_bodies_get_a_clear_4xx_and_write_nothing(api, team_headers, settings, body, ctype):
+    h = {**team_headers(), "Content-Type": ctype}
+    r = api.post("/v1/jobs", content=body, headers=h)
+    assert 400 <= r.status_code < 500, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    problem = r.json()
+    assert problem["status"] == r.status_code and problem["detail"]
+    if r.status_code == 422:
+        assert problem["errors"] and all(e["field"] for e in problem["errors"])
+    engine = make_engine(settings.sqlalchemy_url)
+    with engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(Job)) == 0
+        assert conn.scalar(select(func.count()).select_from(Event)) == 0
+    engine.dispose()
+
+
+def test_wrong_field_is_named(api, team_headers):
+    r = api.post("/v1/jobs", json={"run": "x", "resources": {"accelerators": "A100:x"}}, headers=team_headers())
+    assert r.status_code == 422
+    assert r.json()["errors"][0]["field"] == "resources.accelerators"
+    r = api.post("/v1/jobs", content=b"name: x\nrun: echo\nresources:\n  cpus: [\n",
+                 headers={**team_headers("t3"), "Content-Type": "application/yaml"})
+    assert r.status_code == 422 and r.json()["errors"][0]["line"] == 5
+
+
+def test_yaml_submission(api, team_headers):
+    h = {**team_headers(), "Content-Type": "application/yaml"}
+    r = api.post("/v1/jobs", content=b"name: from-yaml\nrun: echo yaml\nresources:\n  accelerators: {T4: 1}\n",
+                 headers=h)
+    assert r.status_code == 201, r.text
+    assert r.json()["spec"]["resources"]["accelerators"] == "T4:1"
+
+
+def test_openapi_is_complete(api):
+    schema = api.get("/openapi.json").json()
+    assert {"/v1/jobs", "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/events", "/v1/jobs/{job_id}/logs",
+            "/v1/jobs/{job_id}/cancel", "/healthz", "/readyz"} <= set(schema["paths"])
+    body = schema["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
+    assert body["application/json"]["schema"]["$ref"] == "#/components/schemas/JobSpec"
+    assert "JobSpec" in schema["components"]["schemas"] and "Resources" in schema["components"]["schemas"]
+
+
