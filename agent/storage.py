@@ -16,7 +16,7 @@ endpoint set, requests are path-style (stand-ins rarely have wildcard DNS) and
 plain HTTP is allowed when the endpoint is ``http://``.
 
 ``file://`` writes are atomic and durable: the bytes go to a temporary file
-beside the target (``name#<pid>.<token>``, a name obstore's listing skips),
+beside the target (``name#<digits>``, a name obstore's listing skips),
 are fsynced, then renamed over the target, and the directory is fsynced. A
 writer killed at any moment leaves either the old object or the new one,
 never a half object under the final name.
@@ -24,6 +24,7 @@ never a half object under the final name.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ PART_SIZE = 16 * 1024 * 1024
 MAX_CONCURRENCY = 8
 # Large ranged reads are split into pieces fetched in parallel.
 READ_PIECE = 16 * 1024 * 1024
+_STAGING_RE = re.compile(r"#\d+$")
 # Linux caps one write() near 2 GiB; stay well below it.
 _WRITE_CHUNK = 256 * 1024 * 1024
 
@@ -194,8 +196,7 @@ class Storage:
         assert self._local_root is not None
         target = self._local_root / key
         target.parent.mkdir(parents=True, exist_ok=True)
-        # '#' marks a staging file: obstore's local listing never shows it.
-        temp = target.with_name(f"{target.name}#{os.getpid()}.{secrets.token_hex(4)}")
+        temp = _staging_path(target)
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             write(fd)
@@ -249,7 +250,7 @@ class Storage:
         """Download ``key`` into a local file, atomically (temp file + rename)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        temp = target.with_name(f"{target.name}#{os.getpid()}.{secrets.token_hex(4)}")
+        temp = _staging_path(target)
         written = 0
         try:
             with open(temp, "wb") as f:
@@ -336,7 +337,30 @@ class Storage:
         """Remove every object under ``prefix``; returns how many."""
         keys = [o.key for o in self.iter(prefix)]
         self.delete_many(keys)
+        if self._local_root is not None:
+            _remove_staging_leftovers(self._local_root / prefix.strip("/"))
         return len(keys)
+
+
+def _staging_path(target: Path) -> Path:
+    """A unique temporary name beside ``target``: ``name#<digits>``, the
+    staging-file form that obstore's local listing skips."""
+    return target.with_name(f"{target.name}#{os.getpid()}{secrets.randbelow(10**9):09d}")
+
+
+def _remove_staging_leftovers(directory: Path) -> None:
+    """Staging files of killed writers are invisible but take space: remove
+    them, and the directories they kept from being cleaned up."""
+    if not directory.is_dir():
+        return
+    for dirpath, _, filenames in os.walk(directory, topdown=False):
+        for name in filenames:
+            if _STAGING_RE.search(name):
+                Path(dirpath, name).unlink(missing_ok=True)
+        try:
+            os.rmdir(dirpath)  # only succeeds when empty
+        except OSError:
+            pass
 
 
 def _write_all(fd: int, view: memoryview) -> None:

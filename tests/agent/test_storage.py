@@ -1,0 +1,154 @@
+"""agent/storage.py against moto's S3 server (real HTTP) and the local disk."""
+from __future__ import annotations
+
+import importlib.util
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from spotbroker.agent.storage import Storage, join_uri
+
+
+def _load_s3_helpers() -> ModuleType:
+    name = "spotbroker_tests_agent_s3"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_s3.py"))
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+_s3 = _load_s3_helpers()
+moto_endpoint = _s3.moto_endpoint
+s3_uri = _s3.s3_uri
+
+
+@pytest.fixture(params=["file", "s3"])
+def root_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """The same tests on a local directory and on an S3 bucket."""
+    if request.param == "file":
+        return f"file://{tmp_path}/store"
+    return request.getfixturevalue("s3_uri") + "/some/prefix"
+
+
+def test_round_trip(root_uri: str, tmp_path: Path) -> None:
+    store = Storage(root_uri)
+    assert store.list() == [] and store.head("a") is None and not store.exists("a")
+
+    store.put("a/one.bin", b"hello world")
+    payload = os.urandom(3 * 1024 * 1024 + 17)
+    store.put("a/b/two.bin", payload)
+
+    assert store.get("a/one.bin") == b"hello world"
+    assert store.get("a/one.bin", 6, 11) == b"world"
+    assert store.get("a/one.bin", start=6) == b"world"
+    assert store.size("a/b/two.bin") == len(payload)
+    assert [(o.key, o.size) for o in store.list()] == [("a/b/two.bin", len(payload)), ("a/one.bin", 11)]
+    # Prefixes are whole path segments.
+    assert [o.key for o in store.list("a/b")] == ["a/b/two.bin"]
+    assert store.list("a/b/tw") == []
+
+    window = bytearray(1024 * 1024)
+    store.get_into("a/b/two.bin", window, start=1000)
+    assert bytes(window) == payload[1000:1000 + len(window)]
+
+    downloaded = tmp_path / "down" / "two.bin"
+    assert store.get_file("a/b/two.bin", downloaded) == len(payload)
+    assert downloaded.read_bytes() == payload
+    store.put_file("c/copy.bin", downloaded)
+    assert store.get("c/copy.bin") == payload
+
+    store.put("a/one.bin", b"replaced")  # overwrite
+    assert store.get("a/one.bin") == b"replaced"
+    assert store.url("a/one.bin") == join_uri(root_uri, "a/one.bin")
+    assert store.child("a").get("one.bin") == b"replaced"
+
+    store.delete_many(["a/one.bin", "never/was"])
+    assert not store.exists("a/one.bin")
+    assert store.delete_prefix("a") == 1
+    assert [o.key for o in store.list()] == ["c/copy.bin"]
+
+
+def test_missing_objects(root_uri: str) -> None:
+    store = Storage(root_uri)
+    with pytest.raises(FileNotFoundError):
+        store.get("nope")
+    with pytest.raises(FileNotFoundError):
+        store.size("nope")
+    store.delete("nope")  # deleting what is not there is fine
+
+
+def test_large_objects_go_in_parallel_parts(s3_uri: str, tmp_path: Path) -> None:
+    # Thresholds shrunk so that a 12 MiB object takes the multipart path
+    # (S3 parts are at least 5 MiB, but the last).
+    store = Storage(s3_uri + "/big", multipart_threshold=6 * 1024 * 1024, part_size=5 * 1024 * 1024)
+    payload = os.urandom(12 * 1024 * 1024 + 3)
+    store.put("x.bin", payload)
+    assert store.get("x.bin") == payload
+    source = tmp_path / "src.bin"
+    source.write_bytes(payload)
+    store.put_file("y.bin", source)
+    buffer = bytearray(len(payload))
+    store.get_into("y.bin", buffer)
+    assert buffer == payload
+
+
+def test_endpoint_comes_from_the_standard_environment(s3_uri: str, moto_endpoint: str,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    Storage(s3_uri).put("k", b"v")
+    # The service-specific variable wins over the general one.
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", moto_endpoint)
+    assert Storage(s3_uri).get("k") == b"v"
+
+
+def test_bad_uris() -> None:
+    with pytest.raises(ValueError, match="unsupported"):
+        Storage("ftp://host/x")
+    with pytest.raises(ValueError, match="bucket"):
+        Storage("s3:///no-bucket")
+    assert Storage("/tmp/x/").uri == "file:///tmp/x"
+
+
+_WRITER = r"""
+import sys
+from spotbroker.agent.storage import Storage
+store = Storage(sys.argv[1])
+size = int(sys.argv[2])
+print("ready", flush=True)
+i = 0
+while True:
+    i = (i + 1) % 250 or 1
+    store.put("obj.bin", bytes([i]) * size)   # every version is one repeated byte
+"""
+
+
+def test_a_killed_local_writer_never_leaves_a_half_object(tmp_path: Path) -> None:
+    """SIGKILL a process that keeps rewriting one object: what is left is whole."""
+    rng = random.Random(1234)
+    size = 8 * 1024 * 1024
+    uri = f"file://{tmp_path}/s"
+    Storage(uri).put("obj.bin", bytes([0]) * size)
+    for _ in range(5):
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, uri, str(size)], stdout=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+        time.sleep(rng.uniform(0.05, 0.3))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        store = Storage(uri)
+        # The listing shows one object, never a staging file.
+        assert [o.key for o in store.list()] == ["obj.bin"]
+        data = store.get("obj.bin")
+        assert len(data) == size and data == data[:1] * size
+    # Deleting the prefix also sweeps the dead writers' staging files.
+    assert Storage(uri).delete_prefix("") == 1
+    assert not any(files for _, _, files in os.walk(tmp_path / "s"))
