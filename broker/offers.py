@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import func, insert, select, text
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -55,6 +55,9 @@ def record_samples(session: Session, rows: Iterable[catalog.OfferRow], source: s
 
 def seed_from_catalog(session: Session, clock: Clock = SYSTEM_CLOCK) -> int:
     """Load the bundled snapshot once, so that placement works with no credentials."""
+    if session.get_bind().dialect.name == "postgresql":
+        # Brokers starting together on one database must not all load it.
+        session.execute(text("SELECT pg_advisory_xact_lock(7040)"))
     if session.scalar(select(func.count()).select_from(Offer).where(Offer.source == catalog.SOURCE)):
         return 0
     return record_samples(session, catalog.snapshot_rows(), catalog.SOURCE, clock.now())

@@ -130,7 +130,7 @@ class Reconciler:
     def _release(self, stats: PassStats) -> None:
         with self.factory() as session:
             rows = session.execute(
-                select(Attempt.id, Attempt.launcher, Attempt.handle)
+                select(Attempt.id, Attempt.launcher, Attempt.handle, Attempt.version)
                 .where(Attempt.released.is_(False), Attempt.handle.is_not(None),
                        Attempt.state.not_in([str(s) for s in LIVE_ATTEMPT_STATES]))
             ).all()
@@ -144,9 +144,10 @@ class Reconciler:
                 log.warning("terminating attempt %d failed: %s", row.id, exc)
                 continue
             with transaction(self.factory) as session:
-                # Only if no newer handle was stored meanwhile (see _store_handle).
-                session.execute(update(Attempt).where(Attempt.id == row.id, Attempt.handle == row.handle)
-                                .values(released=True))
+                # Only if the row is unchanged: a handle stored meanwhile (see
+                # _store_handle) must be released in its turn.
+                session.execute(update(Attempt).where(Attempt.id == row.id, Attempt.version == row.version)
+                                .values(released=True, version=Attempt.version + 1))
             stats.released += 1
 
     # --- phase 3: claim and step ---------------------------------------------------------

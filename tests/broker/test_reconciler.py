@@ -1,0 +1,195 @@
+"""The reconciler, driven pass by pass: crash safety, recovery, caps, failover."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from datetime import timedelta
+
+import pytest
+from sqlalchemy import select
+
+from spotbroker.broker import auth, jobs
+from spotbroker.broker.clock import Clock
+from spotbroker.broker.db import transaction
+from spotbroker.broker.launch.base import CapacityError
+from spotbroker.broker.launch.local import LocalLauncher
+from spotbroker.broker.models import Attempt, Job
+from spotbroker.broker.offers import seed_from_catalog
+from spotbroker.broker.reconciler import Reconciler
+from spotbroker.broker.spec import JobSpec
+
+
+class ShiftedClock(Clock):
+    """The real clock, shifted forward on demand (to expire leases)."""
+
+    def __init__(self) -> None:
+        self.shift = timedelta()
+
+    def now(self):
+        return super().now() + self.shift
+
+
+class Crash(BaseException):
+    """Stands for the process dying at that line (not caught like an Exception)."""
+
+
+@pytest.fixture
+def env(factory, settings):
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with transaction(factory) as s:
+        seed_from_catalog(s)
+        team, _ = auth.create_team(s, "ml")
+    return factory, settings, team.id
+
+
+def submit(factory, team_id, **spec) -> int:
+    with transaction(factory) as s:
+        return jobs.submit(s, team_id, JobSpec.model_validate(spec)).id
+
+
+def reconciler(factory, settings, launcher=None, clock=None) -> Reconciler:
+    return Reconciler(factory, {"local": launcher or LocalLauncher(settings.data_dir, 1)}, settings,
+                      clock=clock or Clock())
+
+
+def run_until(rec: Reconciler, factory, job_id: int, states: set[str], timeout: float = 20) -> Job:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rec.pass_once()
+        with factory() as s:
+            job = s.get(Job, job_id)
+            if job.state in states:
+                return job
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} did not reach {states}; it is {job.state}")
+
+
+def attempts(factory, job_id) -> list[Attempt]:
+    with factory() as s:
+        return list(s.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.id)))
+
+
+class CrashingLauncher(LocalLauncher):
+    def __init__(self, data_dir, after_launch: bool) -> None:
+        super().__init__(data_dir, 1)
+        self.after_launch = after_launch
+
+    def launch(self, request):
+        if self.after_launch:
+            super().launch(request)
+        raise Crash()
+
+
+@pytest.mark.parametrize("after_launch", [False, True], ids=["before-launch", "after-launch"])
+def test_crash_during_launch_resumes_with_one_attempt_and_one_run(env, tmp_path, after_launch):
+    factory, settings, team = env
+    marker = tmp_path / "runs.txt"
+    job_id = submit(factory, team, run=f"echo $SPOTBROKER_ATTEMPT_ID >> {marker}")
+    clock = ShiftedClock()
+    with pytest.raises(Crash):
+        reconciler(factory, settings, CrashingLauncher(settings.data_dir, after_launch), clock).pass_once()
+    with factory() as s:
+        assert s.get(Job, job_id).state == "LAUNCHING"
+    # A new broker process, after the dead one's lease has expired.
+    clock.shift = timedelta(seconds=settings.lease_seconds + 1)
+    job = run_until(reconciler(factory, settings, clock=clock), factory, job_id, {"SUCCEEDED"})
+    (attempt,) = attempts(factory, job.id)
+    time.sleep(0.1)
+    assert marker.read_text().split() == [str(attempt.id)]
+
+
+def test_a_live_lease_keeps_other_brokers_away(env):
+    factory, settings, team = env
+    job_id = submit(factory, team, run="true")
+    with pytest.raises(Crash):
+        reconciler(factory, settings, CrashingLauncher(settings.data_dir, False)).pass_once()
+    other = reconciler(factory, settings)
+    for _ in range(3):
+        other.pass_once()
+    with factory() as s:
+        assert s.get(Job, job_id).state == "LAUNCHING" and len(attempts(factory, job_id)) == 1
+    assert attempts(factory, job_id)[0].handle is None
+
+
+def test_vanished_node_is_recovered_on_a_new_attempt(env, tmp_path):
+    factory, settings, team = env
+    marker = tmp_path / "first-run"
+    job_id = submit(factory, team, run=f"if [ -e {marker} ]; then echo resumed; else touch {marker}; sleep 60; fi")
+    rec = reconciler(factory, settings)
+    run_until(rec, factory, job_id, {"RUNNING"})
+    (first,) = attempts(factory, job_id)
+    os.killpg(first.handle["nodes"][0]["pid"], signal.SIGKILL)  # the node is lost: no exit code
+    job = run_until(rec, factory, job_id, {"SUCCEEDED"})
+    states = [(a.state, a.reason) for a in attempts(factory, job_id)]
+    assert states == [("PREEMPTED", "vanished"), ("SUCCEEDED", "exit 0")]
+    assert job.recoveries == 1
+
+
+def test_local_cap_keeps_the_rest_pending(env, tmp_path):
+    factory, settings, team = env
+    settings.local_max_running = 2
+    ids = [submit(factory, team, run="sleep 0.5") for _ in range(5)]
+    rec = reconciler(factory, settings)
+    most = 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rec.pass_once()
+        with factory() as s:
+            states = [s.get(Job, i).state for i in ids]
+        most = max(most, sum(st in ("LAUNCHING", "RUNNING") for st in states))
+        if all(st == "SUCCEEDED" for st in states):
+            break
+        time.sleep(0.02)
+    assert all(st == "SUCCEEDED" for st in states) and most == 2
+
+
+def test_multi_node_runs_one_process_per_node_with_skypilot_variables(env, tmp_path):
+    factory, settings, team = env
+    out = tmp_path / "nodes"
+    out.mkdir()
+    run = (f'echo "$SKYPILOT_NODE_RANK $SKYPILOT_NUM_NODES $(echo "$SKYPILOT_NODE_IPS" | wc -l)" '
+           f'> {out}/$SKYPILOT_NODE_RANK')
+    job_id = submit(factory, team, run=run, num_nodes=3)
+    run_until(reconciler(factory, settings), factory, job_id, {"SUCCEEDED"})
+    assert sorted(p.read_text().split() for p in out.iterdir()) == [["0", "3", "3"], ["1", "3", "3"], ["2", "3", "3"]]
+
+
+class NoCapacityOnce(LocalLauncher):
+    def __init__(self, data_dir) -> None:
+        super().__init__(data_dir, 1)
+        self.refused = []
+
+    def launch(self, request):
+        if not self.refused:
+            self.refused.append(request.placement.place)
+            raise CapacityError("InsufficientInstanceCapacity")
+        return super().launch(request)
+
+
+def test_capacity_error_fails_over_to_the_next_offer(env):
+    factory, settings, team = env
+    launcher = NoCapacityOnce(settings.data_dir)
+    job_id = submit(factory, team, run="true", resources={"accelerators": "A10G:1"})
+    run_until(reconciler(factory, settings, launcher), factory, job_id, {"SUCCEEDED"})
+    first, second = attempts(factory, job_id)
+    assert (first.state, first.reason) == ("FAILED", "no_capacity") and second.state == "SUCCEEDED"
+    assert f"{first.cloud}/{first.region}/{first.zone or first.zone_id}" == launcher.refused[0]
+    assert (second.cloud, second.region, second.zone_id) != (first.cloud, first.region, first.zone_id)
+    assert second.price_per_hour >= first.price_per_hour
+
+
+def test_no_feasible_offer_fails_with_a_reason(env):
+    factory, settings, team = env
+    job_id = submit(factory, team, run="true", resources={"accelerators": "NOSUCHGPU:3"})
+    job = run_until(reconciler(factory, settings), factory, job_id, {"FAILED"})
+    assert job.reason == "no_feasible_offer" and attempts(factory, job_id) == []
+
+
+def test_handle_survives_in_the_database(env):
+    factory, settings, team = env
+    job_id = submit(factory, team, run="true")
+    run_until(reconciler(factory, settings), factory, job_id, {"SUCCEEDED"})
+    (a,) = attempts(factory, job_id)
+    assert a.handle["nodes"][0]["pid"] > 0 and json.dumps(a.handle)
