@@ -1,0 +1,85 @@
+"""`spotbroker agent ...`: the node agent's commands.
+
+Only click and the protocol module are imported here; the supervisor and its
+HTTP client load when `run` runs, so that the agent starts fast on a node
+that has nothing but the agent installed.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from spotbroker.agent.protocol import (
+    ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_BROKER_URL, ENV_CLOUD, ENV_JOB_ID, ENV_METADATA_URL,
+)
+
+ENV_WORK_DIR = "SPOTBROKER_AGENT_DIR"  # the agent's own: outbox, trainer log, control dirs
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def agent() -> None:
+    """The node agent: supervise a trainer, watch for preemption, report to the broker."""
+
+
+@agent.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.option("--broker-url", envvar=ENV_BROKER_URL, show_envvar=True, help="Where to report (none: events stay on disk).")
+@click.option("--token", envvar=ENV_AGENT_TOKEN, show_envvar=True, help="This attempt's agent token.")
+@click.option("--job-id", envvar=ENV_JOB_ID, show_envvar=True)
+@click.option("--attempt-id", envvar=ENV_ATTEMPT_ID, show_envvar=True)
+@click.option("--cloud", envvar=ENV_CLOUD, show_envvar=True, help="aws, gcp, azure or local (default: detect).")
+@click.option("--metadata-url", envvar=ENV_METADATA_URL, show_envvar=True,
+              help="The metadata service to watch instead of the cloud's own (e.g. the simulator).")
+@click.option("--work-dir", envvar=ENV_WORK_DIR, show_envvar=True, type=click.Path(file_okay=False, path_type=Path),
+              help="Outbox, trainer log and control dirs (default: a fresh temporary dir).")
+@click.option("--heartbeat-seconds", type=float, default=5.0, show_default=True)
+@click.option("--poll-seconds", type=float, default=1.0, show_default=True, help="Metadata poll interval.")
+@click.option("--metadata-timeout", type=float, default=2.0, show_default=True)
+@click.option("--notice-window", type=float, default=30.0, show_default=True,
+              help="Seconds assumed between a notice without a deadline (GCP) and the hard stop.")
+@click.option("--log-seconds", type=float, default=1.0, show_default=True, help="How often output is shipped.")
+@click.option("--retry-max-seconds", type=float, default=5.0, show_default=True, help="Broker back-off ceiling.")
+@click.option("--final-flush-seconds", type=float, default=20.0, show_default=True,
+              help="At exit, how long to keep delivering to the broker.")
+@click.option("-v", "--verbose", is_flag=True)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job_id: str | None,
+        attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
+        heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
+        log_seconds: float, retry_max_seconds: float, final_flush_seconds: float, verbose: bool) -> None:
+    """Run CMD under the agent: spotbroker agent run -- python train.py ..."""
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
+                        format="spotbroker-agent %(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too much
+    logging.getLogger("httpcore").setLevel(logging.WARNING)
+
+    from spotbroker.agent.runner import RunnerConfig
+    from spotbroker.agent.runner import run as supervise
+
+    config = RunnerConfig(
+        command=list(command), broker_url=broker_url or None, token=token or None, job_id=job_id or None,
+        attempt_id=attempt_id or None, cloud=cloud or None, metadata_url=metadata_url or None,
+        work_dir=work_dir, heartbeat_interval=heartbeat_seconds, poll_interval=poll_seconds,
+        metadata_timeout=metadata_timeout, notice_window=notice_window, log_interval=log_seconds,
+        retry_max=retry_max_seconds, final_flush_timeout=final_flush_seconds,
+    )
+    try:
+        code = supervise(config)
+    except OSError as exc:  # the command could not be started at all
+        raise click.ClickException(f"cannot start {command[0]!r}: {exc.strerror or exc}") from exc
+    sys.exit(code)
+
+
+@agent.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def simulator(args: tuple[str, ...]) -> None:
+    """Serve a simulated cloud metadata service (see --help of the simulator)."""
+    from spotbroker.agent.simulator import main
+
+    main(list(args))
+
+
+if __name__ == "__main__":
+    agent(prog_name="spotbroker agent")

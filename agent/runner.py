@@ -1,0 +1,686 @@
+"""The supervisor behind `spotbroker agent run -- CMD...`.
+
+It starts the trainer in its own process group, with the attempt's
+environment and a fresh control directory, and then, until the trainer exits:
+
+* forwards SIGTERM/SIGINT to the trainer's process group;
+* mirrors the trainer's output (stdout and stderr, merged) to its own stdout
+  and ships it to the broker by byte offset;
+* forwards the library's events (`events.jsonl`: checkpoint_committed,
+  resumed, ...) and its own (trainer_started, heartbeat, preemption_notice,
+  no_flush, trainer_exited) through an on-disk outbox, in seq order, so that
+  a broker that is down gets everything, once, when it is back;
+* on a preemption notice: reports it at once; if the trainer uses the
+  checkpoint library (`library.json`), writes `flush.json` and sends SIGUSR1
+  to the library's pid only, then waits for `checkpoint_committed` until the
+  cloud's deadline (else reports `no_flush` with the reason); then
+  acknowledges the notice where the cloud wants it (Azure).
+
+It exits with the trainer's exit code (128 + N when the trainer died of
+signal N). Start-up is kept light: httpx and the watchers are imported only
+after the trainer is running.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from spotbroker.agent.protocol import (
+    CHECKPOINT_COMMITTED, ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_CONTROL_DIR, ENV_JOB_ID, EVENTS_FILE, EVENTS_PATH,
+    FLUSH_FILE, FLUSH_SIGNAL, HEARTBEAT, LIBRARY_FILE, LOG_OFFSET_HEADER, LOGS_PATH, NO_FLUSH, PREEMPTION_NOTICE,
+    RESUMED, TRAINER_EXITED, TRAINER_STARTED,
+)
+
+if TYPE_CHECKING:
+    import httpx
+
+    from spotbroker.agent.notices import Notice, Watchers
+
+log = logging.getLogger("spotbroker.agent")
+
+# Events the trainer's library may report through events.jsonl; the others are the agent's own.
+TRAINER_EVENT_TYPES = frozenset({CHECKPOINT_COMMITTED, RESUMED, NO_FLUSH})
+OUTBOX_FILE = "outbox.jsonl"
+OUTBOX_ACKED_FILE = "outbox.acked"
+TRAINER_LOG_FILE = "trainer.log"
+BATCH_SIZE = 100
+LOG_CHUNK = 1 << 20
+
+
+@dataclass
+class RunnerConfig:
+    """Everything the supervisor needs; the CLI fills it from options and the environment."""
+
+    command: list[str]
+    broker_url: str | None = None
+    token: str | None = field(default=None, repr=False)  # a secret: never logged
+    job_id: str | None = None
+    attempt_id: str | None = None
+    cloud: str | None = None            # aws | gcp | azure | local; None = detect
+    metadata_url: str | None = None     # stand-in for the cloud's metadata endpoint
+    work_dir: Path | None = None        # outbox, trainer log, control dirs; a fresh temp dir if None
+    heartbeat_interval: float = 5.0
+    tail_interval: float = 0.1          # events.jsonl is read this often
+    log_interval: float = 1.0           # the trainer's output is shipped this often
+    poll_interval: float = 1.0          # metadata polls
+    metadata_timeout: float = 2.0
+    notice_window: float = 30.0         # assumed when a notice carries no deadline (GCP preempted)
+    request_timeout: float = 5.0        # broker requests
+    retry_initial: float = 0.2          # broker back-off, jittered
+    retry_max: float = 5.0
+    final_flush_timeout: float = 20.0   # at exit: how long to keep delivering to the broker
+    kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
+
+
+def now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _jittered(failures: int, initial: float, maximum: float) -> float:
+    ceiling = min(maximum, initial * 2 ** max(0, failures - 1))
+    return ceiling * random.uniform(0.5, 1.0)
+
+
+# --- the outbox: events on disk until the broker has them ----------------------------
+
+
+class Outbox:
+    """Events in seq order, appended to a file and kept until the broker acknowledges them."""
+
+    def __init__(self, directory: Path) -> None:
+        self._path = directory / OUTBOX_FILE
+        self._acked_path = directory / OUTBOX_ACKED_FILE
+        self._changed = threading.Condition()
+        self._pending: list[dict[str, Any]] = []
+        self.acked = int(self._acked_path.read_text()) if self._acked_path.exists() else 0
+        self.last_seq = self.acked
+        for event in _read_jsonl(self._path):  # an agent restarted on the same work dir goes on
+            self.last_seq = max(self.last_seq, event["seq"])
+            if event["seq"] > self.acked:
+                self._pending.append(event)
+        self._file = open(self._path, "ab")
+
+    def add(self, event_type: str, data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
+        with self._changed:
+            self.last_seq += 1
+            event = {"seq": self.last_seq, "type": event_type, "at": at or now_iso(), "data": data}
+            self._file.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+            self._file.flush()
+            os.fsync(self._file.fileno())  # on disk before anyone counts on it
+            self._pending.append(event)
+            self._changed.notify_all()
+        log.debug("event %d %s", event["seq"], event_type)
+        return event
+
+    def batch(self, limit: int = BATCH_SIZE) -> list[dict[str, Any]]:
+        with self._changed:
+            return list(self._pending[:limit])
+
+    def ack(self, seq: int) -> None:
+        with self._changed:
+            self._pending = [e for e in self._pending if e["seq"] > seq]
+            self.acked = max(self.acked, seq)
+            tmp = self._acked_path.with_suffix(".tmp")
+            tmp.write_text(str(self.acked))
+            os.replace(tmp, self._acked_path)
+            self._changed.notify_all()
+
+    def wait_pending(self, timeout: float) -> bool:
+        with self._changed:
+            if not self._pending:
+                self._changed.wait(timeout)
+            return bool(self._pending)
+
+    def has_pending(self, event_type: str | None = None) -> bool:
+        with self._changed:
+            return any(event_type is None or e["type"] == event_type for e in self._pending)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    events = []
+    for line in path.read_bytes().splitlines():
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            continue  # a line cut short by a crash
+    return events
+
+
+# --- the broker's agent channel ------------------------------------------------------
+
+
+class BrokerUnavailable(Exception):
+    """Down, refusing, or failing: try again later."""
+
+
+class BrokerRejected(Exception):
+    """The broker says the request itself is wrong: retrying cannot help."""
+
+
+class BrokerClient:
+    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+        import httpx  # here, not at the top: the trainer is already running when this loads
+
+        self._httpx = httpx
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http: httpx.Client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def post_events(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        answer = self._send(EVENTS_PATH, json={"events": events})
+        return _json_or_empty(answer)
+
+    def post_log(self, offset: int, chunk: bytes) -> int:
+        headers = {LOG_OFFSET_HEADER: str(offset), "Content-Type": "application/octet-stream"}
+        size = _json_or_empty(self._send(LOGS_PATH, content=chunk, headers=headers)).get("size")
+        if not isinstance(size, int):
+            raise BrokerUnavailable("log answer without a size")
+        return size
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            answer = self._http.post(path, **kwargs)
+        except self._httpx.HTTPError as exc:
+            raise BrokerUnavailable(type(exc).__name__) from None
+        if answer.status_code in (401, 403):
+            raise BrokerUnavailable(f"HTTP {answer.status_code}: the broker refused the agent token")
+        if answer.status_code in (400, 413, 422):
+            raise BrokerRejected(f"HTTP {answer.status_code} for {path}")
+        if answer.status_code != 200:
+            raise BrokerUnavailable(f"HTTP {answer.status_code}")
+        return answer
+
+
+def _json_or_empty(answer: httpx.Response) -> dict[str, Any]:
+    try:
+        payload = answer.json()
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+class _Delivery(threading.Thread):
+    """A loop that delivers to the broker until told to finish, then drains within a deadline."""
+
+    def __init__(self, name: str, config: RunnerConfig) -> None:
+        super().__init__(name=name, daemon=True)
+        self.config = config
+        self.failures = 0
+        self._finish_by: float | None = None
+        self._finishing = threading.Event()
+
+    def finish(self, deadline: float) -> None:
+        self._finish_by = deadline
+        self._finishing.set()
+
+    def _past_deadline(self) -> bool:
+        return self._finish_by is not None and time.monotonic() >= self._finish_by
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        if self.failures == 1 or self.failures % 20 == 0:
+            log.warning("%s: broker unreachable (%d in a row), will retry: %s", self.name, self.failures, exc)
+        delay = _jittered(self.failures, self.config.retry_initial, self.config.retry_max)
+        if self._finishing.is_set():
+            time.sleep(delay)  # wait() would return at once now
+        else:
+            self._finishing.wait(delay)
+
+    def _recovered(self) -> None:
+        if self.failures:
+            log.info("%s: broker reachable again after %d failures", self.name, self.failures)
+        self.failures = 0
+
+
+class EventSender(_Delivery):
+    """Posts the outbox's events in seq order; the broker ignores a seq it already has."""
+
+    def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
+                 on_cancel: Callable[[], None]) -> None:
+        super().__init__("event-sender", config)
+        self.outbox = outbox
+        self.client = client
+        self.on_cancel = on_cancel
+
+    def run(self) -> None:
+        while True:
+            if not self.outbox.wait_pending(0.2):
+                if self._finishing.is_set():
+                    return
+                continue
+            if self._past_deadline():
+                log.warning("giving up delivering %d events; they stay in the outbox", len(self.outbox.batch()))
+                return
+            batch = self.outbox.batch()
+            try:
+                answer = self.client.post_events(batch)
+            except BrokerUnavailable as exc:
+                self._failed(exc)
+                continue
+            except BrokerRejected as exc:
+                log.error("the broker rejected events %d..%d (%s); dropping them", batch[0]["seq"],
+                          batch[-1]["seq"], exc)
+                answer = {}
+            self._recovered()
+            self.outbox.ack(batch[-1]["seq"])
+            _log_notice_latency(batch)
+            if answer.get("cancel") is True:
+                self.on_cancel()
+
+
+def _log_notice_latency(batch: list[dict[str, Any]]) -> None:
+    for event in batch:
+        if event["type"] == PREEMPTION_NOTICE and event["data"].get("observed_at"):
+            seen = datetime.fromisoformat(event["data"]["observed_at"])
+            delay = (datetime.now(timezone.utc) - seen).total_seconds()
+            log.info("preemption notice delivered to the broker %.0f ms after it was seen", delay * 1000)
+
+
+class LogShipper(_Delivery):
+    """Ships the trainer's log file to the broker from the offset the broker has."""
+
+    def __init__(self, path: Path, client: BrokerClient, config: RunnerConfig) -> None:
+        super().__init__("log-shipper", config)
+        self.path = path
+        self.client = client
+        self.shipped = 0
+
+    def run(self) -> None:
+        while True:
+            try:
+                done = self._ship_once()
+            except BrokerUnavailable as exc:
+                if self._past_deadline():
+                    log.warning("giving up shipping the log at byte %d", self.shipped)
+                    return
+                self._failed(exc)
+                continue
+            self._recovered()
+            if done:
+                if self._finishing.is_set():
+                    return
+                self._finishing.wait(self.config.log_interval)
+            elif self._past_deadline():
+                return
+
+    def _ship_once(self) -> bool:
+        """Send the next chunk; True when the broker has the whole file."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if self.shipped >= size:
+            return True
+        with open(self.path, "rb") as log_file:
+            log_file.seek(self.shipped)
+            chunk = log_file.read(LOG_CHUNK)
+        try:
+            stored = self.client.post_log(self.shipped, chunk)
+        except BrokerRejected as exc:
+            log.error("the broker rejected log bytes %d..%d (%s); skipping them", self.shipped,
+                      self.shipped + len(chunk), exc)
+            stored = self.shipped + len(chunk)
+        # The broker's size is the truth: less means it lacks bytes (re-send), more means it has them.
+        self.shipped = min(stored, size)
+        return self.shipped >= size
+
+
+# --- the trainer's side: output, events, library ---------------------------------------
+
+
+class EventTail:
+    """Reads the complete new lines of the control directory's events.jsonl."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._offset = 0
+        self._partial = b""
+        self._lock = threading.Lock()
+
+    def read_new(self) -> list[dict[str, Any]]:
+        with self._lock:
+            try:
+                with open(self.path, "rb") as events_file:
+                    events_file.seek(self._offset)
+                    data = events_file.read()
+            except FileNotFoundError:
+                return []
+            self._offset += len(data)
+            lines = (self._partial + data).split(b"\n")
+            self._partial = lines.pop()  # an unfinished last line waits for its end
+        events = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                log.warning("ignoring a line of %s that is not JSON (%d bytes)", EVENTS_FILE, len(line))
+                continue
+            if isinstance(event, dict):
+                events.append(event)
+        return events
+
+
+def _event_data(event: dict[str, Any]) -> dict[str, Any]:
+    """The library's event as `{"type", "data"}` or flat (`{"type", "step", ...}`): its data either way."""
+    if isinstance(event.get("data"), dict):
+        return dict(event["data"])
+    return {k: v for k, v in event.items() if k not in ("type", "at", "seq")}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+# --- the supervisor ----------------------------------------------------------------------
+
+
+class Supervisor:
+    def __init__(self, config: RunnerConfig) -> None:
+        if not config.command:
+            raise ValueError("no trainer command given (spotbroker agent run -- CMD...)")
+        self.config = config
+        self.work_dir = Path(config.work_dir or tempfile.mkdtemp(prefix="spotbroker-agent-"))
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.control_dir = Path(tempfile.mkdtemp(prefix="control-", dir=self.work_dir))
+        self.log_path = self.work_dir / TRAINER_LOG_FILE
+        self.outbox = Outbox(self.work_dir)
+        self.tail = EventTail(self.control_dir / EVENTS_FILE)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.client: BrokerClient | None = None
+        self.watchers: Watchers | None = None
+        self._threads: list[threading.Thread] = []
+        self._deliveries: list[_Delivery] = []
+        self._notices: queue.Queue[Notice | None] = queue.Queue()
+        self._trainer_done = threading.Event()
+        self._stopping = threading.Event()
+        self._committed = threading.Event()
+        self._flush_requested = False
+        self._flush_over = False
+        self._cancelled = False
+        self._watchers_lock = threading.Lock()
+
+    # --- the whole run -------------------------------------------------------------
+
+    def run(self, install_signal_handlers: bool = True) -> int:
+        self._start_trainer()
+        if install_signal_handlers:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._forward_signal)
+        self.outbox.add(TRAINER_STARTED, {"pid": self.proc.pid, "library": self._library_pid() is not None})
+        self._start_threads()
+        returncode = self.proc.wait()
+        return self._finish(returncode)
+
+    def _start_trainer(self) -> None:
+        env = dict(os.environ)
+        env.pop(ENV_AGENT_TOKEN, None)  # the trainer never needs the agent's credential
+        env[ENV_CONTROL_DIR] = str(self.control_dir)
+        if self.config.job_id:
+            env[ENV_JOB_ID] = self.config.job_id
+        if self.config.attempt_id:
+            env[ENV_ATTEMPT_ID] = self.config.attempt_id
+        env.setdefault("PYTHONUNBUFFERED", "1")  # a Python trainer's output arrives as it is written
+        self.proc = subprocess.Popen(
+            self.config.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,  # its own group: signals reach all its processes
+        )
+        log.info("trainer started, pid %d, control dir %s", self.proc.pid, self.control_dir)
+
+    def _start_threads(self) -> None:
+        self._spawn(self._pump_output, "trainer-output")
+        self._spawn(self._tail_events, "event-tail")
+        self._spawn(self._heartbeats, "heartbeat")
+        self._spawn(self._handle_notices, "notice-handler")
+        self._spawn(self._start_watchers, "watchers-start")
+        if self.config.broker_url:
+            self.client = BrokerClient(self.config.broker_url, self.config.token, self.config.request_timeout)
+            self._deliveries = [
+                EventSender(self.outbox, self.client, self.config, self.cancel),
+                LogShipper(self.log_path, self.client, self.config),
+            ]
+            for delivery in self._deliveries:
+                delivery.start()
+        else:
+            log.warning("no broker URL: events stay in %s", self.work_dir / OUTBOX_FILE)
+
+    def _spawn(self, target: Callable[[], None], name: str) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def _finish(self, returncode: int) -> int:
+        self._trainer_done.set()
+        exit_code = 128 - returncode if returncode < 0 else returncode
+        log.info("trainer exited with code %d", exit_code)
+        self._join("trainer-output", 2.0)  # a child still holding the pipe must not keep us here
+        self._stopping.set()
+        self._forward_trainer_events()  # what the library wrote last
+        self._notices.put(None)
+        self._join("notice-handler", 10.0)  # it may still acknowledge (Azure): watchers stop after
+        self._stop_watchers()
+        data: dict[str, Any] = {"exit_code": exit_code}
+        if returncode < 0:
+            data["signal"] = signal.Signals(-returncode).name
+        self.outbox.add(TRAINER_EXITED, data)
+        deadline = time.monotonic() + self.config.final_flush_timeout
+        for delivery in self._deliveries:
+            delivery.finish(deadline)
+        for delivery in self._deliveries:
+            delivery.join(max(0.0, deadline - time.monotonic()) + 1.0)
+        if self.client is not None:
+            self.client.close()
+        self.outbox.close()
+        return exit_code
+
+    def _join(self, name: str, timeout: float) -> None:
+        for thread in self._threads:
+            if thread.name == name:
+                thread.join(timeout)
+
+    # --- signals and cancel --------------------------------------------------------
+
+    def _forward_signal(self, signum: int, frame: object) -> None:
+        log.info("forwarding %s to the trainer", signal.Signals(signum).name)
+        self._signal_group(signum)
+
+    def _signal_group(self, signum: int) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signum)
+        except ProcessLookupError:
+            pass
+
+    def cancel(self) -> None:
+        """The broker cancelled the attempt: SIGTERM the trainer, SIGKILL it after a grace."""
+        if self._cancelled:
+            return
+        self._cancelled = True
+        log.warning("the broker cancelled this attempt: stopping the trainer")
+        self._signal_group(signal.SIGTERM)
+        timer = threading.Timer(self.config.kill_grace, self._signal_group, args=(signal.SIGKILL,))
+        timer.daemon = True
+        timer.start()
+
+    # --- the trainer's output and events --------------------------------------------
+
+    def _pump_output(self) -> None:
+        """Copy the trainer's output to our stdout and to the log file the shipper reads."""
+        assert self.proc is not None and self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        mirror: Any = sys.stdout.buffer
+        with open(self.log_path, "ab") as log_file:
+            while chunk := os.read(fd, 65536):
+                log_file.write(chunk)
+                log_file.flush()
+                if mirror is not None:
+                    try:
+                        mirror.write(chunk)
+                        mirror.flush()
+                    except (OSError, ValueError):
+                        mirror = None  # our stdout is gone; the log still goes to the broker
+
+    def _tail_events(self) -> None:
+        while not self._stopping.is_set():
+            self._forward_trainer_events()
+            self._stopping.wait(self.config.tail_interval)
+
+    def _forward_trainer_events(self) -> None:
+        for event in self.tail.read_new():
+            event_type = event.get("type")
+            if event_type not in TRAINER_EVENT_TYPES:
+                log.warning("ignoring a library event of type %r", event_type)
+                continue
+            data = _event_data(event)
+            at = event.get("at") if isinstance(event.get("at"), str) else None
+            self.outbox.add(event_type, data, at)
+            if event_type == CHECKPOINT_COMMITTED and self._flush_requested and data.get("reason") != "periodic":
+                self._committed.set()
+
+    def _heartbeats(self) -> None:
+        while not self._trainer_done.wait(self.config.heartbeat_interval):
+            if self.outbox.has_pending(HEARTBEAT):
+                continue  # the broker has not had the last one: one pending heartbeat says enough
+            self.outbox.add(HEARTBEAT, {"pid": self.proc.pid if self.proc else None,
+                                        "library": self._library_pid() is not None})
+
+    # --- notices and the flush ---------------------------------------------------
+
+    def _start_watchers(self) -> None:
+        from spotbroker.agent.notices import WatchConfig, build_watchers, resolve_cloud
+
+        try:
+            cloud = resolve_cloud(self.config.cloud, self.config.metadata_url)
+        except ValueError as exc:
+            log.error("not watching for preemption notices: %s", exc)
+            return
+        if cloud is None:
+            log.info("no cloud metadata service found: not watching for preemption notices")
+            return
+        config = WatchConfig(
+            poll_interval=self.config.poll_interval, request_timeout=self.config.metadata_timeout,
+            gcp_preempt_window=self.config.notice_window, azure_default_window=self.config.notice_window,
+        )
+        with self._watchers_lock:
+            if self._stopping.is_set():
+                return
+            self.watchers = build_watchers(cloud, self._notices.put, self.config.metadata_url, config)
+            self.watchers.start()
+        log.info("watching %s preemption notices at %s", cloud, self.config.metadata_url or "the cloud's endpoint")
+
+    def _stop_watchers(self) -> None:
+        with self._watchers_lock:
+            if self.watchers is not None:
+                self.watchers.stop()
+
+    def _handle_notices(self) -> None:
+        while (notice := self._notices.get()) is not None:
+            try:
+                self._handle_notice(notice)
+            except Exception:  # one bad notice must not stop the next one
+                log.exception("handling a %s notice failed", notice.kind)
+
+    def _handle_notice(self, notice: Notice) -> None:
+        self.outbox.add(notice.event_type, notice.event_data())  # first, at once
+        if not notice.ends_node:
+            return
+        if self._flush_requested:
+            log.info("another notice (%s) while the flush is under way: reported", notice.source)
+            if self._flush_over:
+                self._acknowledge(notice)
+            return
+        self._flush_requested = True
+        deadline = notice.deadline or datetime.now(timezone.utc) + timedelta(seconds=self.config.notice_window)
+        reason = self._request_flush(notice, deadline)
+        if reason is None:
+            reason = self._wait_for_commit(deadline)
+        if reason is not None:
+            log.warning("no flush: %s", reason)
+            self.outbox.add(NO_FLUSH, {"reason": reason, "deadline": deadline.isoformat()})
+        self._flush_over = True
+        self._acknowledge(notice)
+
+    def _request_flush(self, notice: Notice, deadline: datetime) -> str | None:
+        """Write flush.json and signal the library; the reason when no flush can come."""
+        if self._trainer_done.is_set():
+            return "the trainer had already exited"
+        pid = self._library_pid()
+        if pid is None:
+            return "the trainer does not use the checkpoint library"
+        flush = {"deadline": deadline.isoformat(), "reason": notice.kind}
+        tmp = self.control_dir / (FLUSH_FILE + ".tmp")
+        tmp.write_text(json.dumps(flush))
+        os.replace(tmp, self.control_dir / FLUSH_FILE)  # the library never reads half a file
+        try:
+            os.kill(pid, getattr(signal, FLUSH_SIGNAL))
+        except ProcessLookupError:
+            return f"the library's process {pid} is gone"
+        log.info("asked the library (pid %d) to flush by %s", pid, deadline.isoformat())
+        return None
+
+    def _wait_for_commit(self, deadline: datetime) -> str | None:
+        while not self._committed.is_set():
+            left = (deadline - datetime.now(timezone.utc)).total_seconds()
+            if self._trainer_done.is_set():
+                self._forward_trainer_events()  # the commit may be its very last line
+                if self._committed.is_set():
+                    break
+                return "the trainer exited before the checkpoint was committed"
+            if left <= 0:
+                return "the deadline passed before the checkpoint was committed"
+            self._committed.wait(min(left, 0.05))
+        log.info("flush committed before the deadline")
+        return None
+
+    def _acknowledge(self, notice: Notice) -> None:
+        if self.watchers is not None and self.watchers.acknowledge(notice):
+            log.info("acknowledged the %s notice", notice.cloud)
+
+    def _library_pid(self) -> int | None:
+        """The library's pid from library.json, if it is alive and one of the trainer's processes."""
+        try:
+            info = json.loads((self.control_dir / LIBRARY_FILE).read_text())
+            pid = int(info["pid"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        if pid <= 1 or self.proc is None or not _pid_alive(pid):
+            return None
+        try:
+            # Never signal a process outside the trainer's group or session (a stale or forged pid).
+            ours = self.proc.pid in (os.getpgid(pid), os.getsid(pid))
+        except ProcessLookupError:
+            return None
+        if not ours:
+            log.warning("library.json names pid %d, which is not one of the trainer's processes", pid)
+            return None
+        return pid
+
+
+def run(config: RunnerConfig, install_signal_handlers: bool = True) -> int:
+    """Supervise one trainer; return its exit code."""
+    return Supervisor(config).run(install_signal_handlers)

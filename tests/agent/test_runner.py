@@ -1,0 +1,215 @@
+"""The supervisor end to end: a real agent process, the metadata simulator, a fake broker."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from spotbroker.agent.protocol import (
+    CHECKPOINT_COMMITTED, ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_BROKER_URL, ENV_CHECKPOINT_URI, ENV_CLOUD,
+    ENV_CONTROL_DIR, ENV_JOB_ID, ENV_METADATA_URL, ENV_RESUME_FROM, HEARTBEAT, NO_FLUSH, PREEMPTION_NOTICE,
+    RESUMED, TRAINER_EXITED, TRAINER_STARTED,
+)
+
+TRAINER = Path(__file__).with_name("trainer_script.py")
+TOKEN = "test-agent-token-7f3a"  # the fake broker's (conftest.AGENT_TOKEN)
+FAST = ["--heartbeat-seconds", "0.2", "--poll-seconds", "0.05", "--metadata-timeout", "0.5",
+        "--log-seconds", "0.1", "--retry-max-seconds", "0.3", "--final-flush-seconds", "10"]
+
+
+class Agent:
+    """`python -m spotbroker.agent.cli run ... -- python trainer_script.py ...` as a subprocess."""
+
+    def __init__(self, tmp: Path, trainer_args: list[str], broker_url: str | None, sim_url: str | None,
+                 cloud: str = "local", token: str = TOKEN, options: list[str] | None = None) -> None:
+        self.work_dir = tmp / "agent"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+        env.update({
+            ENV_AGENT_TOKEN: token, ENV_JOB_ID: "job-1", ENV_ATTEMPT_ID: "att-1", ENV_CLOUD: cloud,
+            ENV_CHECKPOINT_URI: "file:///ckpt/team/job-1/att-1", ENV_RESUME_FROM: "file:///ckpt/step-7",
+        })
+        if broker_url:
+            env[ENV_BROKER_URL] = broker_url
+        if sim_url:
+            env[ENV_METADATA_URL] = sim_url
+        command = [sys.executable, "-m", "spotbroker.agent.cli", "run", *FAST, *(options or []),
+                   "--work-dir", str(self.work_dir), "--", sys.executable, str(TRAINER), *trainer_args]
+        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def finish(self, timeout: float = 20.0) -> tuple[int, str, str]:
+        out, err = self.proc.communicate(timeout=timeout)
+        return self.proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate()
+
+
+@pytest.fixture
+def agent(tmp_path):
+    started: list[Agent] = []
+
+    def start(*trainer_args: str, **kwargs) -> Agent:
+        process = Agent(tmp_path, list(trainer_args), **kwargs)
+        started.append(process)
+        return process
+
+    yield start
+    for process in started:
+        process.kill()
+
+
+def _assert_in_order(types: list[str], *expected: str) -> None:
+    positions = [types.index(t) for t in expected]
+    assert positions == sorted(positions), f"expected {expected} in this order in {types}"
+
+
+def _assert_seq_contiguous(broker) -> None:
+    seqs = sorted(broker.events)
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+@pytest.mark.parametrize("cloud", ["aws", "azure", "gcp"])
+def test_notice_reaches_the_broker_then_the_commit_then_the_exit(cloud, agent, broker, make_sim, wait, tmp_path):
+    sim = make_sim(cloud, notice_window=8)
+    env_file = tmp_path / "env.json"
+    process = agent("--library", "--env-file", str(env_file), broker_url=broker.url, sim_url=sim.url, cloud=cloud)
+    wait(lambda: broker.first(TRAINER_STARTED) and broker.first(HEARTBEAT), what="trainer_started and a heartbeat")
+    wait(lambda: sim.requests >= 2, what="the watchers to poll")
+    sim.preempt()
+    code, out, err = process.finish()
+    assert code == 0, err
+    types = broker.types()
+    _assert_in_order(types, TRAINER_STARTED, PREEMPTION_NOTICE, CHECKPOINT_COMMITTED, TRAINER_EXITED)
+    assert NO_FLUSH not in types
+    notice = broker.first(PREEMPTION_NOTICE)["data"]
+    assert notice["cloud"] == cloud and notice["kind"] == "preemption"
+    if cloud != "gcp":  # GCP publishes no deadline; the agent assumes its --notice-window
+        assert abs((datetime.fromisoformat(notice["deadline"]) - sim.deadline).total_seconds()) < 1
+    committed = broker.first(CHECKPOINT_COMMITTED)["data"]
+    assert committed["reason"] == "preemption" and committed["deadline"] == notice["deadline"]
+    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 0}
+    _assert_seq_contiguous(broker)
+    assert broker.refused == 0
+    if cloud == "azure":
+        assert sim.acknowledged == [notice["raw"]["EventId"]]
+    # The trainer's environment: the attempt's, a fresh control dir, never the agent's token.
+    seen = json.loads(env_file.read_text())
+    assert seen[ENV_CHECKPOINT_URI] == "file:///ckpt/team/job-1/att-1"
+    assert seen[ENV_RESUME_FROM] == "file:///ckpt/step-7"
+    assert (seen[ENV_JOB_ID], seen[ENV_ATTEMPT_ID]) == ("job-1", "att-1")
+    assert Path(seen[ENV_CONTROL_DIR]).parent == process.work_dir
+    assert ENV_AGENT_TOKEN not in seen
+    assert TOKEN not in out + err
+
+
+def test_trainer_without_the_library_is_never_signalled(agent, broker, make_sim, wait):
+    sim = make_sim("aws", notice_window=30)
+    # Without the library SIGUSR1 would kill this trainer (exit 138); it runs its 60 steps instead.
+    process = agent("--steps", "60", broker_url=broker.url, sim_url=sim.url, cloud="aws")
+    wait(lambda: broker.first(TRAINER_STARTED), what="trainer_started")
+    sim.preempt()
+    code, _, err = process.finish()
+    assert code == 0, err
+    types = broker.types()
+    _assert_in_order(types, PREEMPTION_NOTICE, NO_FLUSH, TRAINER_EXITED)
+    assert "library" in broker.first(NO_FLUSH)["data"]["reason"]
+    assert broker.first(TRAINER_STARTED)["data"]["library"] is False
+
+
+def test_no_flush_when_the_deadline_passes(agent, broker, make_sim, wait):
+    sim = make_sim("aws", notice_window=1)
+    process = agent("--library", "--ignore-flush", "--steps", "150", broker_url=broker.url, sim_url=sim.url,
+                    cloud="aws")
+    wait(lambda: broker.first(HEARTBEAT) and broker.first(HEARTBEAT)["data"]["library"], what="the library")
+    sim.preempt()
+    wait(lambda: broker.first(NO_FLUSH), what="no_flush")
+    assert "deadline" in broker.first(NO_FLUSH)["data"]["reason"]
+    code, _, err = process.finish()
+    assert code == 0, err
+    _assert_in_order(broker.types(), PREEMPTION_NOTICE, NO_FLUSH, TRAINER_EXITED)
+    assert CHECKPOINT_COMMITTED not in broker.types()
+
+
+def test_broker_down_then_up_gets_every_event_once_in_order(agent, broker_factory, free_port, wait, tmp_path):
+    done = tmp_path / "trainer-done"
+    process = agent("--steps", "10", "--lines", "3", "--resumed", "--exit-code", "3", "--done-file", str(done),
+                    broker_url=f"http://127.0.0.1:{free_port}", sim_url=None)
+    wait(lambda: done.exists(), what="the trainer to finish while the broker is down")
+    wait(lambda: process.work_dir.joinpath("outbox.jsonl").exists(), what="the outbox on disk")
+    broker = broker_factory(port=free_port)  # the broker comes back
+    code, out, err = process.finish()
+    assert code == 3, err
+    types = broker.types(include_heartbeats=True)
+    assert types[0] == TRAINER_STARTED and types[-1] == TRAINER_EXITED and RESUMED in types
+    assert broker.first(RESUMED)["data"] == {"step": 7, "uri": "file:///ckpt/step-000000000007"}
+    _assert_seq_contiguous(broker)
+    arrived = [event["seq"] for _, event in broker.arrivals]
+    assert len(arrived) == len(set(arrived))  # nothing delivered twice
+    assert types.count(HEARTBEAT) <= 2  # heartbeats do not pile up while the broker is away
+    outbox = [json.loads(line) for line in process.work_dir.joinpath("outbox.jsonl").read_text().splitlines()]
+    assert [e["seq"] for e in outbox] == sorted(broker.events)
+    assert broker.log_bytes.count(b"out line") == 3
+
+
+def test_logs_are_shipped_with_offsets_and_mirrored(agent, broker):
+    process = agent("--lines", "200", "--steps", "5", broker_url=broker.url, sim_url=None)
+    code, out, err = process.finish()
+    assert code == 0, err
+    shipped = bytes(broker.log_bytes).decode()
+    for i in (0, 199):
+        assert f"out line {i}\n" in shipped and f"err line {i}\n" in shipped
+        assert f"out line {i}\n" in out and f"err line {i}\n" in out  # mirrored on the agent's stdout
+    offsets = [0]
+    for offset, length in broker.log_posts:
+        assert offset == offsets[-1]  # each chunk starts where the broker's log ends
+        offsets.append(offset + length)
+    assert offsets[-1] == len(broker.log_bytes) == len((process.work_dir / "trainer.log").read_bytes())
+
+
+@pytest.mark.parametrize("trainer_code", [0, 7])
+def test_exit_code_is_passed_through(agent, broker, trainer_code):
+    code, _, err = agent("--steps", "3", "--exit-code", str(trainer_code), broker_url=broker.url,
+                         sim_url=None).finish()
+    assert code == trainer_code, err
+    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": trainer_code}
+
+
+def test_sigterm_is_forwarded_to_the_trainer(agent, broker, wait):
+    process = agent(broker_url=broker.url, sim_url=None)
+    wait(lambda: broker.log_bytes or broker.first(HEARTBEAT), what="the trainer to run")
+    process.proc.send_signal(signal.SIGTERM)
+    code, out, err = process.finish()
+    assert code == 42, err  # the trainer's SIGTERM handler exits 42
+    assert "trainer: got SIGTERM" in out
+    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 42}
+
+
+def test_cancel_from_the_broker_stops_the_trainer(agent, broker, wait):
+    broker.cancel = True
+    code, _, err = agent(broker_url=broker.url, sim_url=None).finish()
+    assert code == 42, err
+    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 42}
+
+
+def test_a_wrong_token_is_refused_and_the_trainer_still_runs(agent, broker):
+    code, _, err = agent("--steps", "3", broker_url=broker.url, sim_url=None, token="wrong-token-5d1e",
+                         options=["--final-flush-seconds", "0.5"]).finish()
+    assert code == 0
+    assert broker.refused > 0 and not broker.events
+    assert "wrong-token-5d1e" not in err  # the token is never logged
+
+
+def test_agent_entry_point_imports_stay_light():
+    probe = ("import sys, spotbroker.agent.cli, spotbroker.agent.runner, spotbroker.agent.notices; "
+             "print([m for m in sys.modules if m.split('.')[0] in ('torch', 'sky', 'fastapi', 'sqlalchemy') "
+             "or m.startswith(('spotbroker.broker', 'spotbroker.api'))])")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "[]"

@@ -1,0 +1,77 @@
+"""A tiny stand-in trainer for the supervisor's tests (run as a subprocess).
+
+With --library it behaves like a trainer using the checkpoint library: it
+writes library.json and, on SIGUSR1, reads flush.json and appends a
+checkpoint_committed event at its next step boundary. Without it, SIGUSR1
+keeps its default action (the process dies), so a wrong signal shows.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from spotbroker.agent.protocol import (
+    CHECKPOINT_COMMITTED, ENV_CONTROL_DIR, FLUSH_FILE, LIBRARY_FILE, RESUMED, append_event,
+)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--library", action="store_true")
+    parser.add_argument("--ignore-flush", action="store_true", help="use the library but never commit")
+    parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--step-seconds", type=float, default=0.02)
+    parser.add_argument("--exit-code", type=int, default=0)
+    parser.add_argument("--lines", type=int, default=0, help="print this many lines to stdout and stderr first")
+    parser.add_argument("--env-file", help="write the environment seen here as JSON")
+    parser.add_argument("--done-file", help="touch this file just before exiting")
+    parser.add_argument("--resumed", action="store_true", help="report a resumed event at start")
+    args = parser.parse_args()
+
+    control = Path(os.environ[ENV_CONTROL_DIR])
+    if args.env_file:
+        Path(args.env_file).write_text(json.dumps(dict(os.environ)))
+    flush_asked = []
+
+    def on_term(signum: int, frame: object) -> None:
+        print("trainer: got SIGTERM", flush=True)
+        sys.exit(42)
+
+    signal.signal(signal.SIGTERM, on_term)
+    if args.library:
+        signal.signal(signal.SIGUSR1, lambda *_: flush_asked.append(time.monotonic()))
+        tmp = control / (LIBRARY_FILE + ".tmp")
+        tmp.write_text(json.dumps({"pid": os.getpid(), "version": 1}))
+        os.replace(tmp, control / LIBRARY_FILE)
+    if args.resumed:
+        append_event(control, {"type": RESUMED, "data": {"step": 7, "uri": "file:///ckpt/step-000000000007"}})
+
+    for i in range(args.lines):
+        print(f"out line {i}", flush=True)
+        print(f"err line {i}", file=sys.stderr, flush=True)
+
+    step = 0
+    while step < args.steps:
+        time.sleep(args.step_seconds)
+        step += 1
+        if flush_asked and not args.ignore_flush:  # the next step boundary after the signal
+            flush = json.loads((control / FLUSH_FILE).read_text())
+            append_event(control, {"type": CHECKPOINT_COMMITTED, "data": {
+                "step": step, "uri": f"file:///ckpt/step-{step:012d}", "bytes": 1234,
+                "seconds": round(time.monotonic() - flush_asked[0], 3), "reason": "preemption",
+                "deadline": flush["deadline"],
+            }})
+            print(f"trainer: committed step {step}", flush=True)
+            break
+    if args.done_file:
+        Path(args.done_file).touch()
+    return args.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
