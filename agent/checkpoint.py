@@ -490,7 +490,7 @@ class Checkpointer:
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
         # Test seams: called before each part's upload and before the manifest.
-        self._before_part: Callable[[str], None] | None = None
+        self._before_part: Callable[[int, str], None] | None = None
         self._before_manifest: Callable[[int], None] | None = None
 
         self._flush_flag = False
@@ -767,7 +767,7 @@ class Checkpointer:
         if save.cancel.is_set():
             raise _Cancelled()
         if self._before_part is not None:
-            self._before_part(name)
+            self._before_part(save.step, name)
         view = self._host.view[begin:end]
         digest = hashlib.sha256(view).hexdigest()
         assert self._storage is not None
