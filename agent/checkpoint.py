@@ -635,7 +635,14 @@ class Checkpointer:
 
     def _flush_requested(self) -> bool:
         # The file is read too, for a trainer whose handler could not be installed.
-        return self._flush_flag or self._flush_file_mtime() != self._flush_mtime
+        mtime = self._flush_file_mtime()
+        if mtime != self._flush_mtime:
+            return True
+        if self._flush_flag and mtime:
+            # The agent writes flush.json, then signals: a signal whose file was
+            # already handled (at a boundary between the two) is that request's echo.
+            self._flush_flag = False
+        return self._flush_flag
 
     def _flush(self, step: int) -> None:
         self._flush_flag = False

@@ -443,6 +443,10 @@ def test_flush_file_alone_is_a_request(tmp_path: Path) -> None:
     ck.step(1)
     (control / protocol.FLUSH_FILE).write_text("{}")
     ck.step(2)
+    assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [2]
+    # The agent's signal for that same request, arriving after the boundary, is not a second one.
+    ck._on_flush_signal(signal.SIGUSR1, None)
+    ck.step(3)
     ck.close()
     assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [2]
 
