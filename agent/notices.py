@@ -137,7 +137,8 @@ def backoff_delay(failures: int, config: WatchConfig, rng: random.Random) -> flo
 
 def _client(base_url: str, timeout: float) -> httpx.Client:
     # trust_env=False: a node's HTTP(S)_PROXY must never carry metadata requests.
-    return httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, trust_env=False)
+    # verify=False: metadata services are plain HTTP, so skip loading a CA bundle per client.
+    return httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout, trust_env=False, verify=False)
 
 
 class Watcher:
@@ -475,9 +476,9 @@ class Watchers:
 
     def stop(self) -> None:
         for watcher in self.watchers:
-            watcher._stop.set()  # all at once, then wait for each
+            watcher._stop.set()  # all at once; a thread in a long poll ends on its own (daemon)
         for watcher in self.watchers:
-            watcher.stop(join_timeout=0.5)
+            watcher.stop(join_timeout=0.05)
         if self._token is not None:
             self._token.close()
 

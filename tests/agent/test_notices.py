@@ -50,7 +50,8 @@ def test_each_cloud_notice_is_seen_once_with_its_deadline(cloud, make_sim, watch
         assert abs(notice.deadline - deadline) < timedelta(seconds=1)
     # More polls see the same event: still one notice (de-duplicated by content).
     seen = _polls(watchers)
-    wait(lambda: _polls(watchers) >= seen + 2, what="two more polls")
+    more = 1 if cloud == "gcp" else 3  # a GCP poll waits out its long poll
+    wait(lambda: _polls(watchers) >= seen + more, what="more polls")
     assert len(notices) == 1
     data = notice.event_data()
     assert data["cloud"] == cloud and data["deadline"] == notice.deadline.isoformat() and data["raw"]
@@ -70,7 +71,7 @@ def test_aws_token_is_refreshed_before_expiry(make_sim, watch, notices, fast_con
     config = dataclasses.replace(fast_config, aws_token_ttl=1)  # refreshed 0.25 s before expiry
     watchers = watch("aws", sim, config)
     token = watchers.watchers[0].token
-    wait(lambda: token.fetches >= 3, timeout=10, what="three token refreshes")
+    wait(lambda: token.fetches >= 2, timeout=10, what="a token refresh")
     assert sim.hits["/latest/api/token"] == token.fetches
     assert all(w.failures == 0 for w in watchers.watchers)  # never read with an expired token
     sim.preempt()
@@ -151,7 +152,8 @@ def test_watcher_survives_faults_and_sees_a_later_notice(cloud, mode, make_sim, 
     watchers = watch(cloud, sim)
     wait(lambda: _polls(watchers) >= 1, what="a first poll")
     sim.set_fault(mode)
-    wait(lambda: any(w.failures >= 2 for w in watchers.watchers), what="failed polls")
+    wait(lambda: any(w.failures >= 1 for w in watchers.watchers) and sim.faulted_requests >= 2,
+         what="failed polls")
     sim.set_fault(None)
     sim.preempt()
     assert notices.wait(1)[0].kind == PREEMPTION

@@ -112,12 +112,14 @@ def test_notice_reaches_the_broker_then_the_commit_then_the_exit(cloud, agent, b
 
 def test_trainer_without_the_library_is_never_signalled(agent, broker, make_sim, wait):
     sim = make_sim("aws", notice_window=30)
-    # Without the library SIGUSR1 would kill this trainer (exit 138); it runs its 60 steps instead.
-    process = agent("--steps", "60", broker_url=broker.url, sim_url=sim.url, cloud="aws")
+    # Without the library SIGUSR1 would kill this trainer (exit 138); it runs until SIGTERM (exit 42).
+    process = agent(broker_url=broker.url, sim_url=sim.url, cloud="aws")
     wait(lambda: broker.first(TRAINER_STARTED), what="trainer_started")
     sim.preempt()
+    wait(lambda: broker.first(NO_FLUSH), what="no_flush")
+    process.proc.send_signal(signal.SIGTERM)
     code, _, err = process.finish()
-    assert code == 0, err
+    assert code == 42, err
     types = broker.types()
     _assert_in_order(types, PREEMPTION_NOTICE, NO_FLUSH, TRAINER_EXITED)
     assert "library" in broker.first(NO_FLUSH)["data"]["reason"]
@@ -126,14 +128,14 @@ def test_trainer_without_the_library_is_never_signalled(agent, broker, make_sim,
 
 def test_no_flush_when_the_deadline_passes(agent, broker, make_sim, wait):
     sim = make_sim("aws", notice_window=1)
-    process = agent("--library", "--ignore-flush", "--steps", "150", broker_url=broker.url, sim_url=sim.url,
-                    cloud="aws")
+    process = agent("--library", "--ignore-flush", broker_url=broker.url, sim_url=sim.url, cloud="aws")
     wait(lambda: broker.first(HEARTBEAT) and broker.first(HEARTBEAT)["data"]["library"], what="the library")
     sim.preempt()
     wait(lambda: broker.first(NO_FLUSH), what="no_flush")
     assert "deadline" in broker.first(NO_FLUSH)["data"]["reason"]
+    process.proc.send_signal(signal.SIGTERM)
     code, _, err = process.finish()
-    assert code == 0, err
+    assert code == 42, err
     _assert_in_order(broker.types(), PREEMPTION_NOTICE, NO_FLUSH, TRAINER_EXITED)
     assert CHECKPOINT_COMMITTED not in broker.types()
 
