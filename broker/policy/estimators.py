@@ -17,8 +17,8 @@ from spotbroker.broker.policy.model import ZoneHistory
 
 # Weak priors, one pseudo-spell each. They only matter until a zone has been
 # watched for a few hours; they are round numbers, not fitted to any trace.
-PRIOR_UP_S = 2 * 3600.0
-PRIOR_DOWN_S = 1 * 3600.0
+PRIOR_UP_S = 4 * 3600.0
+PRIOR_DOWN_S = 0.5 * 3600.0
 PRIOR_SPELLS = 1.0
 
 

@@ -2,66 +2,63 @@
 
 The bill is mostly decided by three things: running at the cheapest spot
 price, not paying for restarts and checkpoint moves, and not finishing on
-on-demand because the slack before the deadline ran out. So the policy
-prices everything it could do in dollars, with the deadline's slack given a
-dollar value too:
+on-demand because the slack before the deadline ran out. The policy works in
+three layers, each from what it has observed only:
 
-* **Slack** S = time left − work left − one restart: what the job can still
-  lose (waiting, restarts) and yet finish on on-demand.
-* For each zone z, the **home cost** of doing the rest of the job there:
-  spot price × (work + expected restarts) + the egress to bring the
-  checkpoint there + the on-demand premium × the expected time the outages
-  and restarts will overrun the slack (a compound-Poisson estimate from the
-  zone's learned spell lengths, `estimators.py`). The cheapest is the home.
-* **The value of a second of slack** λ = on-demand premium × P(outages
-  overrun the slack) (the derivative of the expected overrun). Waiting τ
-  seconds for the home zone to come back costs λτ; bridging the outage on
-  another zone's spot or on on-demand costs its restarts, egress and price
-  difference over τ. The cheapest wins, and the choice is an ordered list of
-  offers because a spot launch may fail for lack of capacity.
+1. **Deadline guard.** When the slack (time left − work left − one restart)
+   is about to run out, go to (or stay on) on-demand. A deadline is never
+   missed, whatever the estimates say.
+2. **Home zone.** For each zone, the expected cost of doing the rest of the
+   job there: spot price × (work + expected restarts), the egress to bring
+   the checkpoint there, and the on-demand premium × the expected time its
+   outages overrun the slack (a compound-Poisson estimate from the zone's
+   learned spell lengths, `estimators.py`). The cheapest is the home; a
+   running spot instance moves only when another zone saves clearly more
+   than the move costs.
+3. **Wait, spot or on-demand** in the home zone: read from a small Markov
+   decision process over (work left, slack left, spot up?), solved with the
+   home's learned rates and prices (`planner.py`). It prices waiting (slack
+   spent), bridging an outage on on-demand, and going back to spot (a
+   restart of overhead and slack). Another zone's spot is tried when the
+   home is out and using it is cheaper than the home plan's fallback.
 
-A deadline guard comes before all of it: when the slack is about to run
-out the job goes to (or stays on) on-demand, so a deadline is never missed.
-The only inputs are the observation's own fields; nothing is tuned to a
-trace, and every estimate is learned from what the caller recorded.
+Nothing is tuned to a trace: the only constants are weak priors (one
+pseudo-spell of 2 h up, 1 h down) and the planner's grid size.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from spotbroker.broker.policy import planner
 from spotbroker.broker.policy.estimators import ZoneEstimate, estimate
 from spotbroker.broker.policy.model import Action, Capacity, Decision, Observation, Offer, ZoneState
 
 
-@dataclass(frozen=True)
-class _Home:
-    index: int
-    cost: float  # $ to finish the job from here with this zone as home
-    p_overrun: float  # P(outages and restarts overrun the slack)
-
-
-def _overrun(slack_s: float, work_s: float, est: ZoneEstimate, restart_s: float) -> tuple[float, float]:
-    """(P(lost time > slack), E[max(0, lost time − slack)]) for a job of `work_s`
-    run on a zone with `est`, each interruption costing an outage plus a restart."""
+def _overrun(slack_s: float, work_s: float, est: ZoneEstimate, restart_s: float) -> float:
+    """E[max(0, lost time − slack)] for `work_s` of work in a zone with `est`,
+    each interruption losing an outage plus a restart (normal approximation
+    of a compound Poisson sum)."""
     if math.isinf(slack_s):
-        return 0.0, 0.0
+        return 0.0
     n = work_s / est.up_mean_s  # expected interruptions
     D = est.down_mean_s
-    mean = n * (D + restart_s) + est.residual_down_s()
-    var = n * (2 * D * D + 2 * D * restart_s + restart_s**2) + est.residual_down_s() ** 2
-    if var <= 0:
-        return (1.0, mean - slack_s) if mean > slack_s else (0.0, 0.0)
-    sd = math.sqrt(var)
+    mean = n * (D + restart_s)
+    sd = math.sqrt(n * (2 * D * D + 2 * D * restart_s + restart_s**2))
+    if sd <= 0:
+        return max(mean - slack_s, 0.0)
     z = (slack_s - mean) / sd
     tail = 0.5 * math.erfc(z / math.sqrt(2))
     density = math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
-    return tail, sd * (density - z * tail)
+    return sd * (density - z * tail)
 
 
 @dataclass
 class SpotBroker:
+    """See the module's docs. One instance per job; it keeps only a cache of solved plans."""
+
     name: str = "spotbroker"
+    _plans: dict = field(default_factory=dict, repr=False)
 
     def decide(self, obs: Observation) -> Decision:
         zones = obs.zones
@@ -76,67 +73,94 @@ class SpotBroker:
             if guard is not None:
                 return guard
         est = [estimate(z.history, obs.now_s, g) for z in zones]
-        cheapest_od = min(z.on_demand_price for z in zones)
+        cheapest_od = min(zones, key=lambda z: z.on_demand_price)
 
         def fee(src: str | None, dst: str) -> float:
             return obs.egress.fee(src, dst, obs.checkpoint_gb)
 
-        homes = []
-        for i, z in enumerate(zones):
-            e = est[i]
-            premium = max(cheapest_od - z.spot_price, 0.0) / 3600
-            p_over, overrun = _overrun(slack, W, e, d)
+        # 2. the home zone
+        costs = []
+        for z, e in zip(zones, est):
+            premium = max(cheapest_od.on_demand_price - z.spot_price, 0.0) / 3600
             restarts = W / e.up_mean_s
-            cost = fee(here, z.zone) + (W + restarts * d) * z.spot_price / 3600 + premium * overrun
-            homes.append(_Home(i, cost, p_over))
-        home = min(homes, key=lambda h: h.cost)
-        h = zones[home.index]
-        premium = max(cheapest_od - h.spot_price, 0.0) / 3600
-        lam = premium * home.p_overrun  # $ per second of slack
-        restart_cost = d * (h.spot_price / 3600 + lam)
-
+            costs.append(fee(here, z.zone) + (W + restarts * d) * z.spot_price / 3600
+                         + premium * _overrun(slack, W, e, d))
+        home = min(range(len(zones)), key=lambda i: costs[i])
+        h = zones[home]
         if run is not None and run.capacity is Capacity.SPOT:
-            return self._while_on_spot(obs, homes, home, restart_cost)
+            current = next(i for i, z in enumerate(zones) if z.zone == run.zone)
+            # moving costs a restart and its slack; ask for twice that in savings so
+            # two similar zones never trade the job back and forth
+            restart = d * (h.spot_price + cheapest_od.on_demand_price) / 3600
+            better = sorted((i for i in range(len(zones)) if i != current and costs[i] + 2 * restart < costs[current]),
+                            key=lambda i: costs[i])
+            if not better:
+                return Decision.keep("spot")
+            return Decision.launch(*(Offer(zones[i].zone, Capacity.SPOT) for i in better), otherwise=Action.KEEP,
+                                   reason="spot: cheaper zone")
+        if math.isinf(slack):
+            # no deadline: time is free, so wait for spot in the home zone (or one nearly as good)
+            offers = [Offer(zones[i].zone, Capacity.SPOT) for i in sorted(range(len(zones)), key=lambda i: costs[i])
+                      if costs[i] <= costs[home] + d * h.spot_price / 3600]
+            if run is not None:  # on on-demand: leave it when spot is there
+                return Decision.launch(*offers, otherwise=Action.KEEP, reason="no deadline: spot when there")
+            return Decision.launch(*offers, otherwise=Action.WAIT, reason="no deadline: wait for spot")
 
-        # Idle or on on-demand: go home if it has capacity, else bridge or wait.
-        tau = est[home.index].residual_down_s()
-        wait_cost = lam * tau
-        options: list[tuple[float, Offer]] = []
-        for i, z in enumerate(zones):
-            if i == home.index:
-                continue
-            as_home = homes[i].cost - home.cost
-            bridge = (fee(here, z.zone) + fee(z.zone, h.zone) + d * (z.spot_price / 3600 + lam)
-                      + tau * (z.spot_price - h.spot_price) / 3600)
-            options.append((min(as_home, bridge), Offer(z.zone, Capacity.SPOT)))
+        # 3. wait, spot or on-demand, read from the home plan
+        plan = self._plan(obs, est[home], h, cheapest_od)
         od_zone = min(zones, key=lambda z: z.on_demand_price * W / 3600 + fee(here, z.zone) + fee(z.zone, h.zone))
-        on_od_now = run is not None and run.capacity is Capacity.ON_DEMAND
-        od_cost = tau * (od_zone.on_demand_price - h.spot_price) / 3600
-        if not on_od_now:
-            od_cost += fee(here, od_zone.zone) + fee(od_zone.zone, h.zone) + d * (od_zone.on_demand_price / 3600 + lam)
-        fallback = min(wait_cost, od_cost)
-        offers = [Offer(h.zone, Capacity.SPOT)]
-        offers += [o for cost, o in sorted(options, key=lambda x: x[0]) if cost < fallback]
-        if on_od_now:
-            otherwise = Action.KEEP if od_cost < wait_cost else Action.WAIT
-            return Decision.launch(*offers, otherwise=otherwise, reason="on-demand: try spot")
-        if od_cost < wait_cost:
-            offers.append(Offer(od_zone.zone, Capacity.ON_DEMAND))
-        return Decision.launch(*offers, otherwise=Action.WAIT,
-                               reason=f"home {h.zone}, wait ${wait_cost:.2f} vs od ${od_cost:.2f}")
+        on_od = run is not None
 
-    def _while_on_spot(self, obs: Observation, homes: list[_Home], home: _Home, restart_cost: float) -> Decision:
-        """Keep a running spot instance unless another zone is clearly cheaper to finish in."""
-        zones = obs.zones
-        current = next(i for i, z in enumerate(zones) if z.zone == obs.running.zone)
-        # moving costs a restart; ask for twice that in savings so two similar
-        # zones never trade the job back and forth
-        better = [hm for hm in sorted(homes, key=lambda x: x.cost)
-                  if hm.index != current and hm.cost + 2 * restart_cost < homes[current].cost]
-        if not better:
-            return Decision.keep("spot")
-        return Decision.launch(*(Offer(zones[hm.index].zone, Capacity.SPOT) for hm in better),
-                               otherwise=Action.KEEP, reason="spot: cheaper zone")
+        def value(table: int) -> float:
+            return plan.value(table, W, slack)
+
+        if on_od:
+            go_spot = value(planner.LAUNCH_SPOT) < value(planner.RUN_OD_UP)
+            fallback = value(planner.RUN_OD_DOWN)
+        else:
+            go_spot = value(planner.LAUNCH_SPOT) <= min(value(planner.WAIT_UP), value(planner.LAUNCH_OD_UP))
+            wait, od = value(planner.WAIT_DOWN), value(planner.LAUNCH_OD_DOWN)
+            od += fee(here, od_zone.zone) + fee(od_zone.zone, h.zone)
+            fallback = min(wait, od)
+        offers: list[Offer] = []
+        if go_spot:
+            offers.append(Offer(h.zone, Capacity.SPOT))
+            # another zone's spot while the home is out: the home plan's launch value,
+            # plus the moves there and back and the price difference while there
+            bridges = []
+            for i, z in enumerate(zones):
+                if i == home:
+                    continue
+                stay = min(W, est[i].up_mean_s)
+                bridge = (value(planner.LAUNCH_SPOT) + fee(here, z.zone) + fee(z.zone, h.zone)
+                          + (z.spot_price - h.spot_price) * stay / 3600)
+                as_home = value(planner.LAUNCH_SPOT) + costs[i] - costs[home]
+                cost = min(bridge, as_home)
+                if cost < fallback:
+                    bridges.append((cost, i))
+            offers += [Offer(zones[i].zone, Capacity.SPOT) for _, i in sorted(bridges)]
+        if on_od:
+            if not offers:
+                return Decision.keep("on-demand: plan stays")
+            return Decision.launch(*offers, otherwise=Action.KEEP, reason="on-demand: back to spot if there")
+        if not offers and not go_spot and value(planner.LAUNCH_OD_UP) < value(planner.WAIT_UP):
+            return Decision.launch(Offer(od_zone.zone, Capacity.ON_DEMAND), reason="plan: on-demand")
+        if od < wait:
+            offers.append(Offer(od_zone.zone, Capacity.ON_DEMAND))
+            return Decision.launch(*offers, reason=f"home {h.zone}, else on-demand")
+        if not offers:
+            return Decision.keep("plan: wait")
+        return Decision.launch(*offers, otherwise=Action.WAIT, reason=f"home {h.zone}, else wait")
+
+    def _plan(self, obs: Observation, e: ZoneEstimate, home: ZoneState, od: ZoneState) -> planner.Plan:
+        horizon = obs.deadline_s - obs.started_s - obs.work_total_s  # the most slack the job ever has
+        unit = planner.step_for(obs.step_s, obs.deadline_s - obs.started_s)
+        inputs = planner.plan_inputs(unit, obs.work_total_s, horizon, e.up_mean_s, e.down_mean_s,
+                                     home.spot_price, od.on_demand_price, obs.restart_overhead_s)
+        plan = self._plans.get(inputs)
+        if plan is None:
+            plan = self._plans[inputs] = planner.solve(inputs)
+        return plan
 
     @staticmethod
     def _deadline_guard(obs: Observation, time_left: float) -> Decision | None:
