@@ -25,7 +25,8 @@ def agent() -> None:
 
 
 @agent.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
-@click.option("--broker-url", envvar=ENV_BROKER_URL, show_envvar=True, help="Where to report (none: events stay on disk).")
+@click.option("--broker-url", envvar=ENV_BROKER_URL, show_envvar=True,
+              help="Where to report (none: events stay on disk).")
 @click.option("--token", envvar=ENV_AGENT_TOKEN, show_envvar=True, help="This attempt's agent token.")
 @click.option("--job-id", envvar=ENV_JOB_ID, show_envvar=True)
 @click.option("--attempt-id", envvar=ENV_ATTEMPT_ID, show_envvar=True)

@@ -33,6 +33,7 @@ import argparse
 import email.utils
 import hashlib
 import json
+import os
 import secrets
 import signal
 import sys
@@ -146,7 +147,8 @@ class MetadataSimulator:
         server = _Server((self._host, self._port), _Handler)
         server.sim = self  # type: ignore[attr-defined]
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,), name=f"metadata-sim-{self.cloud}", daemon=True)
+        self._thread = threading.Thread(target=server.serve_forever, args=(0.05,),
+                                        name=f"metadata-sim-{self.cloud}", daemon=True)
         self._thread.start()
         notice_after, notice_at, rebalance_after = self._start_triggers
         if notice_after is not None:
@@ -207,7 +209,8 @@ class MetadataSimulator:
                 self._changed.notify_all()
             return self.rebalance_time
 
-    def maintenance(self, event: str = "TERMINATE_ON_HOST_MAINTENANCE", notice_seconds: float | None = None) -> datetime:
+    def maintenance(self, event: str = "TERMINATE_ON_HOST_MAINTENANCE",
+                    notice_seconds: float | None = None) -> datetime:
         """GCP's host-maintenance warning (GPU VMs are stopped, 60 s ahead)."""
         window = GCP_MAINTENANCE_WINDOW if notice_seconds is None else float(notice_seconds)
         with self._changed:
@@ -297,7 +300,8 @@ class MetadataSimulator:
         self._release_hangs.wait(HANG_LIMIT_S)
         return None  # the connection is dropped without an answer
 
-    def handle(self, method: str, path: str, query: dict[str, str], headers: dict[str, str], body: bytes) -> _Reply | None:
+    def handle(self, method: str, path: str, query: dict[str, str], headers: dict[str, str],
+               body: bytes) -> _Reply | None:
         if path.startswith("/_sim/"):
             return self._control(method, path, body)
         mode = self._take_fault(path)
@@ -573,14 +577,25 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cloud", choices=CLOUDS, default="aws")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0, help="0 picks a free port")
-    parser.add_argument("--window", type=float, default=None, help="notice window in seconds (default: the cloud's own)")
+    parser.add_argument("--window", type=float, default=None,
+                        help="notice window in seconds (default: the cloud's own)")
     parser.add_argument("--notice-after", type=float, default=None, help="publish the notice after this many seconds")
     parser.add_argument("--notice-at", default=None, help="publish the notice at this ISO 8601 time")
-    parser.add_argument("--rebalance-after", type=float, default=None, help="AWS rebalance recommendation after N seconds")
+    parser.add_argument("--rebalance-after", type=float, default=None,
+                        help="AWS rebalance recommendation after N seconds")
     parser.add_argument("--fault", choices=FAULT_MODES, default=None, help="answer metadata requests badly")
     parser.add_argument("--vm-name", default="spotbroker-vm-0")
     parser.add_argument("--instance-id", default="i-0123456789abcdef0")
+    parser.add_argument("--kill-at-hard-stop", type=int, default=None, metavar="PGID",
+                        help="SIGKILL this process group when the notice window closes (the node is gone)")
     return parser.parse_args(argv)
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # already gone
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -592,6 +607,7 @@ def main(argv: list[str] | None = None) -> None:
         args.cloud, host=args.host, port=args.port, notice_window=args.window,
         notice_after=args.notice_after, notice_at=notice_at, rebalance_after=args.rebalance_after,
         vm_name=args.vm_name, instance_id=args.instance_id,
+        on_hard_stop=(lambda: _kill_group(args.kill_at_hard_stop)) if args.kill_at_hard_stop else None,
     )
     if args.fault:
         sim.set_fault(args.fault)

@@ -231,3 +231,29 @@ def test_runs_as_a_module_and_prints_its_url():
     finally:
         process.terminate()
         assert process.wait(timeout=5) == 0
+
+
+def test_hard_stop_starts_the_azure_event_and_calls_back(make_sim, wait):
+    stopped = threading.Event()
+    sim = make_sim("azure", notice_window=0.2, on_hard_stop=stopped.set)
+    sim.preempt()
+    wait(stopped.is_set, timeout=5, what="the hard stop")
+    with httpx.Client(base_url=sim.url, headers=AZURE) as client:
+        document = client.get(EVENTS).json()
+    assert document["Events"][0]["EventStatus"] == "Started" and document["DocumentIncarnation"] == 3
+
+
+def test_command_line_kills_a_process_group_at_the_hard_stop():
+    node = subprocess.Popen(["sleep", "30"], start_new_session=True)  # stands for the node's processes
+    sim = subprocess.Popen(
+        [sys.executable, "-m", "spotbroker.agent.simulator", "--cloud", "gcp", "--notice-after", "0",
+         "--window", "0.2", "--kill-at-hard-stop", str(node.pid)],
+        stdout=subprocess.PIPE, text=True,
+    )
+    try:
+        assert sim.stdout.readline().startswith("http://")
+        assert node.wait(timeout=10) == -9
+    finally:
+        node.kill()
+        sim.terminate()
+        sim.wait(timeout=5)
