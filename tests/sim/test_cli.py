@@ -1,0 +1,70 @@
+"""`spotbroker simulate` through the real command group: the JSON contract,
+the plot, and one-line errors for bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from spotbroker.broker.cli import cli
+from tests.sim.conftest import V100_DIR, V100_STARTS, V100_ZONES
+
+
+def args(*extra, zones=",".join(V100_ZONES), starts=",".join(map(str, V100_STARTS[:2]))):
+    return ["simulate", "--traces", str(V100_DIR), "--zones", zones, "--job-hours", "39.93889",
+            "--deadline-hours", "59.90833", "--restart-hours", "0.2", "--checkpoint-gb", "50",
+            "--start-ticks", starts, *extra]
+
+
+def test_json_contract_for_up_s():
+    result = CliRunner().invoke(cli, args("--policy", "up-s", "--json"))
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["policy"] == "up-s"
+    assert [w["start_tick"] for w in out["windows"]] == V100_STARTS[:2]
+    assert [w["cost"] for w in out["windows"]] == pytest.approx([44.5295, 58.1110], abs=0.01)
+    assert all(w["deadline_met"] is True for w in out["windows"])
+    assert out["mean_cost"] == pytest.approx((44.5295 + 58.1110) / 2, abs=0.01)
+
+
+def test_up_reports_every_zone_and_window():
+    result = CliRunner().invoke(cli, args("--policy", "up", "--json"))
+    assert result.exit_code == 0, result.output
+    windows = json.loads(result.output)["windows"]
+    assert len(windows) == 2 * len(V100_ZONES)
+    assert {w["zone"] for w in windows} == set(V100_ZONES)
+
+
+def test_default_policy_table_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "run.png"
+    result = CliRunner().invoke(cli, args("--plot", str(png), starts="7742"))
+    assert result.exit_code == 0, result.output
+    assert "policy: spotbroker" in result.output and "deadlines met 1/1" in result.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ({"zones": "us-east-1c,us-east-1c"}, "named twice"),
+        ({"starts": "20000"}, "past the end of the trace"),
+        ({"zones": "mars-1a"}, "no file mars-1a.json"),
+    ],
+)
+def test_bad_input_is_one_line_without_traceback(extra, message):
+    result = CliRunner().invoke(cli, args(**extra))
+    assert result.exit_code in (1, 2)
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and message in lines[0], result.output
+
+
+def test_deadline_shorter_than_the_work():
+    argv = args()
+    argv[argv.index("--deadline-hours") + 1] = "30"
+    result = CliRunner().invoke(cli, argv)
+    assert result.exit_code == 1
+    assert result.output.strip().startswith("Error: deadline") and len(result.output.strip().splitlines()) == 1
