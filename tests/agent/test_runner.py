@@ -27,19 +27,22 @@ class Agent:
     """`python -m spotbroker.agent.cli run ... -- python trainer_script.py ...` as a subprocess."""
 
     def __init__(self, tmp: Path, trainer_args: list[str], broker_url: str | None, sim_url: str | None,
-                 cloud: str = "local", token: str = TOKEN, options: list[str] | None = None) -> None:
+                 cloud: str = "local", token: str = TOKEN, options: list[str] | None = None,
+                 env: dict[str, str] | None = None, trainer: list[str] | None = None) -> None:
         self.work_dir = tmp / "agent"
+        extra_env = env
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
         env.update({
             ENV_AGENT_TOKEN: token, ENV_JOB_ID: "job-1", ENV_ATTEMPT_ID: "att-1", ENV_CLOUD: cloud,
             ENV_CHECKPOINT_URI: "file:///ckpt/team/job-1/att-1", ENV_RESUME_FROM: "file:///ckpt/step-7",
         })
+        env.update(extra_env or {})
         if broker_url:
             env[ENV_BROKER_URL] = broker_url
         if sim_url:
             env[ENV_METADATA_URL] = sim_url
         command = [sys.executable, "-m", "spotbroker.agent.cli", "run", *FAST, *(options or []),
-                   "--work-dir", str(self.work_dir), "--", sys.executable, str(TRAINER), *trainer_args]
+                   "--work-dir", str(self.work_dir), "--", *(trainer or [sys.executable, str(TRAINER)]), *trainer_args]
         self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def finish(self, timeout: float = 20.0) -> tuple[int, str, str]:
@@ -69,6 +72,10 @@ def agent(tmp_path):
 def _assert_in_order(types: list[str], *expected: str) -> None:
     positions = [types.index(t) for t in expected]
     assert positions == sorted(positions), f"expected {expected} in this order in {types}"
+
+
+def _library_seen(broker) -> bool:
+    return any(e["type"] == HEARTBEAT and e["data"]["library"] for e in broker.ordered())
 
 
 def _assert_seq_contiguous(broker) -> None:
@@ -129,7 +136,7 @@ def test_trainer_without_the_library_is_never_signalled(agent, broker, make_sim,
 def test_no_flush_when_the_deadline_passes(agent, broker, make_sim, wait):
     sim = make_sim("aws", notice_window=1)
     process = agent("--library", "--ignore-flush", broker_url=broker.url, sim_url=sim.url, cloud="aws")
-    wait(lambda: broker.first(HEARTBEAT) and broker.first(HEARTBEAT)["data"]["library"], what="the library")
+    wait(lambda: _library_seen(broker), what="the library")
     sim.preempt()
     wait(lambda: broker.first(NO_FLUSH), what="no_flush")
     assert "deadline" in broker.first(NO_FLUSH)["data"]["reason"]
@@ -215,3 +222,24 @@ def test_agent_entry_point_imports_stay_light():
              "or m.startswith(('spotbroker.broker', 'spotbroker.api'))])")
     result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_the_real_checkpoint_library_flushes_on_notice(agent, broker, make_sim, wait, tmp_path):
+    """examples/train.py with the checkpoint library: notice -> SIGUSR1 -> flush committed -> reported."""
+    pytest.importorskip("torch")
+    train = [sys.executable, str(Path(__file__).parents[2] / "examples" / "train.py")]
+    job_uri = (tmp_path / "ckpt").as_uri()
+    first, sim = broker, make_sim("aws", notice_window=20)
+    # No periodic saves: the one commit is the flush.
+    process = agent("--steps", "100000", "--step-seconds", "0.005", "--every-steps", "1000000",
+                    broker_url=first.url, sim_url=sim.url, cloud="aws", trainer=train,
+                    env={ENV_CHECKPOINT_URI: f"{job_uri}/att-1", ENV_RESUME_FROM: ""})
+    wait(lambda: _library_seen(first), timeout=30, what="the library to start")
+    sim.preempt()
+    wait(lambda: first.first(CHECKPOINT_COMMITTED), timeout=20, what="the flush commit")
+    process.proc.send_signal(signal.SIGTERM)  # the node goes away
+    code, _, err = process.finish()
+    assert code == 128 + signal.SIGTERM, err
+    _assert_in_order(first.types(), PREEMPTION_NOTICE, CHECKPOINT_COMMITTED, TRAINER_EXITED)
+    flushed = first.first(CHECKPOINT_COMMITTED)["data"]
+    assert flushed["reason"] == "flush" and flushed["step"] > 0 and NO_FLUSH not in first.types()
