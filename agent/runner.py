@@ -386,6 +386,13 @@ def _event_data(event: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in event.items() if k not in ("type", "at", "seq")}
 
 
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -432,6 +439,7 @@ class Supervisor:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._forward_signal)
         self.outbox.add(TRAINER_STARTED, {"pid": self.proc.pid, "library": self._library_pid() is not None})
+        self._heartbeat()  # the first at once: the broker counts the attempt as running from it
         self._start_threads()
         returncode = self.proc.wait()
         return self._finish(returncode)
@@ -485,7 +493,7 @@ class Supervisor:
         self._stop_watchers()
         data: dict[str, Any] = {"exit_code": exit_code}
         if returncode < 0:
-            data["signal"] = signal.Signals(-returncode).name
+            data["signal"] = _signal_name(-returncode)
         self.outbox.add(TRAINER_EXITED, data)
         deadline = time.monotonic() + self.config.final_flush_timeout
         for delivery in self._deliveries:
@@ -530,20 +538,24 @@ class Supervisor:
     # --- the trainer's output and events --------------------------------------------
 
     def _pump_output(self) -> None:
-        """Copy the trainer's output to our stdout and to the log file the shipper reads."""
+        """Copy the trainer's output to our stdout and to the log file the shipper reads.
+
+        The pipe is drained whatever fails downstream: a trainer blocked on a full
+        pipe would stop training.
+        """
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        mirror: Any = sys.stdout.buffer
-        with open(self.log_path, "ab") as log_file:
-            while chunk := os.read(fd, 65536):
-                log_file.write(chunk)
-                log_file.flush()
-                if mirror is not None:
-                    try:
-                        mirror.write(chunk)
-                        mirror.flush()
-                    except (OSError, ValueError):
-                        mirror = None  # our stdout is gone; the log still goes to the broker
+        sinks: dict[str, Any] = {"log": open(self.log_path, "ab"), "stdout": sys.stdout.buffer}
+        while chunk := os.read(fd, 65536):
+            for name, sink in list(sinks.items()):
+                try:
+                    sink.write(chunk)
+                    sink.flush()
+                except (OSError, ValueError) as exc:
+                    log.warning("trainer output: %s no longer writable (%s)", name, exc)
+                    del sinks[name]
+        if "log" in sinks:
+            sinks["log"].close()
 
     def _tail_events(self) -> None:
         while not self._stopping.is_set():
@@ -564,10 +576,13 @@ class Supervisor:
 
     def _heartbeats(self) -> None:
         while not self._trainer_done.wait(self.config.heartbeat_interval):
-            if self.outbox.has_pending(HEARTBEAT):
-                continue  # the broker has not had the last one: one pending heartbeat says enough
-            self.outbox.add(HEARTBEAT, {"pid": self.proc.pid if self.proc else None,
-                                        "library": self._library_pid() is not None})
+            self._heartbeat()
+
+    def _heartbeat(self) -> None:
+        if self.outbox.has_pending(HEARTBEAT):
+            return  # the broker has not had the last one: one pending heartbeat says enough
+        self.outbox.add(HEARTBEAT, {"pid": self.proc.pid if self.proc else None,
+                                    "library": self._library_pid() is not None})
 
     # --- notices and the flush ---------------------------------------------------
 
