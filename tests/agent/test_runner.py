@@ -191,14 +191,29 @@ def test_exit_code_is_passed_through(agent, broker, trainer_code):
     assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": trainer_code}
 
 
-def test_sigterm_is_forwarded_to_the_trainer(agent, broker, wait):
-    process = agent(broker_url=broker.url, sim_url=None)
-    wait(lambda: broker.log_bytes or broker.first(HEARTBEAT), what="the trainer to run")
-    process.proc.send_signal(signal.SIGTERM)
+@pytest.mark.parametrize("sig, trainer_code", [(signal.SIGTERM, 42), (signal.SIGINT, 43)])
+def test_signals_are_forwarded_to_the_trainer(agent, broker, wait, tmp_path, sig, trainer_code):
+    env_file = tmp_path / "env.json"
+    process = agent("--env-file", str(env_file), broker_url=broker.url, sim_url=None)
+    wait(env_file.exists, what="the trainer to run")
+    process.proc.send_signal(sig)
     code, out, err = process.finish()
-    assert code == 42, err  # the trainer's SIGTERM handler exits 42
-    assert "trainer: got SIGTERM" in out
-    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 42}
+    assert code == trainer_code, err  # the trainer's handler exits 42 on SIGTERM, 43 on SIGINT
+    assert f"trainer: got {sig.name}" in out
+    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": trainer_code}
+
+
+def test_an_agent_restarted_on_its_work_dir_delivers_what_it_buffered(agent, broker_factory, free_port):
+    # First run: the broker is down the whole time; the events stay in the outbox.
+    code, _, _ = agent("--steps", "2", "--exit-code", "5", broker_url=f"http://127.0.0.1:{free_port}",
+                       sim_url=None, options=["--final-flush-seconds", "0.3"]).finish()
+    assert code == 5
+    broker = broker_factory(port=free_port)
+    code, _, err = agent("--steps", "2", broker_url=broker.url, sim_url=None).finish()
+    assert code == 0, err
+    _assert_seq_contiguous(broker)
+    exits = [e["data"]["exit_code"] for e in broker.ordered() if e["type"] == TRAINER_EXITED]
+    assert exits == [5, 0]  # the first run's events first, in order
 
 
 def test_cancel_from_the_broker_stops_the_trainer(agent, broker, wait):

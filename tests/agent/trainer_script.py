@@ -38,11 +38,12 @@ def main() -> int:
         Path(args.env_file).write_text(json.dumps(dict(os.environ)))
     flush_asked = []
 
-    def on_term(signum: int, frame: object) -> None:
-        print("trainer: got SIGTERM", flush=True)
-        sys.exit(42)
+    def on_signal(signum: int, frame: object) -> None:
+        print(f"trainer: got {signal.Signals(signum).name}", flush=True)
+        sys.exit(42 if signum == signal.SIGTERM else 43)
 
-    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     if args.library:
         signal.signal(signal.SIGUSR1, lambda *_: flush_asked.append(time.monotonic()))
         tmp = control / (LIBRARY_FILE + ".tmp")
