@@ -1,0 +1,97 @@
+"""The product's policy: it never looks ahead, never misses a deadline even
+without the simulator's safety net, and waits for spot when there is none."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from spotbroker.broker.policy.egress import region_of
+from spotbroker.broker.policy.model import (
+    Action,
+    Capacity,
+    Event,
+    Observation,
+    ZoneHistory,
+    ZoneState,
+)
+from spotbroker.broker.policy.spotbroker import SpotBroker
+from spotbroker.broker.sim.engine import Job, run_window
+from spotbroker.broker.sim.traces import TraceSet, ZoneTrace
+
+
+def test_decisions_up_to_t_ignore_everything_after_t(v100, job):
+    window = v100.window(5530, v100.n_ticks - 5530)
+    rng = np.random.default_rng(7)
+    # a different future: shuffled availability, other prices
+    other = TraceSet(tuple(ZoneTrace(z.zone, z.region, z.gap_s, rng.permutation(z.unavailable),
+                                     z.spot_price[::-1].copy(), z.on_demand_price) for z in window.zones),
+                     window.gap_s)
+    base = run_window(window, SpotBroker(), job, keep_timeline=True)
+    for t in (40, 300):
+        changed = run_window(window.replace_after(t, other), SpotBroker(), job, keep_timeline=True)
+        assert changed.timeline[: t + 1] == base.timeline[: t + 1]
+        assert changed.decisions[: t + 1] == base.decisions[: t + 1]
+    assert changed.timeline != base.timeline  # the future did change something
+
+
+def random_traces(rng, n_zones, n_ticks, gap):
+    zones = []
+    for i in range(n_zones):
+        up, down = rng.uniform(2, 60), rng.uniform(1, 60)  # mean spell lengths in ticks
+        state, data = rng.random() < 0.5, []
+        while len(data) < n_ticks:
+            length = int(rng.exponential(up if state else down)) + 1
+            data += [not state] * length
+            state = not state
+        prices = rng.uniform(0.3, 1.5) * (1 + 0.1 * rng.standard_normal(n_ticks)).clip(0.5)
+        name = f"{['us-east-1', 'us-west-2', 'eu-west-1'][i % 3]}{'abc'[i // 3]}"
+        zones.append(ZoneTrace(name, region_of(name), gap, np.array(data[:n_ticks]), prices,
+                               float(rng.uniform(2.0, 4.0))))
+    return TraceSet(tuple(zones), gap)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_never_misses_a_deadline_on_its_own(seed):
+    """No simulator safety net here: the policy's own guard must do it."""
+    rng = np.random.default_rng(seed)
+    gap = int(rng.choice([60, 195, 600]))
+    work_ticks = int(rng.integers(20, 120))
+    job = Job(work_s=work_ticks * gap, deadline_s=int(work_ticks * rng.uniform(1.1, 2.0)) * gap + 720,
+              restart_s=720, checkpoint_gb=float(rng.choice([0, 50, 200])))
+    traces = random_traces(rng, int(rng.integers(1, 6)), job.window_ticks(gap) + 2, gap)
+    result = run_window(traces, SpotBroker(), job, safety_net=False)
+    assert result.deadline_met, (seed, result)
+
+
+def zone_state(name, price, available):
+    history = ZoneHistory()
+    history.record(Event.PROBE_OK if available else Event.PROBE_FAILED, 0.0)
+    return ZoneState(name, region_of(name), price, 3.0, history)
+
+
+def observation(zones, deadline_s, running=None):
+    return Observation(now_s=0.0, step_s=600.0, work_left_s=36000.0, work_total_s=36000.0, started_s=0.0,
+                       deadline_s=deadline_s, restart_overhead_s=720.0, checkpoint_gb=50.0, zones=tuple(zones),
+                       running=running, last_zone=None)
+
+
+def test_without_a_deadline_it_only_ever_waits_for_spot():
+    zones = [zone_state("us-east-1a", 1.2, True), zone_state("us-west-2a", 0.9, False)]
+    decision = SpotBroker().decide(observation(zones, deadline_s=None))
+    assert decision.action is Action.LAUNCH and decision.otherwise is Action.WAIT
+    assert all(o.capacity is Capacity.SPOT for o in decision.offers)
+    assert decision.offers[0].zone == "us-west-2a"  # the cheaper one first
+
+
+def test_with_no_slack_left_it_goes_on_demand():
+    zones = [zone_state("us-east-1a", 1.2, True), zone_state("us-west-2a", 0.9, True)]
+    decision = SpotBroker().decide(observation(zones, deadline_s=36000.0 + 720.0))
+    assert decision.action is Action.LAUNCH
+    assert [o.capacity for o in decision.offers] == [Capacity.ON_DEMAND]
+
+
+def test_twenty_zones():
+    names = [f"{r}{z}" for r in ("us-east-1", "us-east-2", "us-west-2", "eu-west-1", "ap-south-1") for z in "abcd"]
+    zones = [zone_state(n, 0.5 + i / 40, i % 3 == 0) for i, n in enumerate(names)]
+    decision = SpotBroker().decide(observation(zones, deadline_s=54000.0))
+    assert decision.action is Action.LAUNCH and decision.offers
