@@ -430,6 +430,7 @@ class Supervisor:
         self._flush_over = False
         self._cancelled = False
         self._watchers_lock = threading.Lock()
+        self._forward_lock = threading.Lock()
 
     # --- the whole run -------------------------------------------------------------
 
@@ -563,6 +564,12 @@ class Supervisor:
             self._stopping.wait(self.config.tail_interval)
 
     def _forward_trainer_events(self) -> None:
+        # One reader at a time, from reading a line to acting on it: the notice handler's
+        # last look must not miss a commit that the tail thread has read but not yet flagged.
+        with self._forward_lock:
+            self._forward_new_events()
+
+    def _forward_new_events(self) -> None:
         for event in self.tail.read_new():
             event_type = event.get("type")
             if event_type not in TRAINER_EVENT_TYPES:
