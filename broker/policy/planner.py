@@ -27,6 +27,7 @@ from functools import lru_cache
 
 import numpy as np
 
+PRICE_RESOLUTION = 0.01
 MAX_GRID = 600  # steps of the whole horizon at most; coarser steps beyond that
 
 
@@ -44,7 +45,7 @@ class PlanInputs:
 
 @dataclass(frozen=True)
 class Plan:
-    """Expected $ to finish from each state: `values[table, w, s]` (tables below)."""
+    """Expected $ to finish from each state (w, s): `values[w + s, table, s]` (tables below)."""
 
     inputs: PlanInputs
     values: np.ndarray
@@ -57,15 +58,16 @@ class Plan:
 
     def value(self, table: int, work_left_s: float, slack_s: float) -> float:
         w, s = self.cell(work_left_s, slack_s)
-        return float(self.values[table, w, s])
+        return float(self.values[w + s, table, s])
 
 
 def plan_inputs(unit_s: float, work_total_s: float, horizon_s: float, up_mean_s: float, down_mean_s: float,
-                spot_price: float, od_price: float, restart_s: float, resolution: float = 0.1) -> PlanInputs:
-    """Inputs for a job whose work and time fit in (`work_total_s`, `horizon_s`).
-    Rates and prices are rounded to `resolution` (relative) so that plans are reused."""
-    def q(x: float) -> float:
-        return math.exp(round(math.log(max(x, 1e-12)) / resolution) * resolution)
+                spot_price: float, od_price: float, restart_s: float, resolution: float = 0.2) -> PlanInputs:
+    """Inputs for a job whose work and slack fit in (`work_total_s`, `horizon_s`).
+    Spell lengths are rounded to `resolution` (relative, in log space) and prices
+    to PRICE_RESOLUTION, so that plans are reused while the estimates drift."""
+    def q(x: float, res: float = resolution) -> float:
+        return math.exp(round(math.log(max(x, 1e-12)) / res) * res)
 
     return PlanInputs(
         unit_s=unit_s,
@@ -73,8 +75,8 @@ def plan_inputs(unit_s: float, work_total_s: float, horizon_s: float, up_mean_s:
         s_max=math.ceil(horizon_s / unit_s),
         a=1 - math.exp(-unit_s / q(up_mean_s)),
         b=1 - math.exp(-unit_s / q(down_mean_s)),
-        spot_step=q(spot_price) * unit_s / 3600,
-        od_step=q(od_price) * unit_s / 3600,
+        spot_step=q(spot_price, PRICE_RESOLUTION) * unit_s / 3600,
+        od_step=q(od_price, PRICE_RESOLUTION) * unit_s / 3600,
         h=max(1, round(restart_s / unit_s)),
     )
 
@@ -91,34 +93,45 @@ IDLE_UP, IDLE_DOWN, OD_UP, OD_DOWN, SPOT_RUN, LAUNCH_SPOT, LAUNCH_OD_UP, LAUNCH_
 
 @lru_cache(maxsize=32)
 def solve(p: PlanInputs) -> Plan:
+    """Values on anti-diagonals n = w + s: `values[n, table, s]` is the state (n - s, s).
+    Every term a state needs lies on diagonal n - 1 (one step of work, or one
+    step of waiting: index s - 1) or n - h (a launch's overhead: index s - h),
+    so each diagonal is a few vectorised slices of the ones before it."""
     W, S, h = p.w_max, p.s_max, p.h
     a, b, cs, co = p.a, p.b, p.spot_step, p.od_step
-    V = np.full((12, W + 1, S + 1), np.inf)
-    V[:, 0, :] = 0.0  # no work left: done
-    for diag in range(1, W + S + 1):
-        w = np.arange(max(1, diag - S), min(W, diag) + 1)
-        s = diag - w
-        prev = V[:, w - 1, s]  # one step of work done
+    N = W + S
+    V = np.full((N + 1, 12, S + 1), np.inf)
+    s = np.arange(S + 1)
+    for n in range(min(N, S) + 1):
+        V[n, :, n] = 0.0  # w = 0: done
+    inf_row = np.full(S + 1, np.inf)
+    for n in range(1, N + 1):
+        w = n - s
+        prev = V[n - 1]  # (w - 1, s): same s one diagonal back
         spot_run = cs + (1 - a) * prev[SPOT_RUN] + a * prev[IDLE_DOWN]
         run_od_up = co + (1 - a) * prev[OD_UP] + a * prev[OD_DOWN]
         run_od_down = co + b * prev[OD_UP] + (1 - b) * prev[OD_DOWN]
-        waited = V[:, w, np.maximum(s - 1, 0)]  # one step of slack spent
-        wait_up = np.where(s >= 1, (1 - a) * waited[IDLE_UP] + a * waited[IDLE_DOWN], np.inf)
-        wait_down = np.where(s >= 1, b * waited[IDLE_UP] + (1 - b) * waited[IDLE_DOWN], np.inf)
+        wait_up = inf_row.copy()  # (w, s - 1): one diagonal back, one index down
+        wait_up[1:] = (1 - a) * prev[IDLE_UP, :-1] + a * prev[IDLE_DOWN, :-1]
+        wait_down = inf_row.copy()
+        wait_down[1:] = b * prev[IDLE_UP, :-1] + (1 - b) * prev[IDLE_DOWN, :-1]
         # launching spot spends h of slack; the reserve for a last switch to on-demand stays
-        launch_spot = np.where(s >= h, h * cs + V[SPOT_RUN, w, np.maximum(s - h, 0)], np.inf)
-        launch_od_up = h * co + run_od_up
-        launch_od_down = h * co + run_od_down
-        V[SPOT_RUN, w, s] = spot_run
-        V[LAUNCH_SPOT, w, s] = launch_spot
-        V[LAUNCH_OD_UP, w, s] = launch_od_up
-        V[LAUNCH_OD_DOWN, w, s] = launch_od_down
-        V[RUN_OD_UP, w, s] = run_od_up
-        V[RUN_OD_DOWN, w, s] = run_od_down
-        V[WAIT_UP, w, s] = wait_up
-        V[WAIT_DOWN, w, s] = wait_down
-        V[IDLE_UP, w, s] = np.minimum(np.minimum(wait_up, launch_spot), launch_od_up)
-        V[IDLE_DOWN, w, s] = np.minimum(wait_down, launch_od_down)
-        V[OD_UP, w, s] = np.minimum(run_od_up, launch_spot)
-        V[OD_DOWN, w, s] = run_od_down
+        launch_spot = inf_row.copy()
+        if n - h >= 0 and h <= S:
+            launch_spot[h:] = h * cs + V[n - h, SPOT_RUN, : S + 1 - h]
+        row = V[n]
+        row[SPOT_RUN] = spot_run
+        row[LAUNCH_SPOT] = launch_spot
+        row[LAUNCH_OD_UP] = h * co + run_od_up
+        row[LAUNCH_OD_DOWN] = h * co + run_od_down
+        row[RUN_OD_UP] = run_od_up
+        row[RUN_OD_DOWN] = run_od_down
+        row[WAIT_UP] = wait_up
+        row[WAIT_DOWN] = wait_down
+        row[IDLE_UP] = np.minimum(np.minimum(wait_up, launch_spot), row[LAUNCH_OD_UP])
+        row[IDLE_DOWN] = np.minimum(wait_down, row[LAUNCH_OD_DOWN])
+        row[OD_UP] = np.minimum(run_od_up, launch_spot)
+        row[OD_DOWN] = run_od_down
+        row[:, (w > W) | (w < 0)] = np.inf
+        row[:, w == 0] = 0.0
     return Plan(p, V)
