@@ -94,7 +94,7 @@ INDEX_OBJECT = "index.json"
 STATE_OBJECT = "state.pkl"
 # An object of this name in a step's prefix means: never delete this checkpoint.
 KEEP_MARKER = "KEEP"
-DEFAULT_PART_BYTES = 64 * 1024 * 1024
+DEFAULT_PART_BYTES = 16 * 1024 * 1024
 DEFAULT_WORKERS = 8
 # Tensor offsets in the byte stream are aligned so that any dtype can be
 # viewed in place (and so that copies run on aligned memory).
@@ -296,6 +296,51 @@ def _typed(raw: Any, slot: _Slot) -> Any:
     return raw.view(getattr(_torch(), slot.stored)).view(slot.shape)
 
 
+class _BufferSource:
+    """Part bytes from a snapshot in the host buffer: one slice per part."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+    def segments(self, begin: int, end: int) -> list[memoryview]:
+        return [self.view[begin:end]]
+
+
+_PADDING = memoryview(bytes(_ALIGN))
+
+
+class _TensorSource:
+    """Part bytes straight from the live CPU tensors, with no copy at all.
+
+    Only for saves the caller waits for (a flush): the tensors must not
+    change until the upload is done.
+    """
+
+    def __init__(self, tensors: list[Any], layout: _Layout) -> None:
+        self.tensors = [t.contiguous() for t in tensors]  # a no-op for contiguous ones
+        self.views = [_byte_view(t) for t in self.tensors]
+        self.slots = layout.slots
+        self.starts = [slot.offset for slot in layout.slots]
+
+    def segments(self, begin: int, end: int) -> list[memoryview]:
+        out: list[memoryview] = []
+        position = begin
+        i = max(bisect.bisect_right(self.starts, begin) - 1, 0)
+        while position < end:
+            slot = self.slots[i]
+            if position < slot.offset:  # alignment padding before this tensor
+                gap = min(slot.offset, end) - position
+                out.append(_PADDING[:gap])
+                position += gap
+                continue
+            stop = min(end, slot.offset + slot.nbytes)
+            if position < stop:
+                out.append(self.views[i][position - slot.offset:stop - slot.offset])
+                position = stop
+            i += 1
+        return out
+
+
 class _HostBuffer:
     """One pinned-if-useful uint8 buffer holding a snapshot; reused while the layout holds."""
 
@@ -408,6 +453,7 @@ class _Save:
     directory: str                       # the step's prefix, relative to the storage root
     started: float                       # time.monotonic() at the step boundary
     futures: list[Future[tuple[str, int, str]]] = field(default_factory=list)
+    source: _BufferSource | _TensorSource | None = None
     cancel: threading.Event = field(default_factory=threading.Event)
     parts_done: threading.Event = field(default_factory=threading.Event)  # host buffer free again
     done: threading.Event = field(default_factory=threading.Event)
@@ -733,19 +779,31 @@ class Checkpointer:
     def _snapshot_and_submit(self, save: _Save, *, pipelined: bool) -> None:
         """Copy the state into the host buffer and queue the uploads.
 
-        pipelined: each part is queued as soon as its bytes are copied (a flush);
-        otherwise all are queued after the copy, so that the caller's stall is
-        the copy alone (a periodic save).
+        pipelined (the caller waits: a flush): CPU tensors are uploaded in
+        place, with no copy; others are queued part by part as their bytes
+        land in the host buffer. Otherwise (a periodic save) all parts are
+        queued after the copy, so that the caller's stall is the copy alone.
         """
         torch = _torch()
         tensors: list[Any] = []
         skeleton = _flatten(self._state(save.step), tensors)
         layout = _plan(tensors, self.half, self.part_bytes)
-        on_gpu = any(t.device.type == "cuda" for t in tensors)
-        self._host.ensure(layout, pin=on_gpu)
-        buffer = self._host.tensor
         parts = layout.parts()
         pool = self._executor()
+        index = json.dumps(layout.to_json(), separators=(",", ":")).encode()
+        state = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+        save.futures.append(pool.submit(self._upload_small, save, INDEX_OBJECT, index))
+        save.futures.append(pool.submit(self._upload_small, save, STATE_OBJECT, state))
+        if pipelined and not self.half and all(t.device.type == "cpu" for t in tensors):
+            # The caller waits and the state stays put meanwhile: upload it in place.
+            save.source = _TensorSource(tensors, layout)
+            save.futures.extend(pool.submit(self._upload_part, save, number, begin, end)
+                                for number, (begin, end) in enumerate(parts))
+            return
+        on_gpu = any(t.device.type == "cuda" for t in tensors)
+        self._host.ensure(layout, pin=on_gpu)
+        save.source = _BufferSource(self._host.view)
+        buffer = self._host.tensor
         queued = 0
 
         def queue_ready(filled_to: int) -> int:
@@ -764,10 +822,6 @@ class Checkpointer:
         if on_gpu:
             torch.cuda.synchronize()
         queue_ready(layout.total)
-        index = json.dumps(layout.to_json(), separators=(",", ":")).encode()
-        state = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
-        save.futures.append(pool.submit(self._upload_small, save, INDEX_OBJECT, index))
-        save.futures.append(pool.submit(self._upload_small, save, STATE_OBJECT, state))
 
     def _upload_part(self, save: _Save, number: int, begin: int, end: int) -> tuple[str, int, str]:
         name = _part_name(number)
@@ -775,11 +829,13 @@ class Checkpointer:
             raise _Cancelled()
         if self._before_part is not None:
             self._before_part(save.step, name)
-        view = self._host.view[begin:end]
-        digest = hashlib.sha256(view).hexdigest()
-        assert self._storage is not None
-        self._storage.put(f"{save.directory}/{name}", view)
-        return name, end - begin, digest
+        assert self._storage is not None and save.source is not None
+        segments = save.source.segments(begin, end)
+        digest = hashlib.sha256()
+        for segment in segments:
+            digest.update(segment)
+        self._storage.put(f"{save.directory}/{name}", segments)
+        return name, end - begin, digest.hexdigest()
 
     def _upload_small(self, save: _Save, name: str, data: bytes) -> tuple[str, int, str]:
         if save.cancel.is_set():

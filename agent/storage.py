@@ -27,7 +27,7 @@ import os
 import re
 import secrets
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -169,13 +169,24 @@ class Storage:
 
     # --- writes -------------------------------------------------------------
 
-    def put(self, key: str, data: BytesLike) -> None:
-        """Store ``data`` under ``key``, replacing any object there; atomic."""
-        view = memoryview(data).cast("B")
+    def put(self, key: str, data: BytesLike | Sequence[BytesLike]) -> None:
+        """Store ``data`` under ``key``, replacing any object there; atomic.
+
+        ``data`` may be a list of buffers, stored one after the other (written
+        in place on a local disk, joined in memory for a cloud store).
+        """
+        if isinstance(data, (list, tuple)):
+            segments = [memoryview(d).cast("B") for d in data]
+        else:
+            segments = [memoryview(data).cast("B")]
         if self._local_root is not None:
-            self._local_put(key, lambda fd: _write_all(fd, view))
+            def write(fd: int) -> None:
+                for segment in segments:
+                    _write_all(fd, segment)
+            self._local_put(key, write)
             return
-        multipart = view.nbytes >= self.multipart_threshold
+        view = segments[0] if len(segments) == 1 else memoryview(b"".join(segments))
+        multipart = view.nbytes > self.multipart_threshold
         obstore.put(self._store, key, view, use_multipart=multipart,
                     chunk_size=self.part_size, max_concurrency=self.max_concurrency)
 
@@ -188,7 +199,7 @@ class Storage:
                     shutil.copyfileobj(src, dst, _WRITE_CHUNK)
             self._local_put(key, copy)
             return
-        multipart = source.stat().st_size >= self.multipart_threshold
+        multipart = source.stat().st_size > self.multipart_threshold
         obstore.put(self._store, key, source, use_multipart=multipart,
                     chunk_size=self.part_size, max_concurrency=self.max_concurrency)
 
