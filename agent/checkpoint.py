@@ -647,10 +647,15 @@ class Checkpointer:
         return self._last_committed
 
     def close(self) -> None:
-        """Wait for the background upload, put the signal handler back."""
+        """Wait for the background upload; tell the agent flushes are over."""
         self.wait()
+        self._withdraw_library_file()
         if self._signal_installed and threading.current_thread() is threading.main_thread():
-            previous = self._previous_handler if self._previous_handler is not None else signal.SIG_DFL
+            previous = self._previous_handler
+            # A late signal from the agent must not kill the process: SIGUSR1's
+            # default action is to terminate, so it is ignored instead.
+            if previous in (None, signal.SIG_DFL):
+                previous = signal.SIG_IGN
             signal.signal(getattr(signal, protocol.FLUSH_SIGNAL), previous)
             self._signal_installed = False
         if self._pool is not None:
@@ -709,7 +714,11 @@ class Checkpointer:
             # Nothing happened since that checkpoint (saved or restored): it is the flush.
             self._emit_committed(last, reason="flush")
             return
-        self.save(step, reason="flush", wait=True)
+        if self.save(step, reason="flush", wait=True) is None:
+            current = self._current
+            error = current.error if current is not None else None
+            # Tell the agent at once rather than let it wait for the deadline.
+            self._emit(protocol.NO_FLUSH, {"reason": f"the checkpoint of step {step} failed: {error!r}"})
 
     def _read_flush_file(self) -> dict[str, Any]:
         if self.control_dir is None:
@@ -845,52 +854,59 @@ class Checkpointer:
         return name, len(data), hashlib.sha256(data).hexdigest()
 
     def _finish(self, save: _Save) -> None:
-        """Wait for the objects, then write the manifest: the commit."""
-        assert self._storage is not None
+        """Wait for the objects, write the manifest (the commit), then report."""
         try:
-            wait(save.futures)
-            save.parts_done.set()
-            objects = {}
-            for future in save.futures:
-                name, size, digest = future.result()  # raises the first failure
-                objects[name] = {"size": size, "sha256": digest}
-            if save.cancel.is_set():
-                raise _Cancelled()
-            if self._before_manifest is not None:
-                self._before_manifest(save.step)
-            total = sum(o["size"] for o in objects.values())
-            manifest = {
-                "format": FORMAT,
-                "step": save.step,
-                "created_at": _now_iso(),
-                "reason": save.reason,
-                "job_id": os.environ.get(protocol.ENV_JOB_ID),
-                "attempt_id": os.environ.get(protocol.ENV_ATTEMPT_ID),
-                "bytes": total,
-                "objects": dict(sorted(objects.items())),
-            }
-            self._storage.put(f"{save.directory}/{protocol.MANIFEST}",
-                              json.dumps(manifest, indent=1).encode())
-            seconds = time.monotonic() - save.started
-            save.result = CheckpointInfo(step=save.step, uri=self._storage.url(save.directory), bytes=total,
-                                         created_at=datetime.now(timezone.utc), seconds=seconds,
-                                         reason=save.reason)
+            try:
+                save.result = self._commit(save)
+            except BaseException as exc:
+                save.parts_done.set()
+                if isinstance(exc, _Cancelled) or save.cancel.is_set():
+                    log.info("checkpoint of step %d abandoned before its commit", save.step)
+                else:
+                    save.error = exc
+                    log.error("checkpoint of step %d failed before its commit: %r", save.step, exc)
+                self._discard(save)
+                return
+            # Committed: nothing below may undo it.
             self._last_committed = save.result
             log.info("checkpoint of step %d committed: %s, %.1f MB in %.2f s (%s)", save.step,
-                     save.result.uri, total / 1e6, seconds, save.reason)
+                     save.result.uri, save.result.bytes / 1e6, save.result.seconds or 0.0, save.reason)
             self._emit_committed(save.result, reason=save.reason)
             if self.keep_last:
-                self._prune()
-        except BaseException as exc:
-            save.parts_done.set()
-            if isinstance(exc, _Cancelled) or save.cancel.is_set():
-                log.info("checkpoint of step %d abandoned before its commit", save.step)
-            else:
-                save.error = exc
-                log.error("checkpoint of step %d failed before its commit: %r", save.step, exc)
-            self._discard(save)
+                try:
+                    self._prune()
+                except Exception as exc:
+                    log.warning("could not prune old checkpoints: %r", exc)
         finally:
             save.done.set()
+
+    def _commit(self, save: _Save) -> CheckpointInfo:
+        assert self._storage is not None
+        wait(save.futures)
+        save.parts_done.set()
+        objects = {}
+        for future in save.futures:
+            name, size, digest = future.result()  # raises the first failure
+            objects[name] = {"size": size, "sha256": digest}
+        if save.cancel.is_set():
+            raise _Cancelled()
+        if self._before_manifest is not None:
+            self._before_manifest(save.step)
+        total = sum(o["size"] for o in objects.values())
+        manifest = {
+            "format": FORMAT,
+            "step": save.step,
+            "created_at": _now_iso(),
+            "reason": save.reason,
+            "job_id": os.environ.get(protocol.ENV_JOB_ID),
+            "attempt_id": os.environ.get(protocol.ENV_ATTEMPT_ID),
+            "bytes": total,
+            "objects": dict(sorted(objects.items())),
+        }
+        self._storage.put(f"{save.directory}/{protocol.MANIFEST}", json.dumps(manifest, indent=1).encode())
+        return CheckpointInfo(step=save.step, uri=self._storage.url(save.directory), bytes=total,
+                              created_at=datetime.now(timezone.utc), seconds=time.monotonic() - save.started,
+                              reason=save.reason)
 
     def _discard(self, save: _Save) -> None:
         """Best effort: remove the objects of a save that will never commit."""
@@ -955,8 +971,8 @@ class Checkpointer:
     # --- talking to the agent -------------------------------------------------
 
     def _write_library_file(self) -> None:
-        if self.control_dir is None:
-            return
+        if self.control_dir is None or self._storage is None:
+            return  # no checkpoints: the agent must not wait for a flush
         try:
             self.control_dir.mkdir(parents=True, exist_ok=True)
             path = self.control_dir / protocol.LIBRARY_FILE
@@ -965,6 +981,16 @@ class Checkpointer:
             os.replace(temp, path)
         except OSError as exc:
             log.warning("cannot tell the agent we are here (%s): it will not ask for flushes", exc)
+
+    def _withdraw_library_file(self) -> None:
+        if self.control_dir is None:
+            return
+        path = self.control_dir / protocol.LIBRARY_FILE
+        try:
+            if json.loads(path.read_text()).get("pid") == os.getpid():
+                path.unlink()
+        except (OSError, ValueError, AttributeError):
+            pass
 
     def _emit(self, event_type: str, data: dict[str, Any]) -> None:
         if self.control_dir is None:

@@ -59,6 +59,14 @@ def _no_agent_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.delenv(name, raising=False)
 
 
+@pytest.fixture(autouse=True)
+def _restore_sigusr1() -> Any:
+    """Checkpointers take SIGUSR1 over (and leave it ignored when closed): put it back."""
+    previous = signal.getsignal(signal.SIGUSR1)
+    yield
+    signal.signal(signal.SIGUSR1, previous)
+
+
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -432,7 +440,33 @@ def test_flush_on_sigusr1_at_the_next_step_boundary(root_uri: str, tmp_path: Pat
     ck.step(8)  # the request was handled once
     ck.close()
     assert len([e for e in events(control) if e["type"] == protocol.CHECKPOINT_COMMITTED]) == 1
-    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGUSR1))
+    # Closed: the agent learns there is no library to flush any more, and a
+    # late signal does not kill the process.
+    assert not (control / protocol.LIBRARY_FILE).exists()
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+
+
+def test_a_flush_that_cannot_commit_says_so(tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    ck = Checkpointer(*make_run(), uri=f"file://{tmp_path}/a1", control_dir=control, every_seconds=None)
+
+    def store_down(step: int) -> None:
+        raise ConnectionError("object store unreachable")
+
+    ck._before_manifest = store_down
+    os.kill(os.getpid(), signal.SIGUSR1)
+    ck.step(3)
+    ck.close()
+    assert list_checkpoints(f"file://{tmp_path}/a1") == []
+    reported = [(e["type"], e["data"]) for e in events(control)]
+    assert reported == [(protocol.NO_FLUSH, {
+        "reason": "the checkpoint of step 3 failed: ConnectionError('object store unreachable')"})]
+
+
+def test_without_checkpoints_the_agent_is_not_told_of_a_library(tmp_path: Path) -> None:
+    ck = Checkpointer(*make_run(), control_dir=tmp_path / "control")
+    assert not (tmp_path / "control" / protocol.LIBRARY_FILE).exists()
+    ck.close()
 
 
 def test_flush_file_alone_is_a_request(tmp_path: Path) -> None:
