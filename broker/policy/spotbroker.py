@@ -85,7 +85,9 @@ class SpotBroker:
             restarts = W / e.up_mean_s
             costs.append(fee(here, z.zone) + (W + restarts * d) * z.spot_price / 3600
                          + premium * _overrun(slack, W, e, d))
-        home = min(range(len(zones)), key=lambda i: costs[i])
+        # Leaving the checkpoint's region must beat staying by the fee to come back
+        # too: early estimates are noisy, and a wrong move would be paid twice.
+        home = min(range(len(zones)), key=lambda i: costs[i] + (fee(zones[i].zone, here) if here else 0.0))
         h = zones[home]
         if run is not None and run.capacity is Capacity.SPOT:
             current = next(i for i, z in enumerate(zones) if z.zone == run.zone)
