@@ -171,15 +171,18 @@ class Watcher:
         self._thread = threading.Thread(target=self._run, name=f"notice-{self.name}", daemon=True)
         self._thread.start()
 
-    def stop(self, join_timeout: float = 1.0) -> None:
+    def request_stop(self) -> None:
         self._stop.set()
+
+    def stop(self, join_timeout: float = 1.0) -> None:
+        self.request_stop()
         if self._thread is not None:
             self._thread.join(join_timeout)
         self.client.close()
 
     @property
-    def stopped(self) -> bool:
-        return self._stop.is_set()
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -476,7 +479,7 @@ class Watchers:
 
     def stop(self) -> None:
         for watcher in self.watchers:
-            watcher._stop.set()  # all at once; a thread in a long poll ends on its own (daemon)
+            watcher.request_stop()  # all at once; a thread in a long poll ends on its own (daemon)
         for watcher in self.watchers:
             watcher.stop(join_timeout=0.05)
         if self._token is not None:

@@ -157,7 +157,7 @@ def test_watcher_survives_faults_and_sees_a_later_notice(cloud, mode, make_sim, 
     sim.set_fault(None)
     sim.preempt()
     assert notices.wait(1)[0].kind == PREEMPTION
-    assert all(w._thread.is_alive() for w in watchers.watchers)
+    assert all(w.alive for w in watchers.watchers)
 
 
 def test_watcher_survives_a_service_that_is_not_there(fast_config, notices, wait):
@@ -168,7 +168,7 @@ def test_watcher_survives_a_service_that_is_not_there(fast_config, notices, wait
     watchers.start()
     try:
         wait(lambda: watchers.watchers[0].failures >= 3, what="refused connections")
-        assert watchers.watchers[0]._thread.is_alive()
+        assert watchers.watchers[0].alive
     finally:
         watchers.stop()
 
