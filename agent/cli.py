@@ -66,11 +66,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job
         metadata_timeout=metadata_timeout, notice_window=notice_window, log_interval=log_seconds,
         retry_max=retry_max_seconds, final_flush_timeout=final_flush_seconds,
     )
-    try:
-        code = supervise(config)
-    except OSError as exc:  # the command could not be started at all
-        raise click.ClickException(f"cannot start {command[0]!r}: {exc.strerror or exc}") from exc
-    sys.exit(code)
+    sys.exit(supervise(config))
 
 
 @agent.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})

@@ -58,6 +58,7 @@ OUTBOX_ACKED_FILE = "outbox.acked"
 TRAINER_LOG_FILE = "trainer.log"
 BATCH_SIZE = 100
 LOG_CHUNK = 1 << 20
+COMMAND_NOT_STARTED = 127  # the shell's code for a command that could not be run
 
 
 @dataclass
@@ -435,7 +436,15 @@ class Supervisor:
     # --- the whole run -------------------------------------------------------------
 
     def run(self, install_signal_handlers: bool = True) -> int:
-        self._start_trainer()
+        try:
+            self._start_trainer()
+        except OSError as exc:  # no such command, not executable: the broker must still hear of it
+            reason = f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}"
+            log.error("%s", reason)
+            self.outbox.add(TRAINER_EXITED, {"exit_code": COMMAND_NOT_STARTED, "error": reason})
+            self._start_deliveries()
+            self._deliver_and_close()
+            return COMMAND_NOT_STARTED
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._forward_signal)
@@ -466,6 +475,9 @@ class Supervisor:
         self._spawn(self._heartbeats, "heartbeat")
         self._spawn(self._handle_notices, "notice-handler")
         self._spawn(self._start_watchers, "watchers-start")
+        self._start_deliveries()
+
+    def _start_deliveries(self) -> None:
         if self.config.broker_url:
             self.client = BrokerClient(self.config.broker_url, self.config.token, self.config.request_timeout)
             self._deliveries = [
@@ -496,6 +508,11 @@ class Supervisor:
         if returncode < 0:
             data["signal"] = _signal_name(-returncode)
         self.outbox.add(TRAINER_EXITED, data)
+        self._deliver_and_close()
+        return exit_code
+
+    def _deliver_and_close(self) -> None:
+        """Give the broker everything within final_flush_timeout; what is left stays on disk."""
         deadline = time.monotonic() + self.config.final_flush_timeout
         for delivery in self._deliveries:
             delivery.finish(deadline)
@@ -504,7 +521,6 @@ class Supervisor:
         if self.client is not None:
             self.client.close()
         self.outbox.close()
-        return exit_code
 
     def _join(self, name: str, timeout: float) -> None:
         for thread in self._threads:

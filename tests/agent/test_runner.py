@@ -258,3 +258,22 @@ def test_the_real_checkpoint_library_flushes_on_notice(agent, broker, make_sim, 
     _assert_in_order(first.types(), PREEMPTION_NOTICE, CHECKPOINT_COMMITTED, TRAINER_EXITED)
     flushed = first.first(CHECKPOINT_COMMITTED)["data"]
     assert flushed["reason"] == "flush" and flushed["step"] > 0 and NO_FLUSH not in first.types()
+
+
+def test_a_command_that_cannot_start_is_reported(agent, broker):
+    code, _, err = agent(broker_url=broker.url, sim_url=None, trainer=["/nonexistent/train"]).finish()
+    assert code == 127
+    [exited] = broker.ordered()
+    assert exited["type"] == TRAINER_EXITED and exited["data"]["exit_code"] == 127
+    assert "/nonexistent/train" in exited["data"]["error"] and "cannot start" in err
+
+
+def test_the_cloud_is_detected_from_the_metadata_url(agent, broker, make_sim, wait):
+    sim = make_sim("azure", notice_window=30)
+    process = agent(broker_url=broker.url, sim_url=sim.url, cloud="")  # SPOTBROKER_CLOUD unset: detect
+    wait(lambda: sim.hits["/metadata/scheduledevents"], what="the agent to watch Scheduled Events")
+    sim.preempt()
+    wait(lambda: broker.first(NO_FLUSH), what="the notice to be handled")
+    assert broker.first(PREEMPTION_NOTICE)["data"]["cloud"] == "azure"
+    process.proc.send_signal(signal.SIGTERM)
+    assert process.finish()[0] == 42
