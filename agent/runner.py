@@ -17,7 +17,8 @@ environment and a fresh control directory, and then, until the trainer exits:
   acknowledges the notice where the cloud wants it (Azure).
 
 It exits with the trainer's exit code (128 + N when the trainer died of
-signal N). Start-up is kept light: httpx and the watchers are imported only
+signal N; 127, reported as trainer_exited too, when the command cannot be
+started). Start-up is kept light: httpx and the watchers are imported only
 after the trainer is running.
 """
 from __future__ import annotations

@@ -239,6 +239,7 @@ def test_agent_entry_point_imports_stay_light():
     assert result.stdout.strip() == "[]"
 
 
+@pytest.mark.slow  # torch's import dominates: deselect with -m "not slow" for a quick run
 def test_the_real_checkpoint_library_flushes_on_notice(agent, broker, make_sim, wait, tmp_path):
     """examples/train.py with the checkpoint library: notice -> SIGUSR1 -> flush committed -> reported."""
     pytest.importorskip("torch")
