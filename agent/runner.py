@@ -275,19 +275,28 @@ class EventSender(_Delivery):
                 return
             batch = self.outbox.batch()
             try:
-                answer = self.client.post_events(batch)
+                answer = self._post(batch)
             except BrokerUnavailable as exc:
                 self._failed(exc)
                 continue
-            except BrokerRejected as exc:
-                log.error("the broker rejected events %d..%d (%s); dropping them", batch[0]["seq"],
-                          batch[-1]["seq"], exc)
-                answer = {}
             self._recovered()
             self.outbox.ack(batch[-1]["seq"])
             _log_notice_latency(batch)
             if answer.get("cancel") is True:
                 self.on_cancel()
+
+    def _post(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        """Post a batch; if the broker rejects it, post one by one and drop only what it rejects."""
+        try:
+            return self.client.post_events(batch)
+        except BrokerRejected as exc:
+            if len(batch) == 1:
+                log.error("the broker rejected event %d (%s, %s); dropping it", batch[0]["seq"], batch[0]["type"], exc)
+                return {}
+        answer: dict[str, Any] = {}
+        for event in batch:
+            answer = self._post([event]) or answer
+        return answer
 
 
 def _log_notice_latency(batch: list[dict[str, Any]]) -> None:

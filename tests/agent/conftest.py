@@ -103,6 +103,7 @@ class FakeBroker:
     refused: int = 0          # requests with a wrong or missing token
     cancel: bool = False      # answer "cancel": true to the agent
     fail_status: int | None = None  # answer every request with this status
+    reject_types: set[str] = field(default_factory=set)  # a batch holding one of these is a 422
     lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
 
@@ -163,7 +164,10 @@ def _broker_handler(broker: FakeBroker) -> type[BaseHTTPRequestHandler]:
             if broker.fail_status is not None:
                 return self._answer(broker.fail_status, {"detail": "failing on purpose"})
             if self.path == EVENTS_PATH:
-                return self._answer(200, broker.receive_events(json.loads(body)))
+                events = json.loads(body)
+                if any(e["type"] in broker.reject_types for e in events["events"]):
+                    return self._answer(422, {"detail": "unacceptable event"})
+                return self._answer(200, broker.receive_events(events))
             if self.path == LOGS_PATH:
                 return self._answer(200, broker.receive_log(int(self.headers[LOG_OFFSET_HEADER]), body))
             self._answer(404, {"detail": "no such path"})

@@ -278,3 +278,12 @@ def test_the_cloud_is_detected_from_the_metadata_url(agent, broker, make_sim, wa
     assert broker.first(PREEMPTION_NOTICE)["data"]["cloud"] == "azure"
     process.proc.send_signal(signal.SIGTERM)
     assert process.finish()[0] == 42
+
+
+def test_an_event_the_broker_rejects_is_dropped_alone(agent, broker):
+    broker.reject_types = {RESUMED}
+    code, _, err = agent("--resumed", "--steps", "3", broker_url=broker.url, sim_url=None).finish()
+    assert code == 0, err
+    types = broker.types()
+    assert RESUMED not in types and types[0] == TRAINER_STARTED and types[-1] == TRAINER_EXITED
+    assert "rejected event" in err
