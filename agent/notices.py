@@ -79,8 +79,8 @@ class WatchConfig:
 
     poll_interval: float = 1.0          # AWS: poll <= 5 s (NTH: 2 s); Azure: once a second
     request_timeout: float = 2.0        # short: a hung metadata service must not stall a watcher
-    backoff_initial: float = 1.0
-    backoff_max: float = 30.0
+    backoff_initial: float = 0.5
+    backoff_max: float = 5.0            # small beside the windows (30 s): a flaky service must not hide a notice
     aws_token_ttl: int = 3600           # seconds requested for an IMDSv2 token
     aws_token_margin: float = 15.0      # refresh this long before the token expires (as NTH)
     gcp_long_poll: int = 60             # timeout_sec of a wait_for_change request
