@@ -16,7 +16,11 @@ from spotbroker.agent.protocol import (
     ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_BROKER_URL, ENV_CLOUD, ENV_JOB_ID, ENV_METADATA_URL,
 )
 
-ENV_WORK_DIR = "SPOTBROKER_AGENT_DIR"  # the agent's own: outbox, trainer log, control dirs
+# The agent's own settings (not part of protocol.py: only the launcher and the agent use them).
+ENV_WORK_DIR = "SPOTBROKER_AGENT_DIR"  # outbox, trainer log, control dirs
+ENV_HEARTBEAT = "SPOTBROKER_HEARTBEAT_SECONDS"
+ENV_POLL = "SPOTBROKER_POLL_SECONDS"
+ENV_NOTICE_WINDOW = "SPOTBROKER_NOTICE_WINDOW"  # e.g. the local launcher's simulated GCP window
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -35,10 +39,13 @@ def agent() -> None:
               help="The metadata service to watch instead of the cloud's own (e.g. the simulator).")
 @click.option("--work-dir", envvar=ENV_WORK_DIR, show_envvar=True, type=click.Path(file_okay=False, path_type=Path),
               help="Outbox, trainer log and control dirs (default: a fresh temporary dir).")
-@click.option("--heartbeat-seconds", type=float, default=5.0, show_default=True)
-@click.option("--poll-seconds", type=float, default=1.0, show_default=True, help="Metadata poll interval.")
+@click.option("--heartbeat-seconds", envvar=ENV_HEARTBEAT, show_envvar=True, type=float, default=5.0,
+              show_default=True)
+@click.option("--poll-seconds", envvar=ENV_POLL, show_envvar=True, type=float, default=1.0, show_default=True,
+              help="Metadata poll interval.")
 @click.option("--metadata-timeout", type=float, default=2.0, show_default=True)
-@click.option("--notice-window", type=float, default=30.0, show_default=True,
+@click.option("--notice-window", envvar=ENV_NOTICE_WINDOW, show_envvar=True, type=float, default=30.0,
+              show_default=True,
               help="Seconds assumed between a notice without a deadline (GCP) and the hard stop.")
 @click.option("--log-seconds", type=float, default=1.0, show_default=True, help="How often output is shipped.")
 @click.option("--retry-max-seconds", type=float, default=5.0, show_default=True, help="Broker back-off ceiling.")
