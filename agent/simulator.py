@@ -132,6 +132,7 @@ class MetadataSimulator:
         self.requests = 0          # metadata requests served (control endpoints excluded)
         self.faulted_requests = 0  # of which answered by a fault mode
         self.hits: Counter[str] = Counter()  # metadata requests per path
+        self.statuses: Counter[int] = Counter()  # metadata answers per status (faults excluded)
         self._start_triggers = (notice_after, notice_at, rebalance_after)
 
     # --- life cycle -------------------------------------------------------
@@ -308,10 +309,14 @@ class MetadataSimulator:
         if mode is not None:
             return self._faulted(mode)
         if self.cloud == "aws":
-            return self._aws(method, path, headers)
-        if self.cloud == "gcp":
-            return self._gcp(method, path, query, headers)
-        return self._azure(method, path, query, headers, body)
+            reply = self._aws(method, path, headers)
+        elif self.cloud == "gcp":
+            reply = self._gcp(method, path, query, headers)
+        else:
+            reply = self._azure(method, path, query, headers, body)
+        with self._changed:
+            self.statuses[reply.status] += 1
+        return reply
 
     # --- AWS IMDSv2 -------------------------------------------------------
 
