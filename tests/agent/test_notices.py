@@ -68,7 +68,7 @@ def test_aws_rebalance_is_a_recommendation_not_a_notice(make_sim, watch, notices
 
 def test_aws_token_is_refreshed_before_expiry(make_sim, watch, notices, fast_config, wait):
     sim = make_sim("aws")
-    config = dataclasses.replace(fast_config, aws_token_ttl=1)  # refreshed 0.25 s before expiry
+    config = dataclasses.replace(fast_config, aws_token_ttl=2)  # refreshed 0.5 s before expiry
     watchers = watch("aws", sim, config)
     token = watchers.watchers[0].token
     wait(lambda: token.fetches >= 2, timeout=10, what="a token refresh")
