@@ -397,6 +397,29 @@ def _event_data(event: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in event.items() if k not in ("type", "at", "seq")}
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def _terminate_with(agent_pid: int) -> Callable[[], None] | None:
+    """In the trainer, before exec: get SIGTERM if the agent dies (Linux).
+
+    The trainer is in its own session, so a SIGKILLed or OOM-killed agent would
+    otherwise leave it running unsupervised on the node.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes  # loaded before the fork: the child only calls it
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def arrange() -> None:
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != agent_pid:  # the agent died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arrange
+
+
 def _signal_name(signum: int) -> str:
     try:
         return signal.Signals(signum).name
@@ -476,6 +499,7 @@ class Supervisor:
         self.proc = subprocess.Popen(
             self.config.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,  # its own group: signals reach all its processes
+            preexec_fn=_terminate_with(os.getpid()),
         )
         log.info("trainer started, pid %d, control dir %s", self.proc.pid, self.control_dir)
 

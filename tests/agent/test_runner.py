@@ -287,3 +287,20 @@ def test_an_event_the_broker_rejects_is_dropped_alone(agent, broker):
     types = broker.types()
     assert RESUMED not in types and types[0] == TRAINER_STARTED and types[-1] == TRAINER_EXITED
     assert "rejected event" in err
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie nobody reaped yet
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="parent-death signal is Linux's")
+def test_the_trainer_does_not_outlive_a_killed_agent(agent, broker, wait):
+    process = agent(broker_url=broker.url, sim_url=None)
+    started = wait(lambda: broker.first(TRAINER_STARTED), what="trainer_started")
+    process.proc.kill()  # SIGKILL: no chance to forward anything
+    process.proc.communicate()
+    wait(lambda: _gone(started["data"]["pid"]), what="the trainer to be terminated")
