@@ -67,3 +67,41 @@ def prob_exceeds(slack_s: float, interruptions: float, down_mean_s: float, resta
     sd = math.sqrt(interruptions * second_moment)
     z = (slack_s - mean) / sd
     return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+MIN_SPELLS = 8  # fewer observed spells than this and the exponential model stands in
+
+
+@dataclass(frozen=True)
+class SpellOutlook:
+    """What a spot instance launched now is expected to give, given how long its
+    spell has already lasted (real spells are far from memoryless: many end
+    within minutes, the survivors last for hours)."""
+
+    productive_s: float  # E[time it runs after the restart overhead, up to the job's end]
+    billed_s: float  # E[time it runs at all, up to the job's end]
+    p_lost: float  # P(it is reclaimed before the job ends)
+
+
+def spell_outlook(spells_s: list[float], age_s: float, restart_s: float, work_s: float,
+                  up_mean_s: float) -> SpellOutlook:
+    """Empirical residual life from the observed spells that outlived `age_s`;
+    the exponential (mean `up_mean_s`) when too few did."""
+    horizon = work_s + restart_s
+    residual = [s - age_s for s in spells_s if s > age_s]
+    if len(residual) >= MIN_SPELLS:
+        productive = sum(max(0.0, min(r, horizon) - restart_s) for r in residual) / len(residual)
+        billed = sum(min(r, horizon) for r in residual) / len(residual)
+        lost = sum(r < horizon for r in residual) / len(residual)
+        return SpellOutlook(productive, billed, lost)
+    U = up_mean_s
+    return SpellOutlook(U * (math.exp(-restart_s / U) - math.exp(-horizon / U)), U * (1 - math.exp(-horizon / U)),
+                        1 - math.exp(-horizon / U))
+
+
+def survival(spells_s: list[float], age_s: float, step_s: float, up_mean_s: float) -> float:
+    """P(a spell that has lasted `age_s` lasts `step_s` more)."""
+    longer = [s for s in spells_s if s > age_s]
+    if len(longer) >= MIN_SPELLS:
+        return sum(s > age_s + step_s for s in longer) / len(longer)
+    return math.exp(-step_s / up_mean_s)

@@ -94,11 +94,15 @@ class ZoneHistory:
     as it arrives (so a decision costs O(zones), however long the history).
 
     Spot capacity is treated as an on/off process. Between two consecutive
-    samples the zone is assumed to have stayed in the first sample's state
-    (a change is placed half-way), which gives the time seen up and down and
-    the number of up→down and down→up changes: the estimators' inputs.
+    samples no more than `join_within_s` apart, the zone is assumed to have
+    stayed in the first sample's state (a change is placed half-way), which
+    gives the time seen up and down and the number of up→down and down→up
+    changes: the estimators' inputs. Longer gaps count as unseen.
     """
 
+    # Two samples further apart than this are not joined: what happened between
+    # them was not seen (set it to about 1.5 times the caller's step).
+    join_within_s: float = 900.0
     samples: int = 0
     launches_ok: int = 0
     capacity_failures: int = 0
@@ -113,6 +117,8 @@ class ZoneHistory:
     last_available: bool | None = None
     state_since_s: float | None = None  # when the current state was first seen
     lifetimes_s: list[float] = field(default_factory=list)  # our spot runs that ended in a preemption
+    up_spells_s: list[float] = field(default_factory=list)  # spells of capacity seen from start to end
+    up_start_seen: bool = False  # the current up spell was seen to begin (so its age is known)
     spot_run_started_s: float | None = None  # our current spot instance's launch time
 
     def record(self, event: Event, at_s: float) -> None:
@@ -133,6 +139,12 @@ class ZoneHistory:
             self.spot_run_started_s = None
         self._sample(available, at_s)
 
+    def up_for_s(self, now_s: float) -> float | None:
+        """How long spot has been seen up without a break (None: not seen up last)."""
+        if not self.last_available or self.state_since_s is None:
+            return None
+        return now_s - self.state_since_s
+
     def spot_stopped(self) -> None:
         """Our spot instance here was stopped by us (not a preemption)."""
         self.spot_run_started_s = None
@@ -140,7 +152,7 @@ class ZoneHistory:
     def _sample(self, available: bool, at_s: float) -> None:
         self.samples += 1
         last = self.last_sample_s
-        if last is not None and at_s >= last:
+        if last is not None and last <= at_s <= last + self.join_within_s:
             span = at_s - last
             if available == self.last_available:
                 if available:
@@ -155,6 +167,12 @@ class ZoneHistory:
                 else:
                     self.ups_lost += 1
         if available != self.last_available:
+            if self.last_available and self.up_start_seen and self.state_since_s is not None \
+                    and last is not None and at_s <= last + self.join_within_s:
+                # an up spell seen to start and end: from its first sample to the first down one
+                self.up_spells_s.append(at_s - self.state_since_s)
+            joined = last is not None and last <= at_s <= last + self.join_within_s
+            self.up_start_seen = available and self.last_available is False and joined
             self.state_since_s = at_s
         self.last_sample_s = at_s
         self.last_available = available

@@ -31,7 +31,9 @@ import math
 from dataclasses import dataclass, field
 
 from spotbroker.broker.policy import planner
-from spotbroker.broker.policy.estimators import ZoneEstimate, estimate
+from spotbroker.broker.policy.estimators import MIN_SPELLS, ZoneEstimate, estimate, spell_outlook, survival
+
+PROBE_S = 60.0  # a successful probe bills about a minute of spot
 from spotbroker.broker.policy.model import Action, Capacity, Decision, Observation, Offer, ZoneState
 
 
@@ -78,6 +80,10 @@ class SpotBroker:
         def fee(src: str | None, dst: str) -> float:
             return obs.egress.fee(src, dst, obs.checkpoint_gb)
 
+        def back(zone: str) -> float:
+            """The fee to bring the checkpoint back where it is now."""
+            return fee(zone, here) if here is not None else 0.0
+
         # 2. the home zone
         costs = []
         for z, e in zip(zones, est):
@@ -87,7 +93,7 @@ class SpotBroker:
                          + premium * _overrun(slack, W, e, d))
         # Leaving the checkpoint's region must beat staying by the fee to come back
         # too: early estimates are noisy, and a wrong move would be paid twice.
-        home = min(range(len(zones)), key=lambda i: costs[i] + (fee(zones[i].zone, here) if here else 0.0))
+        home = min(range(len(zones)), key=lambda i: costs[i] + back(zones[i].zone))
         h = zones[home]
         if run is not None and run.capacity is Capacity.SPOT:
             current = next(i for i, z in enumerate(zones) if z.zone == run.zone)
@@ -117,28 +123,84 @@ class SpotBroker:
             return plan.value(table, W, slack)
 
         if on_od:
+            # Leaving on-demand for spot pays off only if the spell outlives the restart
+            # by enough: read the home's spell so far (probed each step) against the
+            # spells seen to end, and weigh the gain against the restart and, if the
+            # spell ends first, the way back to on-demand.
             go_spot = value(planner.LAUNCH_SPOT) < value(planner.RUN_OD_UP)
+            age = h.history.up_for_s(obs.now_s) if h.history.up_start_seen else None
+            if go_spot:
+                if age is None or obs.now_s - (h.history.last_sample_s or -math.inf) > g:
+                    return Decision.keep("on-demand: probing home", probe=(h.zone,))
+                lam = max(value(planner.IDLE_DOWN) - plan.value(planner.IDLE_DOWN, W, slack + plan.inputs.unit_s),
+                          0.0) / plan.inputs.unit_s
+                spells = h.history.up_spells_s
+                if len(spells) < MIN_SPELLS:
+                    spells = [x for z in zones for x in z.history.up_spells_s]
+                look = spell_outlook(spells, age, d, W, est[home].up_mean_s)
+                gain = (od_zone.on_demand_price - h.spot_price) / 3600 * look.productive_s
+                cost = d * (h.spot_price / 3600 + lam) + look.p_lost * d * (od_zone.on_demand_price / 3600 + lam)
+                if gain <= cost:
+                    return Decision.keep(f"on-demand: home spell {age / 60:.0f} min old, not yet",
+                                         probe=(h.zone,))
+                return Decision.launch(Offer(h.zone, Capacity.SPOT), reason="on-demand: back to spot")
             fallback = value(planner.RUN_OD_DOWN)
         else:
             go_spot = value(planner.LAUNCH_SPOT) <= min(value(planner.WAIT_UP), value(planner.LAUNCH_OD_UP))
             wait, od = value(planner.WAIT_DOWN), value(planner.LAUNCH_OD_DOWN)
             od += fee(here, od_zone.zone) + fee(od_zone.zone, h.zone)
             fallback = min(wait, od)
+        # What a second of progress (mu) and of slack (lam) are worth now, read off the plan.
+        unit = plan.inputs.unit_s
+        base = value(planner.IDLE_DOWN)
+        lam = max(base - plan.value(planner.IDLE_DOWN, W, slack + unit), 0.0) / unit
+        mu = max(base - plan.value(planner.IDLE_DOWN, W - unit, slack), 0.0) / unit
+
+        def launch_value(i: int, age: float) -> float:
+            """Launching spot in zone i on a spell `age` old, against doing nothing while it
+            lasts: a spell that runs R gives max(R - d, 0) of progress (worth mu) and
+            saves as much slack (worth lam), and is billed for all of R."""
+            spells = zones[i].history.up_spells_s
+            if len(spells) < MIN_SPELLS:
+                spells = [x for z in zones for x in z.history.up_spells_s]
+            look = spell_outlook(spells, age, d, W, est[i].up_mean_s)
+            return (mu + lam) * look.productive_s - zones[i].spot_price / 3600 * look.billed_s
+
+        def worth(i: int, age: float, extra: float = 0.0) -> bool:
+            """Launch now, or watch the spell one more step and decide then? Real spells
+            are far from memoryless (many end within minutes, survivors last hours),
+            so a spell that has lasted is a better bet; watching costs a probe."""
+            spells = zones[i].history.up_spells_s
+            if len(spells) < MIN_SPELLS:
+                spells = [x for z in zones for x in z.history.up_spells_s]
+            survive = survival(spells, age, g, est[i].up_mean_s)
+            probe_cost = zones[i].spot_price * PROBE_S / 3600
+            now = launch_value(i, age) - extra
+            later = survive * (launch_value(i, age + g) - extra - probe_cost)
+            return now >= later
+
+        hist = h.history
+        fresh = hist.last_sample_s is not None and obs.now_s - hist.last_sample_s <= g
+        age = hist.up_for_s(obs.now_s) if fresh and hist.up_start_seen else None
+        launch_home = worth(home, age if age is not None else 0.0)
+        probe = () if launch_home else (h.zone,)  # else watch its spell grow before launching
         offers: list[Offer] = []
         if go_spot:
-            offers.append(Offer(h.zone, Capacity.SPOT))
+            if launch_home:
+                offers.append(Offer(h.zone, Capacity.SPOT))
             # another zone's spot while the home is out: the home plan's launch value,
             # plus the moves there and back and the price difference while there
             bridges = []
             for i, z in enumerate(zones):
                 if i == home:
                     continue
+                moves = fee(here, z.zone) + fee(z.zone, h.zone)
                 stay = min(W, est[i].up_mean_s)
-                bridge = (value(planner.LAUNCH_SPOT) + fee(here, z.zone) + fee(z.zone, h.zone)
-                          + (z.spot_price - h.spot_price) * stay / 3600)
-                as_home = value(planner.LAUNCH_SPOT) + costs[i] - costs[home]
+                bridge = value(planner.LAUNCH_SPOT) + moves + (z.spot_price - h.spot_price) * stay / 3600
+                # moving home there must beat the home by the fee back too (as in choosing the home)
+                as_home = value(planner.LAUNCH_SPOT) + costs[i] + back(z.zone) - costs[home] - back(h.zone)
                 cost = min(bridge, as_home)
-                if cost < fallback:
+                if cost < fallback and worth(i, 0.0, min(moves, costs[i] - costs[home])):
                     bridges.append((cost, i))
             offers += [Offer(zones[i].zone, Capacity.SPOT) for _, i in sorted(bridges)]
         if on_od:
@@ -149,10 +211,10 @@ class SpotBroker:
             return Decision.launch(Offer(od_zone.zone, Capacity.ON_DEMAND), reason="plan: on-demand")
         if od < wait:
             offers.append(Offer(od_zone.zone, Capacity.ON_DEMAND))
-            return Decision.launch(*offers, reason=f"home {h.zone}, else on-demand")
+            return Decision.launch(*offers, reason=f"home {h.zone}, else on-demand", probe=probe)
         if not offers:
-            return Decision.keep("plan: wait")
-        return Decision.launch(*offers, otherwise=Action.WAIT, reason=f"home {h.zone}, else wait")
+            return Decision.wait("plan: wait", probe=probe)
+        return Decision.launch(*offers, otherwise=Action.WAIT, reason=f"home {h.zone}, else wait", probe=probe)
 
     def _plan(self, obs: Observation, e: ZoneEstimate, home: ZoneState, od: ZoneState) -> planner.Plan:
         horizon = obs.deadline_s - obs.started_s - obs.work_total_s  # the most slack the job ever has

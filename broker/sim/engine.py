@@ -106,7 +106,7 @@ def run_window(
     if traces.n_ticks < L + 1:
         raise TraceError(f"the window needs {L + 1} ticks of trace but only {traces.n_ticks} remain")
     P, d, deadline = job.work_s, job.restart_s, job.deadline_s
-    histories = [ZoneHistory() for _ in zones]
+    histories = [ZoneHistory(join_within_s=1.5 * gap) for _ in zones]
 
     def available(z: int, t: int) -> bool:
         return t < L and not zones[z].unavailable[t]
