@@ -374,6 +374,7 @@ def _load(storage: Storage, workers: int) -> tuple[dict[str, Any], dict[str, Any
     try:
         manifest = json.loads(storage.get(protocol.MANIFEST))
         objects: dict[str, dict[str, Any]] = manifest["objects"]
+        manifest["step"] = int(manifest["step"])
     except FileNotFoundError as exc:
         raise CheckpointInvalid("no manifest (never committed)") from exc
     except (ValueError, KeyError, TypeError) as exc:
@@ -529,6 +530,7 @@ class Checkpointer:
                         protocol.ENV_CHECKPOINT_URI)
 
         self._host = _HostBuffer()
+        self._host_preparing: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._current: _Save | None = None
@@ -613,6 +615,19 @@ class Checkpointer:
             if self._busy():
                 return  # the previous upload is still going: try at the next boundary
             self.save(step, reason="periodic", wait=False)
+        elif self._host.tensor is None and self._host_preparing is None and (self.every_steps or self.every_seconds):
+            self._prepare_host_buffer()
+
+    def _prepare_host_buffer(self) -> None:
+        """Allocate (and fault in) the snapshot buffer in the background, well
+        before the first periodic save, so that its stall is the copy alone."""
+        tensors: list[Any] = []
+        _flatten(self._state(0), tensors)
+        layout = _plan(tensors, self.half, self.part_bytes)
+        pin = any(t.device.type == "cuda" for t in tensors)
+        self._host_preparing = threading.Thread(target=self._host.ensure, args=(layout, pin),
+                                                name="spotbroker-ckpt-buffer", daemon=True)
+        self._host_preparing.start()
 
     def save(self, step: int, *, reason: str = "manual", wait: bool = True) -> CheckpointInfo | None:
         """Checkpoint now. ``wait=False``: snapshot, then upload in the background.
@@ -810,7 +825,9 @@ class Checkpointer:
                                 for number, (begin, end) in enumerate(parts))
             return
         on_gpu = any(t.device.type == "cuda" for t in tensors)
-        self._host.ensure(layout, pin=on_gpu)
+        if self._host_preparing is not None:
+            self._host_preparing.join()
+        self._host.ensure(layout, pin=on_gpu)  # reuses the buffer while the layout holds
         save.source = _BufferSource(self._host.view)
         buffer = self._host.tensor
         queued = 0

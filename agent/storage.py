@@ -13,7 +13,9 @@ moto's server or MinIO works with no code change: ``AWS_ENDPOINT_URL_S3`` or
 ``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 ``AWS_SESSION_TOKEN``, ``AWS_REGION`` / ``AWS_DEFAULT_REGION``. With an
 endpoint set, requests are path-style (stand-ins rarely have wildcard DNS) and
-plain HTTP is allowed when the endpoint is ``http://``.
+plain HTTP is allowed when the endpoint is ``http://``. Over HTTPS the body is
+not hashed for the signature (as boto3 does; set ``AWS_UNSIGNED_PAYLOAD=false``
+to sign it anyway): TLS protects it, and checkpoints carry their own sha256.
 
 ``file://`` writes are atomic and durable: the bytes go to a temporary file
 beside the target (``name#<digits>``, a name obstore's listing skips),
@@ -102,6 +104,12 @@ def _s3_options_from_env() -> dict[str, Any]:
         options["virtual_hosted_style_request"] = False
         if endpoint.startswith("http://"):
             options["client_options"] = {"allow_http": True}
+        elif "AWS_UNSIGNED_PAYLOAD" not in os.environ:
+            options["unsigned_payload"] = True
+    elif "AWS_UNSIGNED_PAYLOAD" not in os.environ:
+        # Over HTTPS, TLS already protects the body (boto3 skips signing it
+        # there too): hashing every byte for the signature would only cost CPU.
+        options["unsigned_payload"] = True
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     if region:
         options["region"] = region

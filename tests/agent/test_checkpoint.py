@@ -377,6 +377,23 @@ def test_periodic_saves_every_n_steps_and_keep_last_k(tmp_path: Path) -> None:
         "step-000000000002", "step-000000000008", "step-000000000010"]
 
 
+def test_periodic_snapshots_reuse_one_host_buffer_made_ahead(tmp_path: Path) -> None:
+    net, opt, sched = make_run()
+    train(net, opt, sched, 1)  # the optimizer's state exists from here on
+    ck = Checkpointer(net, opt, sched, uri=f"file://{tmp_path}/a1", every_steps=2, every_seconds=None)
+    ck.step(1)  # nothing due: the snapshot buffer is made in the background meanwhile
+    assert ck._host_preparing is not None
+    ck._host_preparing.join()
+    made = ck._host.tensor.data_ptr()
+    for step in (2, 3, 4):
+        train(net, opt, sched, 1)
+        ck.step(step)
+        ck.wait()
+    assert ck._host.tensor.data_ptr() == made
+    ck.close()
+    assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [4, 2]
+
+
 def test_every_seconds_saves_at_the_next_boundary(tmp_path: Path) -> None:
     uri = f"file://{tmp_path}/a1"
     ck = Checkpointer(*make_run(), uri=uri, every_steps=None, every_seconds=1e-9)
