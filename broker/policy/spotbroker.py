@@ -182,7 +182,11 @@ class SpotBroker:
         hist = h.history
         fresh = hist.last_sample_s is not None and obs.now_s - hist.last_sample_s <= g
         age = hist.up_for_s(obs.now_s) if fresh and hist.up_start_seen else None
-        launch_home = worth(home, age if age is not None else 0.0)
+        if age is None:
+            # in an outage, a spell that starts now is fresh; one already running when
+            # first seen (or never watched) is of unknown age: take it as established
+            age = 0.0 if fresh and hist.last_available is False else math.inf
+        launch_home = worth(home, age)
         probe = () if launch_home else (h.zone,)  # else watch its spell grow before launching
         offers: list[Offer] = []
         if go_spot:
