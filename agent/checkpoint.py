@@ -532,7 +532,6 @@ class Checkpointer:
         self._host = _HostBuffer()
         self._host_preparing: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
         self._current: _Save | None = None
         self._last_committed: CheckpointInfo | None = None
         self._last_save_step = 0
@@ -618,17 +617,6 @@ class Checkpointer:
         elif self._host.tensor is None and self._host_preparing is None and (self.every_steps or self.every_seconds):
             self._prepare_host_buffer()
 
-    def _prepare_host_buffer(self) -> None:
-        """Allocate (and fault in) the snapshot buffer in the background, well
-        before the first periodic save, so that its stall is the copy alone."""
-        tensors: list[Any] = []
-        _flatten(self._state(0), tensors)
-        layout = _plan(tensors, self.half, self.part_bytes)
-        pin = any(t.device.type == "cuda" for t in tensors)
-        self._host_preparing = threading.Thread(target=self._host.ensure, args=(layout, pin),
-                                                name="spotbroker-ckpt-buffer", daemon=True)
-        self._host_preparing.start()
-
     def save(self, step: int, *, reason: str = "manual", wait: bool = True) -> CheckpointInfo | None:
         """Checkpoint now. ``wait=False``: snapshot, then upload in the background.
 
@@ -639,17 +627,22 @@ class Checkpointer:
         started = time.monotonic()
         self._abandon_current(step)
         save = _Save(step=step, reason=reason, directory=protocol.step_dir(step), started=started)
-        self._uncommit(save.directory)
         self._current = save
         self._last_save_step = step
         self._last_save_time = started
+        try:
+            self._uncommit(save.directory)
+            self._snapshot_and_submit(save, pipelined=wait)
+        except Exception as exc:
+            # Training goes on: a checkpoint that fails is logged and reported, never raised.
+            save.cancel.set()
+            self._finish(save)  # waits for whatever was queued, then removes it
+            save.error = exc
+            log.error("checkpoint of step %d failed: %r", step, exc)
+            return None
         if wait:
-            self._snapshot_and_submit(save, pipelined=True)
             self._finish(save)
-            if save.error is not None:
-                log.error("checkpoint of step %d failed: %s", step, save.error)
             return save.result
-        self._snapshot_and_submit(save, pipelined=False)
         threading.Thread(target=self._finish, args=(save,), name=f"spotbroker-ckpt-{step}").start()
         return None
 
@@ -752,6 +745,17 @@ class Checkpointer:
         if self.every_steps and step - self._last_save_step >= self.every_steps:
             return True
         return bool(self.every_seconds) and time.monotonic() - self._last_save_time >= self.every_seconds
+
+    def _prepare_host_buffer(self) -> None:
+        """Allocate (and fault in) the snapshot buffer in the background, well
+        before the first periodic save, so that its stall is the copy alone."""
+        tensors: list[Any] = []
+        _flatten(self._state(0), tensors)
+        layout = _plan(tensors, self.half, self.part_bytes)
+        pin = any(t.device.type == "cuda" for t in tensors)
+        self._host_preparing = threading.Thread(target=self._host.ensure, args=(layout, pin),
+                                                name="spotbroker-ckpt-buffer", daemon=True)
+        self._host_preparing.start()
 
     def _busy(self) -> bool:
         current = self._current

@@ -480,6 +480,19 @@ def test_a_flush_that_cannot_commit_says_so(tmp_path: Path) -> None:
         "reason": "the checkpoint of step 3 failed: ConnectionError('object store unreachable')"})]
 
 
+def test_a_failing_store_never_stops_training(s3_uri: str, tmp_path: Path) -> None:
+    control = tmp_path / "control"
+    ck = Checkpointer(*make_run(), uri="s3://no-such-bucket/job", control_dir=control,
+                      every_steps=1, every_seconds=None)
+    ck.step(1)  # the periodic upload fails in the background
+    assert ck.wait() is None
+    ck._on_flush_signal(signal.SIGUSR1, None)
+    ck.step(2)  # the flush fails: reported, not raised
+    ck.close()
+    [event] = events(control)
+    assert event["type"] == protocol.NO_FLUSH and "the checkpoint of step 2 failed" in event["data"]["reason"]
+
+
 def test_without_checkpoints_the_agent_is_not_told_of_a_library(tmp_path: Path) -> None:
     ck = Checkpointer(*make_run(), control_dir=tmp_path / "control")
     assert not (tmp_path / "control" / protocol.LIBRARY_FILE).exists()
