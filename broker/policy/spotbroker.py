@@ -200,7 +200,10 @@ class SpotBroker:
                     continue
                 moves = fee(here, z.zone) + fee(z.zone, h.zone)
                 stay = min(W, est[i].up_mean_s)
-                bridge = value(planner.LAUNCH_SPOT) + moves + (z.spot_price - h.spot_price) * stay / 3600
+                # ... and the restart when the job comes back home
+                back_home = d * (h.spot_price / 3600 + lam) if moves > 0 else 0.0
+                bridge = (value(planner.LAUNCH_SPOT) + moves + back_home
+                          + (z.spot_price - h.spot_price) * stay / 3600)
                 # moving home there must beat the home by the fee back too (as in choosing the home)
                 as_home = value(planner.LAUNCH_SPOT) + costs[i] + back(z.zone) - costs[home] - back(h.zone)
                 cost = min(bridge, as_home)
