@@ -3,6 +3,8 @@ and the benchmarks. Errors come back as `ApiError` with the server's
 problem+json detail (and each field error) in the message."""
 from __future__ import annotations
 
+import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -47,12 +49,25 @@ class Client:
         except httpx.TransportError as exc:
             raise ApiError(0, f"cannot reach the broker at {self.http.base_url}: {exc}") from None
 
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        return self._request("POST", "/v1/jobs", json=spec).json()
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        return self._submit({"json": spec}, idempotency_key)
 
-    def submit_yaml(self, text: bytes) -> dict[str, Any]:
-        return self._request("POST", "/v1/jobs", content=text,
-                             headers={"Content-Type": "application/yaml"}).json()
+    def submit_yaml(self, text: bytes, idempotency_key: str | None = None) -> dict[str, Any]:
+        return self._submit({"content": text, "headers": {"Content-Type": "application/yaml"}}, idempotency_key)
+
+    def _submit(self, body: dict[str, Any], key: str | None, tries: int = 3) -> dict[str, Any]:
+        """Retried on connection errors under one idempotency key, so a
+        request whose answer was lost never creates a second job."""
+        key = key or uuid.uuid4().hex
+        headers = {**body.pop("headers", {}), "Idempotency-Key": key}
+        for attempt in range(tries):
+            try:
+                return self._check(self.http.post("/v1/jobs", headers=headers, **body)).json()
+            except httpx.TransportError as exc:
+                if attempt == tries - 1:
+                    raise ApiError(0, f"cannot reach the broker at {self.http.base_url}: {exc}") from None
+                time.sleep(0.5 * 2**attempt)
+        raise AssertionError("unreachable")
 
     def jobs(self, states: list[str] | None = None, limit: int = 50,
              cursor: str | None = None) -> dict[str, Any]:

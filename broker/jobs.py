@@ -18,14 +18,26 @@ class JobNotFound(LookupError):
     pass
 
 
-def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_CLOCK) -> Job:
+def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_CLOCK,
+           idempotency_key: str | None = None) -> Job:
+    """Create a PENDING job. With an idempotency key, a job this team already
+    created with the same key is returned instead (a retried request); two
+    racing requests are settled by the unique constraint (see by_key)."""
+    if idempotency_key is not None:
+        existing = by_key(session, team_id, idempotency_key)
+        if existing is not None:
+            return existing
     now = clock.now()
     job = Job(team_id=team_id, name=spec.name, state=JobState.PENDING, spec=spec.stored(),
-              created_at=now, updated_at=now, next_check_at=now)
+              idempotency_key=idempotency_key, created_at=now, updated_at=now, next_check_at=now)
     session.add(job)
     session.flush()
     session.add(Event(job_id=job.id, type="submitted", at=now, data={"name": spec.name}))
     return job
+
+
+def by_key(session: Session, team_id: int, idempotency_key: str) -> Job | None:
+    return session.scalar(select(Job).where(Job.team_id == team_id, Job.idempotency_key == idempotency_key))
 
 
 def get(session: Session, team_id: int, job_id: int) -> Job:

@@ -4,7 +4,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text
+from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text,
+                        UniqueConstraint)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from spotbroker.broker.db import Base
@@ -63,6 +64,7 @@ class Offer(Base):
 class Job(Base):
     __tablename__ = "jobs"
     __table_args__ = (
+        UniqueConstraint("team_id", "idempotency_key", name="uq_jobs_team_id_idempotency_key"),
         Index("ix_jobs_team_id_id", "team_id", "id"),
         Index("ix_jobs_due", "state", "next_check_at"),
     )
@@ -73,6 +75,8 @@ class Job(Base):
     state: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str | None] = mapped_column(Text)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    # A client's retry of the same submission returns the job it created.
+    idempotency_key: Mapped[str | None] = mapped_column(String(128))
     restarts: Mapped[int] = mapped_column(Integer, default=0)      # non-zero exits recovered
     recoveries: Mapped[int] = mapped_column(Integer, default=0)    # preemptions recovered
     created_at: Mapped[datetime]

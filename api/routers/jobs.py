@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
+from sqlalchemy.exc import IntegrityError
 
 from spotbroker.api.deps import CurrentTeam, SessionDep
 from spotbroker.api.errors import PROBLEM, Problem, field_errors, invalid
@@ -60,14 +61,24 @@ async def _read_spec(request: Request) -> JobSpec:
     openapi_extra={"requestBody": {"required": True, "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
         "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}}})
-async def submit_job(request: Request, team: CurrentTeam) -> JobOut:
+async def submit_job(request: Request, team: CurrentTeam,
+                     idempotency_key: Annotated[str | None, Header(
+                         max_length=128, description="retries with the same key return the same job")] = None,
+                     ) -> JobOut:
     """Submit a job: a JSON job spec, or a SkyPilot-style task YAML
     (`Content-Type: application/yaml`)."""
     spec = await _read_spec(request)
     state = request.app.state
-    with transaction(state.session_factory) as session:
-        job = jobs.submit(session, team.team_id, spec, clock=state.clock)
-        out = JobOut.of(job, team.team_name, state.clock.now())
+    try:
+        with transaction(state.session_factory) as session:
+            job = jobs.submit(session, team.team_id, spec, clock=state.clock, idempotency_key=idempotency_key)
+            out = JobOut.of(job, team.team_name, state.clock.now())
+    except IntegrityError:
+        if idempotency_key is None:
+            raise
+        with state.session_factory() as session:  # a concurrent request with this key won
+            out = JobOut.of(jobs.by_key(session, team.team_id, idempotency_key), team.team_name,
+                            state.clock.now())
     state.reconciler.hint()
     return out
 

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "cancel": ("spotbroker.broker.cli.jobs:cancel", "Cancel a job."),
     "demo": ("spotbroker.broker.cli.demo:demo", "Run the local demo end to end."),
     "simulate": ("spotbroker.broker.sim.cli:simulate", "Replay a placement policy over spot traces."),
+    "agent": ("spotbroker.agent.cli:agent", "Node agent: run a trainer under preemption watch."),
 }
 
 

@@ -11,10 +11,12 @@ from alembic import op
 
 import spotbroker.broker.db
 
+
 revision = '0001'
 down_revision = None
 branch_labels = None
 depends_on = None
+
 
 def upgrade() -> None:
     op.create_table('offers',
@@ -66,6 +68,7 @@ def upgrade() -> None:
     sa.Column('state', sa.String(length=16), nullable=False),
     sa.Column('reason', sa.Text(), nullable=True),
     sa.Column('spec', sa.JSON(), nullable=False),
+    sa.Column('idempotency_key', sa.String(length=128), nullable=True),
     sa.Column('restarts', sa.Integer(), nullable=False),
     sa.Column('recoveries', sa.Integer(), nullable=False),
     sa.Column('created_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
@@ -76,7 +79,8 @@ def upgrade() -> None:
     sa.Column('lease_expires_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
     sa.Column('version', sa.Integer(), nullable=False),
     sa.ForeignKeyConstraint(['team_id'], ['teams.id'], name=op.f('fk_jobs_team_id_teams'), ondelete='CASCADE'),
-    sa.PrimaryKeyConstraint('id', name=op.f('pk_jobs'))
+    sa.PrimaryKeyConstraint('id', name=op.f('pk_jobs')),
+    sa.UniqueConstraint('team_id', 'idempotency_key', name='uq_jobs_team_id_idempotency_key')
     )
     with op.batch_alter_table('jobs', schema=None) as batch_op:
         batch_op.create_index('ix_jobs_due', ['state', 'next_check_at'], unique=False)
@@ -126,7 +130,7 @@ def upgrade() -> None:
     with op.batch_alter_table('events', schema=None) as batch_op:
         batch_op.create_index('ix_events_job_id_id', ['job_id', 'id'], unique=False)
 
-    # ### end Alembic commands ###
+
 
 def downgrade() -> None:
     with op.batch_alter_table('events', schema=None) as batch_op:

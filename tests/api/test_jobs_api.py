@@ -203,3 +203,13 @@ def test_openapi_is_complete(api):
     assert "JobSpec" in schema["components"]["schemas"] and "Resources" in schema["components"]["schemas"]
 
 
+
+
+def test_idempotency_key_makes_a_retry_return_the_same_job(api, team_headers):
+    alice, bob = team_headers("alice"), team_headers("bob")
+    first = api.post("/v1/jobs", json={"run": "true"}, headers={**alice, "Idempotency-Key": "k1"})
+    again = api.post("/v1/jobs", json={"run": "true"}, headers={**alice, "Idempotency-Key": "k1"})
+    other = api.post("/v1/jobs", json={"run": "true"}, headers={**bob, "Idempotency-Key": "k1"})
+    assert first.status_code == again.status_code == 201
+    assert first.json()["id"] == again.json()["id"] != other.json()["id"]
+    assert len(api.get("/v1/jobs", headers=alice).json()["jobs"]) == 1

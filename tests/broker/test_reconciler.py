@@ -119,6 +119,10 @@ def test_vanished_node_is_recovered_on_a_new_attempt(env, tmp_path):
     job_id = submit(factory, team, run=f"if [ -e {marker} ]; then echo resumed; else touch {marker}; sleep 60; fi")
     rec = reconciler(factory, settings)
     run_until(rec, factory, job_id, {"RUNNING"})
+    deadline = time.monotonic() + 10
+    while not marker.exists():  # the first run has started its work
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
     (first,) = attempts(factory, job_id)
     os.killpg(first.handle["nodes"][0]["pid"], signal.SIGKILL)  # the node is lost: no exit code
     job = run_until(rec, factory, job_id, {"SUCCEEDED"})

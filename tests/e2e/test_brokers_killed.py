@@ -1,0 +1,169 @@
+"""Broker processes killed at random while jobs run: every job still ends
+SUCCEEDED, with exactly one attempt, whose command ran exactly once, and
+every event kept.
+
+On PostgreSQL three brokers share the database (row leases decide who does
+what); on SQLite one broker is killed and started again.
+"""
+from __future__ import annotations
+
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from helpers import create_pg_database, drop_pg_database
+from spotbroker.broker import auth, migrate
+from spotbroker.broker.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.models import Attempt, Event, Job
+
+pytestmark = pytest.mark.slow
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Broker:
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.env, self.log, self.port, self.proc = env, log, free_port(), None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        out = self.log.open("ab")
+        self.proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--port",
+                                      str(self.port), "--log-level", "warning"], env=self.env, stdout=out,
+                                     stderr=subprocess.STDOUT)
+        out.close()
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait()
+
+
+def submit_somewhere(brokers: list[Broker], i: int, body: dict, headers: dict) -> int:
+    """Submit to broker i, or to the next one while it is down. Retries carry
+    one idempotency key: a broker killed after committing but before
+    answering must not make the retry a second job."""
+    headers = {**headers, "Idempotency-Key": f"job-{i}"}
+    for attempt in range(300):
+        b = brokers[(i + attempt) % len(brokers)]
+        try:
+            r = httpx.post(f"{b.url}/v1/jobs", json=body, headers=headers, timeout=10)
+        except httpx.TransportError:
+            time.sleep(0.05)
+            continue
+        assert r.status_code == 201, r.text
+        return r.json()["id"]
+    raise AssertionError("no broker accepted the job")
+
+
+@pytest.fixture(params=["postgresql", "sqlite"])
+def setup(request, tmp_path):
+    if request.param == "postgresql":
+        request.getfixturevalue("pg_server")
+        url, brokers, jobs, slots = create_pg_database("spotbroker_kill"), 3, 200, 16
+    else:
+        url, brokers, jobs, slots = f"sqlite:///{tmp_path / 'broker.db'}", 1, 40, 4
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    with transaction(make_session_factory(engine)) as s:
+        _, token = auth.create_team(s, "ml")
+    yield url, engine, token, brokers, jobs, slots
+    engine.dispose()
+    if request.param == "postgresql":
+        drop_pg_database(url)
+
+
+def test_killed_brokers_lose_nothing_and_launch_nothing_twice(setup, tmp_path):
+    url, engine, token, n_brokers, n_jobs, slots = setup
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    env.update(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(tmp_path / "data"),
+               SPOTBROKER_LOCAL_MAX_RUNNING=str(slots), SPOTBROKER_LEASE_SECONDS="3",
+               SPOTBROKER_RECONCILE_INTERVAL="0.2")
+    brokers = [Broker(env, tmp_path / f"broker-{i}.log") for i in range(n_brokers)]
+    for b in brokers:
+        b.start()
+    deadline = time.monotonic() + 120  # generous: a loaded 2-core machine starts them slowly
+    while not all(b.ready() for b in brokers):
+        assert time.monotonic() < deadline, "brokers did not start"
+        time.sleep(0.2)
+
+    rng = random.Random(7)
+    run = f'echo "$SPOTBROKER_ATTEMPT_ID" >> {marks}/"$SPOTBROKER_JOB_ID"; sleep 1.$((RANDOM % 9))'
+    headers = {"Authorization": f"Bearer {token}"}
+    stop, kills = threading.Event(), []
+
+    # One broker killed (SIGKILL) every few seconds, then started again; a
+    # lone broker needs time to start (about 2 s) and work between kills.
+    every = (1.5, 3.0) if n_brokers > 1 else (4.0, 6.0)
+
+    def killer() -> None:
+        while not stop.wait(rng.uniform(*every)):
+            victim = rng.choice(brokers)
+            victim.kill()
+            kills.append(victim.port)
+            time.sleep(rng.uniform(0, 0.5))
+            victim.start()
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    ids = []
+    try:
+        for i in range(n_jobs):
+            ids.append(submit_somewhere(brokers, i, {"name": f"j{i}", "run": run}, headers))
+        factory = make_session_factory(engine)
+
+        def unfinished() -> int:
+            with factory() as s:  # a new session each time: a SQLite snapshot would not move
+                return sum(1 for state in s.scalars(select(Job.state)) if state != "SUCCEEDED")
+
+        deadline = time.monotonic() + 240
+        while unfinished():
+            assert time.monotonic() < deadline, f"{unfinished()} jobs unfinished"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join()
+        for b in brokers:
+            if b.proc.poll() is None:
+                b.proc.terminate()
+                b.proc.wait(timeout=20)
+
+    assert len(kills) >= 3, kills
+    with make_session_factory(engine)() as s:
+        jobs = list(s.scalars(select(Job).order_by(Job.id)))
+        assert [j.id for j in jobs] == sorted(ids) and all(j.state == "SUCCEEDED" for j in jobs)
+        for job in jobs:
+            attempts = list(s.scalars(select(Attempt).where(Attempt.job_id == job.id)))
+            assert [a.state for a in attempts] == ["SUCCEEDED"], f"job {job.id}: {attempts}"
+            ran = (marks / str(job.id)).read_text().split()
+            assert ran == [str(attempts[0].id)], f"job {job.id} ran {ran}"
+            moves = [(e.data["from"], e.data["to"]) for e in
+                     s.scalars(select(Event).where(Event.job_id == job.id, Event.type == "job_state")
+                               .order_by(Event.id))]
+            # A run that ended while its broker was dead goes LAUNCHING -> SUCCEEDED directly.
+            assert moves in ([("PENDING", "LAUNCHING"), ("LAUNCHING", "RUNNING"), ("RUNNING", "SUCCEEDED")],
+                             [("PENDING", "LAUNCHING"), ("LAUNCHING", "SUCCEEDED")]), f"job {job.id}: {moves}"
