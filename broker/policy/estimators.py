@@ -17,10 +17,9 @@ from spotbroker.broker.policy.model import ZoneHistory
 
 # Weak priors, one pseudo-spell each. They only matter until a zone has been
 # watched for a few hours; they are round numbers, not fitted to any trace.
-import os
-PRIOR_UP_S = float(os.environ.get('PU','4')) * 3600.0
-PRIOR_DOWN_S = float(os.environ.get('PD','0.5')) * 3600.0
-PRIOR_SPELLS = float(os.environ.get('PS','1'))
+PRIOR_UP_S = 4 * 3600.0
+PRIOR_DOWN_S = 0.5 * 3600.0
+PRIOR_SPELLS = 1.0
 
 
 @dataclass(frozen=True)
