@@ -17,6 +17,10 @@ plain HTTP is allowed when the endpoint is ``http://``. Over HTTPS the body is
 not hashed for the signature (as boto3 does; set ``AWS_UNSIGNED_PAYLOAD=false``
 to sign it anyway): TLS protects it, and checkpoints carry their own sha256.
 
+``gs://bucket/path`` and ``az://container/path`` take their credentials (and
+Azure its account, ``AZURE_STORAGE_ACCOUNT_NAME``) from the environment as
+obstore documents them.
+
 ``file://`` writes are atomic and durable: the bytes go to a temporary file
 beside the target (``name#<digits>``, a name obstore's listing skips),
 are fsynced, then renamed over the target, and the directory is fsynced. A
@@ -45,7 +49,7 @@ BytesLike = Union[bytes, bytearray, memoryview]
 
 SCHEMES = ("s3", "gs", "az", "file")
 
-# Objects at or above this size are uploaded in parts, in parallel.
+# Objects above this size are uploaded in parts, in parallel.
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 PART_SIZE = 16 * 1024 * 1024
 MAX_CONCURRENCY = 8

@@ -111,6 +111,14 @@ def test_endpoint_comes_from_the_standard_environment(s3_uri: str, moto_endpoint
     assert Storage(s3_uri).get("k") == b"v"
 
 
+def test_gcs_and_azure_uris_root_their_stores(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT_NAME", "acct")
+    for uri in ("gs://bucket/team/job", "az://container/team/job"):
+        store = Storage(uri)
+        assert store.url("step-1/MANIFEST.json") == f"{uri}/step-1/MANIFEST.json"
+        assert store._store.prefix == "team/job"  # keys land under the URI's path, not the bucket's root
+
+
 def test_bad_uris() -> None:
     with pytest.raises(ValueError, match="unsupported"):
         Storage("ftp://host/x")
