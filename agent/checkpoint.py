@@ -28,13 +28,16 @@ What it does
   from save to save), and a background thread hashes and uploads the parts in
   parallel while training goes on. If the previous upload is still running
   when the next save is due, that save is put off to the next boundary.
-* **Flush on request.** The agent sends ``SIGUSR1`` and writes ``flush.json``
+* **Flush on request.** The agent writes ``flush.json`` and sends ``SIGUSR1``
   when a preemption notice comes; the handler only sets a flag, and the next
-  :meth:`Checkpointer.step` persists the current state at once (parts upload
-  while the rest is still being copied), then appends ``checkpoint_committed``
-  to ``events.jsonl``. An older upload still in flight is abandoned first. If
-  the window closes before the manifest is written, the newest committed
-  periodic checkpoint still stands.
+  :meth:`Checkpointer.step` persists the current state at once and returns
+  when it is committed (CPU tensors are uploaded in place, with no copy; GPU
+  ones part by part as they reach host memory), then appends
+  ``checkpoint_committed`` to ``events.jsonl``. An older upload still in
+  flight is abandoned first. If the window closes before the manifest is
+  written, the newest committed periodic checkpoint still stands. A save that
+  fails is logged (a flush also reports ``no_flush``); it never raises into
+  the training loop. :meth:`Checkpointer.close` withdraws ``library.json``.
 * **Restore** tries ``RESUME_FROM`` when set, otherwise the newest step across
   all attempts of the job (or under ``uri``), verifying every object against
   the manifest; a checkpoint with a missing, truncated or corrupt object is
