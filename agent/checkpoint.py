@@ -958,6 +958,8 @@ class Checkpointer:
             # Never touch a step newer than the newest commit: it may be in flight.
             if step in keep or step > committed[-1] or f"{directory}/{KEEP_MARKER}" in keys:
                 continue
+            if self._storage.exists(f"{directory}/{KEEP_MARKER}"):
+                continue  # marked while we were listing
             manifest = f"{directory}/{protocol.MANIFEST}"
             # The manifest goes first: a half-deleted checkpoint is then uncommitted, not corrupt.
             ordered = ([manifest] if manifest in keys else []) + [k for k in keys if k != manifest]

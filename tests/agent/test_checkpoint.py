@@ -19,11 +19,12 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-import torch
 
-from spotbroker.agent import protocol
-from spotbroker.agent.checkpoint import KEEP_MARKER, Checkpointer, list_checkpoints, mark_keep
-from spotbroker.agent.storage import Storage
+torch = pytest.importorskip("torch")  # the user's own: the package never depends on it
+
+from spotbroker.agent import protocol  # noqa: E402
+from spotbroker.agent.checkpoint import KEEP_MARKER, Checkpointer, list_checkpoints, mark_keep  # noqa: E402
+from spotbroker.agent.storage import Storage  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
