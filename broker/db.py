@@ -57,7 +57,9 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
-    kwargs.setdefault("pool_pre_ping", True)
+    # A ping per checkout would cost a round trip per transaction; recycle
+    # connections instead, and let a dead one fail once and be replaced.
+    kwargs.setdefault("pool_recycle", 1800)
     return create_engine(url, **kwargs)
 
 

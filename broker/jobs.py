@@ -29,7 +29,8 @@ def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_
             return existing
     now = clock.now()
     job = Job(team_id=team_id, name=spec.name, state=JobState.PENDING, spec=spec.stored(),
-              idempotency_key=idempotency_key, created_at=now, updated_at=now, next_check_at=now)
+              idempotency_key=idempotency_key, created_at=now, updated_at=now, next_check_at=now,
+              attempts=[])  # known empty: reading it later needs no query
     session.add(job)
     session.flush()
     session.add(Event(job_id=job.id, type="submitted", at=now, data={"name": spec.name}))

@@ -24,6 +24,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -50,6 +51,7 @@ A, J = AttemptState, JobState
 DECIDING = (J.PENDING, J.RECOVERING, J.LAUNCHING, J.HELD)
 ZONE_COOLDOWN = timedelta(minutes=30)
 RETRY_LATER = timedelta(seconds=15)
+HINT_COALESCE = 0.05
 
 
 @dataclass
@@ -81,6 +83,7 @@ class Reconciler:
 
     def run_forever(self, stop: threading.Event) -> None:
         while not stop.is_set():
+            started = time.monotonic()
             try:
                 stats = self.pass_once()
                 busy = stats.stepped > 0 or stats.changed > 0
@@ -89,6 +92,9 @@ class Reconciler:
                 busy = False
             if not busy:
                 self._wake.wait(self.settings.reconcile_interval)
+            # Hints that arrive together (a burst of submissions) share one
+            # pass: at most one pass per HINT_COALESCE seconds.
+            stop.wait(max(0.0, HINT_COALESCE - (time.monotonic() - started)))
             self._wake.clear()
 
     def pass_once(self) -> PassStats:
@@ -157,6 +163,10 @@ class Reconciler:
         self._changed = changed
         with transaction(self.factory) as session:
             due = and_(Job.state.in_([str(s) for s in DECIDING]), Job.next_check_at <= now)
+            if "skypilot" not in self.launchers and not self._local_slot_free(session, lock=False):
+                # Every new attempt would run here and no slot is free: only
+                # jobs that already hold an attempt can move.
+                due = and_(due, Job.state.in_([str(J.LAUNCHING), str(J.HELD)]))
             wanted = or_(due, Job.id.in_(list(changed))) if changed else due
             query = (select(Job.id)
                      .where(Job.state.in_([str(s) for s in LIVE_JOB_STATES]), wanted,
@@ -237,8 +247,8 @@ class Reconciler:
         # for every offer and simulates the chosen cloud and price.
         return "local" if placement.cloud == "local" or "skypilot" not in self.launchers else "skypilot"
 
-    def _local_slot_free(self, session: Session) -> bool:
-        if self._dialect == "postgresql":
+    def _local_slot_free(self, session: Session, lock: bool = True) -> bool:
+        if lock and self._dialect == "postgresql":
             # Serialise slot counting across broker processes (SQLite's
             # BEGIN IMMEDIATE already does).
             session.execute(text("SELECT pg_advisory_xact_lock(7041)"))

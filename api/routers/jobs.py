@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
@@ -68,19 +69,23 @@ async def submit_job(request: Request, team: CurrentTeam,
     """Submit a job: a JSON job spec, or a SkyPilot-style task YAML
     (`Content-Type: application/yaml`)."""
     spec = await _read_spec(request)
-    state = request.app.state
+    # The database work blocks: keep it off the event loop.
+    out = await run_in_threadpool(_submit, request.app.state, team, spec, idempotency_key)
+    request.app.state.reconciler.hint()
+    return out
+
+
+def _submit(state, team, spec: JobSpec, idempotency_key: str | None) -> JobOut:
     try:
         with transaction(state.session_factory) as session:
             job = jobs.submit(session, team.team_id, spec, clock=state.clock, idempotency_key=idempotency_key)
-            out = JobOut.of(job, team.team_name, state.clock.now())
+            return JobOut.of(job, team.team_name, state.clock.now())
     except IntegrityError:
         if idempotency_key is None:
             raise
         with state.session_factory() as session:  # a concurrent request with this key won
-            out = JobOut.of(jobs.by_key(session, team.team_id, idempotency_key), team.team_name,
-                            state.clock.now())
-    state.reconciler.hint()
-    return out
+            return JobOut.of(jobs.by_key(session, team.team_id, idempotency_key), team.team_name,
+                             state.clock.now())
 
 
 @router.get("", response_model=JobPage, responses=_ERRORS)

@@ -29,9 +29,13 @@ def _ready_engine():
 @click.command()
 @click.option("--host", default=None, help="address to listen on [default: 127.0.0.1]")
 @click.option("--port", default=None, type=int, help="port [default: 8000]")
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64),
+              help="server processes (one per core); each also runs a reconciler")
 @click.option("--log-level", default="info", show_default=True)
-def serve(host: str | None, port: int | None, log_level: str) -> None:
+def serve(host: str | None, port: int | None, workers: int, log_level: str) -> None:
     """Run the broker: REST API and reconciler."""
+    import os
+
     import uvicorn
 
     from spotbroker.api.app import create_app
@@ -42,8 +46,15 @@ def serve(host: str | None, port: int | None, log_level: str) -> None:
     settings = settings.model_copy(update={"host": host, "port": port})
     _ready_engine().dispose()
     click.echo(f"spotbroker: serving on http://{host}:{port} (database: "
-               f"{settings.sqlalchemy_url.split('@')[-1]}, data: {settings.data_dir})", err=True)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+               f"{settings.sqlalchemy_url.split('@')[-1]}, data: {settings.data_dir}, workers: {workers})",
+               err=True)
+    if workers == 1:
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+        return
+    # Worker processes build their own app from the environment.
+    os.environ.update(SPOTBROKER_HOST=host, SPOTBROKER_PORT=str(port))
+    uvicorn.run("spotbroker.api.app:create_app", factory=True, host=host, port=port, workers=workers,
+                log_level=log_level)
 
 
 @click.group()

@@ -12,18 +12,24 @@ three layers, each from what it has observed only:
    job there: spot price × (work + expected restarts), the egress to bring
    the checkpoint there, and the on-demand premium × the expected time its
    outages overrun the slack (a compound-Poisson estimate from the zone's
-   learned spell lengths, `estimators.py`). The cheapest is the home; a
-   running spot instance moves only when another zone saves clearly more
-   than the move costs.
+   learned spell lengths, `estimators.py`). The cheapest is the home, and
+   leaving the checkpoint's region must also beat the fee back; a running
+   spot instance moves only when another zone saves clearly more than the
+   move costs.
 3. **Wait, spot or on-demand** in the home zone: read from a small Markov
    decision process over (work left, slack left, spot up?), solved with the
    home's learned rates and prices (`planner.py`). It prices waiting (slack
    spent), bridging an outage on on-demand, and going back to spot (a
-   restart of overhead and slack). Another zone's spot is tried when the
-   home is out and using it is cheaper than the home plan's fallback.
+   restart of overhead and slack). Another zone's spot bridges an outage
+   when that is cheaper than the home plan's fallback. Once enough spells
+   have been seen to end, whether a spell is worth launching on (and
+   leaving on-demand for) is read from their lengths, not from the
+   memoryless model: real spells often end within minutes, while those
+   that last tend to last long.
 
-Nothing is tuned to a trace: the only constants are weak priors (one
-pseudo-spell of 2 h up, 1 h down) and the planner's grid size.
+Nothing is tuned to a trace: the only constants are a weak optimistic prior
+(one pseudo-spell of 4 h up, 0.5 h down, so a zone never tried is worth a
+look) and the planner's grid size.
 """
 from __future__ import annotations
 
@@ -32,9 +38,9 @@ from dataclasses import dataclass, field
 
 from spotbroker.broker.policy import planner
 from spotbroker.broker.policy.estimators import MIN_SPELLS, ZoneEstimate, estimate, spell_outlook, survival
+from spotbroker.broker.policy.model import Action, Capacity, Decision, Observation, Offer, ZoneState
 
 PROBE_S = 60.0  # a successful probe bills about a minute of spot
-from spotbroker.broker.policy.model import Action, Capacity, Decision, Observation, Offer, ZoneState
 
 
 def _overrun(slack_s: float, work_s: float, est: ZoneEstimate, restart_s: float) -> float:
@@ -56,6 +62,34 @@ def _overrun(slack_s: float, work_s: float, est: ZoneEstimate, restart_s: float)
 
 
 @dataclass
+class _Step:
+    """What one decision works from: the observation and what was derived from it."""
+
+    obs: Observation
+    est: list[ZoneEstimate]
+    slack: float  # time left − work left − one restart (inf without a deadline)
+    here: str | None  # where the checkpoint is
+    costs: list[float]  # per zone: expected $ to finish with it as home
+    home: int
+
+    @property
+    def h(self) -> ZoneState:
+        return self.obs.zones[self.home]
+
+    def fee(self, src: str | None, dst: str) -> float:
+        return self.obs.egress.fee(src, dst, self.obs.checkpoint_gb)
+
+    def back(self, zone: str) -> float:
+        """The fee to bring the checkpoint back where it is now."""
+        return self.fee(zone, self.here) if self.here is not None else 0.0
+
+    def spells(self, i: int) -> list[float]:
+        """Observed spell lengths for zone i, or every zone's while it has too few."""
+        own = self.obs.zones[i].history.up_spells_s
+        return own if len(own) >= MIN_SPELLS else [x for z in self.obs.zones for x in z.history.up_spells_s]
+
+
+@dataclass
 class SpotBroker:
     """See the module's docs. One instance per job; it keeps only a cache of solved plans."""
 
@@ -63,157 +97,116 @@ class SpotBroker:
     _plans: dict = field(default_factory=dict, repr=False)
 
     def decide(self, obs: Observation) -> Decision:
-        zones = obs.zones
-        d, g, W = obs.restart_overhead_s, obs.step_s, obs.work_left_s
-        run = obs.running
-        here = obs.last_zone if run is None else run.zone  # where the checkpoint is
         slack = math.inf
         if obs.deadline_s is not None:
             time_left = obs.deadline_s - obs.now_s
-            slack = time_left - W - d
+            slack = time_left - obs.work_left_s - obs.restart_overhead_s
             guard = self._deadline_guard(obs, time_left)
             if guard is not None:
                 return guard
-        est = [estimate(z.history, obs.now_s, g) for z in zones]
-        cheapest_od = min(zones, key=lambda z: z.on_demand_price)
+        step = self._home(obs, slack)
+        run = obs.running
+        if run is not None and run.capacity is Capacity.SPOT:
+            return self._on_spot(step)
+        if math.isinf(slack):
+            return self._no_deadline(step)
+        return self._wait_spot_or_on_demand(step)
 
-        def fee(src: str | None, dst: str) -> float:
-            return obs.egress.fee(src, dst, obs.checkpoint_gb)
+    # 2. the home zone
 
-        def back(zone: str) -> float:
-            """The fee to bring the checkpoint back where it is now."""
-            return fee(zone, here) if here is not None else 0.0
-
-        # 2. the home zone
+    @staticmethod
+    def _home(obs: Observation, slack: float) -> _Step:
+        zones, W, d = obs.zones, obs.work_left_s, obs.restart_overhead_s
+        here = obs.last_zone if obs.running is None else obs.running.zone
+        est = [estimate(z.history, obs.now_s, obs.step_s) for z in zones]
+        cheapest_od = min(z.on_demand_price for z in zones)
         costs = []
         for z, e in zip(zones, est):
-            premium = max(cheapest_od.on_demand_price - z.spot_price, 0.0) / 3600
+            premium = max(cheapest_od - z.spot_price, 0.0) / 3600
             restarts = W / e.up_mean_s
-            costs.append(fee(here, z.zone) + (W + restarts * d) * z.spot_price / 3600
-                         + premium * _overrun(slack, W, e, d))
+            costs.append(obs.egress.fee(here, z.zone, obs.checkpoint_gb)
+                         + (W + restarts * d) * z.spot_price / 3600 + premium * _overrun(slack, W, e, d))
+        step = _Step(obs, est, slack, here, costs, 0)
         # Leaving the checkpoint's region must beat staying by the fee to come back
         # too: early estimates are noisy, and a wrong move would be paid twice.
-        home = min(range(len(zones)), key=lambda i: costs[i] + back(zones[i].zone))
-        h = zones[home]
-        if run is not None and run.capacity is Capacity.SPOT:
-            current = next(i for i, z in enumerate(zones) if z.zone == run.zone)
-            # moving costs a restart and its slack; ask for twice that in savings so
-            # two similar zones never trade the job back and forth
-            restart = d * (h.spot_price + cheapest_od.on_demand_price) / 3600
-            better = sorted((i for i in range(len(zones)) if i != current and costs[i] + 2 * restart < costs[current]),
-                            key=lambda i: costs[i])
-            if not better:
-                return Decision.keep("spot")
-            return Decision.launch(*(Offer(zones[i].zone, Capacity.SPOT) for i in better), otherwise=Action.KEEP,
-                                   reason="spot: cheaper zone")
-        if math.isinf(slack):
-            # no deadline: time is free, so wait for spot in the home zone (or one nearly as good)
-            offers = [Offer(zones[i].zone, Capacity.SPOT) for i in sorted(range(len(zones)), key=lambda i: costs[i])
-                      if costs[i] <= costs[home] + d * h.spot_price / 3600]
-            if run is not None:  # on on-demand: leave it when spot is there
-                return Decision.launch(*offers, otherwise=Action.KEEP, reason="no deadline: spot when there")
-            return Decision.launch(*offers, otherwise=Action.WAIT, reason="no deadline: wait for spot")
+        step.home = min(range(len(zones)), key=lambda i: costs[i] + step.back(zones[i].zone))
+        return step
 
-        # 3. wait, spot or on-demand, read from the home plan
-        plan = self._plan(obs, est[home], h, cheapest_od)
-        od_zone = min(zones, key=lambda z: z.on_demand_price * W / 3600 + fee(here, z.zone) + fee(z.zone, h.zone))
-        on_od = run is not None
+    @staticmethod
+    def _on_spot(step: _Step) -> Decision:
+        """Keep a running spot instance unless another zone is clearly cheaper to finish in."""
+        obs, costs = step.obs, step.costs
+        zones = obs.zones
+        current = next(i for i, z in enumerate(zones) if z.zone == obs.running.zone)
+        # moving costs a restart and its slack; ask for twice that in savings so
+        # two similar zones never trade the job back and forth
+        cheapest_od = min(z.on_demand_price for z in zones)
+        restart = obs.restart_overhead_s * (step.h.spot_price + cheapest_od) / 3600
+        better = sorted((i for i in range(len(zones)) if i != current and costs[i] + 2 * restart < costs[current]),
+                        key=lambda i: costs[i])
+        if not better:
+            return Decision.keep("spot")
+        return Decision.launch(*(Offer(zones[i].zone, Capacity.SPOT) for i in better), otherwise=Action.KEEP,
+                               reason="spot: cheaper zone")
 
-        def value(table: int) -> float:
-            return plan.value(table, W, slack)
+    @staticmethod
+    def _no_deadline(step: _Step) -> Decision:
+        """Time is free: wait for spot in the home zone (or one nearly as good)."""
+        obs, costs = step.obs, step.costs
+        margin = obs.restart_overhead_s * step.h.spot_price / 3600
+        order = sorted(range(len(obs.zones)), key=lambda i: costs[i])
+        offers = [Offer(obs.zones[i].zone, Capacity.SPOT) for i in order if costs[i] <= costs[step.home] + margin]
+        if obs.running is not None:  # on on-demand: leave it when spot is there
+            return Decision.launch(*offers, otherwise=Action.KEEP, reason="no deadline: spot when there")
+        return Decision.launch(*offers, otherwise=Action.WAIT, reason="no deadline: wait for spot")
 
-        if on_od:
-            # Leaving on-demand for spot pays off only if the spell outlives the restart
-            # by enough: read the home's spell so far (probed each step) against the
-            # spells seen to end, and weigh the gain against the restart and, if the
-            # spell ends first, the way back to on-demand.
-            go_spot = value(planner.LAUNCH_SPOT) < value(planner.RUN_OD_UP)
-            age = h.history.up_for_s(obs.now_s) if h.history.up_start_seen else None
-            if go_spot:
-                if age is None or obs.now_s - (h.history.last_sample_s or -math.inf) > g:
-                    return Decision.keep("on-demand: probing home", probe=(h.zone,))
-                lam = max(value(planner.IDLE_DOWN) - plan.value(planner.IDLE_DOWN, W, slack + plan.inputs.unit_s),
-                          0.0) / plan.inputs.unit_s
-                spells = h.history.up_spells_s
-                if len(spells) < MIN_SPELLS:
-                    spells = [x for z in zones for x in z.history.up_spells_s]
-                look = spell_outlook(spells, age, d, W, est[home].up_mean_s)
-                gain = (od_zone.on_demand_price - h.spot_price) / 3600 * look.productive_s
-                cost = d * (h.spot_price / 3600 + lam) + look.p_lost * d * (od_zone.on_demand_price / 3600 + lam)
-                if gain <= cost:
-                    return Decision.keep(f"on-demand: home spell {age / 60:.0f} min old, not yet",
-                                         probe=(h.zone,))
-                return Decision.launch(Offer(h.zone, Capacity.SPOT), reason="on-demand: back to spot")
-            fallback = value(planner.RUN_OD_DOWN)
-        else:
-            go_spot = value(planner.LAUNCH_SPOT) <= min(value(planner.WAIT_UP), value(planner.LAUNCH_OD_UP))
-            wait, od = value(planner.WAIT_DOWN), value(planner.LAUNCH_OD_DOWN)
-            od += fee(here, od_zone.zone) + fee(od_zone.zone, h.zone)
-            fallback = min(wait, od)
+    # 3. wait, spot or on-demand, read from the home plan
+
+    def _wait_spot_or_on_demand(self, step: _Step) -> Decision:
+        obs, h, home = step.obs, step.h, step.home
+        zones, d, g, W, slack = obs.zones, obs.restart_overhead_s, obs.step_s, obs.work_left_s, step.slack
+        plan = self._plan(obs, step.est[home], h)
+        od_zone = min(zones, key=lambda z: z.on_demand_price * W / 3600 + step.fee(step.here, z.zone)
+                      + step.fee(z.zone, h.zone))
+
+        def value(table: int, work: float = W, slack_s: float = slack) -> float:
+            return plan.value(table, work, slack_s)
+
         # What a second of progress (mu) and of slack (lam) are worth now, read off the plan.
         unit = plan.inputs.unit_s
-        base = value(planner.IDLE_DOWN)
-        lam = max(base - plan.value(planner.IDLE_DOWN, W, slack + unit), 0.0) / unit
-        mu = max(base - plan.value(planner.IDLE_DOWN, W - unit, slack), 0.0) / unit
+        lam = max(value(planner.IDLE_DOWN) - value(planner.IDLE_DOWN, slack_s=slack + unit), 0.0) / unit
+        mu = max(value(planner.IDLE_DOWN) - value(planner.IDLE_DOWN, work=W - unit), 0.0) / unit
+
+        if obs.running is not None:  # on on-demand
+            if value(planner.LAUNCH_SPOT) < value(planner.RUN_OD_UP):
+                return self._leave_on_demand(step, od_zone, lam)
+            return Decision.keep("on-demand: plan stays")
 
         def launch_value(i: int, age: float) -> float:
             """Launching spot in zone i on a spell `age` old, against doing nothing while it
             lasts: a spell that runs R gives max(R - d, 0) of progress (worth mu) and
             saves as much slack (worth lam), and is billed for all of R."""
-            spells = zones[i].history.up_spells_s
-            if len(spells) < MIN_SPELLS:
-                spells = [x for z in zones for x in z.history.up_spells_s]
-            look = spell_outlook(spells, age, d, W, est[i].up_mean_s)
+            look = spell_outlook(step.spells(i), age, d, W, step.est[i].up_mean_s)
             return (mu + lam) * look.productive_s - zones[i].spot_price / 3600 * look.billed_s
 
         def worth(i: int, age: float, extra: float = 0.0) -> bool:
-            """Launch now, or watch the spell one more step and decide then? Real spells
-            are far from memoryless (many end within minutes, survivors last hours),
-            so a spell that has lasted is a better bet; watching costs a probe."""
-            spells = zones[i].history.up_spells_s
-            if len(spells) < MIN_SPELLS:
-                spells = [x for z in zones for x in z.history.up_spells_s]
-            survive = survival(spells, age, g, est[i].up_mean_s)
+            """Launch now, or watch the spell one more step and decide then? A spell that
+            has lasted is a better bet than a fresh one; watching costs a probe."""
+            survive = survival(step.spells(i), age, g, step.est[i].up_mean_s)
             probe_cost = zones[i].spot_price * PROBE_S / 3600
-            now = launch_value(i, age) - extra
-            later = survive * (launch_value(i, age + g) - extra - probe_cost)
-            return now >= later
+            return launch_value(i, age) - extra >= survive * (launch_value(i, age + g) - extra - probe_cost)
 
-        hist = h.history
-        fresh = hist.last_sample_s is not None and obs.now_s - hist.last_sample_s <= g
-        age = hist.up_for_s(obs.now_s) if fresh and hist.up_start_seen else None
-        if age is None:
-            # in an outage, a spell that starts now is fresh; one already running when
-            # first seen (or never watched) is of unknown age: take it as established
-            age = 0.0 if fresh and hist.last_available is False else math.inf
-        launch_home = worth(home, age)
+        go_spot = value(planner.LAUNCH_SPOT) <= min(value(planner.WAIT_UP), value(planner.LAUNCH_OD_UP))
+        wait = value(planner.WAIT_DOWN)
+        od = value(planner.LAUNCH_OD_DOWN) + step.fee(step.here, od_zone.zone) + step.fee(od_zone.zone, h.zone)
+        fallback = min(wait, od)
+        launch_home = worth(home, self._spell_age(h, obs.now_s, g))
         probe = () if launch_home else (h.zone,)  # else watch its spell grow before launching
         offers: list[Offer] = []
         if go_spot:
             if launch_home:
                 offers.append(Offer(h.zone, Capacity.SPOT))
-            # another zone's spot while the home is out: the home plan's launch value,
-            # plus the moves there and back and the price difference while there
-            bridges = []
-            for i, z in enumerate(zones):
-                if i == home:
-                    continue
-                moves = fee(here, z.zone) + fee(z.zone, h.zone)
-                stay = min(W, est[i].up_mean_s)
-                # ... and the restart when the job comes back home
-                back_home = d * (h.spot_price / 3600 + lam) if moves > 0 else 0.0
-                bridge = (value(planner.LAUNCH_SPOT) + moves + back_home
-                          + (z.spot_price - h.spot_price) * stay / 3600)
-                # moving home there must beat the home by the fee back too (as in choosing the home)
-                as_home = value(planner.LAUNCH_SPOT) + costs[i] + back(z.zone) - costs[home] - back(h.zone)
-                cost = min(bridge, as_home)
-                if cost < fallback and worth(i, 0.0, min(moves, costs[i] - costs[home])):
-                    bridges.append((cost, i))
-            offers += [Offer(zones[i].zone, Capacity.SPOT) for _, i in sorted(bridges)]
-        if on_od:
-            if not offers:
-                return Decision.keep("on-demand: plan stays")
-            return Decision.launch(*offers, otherwise=Action.KEEP, reason="on-demand: back to spot if there")
+            offers += self._bridges(step, value(planner.LAUNCH_SPOT), fallback, lam, worth)
         if not offers and not go_spot and value(planner.LAUNCH_OD_UP) < value(planner.WAIT_UP):
             return Decision.launch(Offer(od_zone.zone, Capacity.ON_DEMAND), reason="plan: on-demand")
         if od < wait:
@@ -223,15 +216,72 @@ class SpotBroker:
             return Decision.wait("plan: wait", probe=probe)
         return Decision.launch(*offers, otherwise=Action.WAIT, reason=f"home {h.zone}, else wait", probe=probe)
 
-    def _plan(self, obs: Observation, e: ZoneEstimate, home: ZoneState, od: ZoneState) -> planner.Plan:
+    @staticmethod
+    def _bridges(step: _Step, launch_home: float, fallback: float, lam: float, worth) -> list[Offer]:
+        """Other zones' spot while the home is out, cheapest first: the home plan's
+        launch value plus the moves there and back, the restart back home and the
+        price difference while there (or, moving home there, the home-cost
+        difference with the fee back), if cheaper than the plan's fallback."""
+        obs, h, home = step.obs, step.h, step.home
+        d, W = obs.restart_overhead_s, obs.work_left_s
+        bridges = []
+        for i, z in enumerate(obs.zones):
+            if i == home:
+                continue
+            moves = step.fee(step.here, z.zone) + step.fee(z.zone, h.zone)
+            stay = min(W, step.est[i].up_mean_s)
+            back_home = d * (h.spot_price / 3600 + lam) if moves > 0 else 0.0
+            bridge = launch_home + moves + back_home + (z.spot_price - h.spot_price) * stay / 3600
+            as_home = launch_home + step.costs[i] + step.back(z.zone) - step.costs[home] - step.back(h.zone)
+            cost = min(bridge, as_home)
+            if cost < fallback and worth(i, 0.0, min(moves, step.costs[i] - step.costs[home])):
+                bridges.append((cost, i))
+        return [Offer(obs.zones[i].zone, Capacity.SPOT) for _, i in sorted(bridges)]
+
+    @staticmethod
+    def _leave_on_demand(step: _Step, od_zone: ZoneState, lam: float) -> Decision:
+        """Leaving on-demand for spot pays off only if the spell outlives the restart by
+        enough: read the home's spell so far (probed each step) against the spells
+        seen to end, and weigh the gain against the restart and, if the spell ends
+        first, the way back to on-demand."""
+        obs, h = step.obs, step.h
+        d, g = obs.restart_overhead_s, obs.step_s
+        hist = h.history
+        age = hist.up_for_s(obs.now_s) if hist.up_start_seen else None
+        if age is None or obs.now_s - (hist.last_sample_s or -math.inf) > g:
+            return Decision.keep("on-demand: probing home", probe=(h.zone,))
+        look = spell_outlook(step.spells(step.home), age, d, obs.work_left_s, step.est[step.home].up_mean_s)
+        gain = (od_zone.on_demand_price - h.spot_price) / 3600 * look.productive_s
+        cost = d * (h.spot_price / 3600 + lam) + look.p_lost * d * (od_zone.on_demand_price / 3600 + lam)
+        if gain <= cost:
+            return Decision.keep(f"on-demand: home spell {age / 60:.0f} min old, not yet", probe=(h.zone,))
+        return Decision.launch(Offer(h.zone, Capacity.SPOT), reason="on-demand: back to spot")
+
+    @staticmethod
+    def _spell_age(zone: ZoneState, now_s: float, step_s: float) -> float:
+        """How long the zone's current spell of capacity has lasted: 0 for one that would
+        start now in an outage; inf (established) when it was already up when first
+        seen, or the zone was not watched."""
+        hist = zone.history
+        fresh = hist.last_sample_s is not None and now_s - hist.last_sample_s <= step_s
+        if fresh and hist.up_start_seen:
+            age = hist.up_for_s(now_s)
+            if age is not None:
+                return age
+        return 0.0 if fresh and hist.last_available is False else math.inf
+
+    def _plan(self, obs: Observation, e: ZoneEstimate, home: ZoneState) -> planner.Plan:
         horizon = obs.deadline_s - obs.started_s - obs.work_total_s  # the most slack the job ever has
         unit = planner.step_for(obs.step_s, obs.deadline_s - obs.started_s)
+        od_price = min(z.on_demand_price for z in obs.zones)
         inputs = planner.plan_inputs(unit, obs.work_total_s, horizon, e.up_mean_s, e.down_mean_s,
-                                     home.spot_price, od.on_demand_price, obs.restart_overhead_s)
+                                     home.spot_price, od_price, obs.restart_overhead_s)
         plan = self._plans.get(inputs)
         if plan is None:
             plan = self._plans[inputs] = planner.solve(inputs)
         return plan
+
+    # 1. the deadline guard
 
     @staticmethod
     def _deadline_guard(obs: Observation, time_left: float) -> Decision | None:

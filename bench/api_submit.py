@@ -1,0 +1,154 @@
+"""Job submissions per second that `spotbroker serve` holds with p99 <= 100 ms.
+
+Open-loop load: requests leave on a fixed schedule whatever the answers do
+(a closed loop would slow down with the server and hide its queueing). Each
+rate runs for --seconds; the rate steps up until p99 passes the limit or a
+request fails. Jobs stay PENDING behind the local launcher's cap (0 slots),
+so what is measured is the API: auth, validation, the insert, the answer.
+
+    python bench/api_submit.py                     # PostgreSQL and SQLite
+    python bench/api_submit.py --db sqlite --rates 100,200 --seconds 5
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+PG_ADMIN = os.environ.get("SPOTBROKER_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+JOB = {"name": "bench", "run": "python train.py", "resources": {"accelerators": "A100:1"}}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pg_database() -> tuple[str, callable]:
+    name = f"spotbroker_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as c:
+            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False), drop
+
+
+def start_broker(db_url: str, data_dir: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    env.update(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir),
+               SPOTBROKER_LOCAL_MAX_RUNNING="0", SPOTBROKER_ADMIN_TOKEN="bench-admin")
+    cli = [sys.executable, "-m", "spotbroker.broker.cli"]
+    subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
+    port = free_port()
+    proc = subprocess.Popen([*cli, "serve", "--port", str(port), "--log-level", "warning",
+                             *(["--workers", str(workers)] if workers > 1 else [])], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise SystemExit("the broker did not start")
+        time.sleep(0.2)
+    token = httpx.post(f"{url}/v1/teams", json={"name": "bench"},
+                       headers={"Authorization": "Bearer bench-admin"}).json()["token"]
+    return proc, url, token
+
+
+async def run_rate(url: str, token: str, rate: float, seconds: float) -> dict:
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=512, max_keepalive_connections=512)
+    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                                 limits=limits, timeout=10) as client:
+        async def one(scheduled: float) -> None:
+            nonlocal errors
+            try:
+                r = await client.post("/v1/jobs", json=JOB)
+                ok = r.status_code == 201
+            except httpx.HTTPError:
+                ok = False
+            # Latency from when the request was due, so client lag counts against us too.
+            latencies.append(time.perf_counter() - scheduled)
+            errors += not ok
+
+        start = time.perf_counter()
+        tasks, n = [], int(rate * seconds)
+        for i in range(n):
+            due = start + i / rate
+            delay = due - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(due)))
+        await asyncio.gather(*tasks)
+    latencies.sort()
+
+    def pct(p: float) -> float:
+        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] * 1000
+
+    return {"rate": rate, "sent": n, "errors": errors, "p50": pct(0.50), "p99": pct(0.99), "max": pct(1.0)}
+
+
+def bench(db: str, rates: list[float], seconds: float, workers: int) -> float:
+    data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
+    drop = None
+    if db == "postgresql":
+        db_url, drop = pg_database()
+    else:
+        db_url = f"sqlite:///{data_dir / 'broker.db'}"
+    proc, url, token = start_broker(db_url, data_dir, workers)
+    best = 0.0
+    try:
+        print(f"\n{db} ({workers} worker{'s' if workers > 1 else ''}), {seconds:.0f} s per rate")
+        print(f"{'rate/s':>8} {'sent':>6} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
+        for rate in rates:
+            r = asyncio.run(run_rate(url, token, rate, seconds))
+            print(f"{r['rate']:>8.0f} {r['sent']:>6} {r['errors']:>6} {r['p50']:>8.1f} {r['p99']:>8.1f} "
+                  f"{r['max']:>8.1f}")
+            if r["errors"] or r["p99"] > 100:
+                break
+            best = rate
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        if drop:
+            drop()
+    print(f"{db}: highest rate held with p99 <= 100 ms and no errors: {best:.0f} submissions/s")
+    return best
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--db", choices=["postgresql", "sqlite", "both"], default="both")
+    ap.add_argument("--rates", default="100,200,300,400,500,600,800")
+    ap.add_argument("--seconds", type=float, default=20)
+    ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    args = ap.parse_args()
+    rates = [float(r) for r in args.rates.split(",")]
+    for db in (["postgresql", "sqlite"] if args.db == "both" else [args.db]):
+        bench(db, rates, args.seconds, args.workers)
+
+
+if __name__ == "__main__":
+    main()
