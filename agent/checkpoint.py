@@ -199,7 +199,7 @@ def _flatten(obj: Any, tensors: list[Any]) -> Any:
         tensors.append(obj.detach())
         return _TensorRef(len(tensors) - 1)
     if type(obj) in (dict, OrderedDict):
-        return type(obj)((k, _flatten(v, tensors)) for k, v in obj.items())
+        return _same_mapping(obj, ((k, _flatten(v, tensors)) for k, v in obj.items()))
     if type(obj) is list:
         return [_flatten(v, tensors) for v in obj]
     if type(obj) is tuple:
@@ -211,12 +211,22 @@ def _unflatten(obj: Any, tensors: list[Any]) -> Any:
     if isinstance(obj, _TensorRef):
         return tensors[obj.index]
     if type(obj) in (dict, OrderedDict):
-        return type(obj)((k, _unflatten(v, tensors)) for k, v in obj.items())
+        return _same_mapping(obj, ((k, _unflatten(v, tensors)) for k, v in obj.items()))
     if type(obj) is list:
         return [_unflatten(v, tensors) for v in obj]
     if type(obj) is tuple:
         return tuple(_unflatten(v, tensors) for v in obj)
     return obj
+
+
+def _same_mapping(original: Any, items: Any) -> Any:
+    """A mapping of the original's type; a module's state_dict keeps its
+    ``_metadata`` (the module versions load_state_dict reads)."""
+    mapping = type(original)(items)
+    metadata = getattr(original, "_metadata", None)
+    if metadata is not None:
+        mapping._metadata = metadata
+    return mapping
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")  # the user's own: the package never depends on it
 
 from spotbroker.agent import protocol  # noqa: E402
-from spotbroker.agent.checkpoint import KEEP_MARKER, Checkpointer, list_checkpoints, mark_keep  # noqa: E402
+from spotbroker.agent.checkpoint import KEEP_MARKER, Checkpointer, _load, list_checkpoints, mark_keep  # noqa: E402
 from spotbroker.agent.storage import Storage  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,6 +141,9 @@ def test_save_and_restore_everything(root_uri: str) -> None:
     ck2 = Checkpointer(net2, opt2, sched2, uri=root_uri + "/attempt-2", job_uri=root_uri)
     assert ck2.restore() == 3
     assert same_state(net2.state_dict(), expected[0])
+    # The module versions that load_state_dict reads travel with the weights.
+    saved, _ = _load(Storage(info.uri), workers=2)
+    assert saved["components"]["model"]._metadata == net.state_dict()._metadata
     assert same_state(opt2.state_dict(), expected[1])
     assert sched2.state_dict() == expected[2]
     assert torch.equal(torch.get_rng_state(), rng)
