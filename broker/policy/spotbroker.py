@@ -142,7 +142,8 @@ class SpotBroker:
         # two similar zones never trade the job back and forth
         cheapest_od = min(z.on_demand_price for z in zones)
         restart = obs.restart_overhead_s * (step.h.spot_price + cheapest_od) / 3600
-        better = sorted((i for i in range(len(zones)) if i != current and costs[i] + 2 * restart < costs[current]),
+        better = sorted((i for i in range(len(zones))
+                         if i != current and costs[i] + step.back(zones[i].zone) + 2 * restart < costs[current]),
                         key=lambda i: costs[i])
         if not better:
             return Decision.keep("spot")
