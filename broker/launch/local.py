@@ -96,10 +96,13 @@ class LocalLauncher:
             nodes.append(node)
         return {"run_dir": str(run_dir), "nodes": nodes}
 
-    def _reap(self) -> None:
+    def _reap(self, pids: list[int]) -> None:
+        """Collect the exit of our own children among `pids`, so they do not
+        linger as zombies (runs started by an earlier broker are not ours)."""
         with self._lock:
-            for pid, proc in list(self._children.items()):
-                if proc.poll() is not None:
+            for pid in pids:
+                proc = self._children.get(pid)
+                if proc is not None and proc.poll() is not None:
                     del self._children[pid]
 
     def _node_state(self, run_dir: Path, node: dict) -> tuple[RunState, int | None]:
@@ -115,7 +118,7 @@ class LocalLauncher:
         return RunState.GONE, None
 
     def status(self, handle: Handle) -> RunStatus:
-        self._reap()
+        self._reap([n["pid"] for n in handle["nodes"]])
         run_dir = Path(handle["run_dir"])
         states = [self._node_state(run_dir, n) for n in handle["nodes"]]
         if any(s == RunState.GONE for s, _ in states):
@@ -137,15 +140,16 @@ class LocalLauncher:
 
     def _kill_later(self, nodes: list[dict]) -> None:
         deadline = time.monotonic() + self.kill_grace_seconds
+        pids = [n["pid"] for n in nodes]
         while time.monotonic() < deadline:
-            self._reap()
+            self._reap(pids)
             if not any(_start_time(n["pid"]) == n["start"] for n in nodes):
                 return
             time.sleep(0.1)
         for node in nodes:
             if _start_time(node["pid"]) == node["start"]:
                 _signal_group(node["pid"], signal.SIGKILL)
-        self._reap()
+        self._reap(pids)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:
