@@ -1,0 +1,70 @@
+"""deploy/ and docker-compose.yml. There is no Docker engine here, so: the
+compose file parses and names only things that exist, and the image's entry
+command runs as a plain process against a real PostgreSQL."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import yaml
+
+from helpers import create_pg_database, drop_pg_database
+from spotbroker.broker.settings import Settings
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_compose_names_only_what_exists():
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    assert {"postgres", "broker", "s3"} <= set(services)
+    build = services["broker"]["build"]
+    dockerfile = REPO / build["context"] / build["dockerfile"]
+    assert dockerfile.is_file()
+    for dep in services["broker"]["depends_on"]:
+        assert dep in services
+    fields = {f"SPOTBROKER_{name.upper()}" for name in Settings.model_fields}
+    for var in services["broker"]["environment"]:
+        if var.startswith("SPOTBROKER_"):
+            assert var in fields, f"{var} is not a setting"
+    for line in dockerfile.read_text().splitlines():
+        if line.startswith("COPY"):
+            for src in line.split()[1:-1]:
+                assert (REPO / src).exists(), f"{dockerfile.name} copies {src}, which does not exist"
+    entry = REPO / "deploy" / "entrypoint.sh"
+    assert os.access(entry, os.X_OK)
+    assert re.search(r'ENTRYPOINT \["spotbroker-entrypoint"\]', dockerfile.read_text())
+
+
+def test_image_entry_command_migrates_and_serves(pg_server, tmp_path):
+    url = create_pg_database("spotbroker_deploy")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    env.update(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(tmp_path), SPOTBROKER_ADMIN_TOKEN="x",
+               PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    proc = subprocess.Popen([str(REPO / "deploy" / "entrypoint.sh"), "serve", "--host", "127.0.0.1",
+                             "--port", str(port)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).json()["status"] == "ok":
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the entry command did not serve"
+            time.sleep(0.2)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=30)
+        drop_pg_database(url)
