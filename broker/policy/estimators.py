@@ -4,9 +4,11 @@ Spot capacity in a zone is modelled as an on/off process with exponential
 spells: up spells of mean U (so a running spot instance is reclaimed at rate
 1/U) and down spells of mean D. Each mean is the textbook maximum-likelihood
 estimate, time seen in that state over the number of spells seen to end,
-with a weak prior worth one spell so that a zone never seen is neither
-trusted nor written off. Censored spells (still going) count through their
-time, which is what makes the estimate unbiased for exponential spells.
+with a weak, optimistic prior worth one spell: a zone never tried looks
+good enough to be worth a try (the way bandit algorithms explore), and a
+few hours of watching outweigh it. Censored spells (still going) count
+through their time, which is what keeps the estimate unbiased for
+exponential spells.
 """
 from __future__ import annotations
 
@@ -15,8 +17,7 @@ from dataclasses import dataclass
 
 from spotbroker.broker.policy.model import ZoneHistory
 
-# Weak priors, one pseudo-spell each. They only matter until a zone has been
-# watched for a few hours; they are round numbers, not fitted to any trace.
+# One pseudo-spell each: round numbers, not fitted to any trace.
 PRIOR_UP_S = 4 * 3600.0
 PRIOR_DOWN_S = 0.5 * 3600.0
 PRIOR_SPELLS = 1.0
@@ -26,47 +27,12 @@ PRIOR_SPELLS = 1.0
 class ZoneEstimate:
     up_mean_s: float  # U: expected length of a spot spell (a launched instance's life)
     down_mean_s: float  # D: expected length of an outage
-    known_up: bool | None  # the last sample, if it is recent enough to trust; else None
-
-    @property
-    def availability(self) -> float:
-        return self.up_mean_s / (self.up_mean_s + self.down_mean_s)
-
-    def residual_down_s(self) -> float:
-        """Expected time until spot is back (exponential spells are memoryless)."""
-        if self.known_up:
-            return 0.0
-        if self.known_up is None:
-            return (1 - self.availability) * self.down_mean_s
-        return self.down_mean_s
 
 
-def estimate(history: ZoneHistory, now_s: float, step_s: float) -> ZoneEstimate:
+def estimate(history: ZoneHistory) -> ZoneEstimate:
     up = (history.seconds_up + PRIOR_UP_S * PRIOR_SPELLS) / (history.ups_lost + PRIOR_SPELLS)
     down = (history.seconds_down + PRIOR_DOWN_S * PRIOR_SPELLS) / (history.downs_ended + PRIOR_SPELLS)
-    known: bool | None = None
-    if history.last_sample_s is not None and now_s - history.last_sample_s <= step_s + 1e-9:
-        known = history.last_available
-    return ZoneEstimate(up, down, known)
-
-
-def prob_exceeds(slack_s: float, interruptions: float, down_mean_s: float, restart_s: float) -> float:
-    """P(the time lost to future interruptions exceeds `slack_s`).
-
-    Interruptions arrive as a Poisson count with mean `interruptions`; each one
-    loses an outage (exponential, mean `down_mean_s`) plus a restart. A
-    compound Poisson sum, taken as normal with its exact mean and variance
-    (good enough to price slack; it errs on the side of the deadline).
-    """
-    if slack_s <= 0:
-        return 1.0
-    if interruptions <= 0:
-        return 0.0
-    mean = interruptions * (down_mean_s + restart_s)
-    second_moment = 2 * down_mean_s**2 + 2 * down_mean_s * restart_s + restart_s**2
-    sd = math.sqrt(interruptions * second_moment)
-    z = (slack_s - mean) / sd
-    return 0.5 * math.erfc(z / math.sqrt(2))
+    return ZoneEstimate(up, down)
 
 
 MIN_SPELLS = 8  # fewer observed spells than this and the exponential model stands in

@@ -118,7 +118,7 @@ class SpotBroker:
     def _home(obs: Observation, slack: float) -> _Step:
         zones, W, d = obs.zones, obs.work_left_s, obs.restart_overhead_s
         here = obs.last_zone if obs.running is None else obs.running.zone
-        est = [estimate(z.history, obs.now_s, obs.step_s) for z in zones]
+        est = [estimate(z.history) for z in zones]
         cheapest_od = min(z.on_demand_price for z in zones)
         costs = []
         for z, e in zip(zones, est):

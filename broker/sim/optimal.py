@@ -95,7 +95,6 @@ def solve(traces: TraceSet, job: Job, egress: EgressPrices | None = None) -> Pla
     unavailable = np.array([z.unavailable[:T] for z in traces.zones])
     od_tick = np.array([z.on_demand_price for z in traces.zones]) * gap / 3600
     ks = np.arange(K + 1)
-    hgrid = np.arange(HD)
 
     for t in range(T):
         spot_tick = np.array([z.spot_price[t] for z in traces.zones]) * gap / 3600
@@ -166,7 +165,6 @@ def solve(traces: TraceSet, job: Job, egress: EgressPrices | None = None) -> Pla
             code -= SHIFT
             k -= 1
         m, h = divmod(code, HD)
-    del hgrid
     return Plan(plan, objective)
 
 

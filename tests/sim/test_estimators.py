@@ -20,7 +20,7 @@ def test_spell_means_are_learned_from_samples():
             history.record(Event.PROBE_OK if up else Event.PROBE_FAILED, t)
             t += step
         up = not up
-    e = estimate(history, t, step)
+    e = estimate(history)
     assert e.up_mean_s == pytest.approx(up_mean, rel=0.15)
     assert e.down_mean_s == pytest.approx(down_mean, rel=0.15)
     assert len(history.up_spells_s) > 100
