@@ -62,3 +62,13 @@ def test_runs_unchanged_on_600s_ticks_and_flat_prices(runs_600s, v100_600s):
     # a flat-price zone at ~0.93 $/h: nothing can beat the work at that price
     work_h = 143780 / 3600
     assert min(r.result.cost for r in optimal) > 0.9 * work_h
+
+
+def test_product_policy_beats_the_published_best(protocol_runs):
+    """A regression guard, not a tuned target: below SkyNomad's published mean
+    ($41.731, 1.117x Optimal) and UP(S), with every deadline met."""
+    mean = statistics.mean(r.result.cost for r in protocol_runs["spotbroker"])
+    optimal = statistics.mean(r.result.cost for r in protocol_runs["optimal"])
+    assert mean < 41.731
+    assert mean < statistics.mean(r.result.cost for r in protocol_runs["up-s"])
+    assert mean / optimal < 1.08
