@@ -28,7 +28,7 @@ from functools import lru_cache
 import numpy as np
 
 PRICE_RESOLUTION = 0.01
-MAX_GRID = 600  # steps of the whole horizon at most; coarser steps beyond that
+MAX_GRID = 300  # steps of the whole horizon at most; coarser steps beyond that
 
 
 @dataclass(frozen=True)
