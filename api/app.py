@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from spotbroker.api import errors
-from spotbroker.api.routers import health, jobs, teams
+from spotbroker.api.routers import agent, health, jobs, teams
 from spotbroker.broker import migrate
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -52,7 +52,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
             seed_from_catalog(session, clock)
         launchers = {}
         if settings.local_launcher_enabled():
-            launchers["local"] = LocalLauncher(settings.data_dir, settings.local_kill_grace_seconds)
+            launchers["local"] = LocalLauncher(settings.data_dir, settings.local_kill_grace_seconds,
+                                               notice_window=settings.local_notice_window)
         else:
             log.warning("the local launcher is off (the server listens beyond loopback); "
                         "set SPOTBROKER_LOCAL_LAUNCHER=true to run jobs on this host")
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(teams.router)
+    app.include_router(agent.router)
     # The request body is parsed by hand (JSON or YAML); publish its schema.
     _publish_schema(app, JobSpec)
     return app

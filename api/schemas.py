@@ -105,3 +105,19 @@ class TokenOut(BaseModel):
 class Health(BaseModel):
     status: str
     detail: str | None = None
+
+
+class CheckpointOut(BaseModel):
+    id: int
+    attempt_id: int
+    step: int
+    uri: str
+    bytes: int
+    seconds: float | None
+    reason: str | None
+    keep: bool = Field(description="never deleted or archived")
+    committed_at: datetime
+
+
+class CheckpointList(BaseModel):
+    checkpoints: list[CheckpointOut]

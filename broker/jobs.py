@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.models import Event, Job
+from spotbroker.broker.models import Attempt, Checkpoint, Event, Job
 from spotbroker.broker.spec import JobSpec
 from spotbroker.broker.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, JobState, transition
 
@@ -78,3 +78,33 @@ def cancel(session: Session, team_id: int, job_id: int, clock: Clock = SYSTEM_CL
             transition(session, attempt, "CANCELLED", reason="cancelled", clock=clock)
     transition(session, job, JobState.CANCELLED, reason="cancelled by request", clock=clock)
     return job
+
+
+class CheckpointNotFound(LookupError):
+    pass
+
+
+def checkpoints(session: Session, team_id: int, job_id: int) -> list[Checkpoint]:
+    """Committed checkpoints of the job, newest step first."""
+    get(session, team_id, job_id)
+    return list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
+                                .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())))
+
+
+def keep_checkpoint(session: Session, team_id: int, job_id: int, checkpoint_id: int) -> Checkpoint:
+    """Mark a checkpoint as the one to keep: its KEEP marker in the store
+    stops any keep-last-K clean-up from deleting it."""
+    from spotbroker.agent.checkpoint import mark_keep
+
+    get(session, team_id, job_id)
+    ckpt = session.scalar(select(Checkpoint).where(Checkpoint.id == checkpoint_id, Checkpoint.job_id == job_id))
+    if ckpt is None:
+        raise CheckpointNotFound(checkpoint_id)
+    mark_keep(ckpt.uri)
+    ckpt.keep = True
+    return ckpt
+
+
+def current_attempt(job: Job) -> Attempt | None:
+    live = [a for a in job.attempts if a.state in LIVE_ATTEMPT_STATES]
+    return live[-1] if live else None

@@ -62,3 +62,17 @@ def follow(path: Path, offset: int, still_running, poll: float = 0.25,
                 yield chunk
             return
         sleep(poll)
+
+
+def append_at(path: Path, offset: int, chunk: bytes) -> int:
+    """Store `chunk` as the bytes at `offset` of the log; returns the size.
+
+    Idempotent for re-sent chunks; a chunk past the end is not stored (the
+    caller resends from the returned size)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("ab") as f:
+        size = f.seek(0, os.SEEK_END)
+        if offset <= size < offset + len(chunk):
+            f.write(chunk[size - offset:])
+            size = offset + len(chunk)
+    return size

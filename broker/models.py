@@ -120,6 +120,11 @@ class Attempt(Base):
     exit_code: Mapped[int | None] = mapped_column(Integer)
     # Set once the launcher has released what the attempt held (processes, VMs).
     released: Mapped[bool] = mapped_column(Boolean, default=False)
+    # The node agent's channel: its per-attempt token (digest only), the last
+    # event sequence number stored, and when it last spoke.
+    agent_token_digest: Mapped[str | None] = mapped_column(String(64), unique=True)
+    agent_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    last_heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]
     started_at: Mapped[datetime | None]
@@ -141,3 +146,24 @@ class Event(Base):
     type: Mapped[str] = mapped_column(String(32))
     at: Mapped[datetime]
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class Checkpoint(Base):
+    """A committed checkpoint, as the agent reported it. Its objects live in
+    object storage under the attempt's own prefix; `keep` ones are never
+    deleted or archived."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("attempt_id", "step", name="uq_checkpoints_attempt_id_step"),
+                      Index("ix_checkpoints_job_id_step", "job_id", "step"))
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"))
+    step: Mapped[int] = mapped_column(BigInteger)
+    uri: Mapped[str] = mapped_column(Text)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    seconds: Mapped[float | None] = mapped_column(Float)
+    reason: Mapped[str | None] = mapped_column(String(16))
+    keep: Mapped[bool] = mapped_column(Boolean, default=False)
+    committed_at: Mapped[datetime]

@@ -36,7 +36,10 @@ from sqlalchemy.orm.exc import StaleDataError
 from spotbroker.agent import protocol
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.db import transaction
-from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LaunchRequest, RunState
+from spotbroker.broker.agent_channel import agent_token, newest_checkpoint, preempted
+from spotbroker.broker.auth import digest
+from spotbroker.broker.launch.base import (CapacityError, Launcher, LaunchError, LaunchRequest, RunState,
+                                           RunStatus)
 from spotbroker.broker.models import Attempt, Event, Job, Team
 from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement, rank_offers
 from spotbroker.broker.settings import Settings
@@ -74,6 +77,7 @@ class Reconciler:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._wake = threading.Event()
         self._dialect = factory.kw["bind"].dialect.name
+        self._key = settings.signing_key()
 
     # --- running in the server ---------------------------------------------------------
 
@@ -111,10 +115,12 @@ class Reconciler:
         """job id -> (attempt id, state, exit code) for attempts whose run changed."""
         with self.factory() as session:
             rows = session.execute(
-                select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.launcher, Attempt.handle)
+                select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.launcher, Attempt.handle,
+                       Attempt.last_heartbeat_at)
                 .where(Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]), Attempt.handle.is_not(None))
             ).all()
         changed = {}
+        silent_since = self.clock.now() - timedelta(seconds=self.settings.heartbeat_timeout)
         for row in rows:
             launcher = self.launchers.get(row.launcher)
             if launcher is None:
@@ -125,6 +131,8 @@ class Reconciler:
             except Exception as exc:
                 log.warning("status of attempt %d failed: %s", row.id, exc)
                 continue
+            if status.state == RunState.RUNNING and row.last_heartbeat_at and row.last_heartbeat_at < silent_since:
+                status = RunStatus(RunState.GONE)  # its agent went silent: the node is lost
             if status.state == RunState.RUNNING and row.state == A.RUNNING:
                 continue
             changed[row.job_id] = (row.id, status.state, status.exit_code)
@@ -277,6 +285,7 @@ class Reconciler:
                           created_at=now, updated_at=now)
         session.add(attempt)
         session.flush()
+        attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))
         transition(session, job, J.LAUNCHING, clock=self.clock, data={
             "attempt_id": attempt.id, "cloud": placement.cloud, "region": placement.region,
             "zone": placement.zone or placement.zone_id, "instance_type": placement.instance_type,
@@ -323,9 +332,13 @@ class Reconciler:
                               zone_id=attempt.zone_id, instance_type=attempt.instance_type,
                               accelerator=attempt.accelerator, accelerator_count=attempt.accelerator_count,
                               use_spot=attempt.use_spot, price_per_hour=attempt.price_per_hour)
+        resume = newest_checkpoint(session, job.id)
         extra = {
             protocol.ENV_JOB_ID: str(job.id), protocol.ENV_ATTEMPT_ID: str(attempt.id),
             protocol.ENV_CHECKPOINT_ROOT: job_uri, protocol.ENV_CHECKPOINT_URI: f"{job_uri}/{attempt.id}",
+            protocol.ENV_RESUME_FROM: resume.uri if resume else "",
+            protocol.ENV_BROKER_URL: self.settings.agent_url,
+            protocol.ENV_AGENT_TOKEN: agent_token(self._key, attempt.id),
         }
         return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, run=spec.run,
                              setup=spec.setup, envs=spec.envs, workdir=spec.workdir,
@@ -386,6 +399,12 @@ class Reconciler:
                 transition(session, job, J.RUNNING, data={"attempt_id": attempt.id}, clock=self.clock)
             return
         attempt.exit_code = exit_code
+        if job.state == J.PREEMPTING and state != RunState.SUCCEEDED:
+            # The node was reclaimed (or the trainer stopped) before the
+            # agent reported a flush: recover from what is committed.
+            preempted(session, job, attempt, f"the attempt ended ({state.lower()})", self.clock)
+            self.hint()
+            return
         if state == RunState.SUCCEEDED:
             attempt.released = True  # the processes have exited
             transition(session, attempt, A.SUCCEEDED, reason="exit 0", clock=self.clock)

@@ -6,6 +6,8 @@ a `file://` checkpoint root, all under one data directory.
 from __future__ import annotations
 
 import os
+import secrets
+import time
 from functools import lru_cache
 from pathlib import Path
 
@@ -35,6 +37,15 @@ class Settings(BaseSettings):
     lease_seconds: float = 30.0                 # a claimed job is another process's after this
     launch_failover_limit: int = 5              # offers tried per launch round
 
+    # Signs the per-attempt agent tokens. Brokers sharing a database need the
+    # same key; unset, one is made once in data_dir.
+    secret_key: SecretStr | None = None
+    # Where agents on the nodes reach this broker (default: from host/port).
+    advertise_url: str | None = None
+    heartbeat_timeout: float = 60.0             # a silent agent's node counts as lost after this
+    # Simulated notice window of local runs (None: the cloud's own, 120/30/30 s).
+    local_notice_window: float | None = None
+
     # What the CLI talks to.
     url: str = "http://127.0.0.1:8000"
     token: SecretStr | None = None
@@ -48,6 +59,32 @@ class Settings(BaseSettings):
     @property
     def checkpoint_uri(self) -> str:
         return self.checkpoint_root or (self.data_dir / "checkpoints").as_uri()
+
+    @property
+    def agent_url(self) -> str:
+        if self.advertise_url:
+            return self.advertise_url.rstrip("/")
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+        return f"http://{host}:{self.port}"
+
+    def signing_key(self) -> bytes:
+        if self.secret_key is not None:
+            return self.secret_key.get_secret_value().encode()
+        path = self.data_dir / "secret_key"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:  # O_EXCL: brokers starting together on one data dir agree on one key
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            for _ in range(50):
+                key = path.read_bytes().strip()
+                if key:
+                    return key
+                time.sleep(0.01)
+            raise RuntimeError(f"{path} is empty: delete it or set SPOTBROKER_SECRET_KEY") from None
+        key = secrets.token_urlsafe(48).encode()
+        with os.fdopen(fd, "wb") as f:
+            f.write(key)
+        return key
 
     def local_launcher_enabled(self, host: str | None = None) -> bool:
         if self.local_launcher is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -98,17 +99,53 @@ def settings(db_url: str, tmp_path: Path):
 
     return Settings(database_url=db_url, data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN,
                     reconcile_interval=0.05, local_kill_grace_seconds=2, local_max_running=8,
-                    _env_file=None)
+                    local_notice_window=5, secret_key="test-signing-key", _env_file=None)
+
+
+@contextmanager
+def served(settings, run_reconciler: bool = True) -> Iterator:
+    """The app on a real socket (settings.port is set to it), so that node
+    agents of local runs can reach it; yields an HTTP client for it."""
+    import socket
+    import threading
+    import time
+
+    import httpx
+    import uvicorn
+
+    from spotbroker.api.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        settings.port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, run_reconciler=run_reconciler),
+                                           host="127.0.0.1", port=settings.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.02)
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{settings.port}", timeout=30) as client:
+            yield client
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
 
 
 @pytest.fixture
 def api(settings) -> Iterator:
-    """A TestClient on the full app, reconciler included."""
-    from fastapi.testclient import TestClient
+    """The full app, reconciler included, and a client for it."""
+    with served(settings) as client:
+        yield client
 
-    from spotbroker.api.app import create_app
 
-    with TestClient(create_app(settings)) as client:
+@pytest.fixture
+def agent_endpoint(settings) -> Iterator:
+    """The API without its reconciler: where agents report while a test
+    drives its own reconciler pass by pass."""
+    with served(settings, run_reconciler=False) as client:
         yield client
 
 

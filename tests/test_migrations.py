@@ -33,3 +33,27 @@ def test_upgrade_check_downgrade(empty_url):
     migrate.downgrade(engine, "base")
     assert set(inspect(engine).get_table_names()) <= {"alembic_version"}
     engine.dispose()
+
+
+def test_upgrade_keeps_rows_written_by_the_first_schema(empty_url):
+    """0001 -> head on a database with a team, a job and an attempt in it."""
+    from sqlalchemy import text
+
+    engine = make_engine(empty_url)
+    migrate.upgrade(engine, "0001")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO teams (id, name, created_at) VALUES (1, 'ml', CURRENT_TIMESTAMP)"))
+        conn.execute(text("INSERT INTO jobs (id, team_id, name, state, spec, restarts, recoveries, created_at, "
+                          "updated_at, version) VALUES (1, 1, 'j', 'RUNNING', '{}', 0, 0, CURRENT_TIMESTAMP, "
+                          "CURRENT_TIMESTAMP, 1)"))
+        conn.execute(text("INSERT INTO attempts (id, job_id, state, launcher, cloud, accelerator_count, use_spot, "
+                          "num_nodes, price_per_hour, released, created_at, updated_at, version) VALUES "
+                          "(1, 1, 'RUNNING', 'local', 'local', 0, false, 1, 0, false, CURRENT_TIMESTAMP, "
+                          "CURRENT_TIMESTAMP, 1)"))
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT agent_seq FROM attempts WHERE id = 1")).scalar() == 0
+    migrate.downgrade(engine, "0001")
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM attempts")).scalar() == 1
+    engine.dispose()

@@ -12,7 +12,8 @@ from sqlalchemy.exc import IntegrityError
 
 from spotbroker.api.deps import CurrentTeam, SessionDep
 from spotbroker.api.errors import PROBLEM, Problem, field_errors, invalid
-from spotbroker.api.schemas import EventList, EventOut, JobOut, JobPage
+from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
+from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.db import transaction
 from spotbroker.broker import jobs, logs
 from spotbroker.broker.spec import JobSpec, SpecSyntaxError, load_document
@@ -161,3 +162,49 @@ def cancel_job(request: Request, job_id: int, team: CurrentTeam) -> JobOut:
         out = JobOut.of(job, team.team_name, state.clock.now())
     state.reconciler.hint()
     return out
+
+
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS)
+def list_checkpoints(job_id: int, session: SessionDep, team: CurrentTeam) -> CheckpointList:
+    """Committed checkpoints (every attempt's), newest step first."""
+    try:
+        found = jobs.checkpoints(session, team.team_id, job_id)
+    except jobs.JobNotFound:
+        raise _not_found(job_id) from None
+    return CheckpointList(checkpoints=[_checkpoint_out(c) for c in found])
+
+
+@router.post("/{job_id}/checkpoints/{checkpoint_id}/keep", response_model=CheckpointOut, responses=_ERRORS)
+def keep_checkpoint(request: Request, job_id: int, checkpoint_id: int, team: CurrentTeam) -> CheckpointOut:
+    """Mark a checkpoint `keep` (the gold weights): never deleted or archived."""
+    with transaction(request.app.state.session_factory) as session:
+        try:
+            return _checkpoint_out(jobs.keep_checkpoint(session, team.team_id, job_id, checkpoint_id))
+        except jobs.JobNotFound:
+            raise _not_found(job_id) from None
+        except jobs.CheckpointNotFound:
+            raise Problem(404, "Not found", f"job {job_id} has no checkpoint {checkpoint_id}") from None
+
+
+@router.post("/{job_id}/simulate-preemption", status_code=202, response_model=JobOut, responses={
+    **_ERRORS, 409: {"description": "the job has no running attempt on the local launcher"}})
+def simulate_preemption(request: Request, job_id: int, session: SessionDep, team: CurrentTeam) -> JobOut:
+    """Make the running attempt's simulated cloud send its preemption notice
+    (local launcher only: a real cloud's notice cannot be forged)."""
+    state = request.app.state
+    job = _get(session, team, job_id)
+    attempt = jobs.current_attempt(job)
+    launcher = state.reconciler.launchers.get(attempt.launcher) if attempt else None
+    if attempt is None or attempt.handle is None or not hasattr(launcher, "simulate_preemption"):
+        raise Problem(409, "Conflict", "only a running attempt on the local launcher can be preempted "
+                      "on request")
+    try:
+        launcher.simulate_preemption(attempt.handle)
+    except LaunchError as exc:
+        raise Problem(409, "Conflict", str(exc)) from None
+    return JobOut.of(job, team.team_name, state.clock.now())
+
+
+def _checkpoint_out(c) -> CheckpointOut:
+    return CheckpointOut(id=c.id, attempt_id=c.attempt_id, step=c.step, uri=c.uri, bytes=c.bytes,
+                         seconds=c.seconds, reason=c.reason, keep=c.keep, committed_at=c.committed_at)

@@ -18,18 +18,37 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
-from spotbroker.broker.launch.base import Handle, LaunchRequest, RunState, RunStatus
+import httpx
+
+from spotbroker.agent import protocol
+from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.logs import log_path
 
 log = logging.getLogger(__name__)
 
 # The wrapper records the exit code atomically once the command ends; a node
 # that dies without one (killed with its group, host lost) counts as gone.
-_WRAPPER = 'bash -c "$SPOTBROKER_SCRIPT"; rc=$?; echo $rc > "$SPOTBROKER_EXIT.tmp" && mv "$SPOTBROKER_EXIT.tmp" "$SPOTBROKER_EXIT"; exit $rc'
+_RECORD_EXIT = 'rc=$?; echo $rc > "$SPOTBROKER_EXIT.tmp" && mv "$SPOTBROKER_EXIT.tmp" "$SPOTBROKER_EXIT"; exit $rc'
+_WRAPPER = 'bash -c "$SPOTBROKER_SCRIPT"; ' + _RECORD_EXIT
+# Node 0 runs under the node agent, as on a cloud node. For a simulated cloud
+# a metadata-service simulator runs beside it, in the same process group (so
+# that the simulated hard stop reclaims the whole node, simulator included),
+# and the agent watches it instead of the cloud's own endpoint.
+_AGENT_WRAPPER = """
+if [ -n "$SPOTBROKER_SIM_CLOUD" ]; then
+    "$SPOTBROKER_PYTHON" -m spotbroker.agent.simulator --cloud "$SPOTBROKER_SIM_CLOUD" --port 0 \
+        $SPOTBROKER_SIM_ARGS --kill-at-hard-stop $$ > sim.url 2> sim.log &
+    for _ in $(seq 1 200); do [ -s sim.url ] && break; sleep 0.05; done
+    export SPOTBROKER_METADATA_URL="$(head -n 1 sim.url)"
+fi
+"$SPOTBROKER_PYTHON" -m spotbroker.agent.cli run --work-dir agent -- bash -c "$SPOTBROKER_SCRIPT"
+""" + _RECORD_EXIT
+SIMULATED_CLOUDS = ("aws", "gcp", "azure")
 
 
 def _start_time(pid: int) -> str | None:
@@ -47,9 +66,12 @@ def _start_time(pid: int) -> str | None:
 class LocalLauncher:
     name = "local"
 
-    def __init__(self, data_dir: Path, kill_grace_seconds: float = 10.0) -> None:
+    def __init__(self, data_dir: Path, kill_grace_seconds: float = 10.0, notice_window: float | None = None,
+                 python: str = sys.executable) -> None:
         self.data_dir = data_dir
         self.kill_grace_seconds = kill_grace_seconds
+        self.notice_window = notice_window
+        self.python = python
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
 
@@ -72,7 +94,11 @@ class LocalLauncher:
             if node_file.exists():  # launched before a restart: do not start it twice
                 nodes.append(json.loads(node_file.read_text()))
                 continue
-            out = log_path(self.data_dir, request.job_id, request.attempt_id, rank)
+            with_agent = rank == 0 and protocol.ENV_AGENT_TOKEN in request.extra_env
+            # Under the agent, node 0's output reaches the broker's log through
+            # the agent's channel; the raw stream stays in the run directory.
+            out = (run_dir / "node-0.out" if with_agent
+                   else log_path(self.data_dir, request.job_id, request.attempt_id, rank))
             out.parent.mkdir(parents=True, exist_ok=True)
             env = {
                 **os.environ, **request.envs, **request.extra_env,
@@ -83,8 +109,13 @@ class LocalLauncher:
                 "SPOTBROKER_ZONE": p.zone or p.zone_id or "",
                 "SPOTBROKER_INSTANCE_TYPE": p.instance_type or "",
             }
+            if with_agent:
+                env.update(self._agent_env(p.cloud))
+            else:  # only node 0 holds the agent's channel
+                env.pop(protocol.ENV_AGENT_TOKEN, None)
+            wrapper = _AGENT_WRAPPER if with_agent else _WRAPPER
             with out.open("ab") as sink:
-                proc = subprocess.Popen(["bash", "-c", _WRAPPER], stdin=subprocess.DEVNULL, stdout=sink,
+                proc = subprocess.Popen(["bash", "-c", wrapper], stdin=subprocess.DEVNULL, stdout=sink,
                                         stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                         cwd=str(run_dir))
             node = {"rank": rank, "pid": proc.pid, "start": _start_time(proc.pid), "log": str(out)}
@@ -95,6 +126,29 @@ class LocalLauncher:
             tmp.replace(node_file)
             nodes.append(node)
         return {"run_dir": str(run_dir), "nodes": nodes}
+
+    def _agent_env(self, cloud: str) -> dict[str, str]:
+        env = {"SPOTBROKER_PYTHON": self.python, "SPOTBROKER_SIM_CLOUD": "", "SPOTBROKER_SIM_ARGS": ""}
+        if cloud in SIMULATED_CLOUDS:
+            env["SPOTBROKER_SIM_CLOUD"] = cloud
+            if self.notice_window is not None:
+                env["SPOTBROKER_SIM_ARGS"] = f"--window {self.notice_window:g}"
+                env["SPOTBROKER_NOTICE_WINDOW"] = f"{self.notice_window:g}"  # GCP publishes no deadline
+        return env
+
+    def simulate_preemption(self, handle: Handle) -> dict:
+        """Make the attempt's metadata simulator publish a preemption notice."""
+        url_file = Path(handle["run_dir"]) / "sim.url"
+        url = url_file.read_text().split("\n", 1)[0].strip() if url_file.exists() else ""
+        if not url:
+            raise LaunchError("this attempt has no metadata simulator (a CPU job, or not started yet)")
+        body = {} if self.notice_window is None else {"notice_seconds": self.notice_window}
+        try:
+            r = httpx.post(f"{url}/_sim/preempt", json=body, timeout=5)
+            r.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise LaunchError(f"the metadata simulator did not take the notice: {exc}") from None
+        return r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
 
     def _reap(self, pids: list[int]) -> None:
         """Collect the exit of our own children among `pids`, so they do not

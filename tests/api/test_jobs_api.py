@@ -27,7 +27,9 @@ def test_cpu_job_runs_to_success_with_events_logs_and_cost(api, team_headers):
     events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
     assert events[0]["type"] == "submitted"
     moves = [(e["data"]["from"], e["data"]["to"]) for e in events if e["type"] == "job_state"]
-    assert moves == [("PENDING", "LAUNCHING"), ("LAUNCHING", "RUNNING"), ("RUNNING", "SUCCEEDED")]
+    # A command that ends before the broker saw it up goes LAUNCHING -> SUCCEEDED directly.
+    assert moves in ([("PENDING", "LAUNCHING"), ("LAUNCHING", "RUNNING"), ("RUNNING", "SUCCEEDED")],
+                     [("PENDING", "LAUNCHING"), ("LAUNCHING", "SUCCEEDED")])
     assert all(set(e) >= {"type", "at", "attempt_id", "data"} for e in events)
     assert api.get(f"/v1/jobs/{job['id']}/logs", headers=h).text == "hello world\n"
 

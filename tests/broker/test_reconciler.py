@@ -36,7 +36,7 @@ class Crash(BaseException):
 
 
 @pytest.fixture
-def env(factory, settings):
+def env(factory, settings, agent_endpoint):
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     with transaction(factory) as s:
         seed_from_catalog(s)

@@ -1,0 +1,95 @@
+"""The node agent's channel (authenticated by the per-attempt agent token,
+never by a team token): events and the trainer's output."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Header, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotbroker.agent import protocol
+from spotbroker.api.errors import Problem
+from spotbroker.broker import agent_channel, logs
+from spotbroker.broker.db import transaction
+from spotbroker.broker.models import Attempt
+
+router = APIRouter(tags=["agent"])
+_bearer = HTTPBearer(auto_error=False, description="the attempt's agent token")
+MAX_LOG_CHUNK = 4 << 20
+
+
+class AgentEventIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    seq: int = Field(ge=1)
+    type: str
+    at: datetime
+    data: dict[str, Any] = Field(default_factory=dict)
+
+
+class AgentEvents(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    events: list[AgentEventIn] = Field(max_length=1000)
+
+
+class AgentAnswer(BaseModel):
+    accepted: int
+    last_seq: int
+    cancel: bool = Field(description="the attempt is over: stop the trainer")
+
+
+class LogAnswer(BaseModel):
+    size: int = Field(description="bytes of this attempt's log stored so far")
+
+
+def current_attempt(request: Request,
+                    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> int:
+    if creds is None or not creds.credentials:
+        raise Problem(401, "Unauthorized", "send 'Authorization: Bearer <agent token>'",
+                      headers={"WWW-Authenticate": "Bearer"})
+    with request.app.state.session_factory() as session:
+        attempt = agent_channel.attempt_for_token(session, creds.credentials)
+        if attempt is None:
+            raise Problem(401, "Unauthorized", "unknown agent token", headers={"WWW-Authenticate": "Bearer"})
+        return attempt.id
+
+
+CurrentAttempt = Annotated[int, Depends(current_attempt)]
+
+
+@router.post(protocol.EVENTS_PATH, response_model=AgentAnswer)
+async def post_events(request: Request, body: AgentEvents, attempt_id: CurrentAttempt) -> AgentAnswer:
+    """Report events, in order; a re-sent event (same seq) is ignored."""
+    for e in body.events:
+        if e.type not in protocol.AGENT_EVENT_TYPES:
+            raise Problem(422, "Invalid request", f"unknown event type {e.type!r}",
+                          errors=[{"field": "events.type", "message": f"one of {sorted(protocol.AGENT_EVENT_TYPES)}"}])
+    state = request.app.state
+    events = [agent_channel.AgentEvent(e.seq, e.type, e.at, e.data) for e in body.events]
+
+    def store() -> agent_channel.Outcome:
+        with transaction(state.session_factory) as session:
+            return agent_channel.record(session, session.get(Attempt, attempt_id), events, clock=state.clock)
+
+    outcome = await run_in_threadpool(store)
+    if outcome.moved:
+        state.reconciler.hint()
+    return AgentAnswer(accepted=outcome.accepted, last_seq=outcome.last_seq, cancel=outcome.cancel)
+
+
+@router.post(protocol.LOGS_PATH, response_model=LogAnswer)
+async def post_logs(request: Request, attempt_id: CurrentAttempt,
+                    offset: Annotated[int, Header(alias=protocol.LOG_OFFSET_HEADER, ge=0)]) -> LogAnswer:
+    """Append the trainer's output at `X-Log-Offset`. A chunk that starts past
+    the end is refused (the answer says where to resume); one that overlaps
+    what is stored adds only its new bytes."""
+    chunk = await request.body()
+    if len(chunk) > MAX_LOG_CHUNK:
+        raise Problem(413, "Payload too large", f"send at most {MAX_LOG_CHUNK} bytes at a time")
+    state = request.app.state
+    with state.session_factory() as session:
+        job_id = session.get(Attempt, attempt_id).job_id
+    path = logs.log_path(state.settings.data_dir, job_id, attempt_id)
+    return LogAnswer(size=await run_in_threadpool(logs.append_at, path, offset, chunk))

@@ -1,0 +1,141 @@
+"""The node agent's channel: what the broker does with an agent's reports.
+
+Each attempt gets its own agent token at launch (only its digest is kept),
+so an agent can post only for its own attempt. Events carry a sequence
+number per attempt; one already stored is ignored, so a buffered batch can
+be re-sent safely. State moves follow DESIGN.md:
+
+    RUNNING    --preemption_notice-->               PREEMPTING
+    PREEMPTING --checkpoint_committed / no_flush--> RECOVERING (the old attempt is PREEMPTED)
+
+and only for the job's current attempt: a late report from an attempt that
+was already replaced is recorded (its checkpoint too: it lives under that
+attempt's own prefix) but moves nothing.
+"""
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from spotbroker.agent import protocol
+from spotbroker.broker.auth import digest
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.models import Attempt, Checkpoint, Event, Job
+from spotbroker.broker.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
+
+A, J = AttemptState, JobState
+AGENT_TOKEN_PREFIX = "sba_"
+# Heartbeats are frequent and carry nothing new: they update the attempt, not the event log.
+SILENT = {protocol.HEARTBEAT}
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    seq: int
+    type: str
+    at: datetime
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    accepted: int
+    last_seq: int
+    cancel: bool
+    moved: bool  # a job changed state: the reconciler should look now
+
+
+def agent_token(key: bytes, attempt_id: int) -> str:
+    """The attempt's agent token: derived, not random, so that a launch
+    repeated after a broker crash hands the running agent the same token.
+    Only its digest is stored (on the attempt)."""
+    mac = hmac.new(key, f"spotbroker-agent:{attempt_id}".encode(), hashlib.sha256).digest()
+    return AGENT_TOKEN_PREFIX + base64.urlsafe_b64encode(mac).decode().rstrip("=")
+
+
+def attempt_for_token(session: Session, token: str) -> Attempt | None:
+    if not token.startswith(AGENT_TOKEN_PREFIX):
+        return None
+    return session.scalar(select(Attempt).where(Attempt.agent_token_digest == digest(token)))
+
+
+def newest_checkpoint(session: Session, job_id: int) -> Checkpoint | None:
+    return session.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id)
+                          .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
+
+
+def record(session: Session, attempt: Attempt, events: list[AgentEvent], clock: Clock = SYSTEM_CLOCK) -> Outcome:
+    job = session.get(Job, attempt.job_id)
+    accepted, moved = 0, False
+    for event in sorted(events, key=lambda e: e.seq):
+        if event.seq <= attempt.agent_seq:
+            continue  # delivered before: a re-sent batch
+        attempt.agent_seq = event.seq
+        accepted += 1
+        if event.type not in SILENT:
+            session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(),
+                              data={**event.data, "agent_at": event.at.isoformat()}))
+        moved |= _apply(session, job, attempt, event, clock)
+    return Outcome(accepted=accepted, last_seq=attempt.agent_seq,
+                   cancel=attempt.state not in LIVE_ATTEMPT_STATES, moved=moved)
+
+
+def _is_current(job: Job, attempt: Attempt) -> bool:
+    return attempt.state in LIVE_ATTEMPT_STATES and job.state in (J.LAUNCHING, J.RUNNING, J.PREEMPTING)
+
+
+def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, clock: Clock) -> bool:
+    kind = event.type
+    if kind == protocol.CHECKPOINT_COMMITTED:
+        _add_checkpoint(session, job, attempt, event.data, clock)
+    if not _is_current(job, attempt):
+        return False
+    if kind in (protocol.HEARTBEAT, protocol.TRAINER_STARTED):
+        attempt.last_heartbeat_at = clock.now()
+        if attempt.state == A.LAUNCHING:  # the agent's first word: the node is up
+            transition(session, attempt, A.RUNNING, clock=clock)
+            transition(session, job, J.RUNNING, data={"attempt_id": attempt.id}, clock=clock)
+            return True
+        return False
+    if kind == protocol.PREEMPTION_NOTICE and job.state in (J.LAUNCHING, J.RUNNING):
+        transition(session, job, J.PREEMPTING, reason="preemption notice",
+                   data={"attempt_id": attempt.id, "deadline": event.data.get("deadline")}, clock=clock)
+        return True
+    if job.state == J.PREEMPTING and (
+            kind == protocol.NO_FLUSH
+            or (kind == protocol.CHECKPOINT_COMMITTED and event.data.get("reason") != "periodic")):
+        why = "checkpoint committed" if kind == protocol.CHECKPOINT_COMMITTED else "no flush will come"
+        preempted(session, job, attempt, why, clock)
+        return True
+    return False
+
+
+def preempted(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock) -> None:
+    """The attempt is lost to a preemption: recover on a new one now, without
+    waiting for the old node to die (the release phase stops what is left)."""
+    if attempt.state in LIVE_ATTEMPT_STATES:
+        transition(session, attempt, A.PREEMPTED, reason="preempted", clock=clock)
+        attempt.released = False
+    job.recoveries += 1
+    transition(session, job, J.RECOVERING, reason=f"preempted: {why}", clock=clock)
+    job.next_check_at = clock.now()
+
+
+def _add_checkpoint(session: Session, job: Job, attempt: Attempt, data: dict[str, Any], clock: Clock) -> None:
+    try:
+        step, uri = int(data["step"]), str(data["uri"])
+    except (KeyError, TypeError, ValueError):
+        return  # the event is kept in the log; a checkpoint needs a step and a uri
+    exists = session.scalar(select(Checkpoint.id).where(Checkpoint.attempt_id == attempt.id,
+                                                        Checkpoint.step == step))
+    if exists is None:
+        session.add(Checkpoint(job_id=job.id, attempt_id=attempt.id, step=step, uri=uri,
+                               bytes=int(data.get("bytes") or 0), seconds=data.get("seconds"),
+                               reason=data.get("reason"), committed_at=clock.now()))
