@@ -5,6 +5,7 @@ from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
@@ -29,11 +30,18 @@ SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_principal(request: Request, session: SessionDep,
-                  creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
+async def get_principal(request: Request,
+                        creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> Principal:
     if creds is None or creds.scheme.lower() != "bearer" or not creds.credentials:
         raise Problem(401, "Unauthorized", "send 'Authorization: Bearer <token>'", headers=_CHALLENGE)
-    principal = request.app.state.tokens.resolve(session, creds.credentials)
+    tokens = request.app.state.tokens
+    known, principal = tokens.cached(creds.credentials)
+    if not known:  # a database look-up blocks: off the event loop
+        def look_up() -> Principal | None:
+            with request.app.state.session_factory() as session:
+                return tokens.resolve(session, creds.credentials)
+
+        principal = await run_in_threadpool(look_up)
     if principal is None:
         raise Problem(401, "Unauthorized", "unknown or revoked token", headers=_CHALLENGE)
     return principal

@@ -81,15 +81,23 @@ class TokenResolver:
         self._cache: dict[str, tuple[float, Principal | None]] = {}
         self._lock = threading.Lock()
 
-    def resolve(self, session: Session, token: str) -> Principal | None:
+    def cached(self, token: str) -> tuple[bool, Principal | None]:
+        """(known, principal) without touching the database."""
         key = digest(token)
         if self._admin_digest and hmac.compare_digest(key, self._admin_digest):
-            return ADMIN
-        now = time.monotonic()
+            return True, ADMIN
         with self._lock:
             hit = self._cache.get(key)
-        if hit and hit[0] > now:
-            return hit[1]
+        if hit and hit[0] > time.monotonic():
+            return True, hit[1]
+        return False, None
+
+    def resolve(self, session: Session, token: str) -> Principal | None:
+        known, principal = self.cached(token)
+        if known:
+            return principal
+        key = digest(token)
+        now = time.monotonic()
         row = session.execute(
             select(Team.id, Team.name).join(ApiToken, ApiToken.team_id == Team.id)
             .where(ApiToken.digest == key, ApiToken.revoked_at.is_(None))

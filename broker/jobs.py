@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -28,13 +28,13 @@ def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_
         if existing is not None:
             return existing
     now = clock.now()
-    job = Job(team_id=team_id, name=spec.name, state=JobState.PENDING, spec=spec.stored(),
-              idempotency_key=idempotency_key, created_at=now, updated_at=now, next_check_at=now,
-              attempts=[])  # known empty: reading it later needs no query
-    session.add(job)
-    session.flush()
-    session.add(Event(job_id=job.id, type="submitted", at=now, data={"name": spec.name}))
-    return job
+    values = dict(team_id=team_id, name=spec.name, state=str(JobState.PENDING), spec=spec.stored(),
+                  idempotency_key=idempotency_key, created_at=now, updated_at=now, next_check_at=now,
+                  restarts=0, recoveries=0, version=1)
+    # Plain inserts (no unit of work): submission is the API's hot path.
+    job_id = session.execute(insert(Job).values(**values).returning(Job.id)).scalar_one()
+    session.execute(insert(Event).values(job_id=job_id, type="submitted", at=now, data={"name": spec.name}))
+    return Job(id=job_id, **values, attempts=[])  # a detached copy: attempts known empty
 
 
 def by_key(session: Session, team_id: int, idempotency_key: str) -> Job | None:

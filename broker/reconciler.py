@@ -54,7 +54,7 @@ A, J = AttemptState, JobState
 DECIDING = (J.PENDING, J.RECOVERING, J.LAUNCHING, J.HELD)
 ZONE_COOLDOWN = timedelta(minutes=30)
 RETRY_LATER = timedelta(seconds=15)
-HINT_COALESCE = 0.05
+HINT_COALESCE = 0.1
 
 
 @dataclass

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import PlainTextResponse, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.exc import IntegrityError
 
@@ -73,7 +73,8 @@ async def submit_job(request: Request, team: CurrentTeam,
     # The database work blocks: keep it off the event loop.
     out = await run_in_threadpool(_submit, request.app.state, team, spec, idempotency_key)
     request.app.state.reconciler.hint()
-    return out
+    # Already a JobOut: send it as it is, without validating it a second time.
+    return Response(out.model_dump_json(), status_code=201, media_type="application/json")
 
 
 def _submit(state, team, spec: JobSpec, idempotency_key: str | None) -> JobOut:

@@ -40,13 +40,18 @@ _WRAPPER = 'bash -c "$SPOTBROKER_SCRIPT"; ' + _RECORD_EXIT
 # that the simulated hard stop reclaims the whole node, simulator included),
 # and the agent watches it instead of the cloud's own endpoint.
 _AGENT_WRAPPER = """
+sim=
 if [ -n "$SPOTBROKER_SIM_CLOUD" ]; then
     "$SPOTBROKER_PYTHON" -m spotbroker.agent.simulator --cloud "$SPOTBROKER_SIM_CLOUD" --port 0 \
         $SPOTBROKER_SIM_ARGS --kill-at-hard-stop $$ > sim.url 2> sim.log &
+    sim=$!
     for _ in $(seq 1 200); do [ -s sim.url ] && break; sleep 0.05; done
     export SPOTBROKER_METADATA_URL="$(head -n 1 sim.url)"
 fi
 "$SPOTBROKER_PYTHON" -m spotbroker.agent.cli run --work-dir agent -- bash -c "$SPOTBROKER_SCRIPT"
+rc=$?
+if [ -n "$sim" ]; then kill "$sim" 2>/dev/null; fi  # the node's simulator ends with its run
+(exit $rc)
 """ + _RECORD_EXIT
 SIMULATED_CLOUDS = ("aws", "gcp", "azure")
 
