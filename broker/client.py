@@ -104,5 +104,11 @@ class Client:
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self._request("POST", f"/v1/jobs/{job_id}/cancel").json()
 
+    def checkpoints(self, job_id: int) -> list[dict[str, Any]]:
+        return self._request("GET", f"/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
+
+    def simulate_preemption(self, job_id: int) -> dict[str, Any]:
+        return self._request("POST", f"/v1/jobs/{job_id}/simulate-preemption").json()
+
     def create_team(self, name: str) -> dict[str, Any]:
         return self._request("POST", "/v1/teams", json={"name": name}).json()

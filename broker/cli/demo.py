@@ -5,13 +5,16 @@ client, and stops it at the end."""
 from __future__ import annotations
 
 import os
+import re
 import secrets
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import click
@@ -19,13 +22,10 @@ import click
 from spotbroker.broker.client import ApiError, Client
 from spotbroker.broker.settings import get_settings
 
-DEMO_JOB = {
-    "name": "demo-train",
-    "run": ('echo "training on $SPOTBROKER_CLOUD $SPOTBROKER_ZONE ($SPOTBROKER_INSTANCE_TYPE)"; '
-            'for step in 1 2 3 4 5; do echo "step $step/5"; sleep 0.4; done; echo done'),
-    "envs": {"SEED": "7"},
-    "resources": {"accelerators": "A10G:1", "use_spot": True},
-}
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train.py"
+TRAIN_ARGS = ["--steps", "60", "--seed", "7", "--every-steps", "20", "--log-every", "1"]
+NOTICE_WINDOW = 10  # seconds between the simulated notice and the hard stop (AWS gives 120)
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 
 
@@ -59,7 +59,8 @@ def _step(text: str) -> None:
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="where the demo broker keeps its state [default: $SPOTBROKER_DATA_DIR/demo]")
 def demo(data_dir: Path | None) -> None:
-    """Run the local demo end to end: a broker, a team, a job, its logs and cost."""
+    """Run the local demo end to end: a broker, a team, a training job on spot,
+    a preemption, a resume elsewhere from the flushed checkpoint."""
     from spotbroker.broker.cli.jobs import print_job
 
     data_dir = (data_dir or get_settings().data_dir / "demo").resolve()
@@ -69,7 +70,9 @@ def demo(data_dir: Path | None) -> None:
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(SPOTBROKER_DATA_DIR=str(data_dir), SPOTBROKER_ADMIN_TOKEN=admin,
-               SPOTBROKER_RECONCILE_INTERVAL="0.5")
+               SPOTBROKER_RECONCILE_INTERVAL="0.5", SPOTBROKER_LOCAL_NOTICE_WINDOW=str(NOTICE_WINDOW))
+    if not TRAIN.exists():
+        raise click.ClickException(f"the demo runs {TRAIN}, which is not here: run it from a checkout")
     _step(f"starting the broker on {url} (SQLite and logs in {data_dir})")
     server_log = (data_dir / "broker.log").open("wb")
     server = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--port", str(port),
@@ -92,27 +95,92 @@ def demo(data_dir: Path | None) -> None:
         server_log.close()
 
 
+def _job_spec() -> dict:
+    run = " ".join([shlex.quote(sys.executable), shlex.quote(str(TRAIN)), *TRAIN_ARGS, "--step-seconds", "0.15"])
+    return {"name": "demo-train", "run": run, "resources": {"accelerators": "T4:1", "use_spot": True}}
+
+
+def _attempt_place(a: dict) -> str:
+    return (f"{a['cloud']} {a['region']} {a['zone'] or a['zone_id'] or ''} {a['instance_type']} "
+            f"{'spot' if a['use_spot'] else 'on-demand'} ${a['price_per_hour']:.4f}/h").replace("  ", " ")
+
+
 def _run_job(c: Client, print_job) -> None:
-    _step("submitting a job over REST: POST /v1/jobs")
-    job = c.submit(DEMO_JOB)
-    click.echo(f"job {job['id']} ({job['name']}) asks for {DEMO_JOB['resources']['accelerators']} on spot: "
-               f"{job['state']}")
-    _step("following its output: GET /v1/jobs/{id}/logs?follow=true")
+    _step("submitting a training job over REST: POST /v1/jobs")
+    job = c.submit(_job_spec())
+    click.echo(f"job {job['id']}: examples/train.py {' '.join(TRAIN_ARGS)}, asks for T4:1 on spot")
     started = time.monotonic()
-    while not c.job(job["id"])["attempts"]:
+    while not (job := c.job(job["id"]))["attempts"] or job["state"] != "RUNNING":
+        _deadline(started, job)
         time.sleep(0.1)
-    for chunk in c.follow_logs(job["id"]):
-        click.echo(chunk, nl=False)
-    while (job := c.job(job["id"]))["state"] not in TERMINAL:
-        if time.monotonic() - started > 120:
-            raise click.ClickException(f"job {job['id']} is still {job['state']} after 120 s")
+    click.echo(f"placed on the cheapest feasible spot offer: {_attempt_place(job['attempts'][0])}")
+
+    _step("training; its output comes back through the node agent")
+    while "step=20 " not in (out := c.logs(job["id"])):
+        _deadline(started, job)
         time.sleep(0.2)
-    _step("its events and cost: GET /v1/jobs/{id}, /events")
-    print_job(job, c.events(job["id"]))
-    attempt = job["attempts"][-1]
-    click.echo(f"placed on the cheapest feasible spot offer: {attempt['cloud']} {attempt['region']} "
-               f"{attempt['zone'] or attempt['zone_id'] or ''} {attempt['instance_type']} at "
-               f"${attempt['price_per_hour']:.4f}/h; cost ${job['cost']:.6f}")
-    if job["state"] != "SUCCEEDED":
-        raise click.ClickException(f"the demo job ended {job['state']}: {job.get('reason')}")
-    click.secho(f"\ndemo finished: job {job['id']} {job['state']}", fg="green", bold=True)
+    click.echo("".join(out.splitlines(keepends=True)[-3:]), nl=False)
+
+    _step("the cloud reclaims the node: a preemption notice through the simulated metadata service")
+    c.simulate_preemption(job["id"])
+    while (job := c.job(job["id"]))["state"] not in TERMINAL:
+        _deadline(started, job)
+        time.sleep(0.2)
+    events = c.events(job["id"])
+    print_job(job, events)
+    _timeline(job, events)
+
+    _step("the same run without a preemption, for comparison")
+    plain = subprocess.run([sys.executable, str(TRAIN), *TRAIN_ARGS], capture_output=True, text=True, timeout=300)
+    resumed_loss = _final_loss(c.logs(job["id"]))
+    plain_loss = _final_loss(plain.stdout)
+    click.echo(f"final loss, preempted and resumed: {resumed_loss}\n"
+               f"final loss, uninterrupted:         {plain_loss}  "
+               + ("(equal)" if resumed_loss == plain_loss else "(DIFFERENT)"))
+    if job["state"] != "SUCCEEDED" or resumed_loss != plain_loss:
+        raise click.ClickException(f"the demo job ended {job['state']} ({job.get('reason')})")
+    click.secho(f"\ndemo finished: job {job['id']} {job['state']} after {len(job['attempts'])} attempts, "
+                f"cost ${job['cost']:.6f}", fg="green", bold=True)
+
+
+def _deadline(started: float, job: dict) -> None:
+    if time.monotonic() - started > 240:
+        raise click.ClickException(f"job {job['id']} is still {job['state']} after 240 s")
+    if job["state"] in ("FAILED", "CANCELLED"):
+        raise click.ClickException(f"job {job['id']} ended {job['state']}: {job.get('reason')}")
+
+
+def _final_loss(text: str) -> str:
+    found = re.findall(r"final_loss=(\S+)", text)
+    return found[-1] if found else "?"
+
+
+def _timeline(job: dict, events: list[dict]) -> None:
+    """Notice -> checkpoint committed -> new attempt running, in seconds."""
+    def at(e: dict) -> datetime:
+        return datetime.fromisoformat(e["at"])
+
+    first, last = job["attempts"][0], job["attempts"][-1]
+    notice = next(e for e in events if e["type"] == "preemption_notice")
+    flush = next((e for e in events if e["type"] == "checkpoint_committed" and e["attempt_id"] == first["id"]
+                  and e["data"].get("reason") != "periodic"), None)
+    running = next(e for e in events if e["type"] == "attempt_state" and e["attempt_id"] == last["id"]
+                   and e["data"]["to"] == "RUNNING")
+    resumed = next((e for e in events if e["type"] == "resumed" and e["attempt_id"] == last["id"]), None)
+    _step("timeline")
+    t0 = at(notice)
+    click.echo(f"  +0.00 s  preemption notice on attempt {first['id']} ({first['cloud']}, deadline "
+               f"{notice['data'].get('deadline')})")
+    if flush:
+        d = flush["data"]
+        click.echo(f"  +{(at(flush) - t0).total_seconds():.2f} s  checkpoint committed: step {d['step']}, "
+                   f"{d['bytes'] / 1e6:.2f} MB in {d['seconds']:.2f} s")
+    click.echo(f"  +{(at(running) - t0).total_seconds():.2f} s  attempt {last['id']} running on "
+               f"{_attempt_place(last)}")
+    if resumed:
+        click.echo(f"  +{(at(resumed) - t0).total_seconds():.2f} s  trainer resumed from step "
+                   f"{resumed['data'].get('step')}")
+    if flush and resumed:
+        # The flush happens at the first step boundary after the notice, so
+        # the resumed run redoes nothing the first attempt had finished then.
+        click.echo(f"  steps lost: {max(0, flush['data']['step'] - resumed['data']['step'])}")

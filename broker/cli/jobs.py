@@ -121,7 +121,7 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
     console.print(attempts)
     table = Table("AT", "EVENT", "ATTEMPT", "DETAIL", title="events")
     for e in events:
-        data = dict(e["data"])
+        data = {k: v for k, v in e["data"].items() if k not in ("raw", "agent_at")}  # cloud payloads: see --json
         change = f"{data.pop('from')} -> {data.pop('to')} " if "to" in data else ""
         detail = change + " ".join(f"{k}={v}" for k, v in data.items())
         table.add_row(e["at"][11:23], e["type"], str(e["attempt_id"] or ""), detail)
@@ -156,3 +156,31 @@ def cancel(job_id: int, as_json: bool) -> None:
         _echo_json(job)
     else:
         click.echo(f"job {job['id']}: {job['state']}")
+
+
+@click.command("simulate-preemption")
+@click.argument("job_id", type=int)
+def simulate_preemption(job_id: int) -> None:
+    """Send a preemption notice to a job's running attempt (local launcher only)."""
+    job = call(client().simulate_preemption, job_id)
+    click.echo(f"job {job['id']}: preemption notice sent to attempt {job['attempts'][-1]['id']}")
+
+
+@click.command("checkpoints")
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+def checkpoints(job_id: int, as_json: bool) -> None:
+    """List a job's committed checkpoints, newest first."""
+    found = call(client().checkpoints, job_id)
+    if as_json:
+        _echo_json(found)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table("ID", "ATTEMPT", "STEP", "MB", "SECONDS", "REASON", "KEEP", "URI")
+    for c in found:
+        table.add_row(str(c["id"]), str(c["attempt_id"]), str(c["step"]), f"{c['bytes'] / 1e6:.1f}",
+                      f"{c['seconds']:.2f}" if c["seconds"] is not None else "-", c["reason"] or "-",
+                      "yes" if c["keep"] else "", c["uri"])
+    Console().print(table)
