@@ -19,14 +19,11 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 
 import httpx
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from _db import temporary_database
 
-PG_ADMIN = os.environ.get("SPOTBROKER_BENCH_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
 JOB = {"name": "bench", "run": "python train.py", "resources": {"accelerators": "A100:1"}}
 
 
@@ -34,20 +31,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def pg_database() -> tuple[str, callable]:
-    name = f"spotbroker_bench_{uuid.uuid4().hex[:8]}"
-    admin = create_engine(PG_ADMIN, isolation_level="AUTOCOMMIT")
-    with admin.connect() as c:
-        c.execute(text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as c:
-            c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return make_url(PG_ADMIN).set(database=name).render_as_string(hide_password=False), drop
 
 
 def start_broker(db_url: str, data_dir: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
@@ -112,11 +95,7 @@ async def run_rate(url: str, token: str, rate: float, seconds: float) -> dict:
 
 def bench(db: str, rates: list[float], seconds: float, workers: int) -> float:
     data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
-    drop = None
-    if db == "postgresql":
-        db_url, drop = pg_database()
-    else:
-        db_url = f"sqlite:///{data_dir / 'broker.db'}"
+    db_url, drop = temporary_database(db, data_dir)
     proc, url, token = start_broker(db_url, data_dir, workers)
     best = 0.0
     try:
@@ -132,8 +111,7 @@ def bench(db: str, rates: list[float], seconds: float, workers: int) -> float:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
-        if drop:
-            drop()
+        drop()
     print(f"{db}: highest rate held with p99 <= 100 ms and no errors: {best:.0f} submissions/s")
     return best
 

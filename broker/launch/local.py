@@ -72,8 +72,9 @@ class LocalLauncher:
     name = "local"
 
     def __init__(self, data_dir: Path, kill_grace_seconds: float = 10.0, notice_window: float | None = None,
-                 python: str = sys.executable) -> None:
+                 python: str = sys.executable, agent: bool = True) -> None:
         self.data_dir = data_dir
+        self.agent = agent  # off only where a run's own agent would get in the way (benchmarks)
         self.kill_grace_seconds = kill_grace_seconds
         self.notice_window = notice_window
         self.python = python
@@ -99,7 +100,7 @@ class LocalLauncher:
             if node_file.exists():  # launched before a restart: do not start it twice
                 nodes.append(json.loads(node_file.read_text()))
                 continue
-            with_agent = rank == 0 and protocol.ENV_AGENT_TOKEN in request.extra_env
+            with_agent = self.agent and rank == 0 and protocol.ENV_AGENT_TOKEN in request.extra_env
             # Under the agent, node 0's output reaches the broker's log through
             # the agent's channel; the raw stream stays in the run directory.
             out = (run_dir / "node-0.out" if with_agent
