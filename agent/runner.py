@@ -20,6 +20,11 @@ It exits with the trainer's exit code (128 + N when the trainer died of
 signal N; 127, reported as trainer_exited too, when the command cannot be
 started). Start-up is kept light: httpx and the watchers are imported only
 after the trainer is running.
+
+This module is the orchestration; the outbox is :mod:`spotbroker.agent.outbox`,
+the threads that deliver it and the trainer's log are in
+:mod:`spotbroker.agent.delivery`, and the helpers that read the trainer's
+events and vet its pids are in :mod:`spotbroker.agent.trainer_process`.
 """
 from __future__ import annotations
 
@@ -27,7 +32,6 @@ import json
 import logging
 import os
 import queue
-import random
 import signal
 import subprocess
 import sys
@@ -39,26 +43,25 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+# Names re-exported from the modules split off this one stay importable from here.
+from spotbroker.agent.delivery import (  # noqa: F401
+    LOG_CHUNK, BrokerClient, BrokerRejected, BrokerUnavailable, Delivery, EventSender, LogShipper,
+)
+from spotbroker.agent.outbox import BATCH_SIZE, OUTBOX_ACKED_FILE, OUTBOX_FILE, Outbox, now_iso  # noqa: F401
 from spotbroker.agent.protocol import (
-    CHECKPOINT_COMMITTED, ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_CONTROL_DIR, ENV_JOB_ID, EVENTS_FILE, EVENTS_PATH,
-    FLUSH_FILE, FLUSH_SIGNAL, HEARTBEAT, LIBRARY_FILE, LOG_OFFSET_HEADER, LOGS_PATH, NO_FLUSH, PREEMPTION_NOTICE,
-    RESUMED, TRAINER_EXITED, TRAINER_STARTED,
+    CHECKPOINT_COMMITTED, ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_CONTROL_DIR, ENV_JOB_ID, EVENTS_FILE, FLUSH_FILE,
+    FLUSH_SIGNAL, HEARTBEAT, LIBRARY_FILE, NO_FLUSH, TRAINER_EXITED, TRAINER_STARTED,
+)
+from spotbroker.agent.trainer_process import (  # noqa: F401
+    PR_SET_PDEATHSIG, TRAINER_EVENT_TYPES, EventTail, event_data, pid_alive, signal_name, terminate_with,
 )
 
 if TYPE_CHECKING:
-    import httpx
-
     from spotbroker.agent.notices import Notice, Watchers
 
 log = logging.getLogger("spotbroker.agent")
 
-# Events the trainer's library may report through events.jsonl; the others are the agent's own.
-TRAINER_EVENT_TYPES = frozenset({CHECKPOINT_COMMITTED, RESUMED, NO_FLUSH})
-OUTBOX_FILE = "outbox.jsonl"
-OUTBOX_ACKED_FILE = "outbox.acked"
 TRAINER_LOG_FILE = "trainer.log"
-BATCH_SIZE = 100
-LOG_CHUNK = 1 << 20
 COMMAND_NOT_STARTED = 127  # the shell's code for a command that could not be run
 
 
@@ -87,359 +90,6 @@ class RunnerConfig:
     kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
-
-
-def _jittered(failures: int, initial: float, maximum: float) -> float:
-    ceiling = min(maximum, initial * 2 ** max(0, failures - 1))
-    return ceiling * random.uniform(0.5, 1.0)
-
-
-# --- the outbox: events on disk until the broker has them ----------------------------
-
-
-class Outbox:
-    """Events in seq order, appended to a file and kept until the broker acknowledges them."""
-
-    def __init__(self, directory: Path) -> None:
-        self._path = directory / OUTBOX_FILE
-        self._acked_path = directory / OUTBOX_ACKED_FILE
-        self._changed = threading.Condition()
-        self._pending: list[dict[str, Any]] = []
-        self.acked = int(self._acked_path.read_text()) if self._acked_path.exists() else 0
-        self.last_seq = self.acked
-        for event in _read_jsonl(self._path):  # an agent restarted on the same work dir goes on
-            self.last_seq = max(self.last_seq, event["seq"])
-            if event["seq"] > self.acked:
-                self._pending.append(event)
-        self._file = open(self._path, "ab")
-
-    def add(self, event_type: str, data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
-        with self._changed:
-            self.last_seq += 1
-            event = {"seq": self.last_seq, "type": event_type, "at": at or now_iso(), "data": data}
-            self._file.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
-            self._file.flush()
-            os.fsync(self._file.fileno())  # on disk before anyone counts on it
-            self._pending.append(event)
-            self._changed.notify_all()
-        log.debug("event %d %s", event["seq"], event_type)
-        return event
-
-    def batch(self, limit: int = BATCH_SIZE) -> list[dict[str, Any]]:
-        with self._changed:
-            return list(self._pending[:limit])
-
-    def ack(self, seq: int) -> None:
-        with self._changed:
-            self._pending = [e for e in self._pending if e["seq"] > seq]
-            self.acked = max(self.acked, seq)
-            tmp = self._acked_path.with_suffix(".tmp")
-            tmp.write_text(str(self.acked))
-            os.replace(tmp, self._acked_path)
-            self._changed.notify_all()
-
-    def wait_pending(self, timeout: float) -> bool:
-        with self._changed:
-            if not self._pending:
-                self._changed.wait(timeout)
-            return bool(self._pending)
-
-    def has_pending(self, event_type: str | None = None) -> bool:
-        with self._changed:
-            return any(event_type is None or e["type"] == event_type for e in self._pending)
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def _read_jsonl(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    events = []
-    for line in path.read_bytes().splitlines():
-        try:
-            events.append(json.loads(line))
-        except ValueError:
-            continue  # a line cut short by a crash
-    return events
-
-
-# --- the broker's agent channel ------------------------------------------------------
-
-
-class BrokerUnavailable(Exception):
-    """Down, refusing, or failing: try again later."""
-
-
-class BrokerRejected(Exception):
-    """The broker says the request itself is wrong: retrying cannot help."""
-
-
-class BrokerClient:
-    def __init__(self, url: str, token: str | None, timeout: float) -> None:
-        import httpx  # here, not at the top: the trainer is already running when this loads
-
-        self._httpx = httpx
-        headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http: httpx.Client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
-
-    def post_events(self, events: list[dict[str, Any]]) -> dict[str, Any]:
-        answer = self._send(EVENTS_PATH, json={"events": events})
-        return _json_or_empty(answer)
-
-    def post_log(self, offset: int, chunk: bytes) -> int:
-        headers = {LOG_OFFSET_HEADER: str(offset), "Content-Type": "application/octet-stream"}
-        size = _json_or_empty(self._send(LOGS_PATH, content=chunk, headers=headers)).get("size")
-        if not isinstance(size, int):
-            raise BrokerUnavailable("log answer without a size")
-        return size
-
-    def close(self) -> None:
-        self._http.close()
-
-    def _send(self, path: str, **kwargs: Any) -> httpx.Response:
-        try:
-            answer = self._http.post(path, **kwargs)
-        except self._httpx.HTTPError as exc:
-            raise BrokerUnavailable(type(exc).__name__) from None
-        if answer.status_code in (401, 403):
-            raise BrokerUnavailable(f"HTTP {answer.status_code}: the broker refused the agent token")
-        if answer.status_code in (400, 413, 422):
-            raise BrokerRejected(f"HTTP {answer.status_code} for {path}")
-        if answer.status_code != 200:
-            raise BrokerUnavailable(f"HTTP {answer.status_code}")
-        return answer
-
-
-def _json_or_empty(answer: httpx.Response) -> dict[str, Any]:
-    try:
-        payload = answer.json()
-    except ValueError:
-        return {}
-    return payload if isinstance(payload, dict) else {}
-
-
-class _Delivery(threading.Thread):
-    """A loop that delivers to the broker until told to finish, then drains within a deadline."""
-
-    def __init__(self, name: str, config: RunnerConfig) -> None:
-        super().__init__(name=name, daemon=True)
-        self.config = config
-        self.failures = 0
-        self._finish_by: float | None = None
-        self._finishing = threading.Event()
-
-    def finish(self, deadline: float) -> None:
-        self._finish_by = deadline
-        self._finishing.set()
-
-    def _past_deadline(self) -> bool:
-        return self._finish_by is not None and time.monotonic() >= self._finish_by
-
-    def _failed(self, exc: Exception) -> None:
-        self.failures += 1
-        if self.failures == 1 or self.failures % 20 == 0:
-            log.warning("%s: broker unreachable (%d in a row), will retry: %s", self.name, self.failures, exc)
-        delay = _jittered(self.failures, self.config.retry_initial, self.config.retry_max)
-        if self._finishing.is_set():
-            time.sleep(delay)  # wait() would return at once now
-        else:
-            self._finishing.wait(delay)
-
-    def _recovered(self) -> None:
-        if self.failures:
-            log.info("%s: broker reachable again after %d failures", self.name, self.failures)
-        self.failures = 0
-
-
-class EventSender(_Delivery):
-    """Posts the outbox's events in seq order; the broker ignores a seq it already has."""
-
-    def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
-                 on_cancel: Callable[[], None]) -> None:
-        super().__init__("event-sender", config)
-        self.outbox = outbox
-        self.client = client
-        self.on_cancel = on_cancel
-
-    def run(self) -> None:
-        while True:
-            if not self.outbox.wait_pending(0.2):
-                if self._finishing.is_set():
-                    return
-                continue
-            if self._past_deadline():
-                log.warning("giving up delivering %d events; they stay in the outbox", len(self.outbox.batch()))
-                return
-            batch = self.outbox.batch()
-            try:
-                answer = self._post(batch)
-            except BrokerUnavailable as exc:
-                self._failed(exc)
-                continue
-            self._recovered()
-            self.outbox.ack(batch[-1]["seq"])
-            _log_notice_latency(batch)
-            if answer.get("cancel") is True:
-                self.on_cancel()
-
-    def _post(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
-        """Post a batch; if the broker rejects it, post one by one and drop only what it rejects."""
-        try:
-            return self.client.post_events(batch)
-        except BrokerRejected as exc:
-            if len(batch) == 1:
-                log.error("the broker rejected event %d (%s, %s); dropping it", batch[0]["seq"], batch[0]["type"], exc)
-                return {}
-        answer: dict[str, Any] = {}
-        for event in batch:
-            answer = self._post([event]) or answer
-        return answer
-
-
-def _log_notice_latency(batch: list[dict[str, Any]]) -> None:
-    for event in batch:
-        if event["type"] == PREEMPTION_NOTICE and event["data"].get("observed_at"):
-            seen = datetime.fromisoformat(event["data"]["observed_at"])
-            delay = (datetime.now(timezone.utc) - seen).total_seconds()
-            log.info("preemption notice delivered to the broker %.0f ms after it was seen", delay * 1000)
-
-
-class LogShipper(_Delivery):
-    """Ships the trainer's log file to the broker from the offset the broker has."""
-
-    def __init__(self, path: Path, client: BrokerClient, config: RunnerConfig) -> None:
-        super().__init__("log-shipper", config)
-        self.path = path
-        self.client = client
-        self.shipped = 0
-
-    def run(self) -> None:
-        while True:
-            try:
-                done = self._ship_once()
-            except BrokerUnavailable as exc:
-                if self._past_deadline():
-                    log.warning("giving up shipping the log at byte %d", self.shipped)
-                    return
-                self._failed(exc)
-                continue
-            self._recovered()
-            if done:
-                if self._finishing.is_set():
-                    return
-                self._finishing.wait(self.config.log_interval)
-            elif self._past_deadline():
-                return
-
-    def _ship_once(self) -> bool:
-        """Send the next chunk; True when the broker has the whole file."""
-        size = self.path.stat().st_size if self.path.exists() else 0
-        if self.shipped >= size:
-            return True
-        with open(self.path, "rb") as log_file:
-            log_file.seek(self.shipped)
-            chunk = log_file.read(LOG_CHUNK)
-        try:
-            stored = self.client.post_log(self.shipped, chunk)
-        except BrokerRejected as exc:
-            log.error("the broker rejected log bytes %d..%d (%s); skipping them", self.shipped,
-                      self.shipped + len(chunk), exc)
-            stored = self.shipped + len(chunk)
-        # The broker's size is the truth: less means it lacks bytes (re-send), more means it has them.
-        self.shipped = min(stored, size)
-        return self.shipped >= size
-
-
-# --- the trainer's side: output, events, library ---------------------------------------
-
-
-class EventTail:
-    """Reads the complete new lines of the control directory's events.jsonl."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._offset = 0
-        self._partial = b""
-        self._lock = threading.Lock()
-
-    def read_new(self) -> list[dict[str, Any]]:
-        with self._lock:
-            try:
-                with open(self.path, "rb") as events_file:
-                    events_file.seek(self._offset)
-                    data = events_file.read()
-            except FileNotFoundError:
-                return []
-            self._offset += len(data)
-            lines = (self._partial + data).split(b"\n")
-            self._partial = lines.pop()  # an unfinished last line waits for its end
-        events = []
-        for line in lines:
-            if not line.strip():
-                continue
-            try:
-                event = json.loads(line)
-            except ValueError:
-                log.warning("ignoring a line of %s that is not JSON (%d bytes)", EVENTS_FILE, len(line))
-                continue
-            if isinstance(event, dict):
-                events.append(event)
-        return events
-
-
-def _event_data(event: dict[str, Any]) -> dict[str, Any]:
-    """The library's event as `{"type", "data"}` or flat (`{"type", "step", ...}`): its data either way."""
-    if isinstance(event.get("data"), dict):
-        return dict(event["data"])
-    return {k: v for k, v in event.items() if k not in ("type", "at", "seq")}
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def _terminate_with(agent_pid: int) -> Callable[[], None] | None:
-    """In the trainer, before exec: get SIGTERM if the agent dies (Linux).
-
-    The trainer is in its own session, so a SIGKILLed or OOM-killed agent would
-    otherwise leave it running unsupervised on the node.
-    """
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes  # loaded before the fork: the child only calls it
-
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def arrange() -> None:
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-        if os.getppid() != agent_pid:  # the agent died before the line above
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arrange
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-# --- the supervisor ----------------------------------------------------------------------
-
-
 class Supervisor:
     def __init__(self, config: RunnerConfig) -> None:
         if not config.command:
@@ -455,7 +105,7 @@ class Supervisor:
         self.client: BrokerClient | None = None
         self.watchers: Watchers | None = None
         self._threads: list[threading.Thread] = []
-        self._deliveries: list[_Delivery] = []
+        self._deliveries: list[Delivery] = []
         self._notices: queue.Queue[Notice | None] = queue.Queue()
         self._trainer_done = threading.Event()
         self._stopping = threading.Event()
@@ -499,7 +149,7 @@ class Supervisor:
         self.proc = subprocess.Popen(
             self.config.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,  # its own group: signals reach all its processes
-            preexec_fn=_terminate_with(os.getpid()),
+            preexec_fn=terminate_with(os.getpid()),
         )
         log.info("trainer started, pid %d, control dir %s", self.proc.pid, self.control_dir)
 
@@ -540,7 +190,7 @@ class Supervisor:
         self._stop_watchers()
         data: dict[str, Any] = {"exit_code": exit_code}
         if returncode < 0:
-            data["signal"] = _signal_name(-returncode)
+            data["signal"] = signal_name(-returncode)
         self.outbox.add(TRAINER_EXITED, data)
         self._deliver_and_close()
         return exit_code
@@ -625,7 +275,7 @@ class Supervisor:
             if event_type not in TRAINER_EVENT_TYPES:
                 log.warning("ignoring a library event of type %r", event_type)
                 continue
-            data = _event_data(event)
+            data = event_data(event)
             at = event.get("at") if isinstance(event.get("at"), str) else None
             self.outbox.add(event_type, data, at)
             if event_type == CHECKPOINT_COMMITTED and self._flush_requested and data.get("reason") != "periodic":
@@ -740,7 +390,7 @@ class Supervisor:
             pid = int(info["pid"])
         except (OSError, ValueError, KeyError, TypeError):
             return None
-        if pid <= 1 or self.proc is None or not _pid_alive(pid):
+        if pid <= 1 or self.proc is None or not pid_alive(pid):
             return None
         try:
             # Never signal a process outside the trainer's group or session (a stale or forged pid).

@@ -1,0 +1,221 @@
+"""Delivery to the broker's agent channel.
+
+Two threads, each with its own back-off, so that a stuck log upload never
+holds back a preemption notice: the event sender posts the outbox's events in
+seq order (POST /v1/agent/events), the log shipper sends the trainer's output
+from the byte offset the broker has (POST /v1/agent/logs). When the trainer
+is gone the supervisor tells both to finish, and they drain what is left
+until a deadline; whatever is still undelivered then stays on disk.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from spotbroker.agent.outbox import Outbox
+from spotbroker.agent.protocol import EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH, PREEMPTION_NOTICE
+
+if TYPE_CHECKING:
+    import httpx
+
+    from spotbroker.agent.runner import RunnerConfig
+
+log = logging.getLogger("spotbroker.agent")
+
+LOG_CHUNK = 1 << 20  # the most log bytes sent in one request
+
+
+def _jittered(failures: int, initial: float, maximum: float) -> float:
+    ceiling = min(maximum, initial * 2 ** max(0, failures - 1))
+    return ceiling * random.uniform(0.5, 1.0)
+
+
+class BrokerUnavailable(Exception):
+    """Down, refusing, or failing: try again later."""
+
+
+class BrokerRejected(Exception):
+    """The broker says the request itself is wrong: retrying cannot help."""
+
+
+class BrokerClient:
+    """The agent channel over HTTP; a failed request is BrokerUnavailable (retry) or BrokerRejected (give up)."""
+
+    def __init__(self, url: str, token: str | None, timeout: float) -> None:
+        import httpx  # here, not at the top: the trainer is already running when this loads
+
+        self._httpx = httpx
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http: httpx.Client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+
+    def post_events(self, events: list[dict[str, Any]]) -> dict[str, Any]:
+        answer = self._send(EVENTS_PATH, json={"events": events})
+        return _json_or_empty(answer)
+
+    def post_log(self, offset: int, chunk: bytes) -> int:
+        headers = {LOG_OFFSET_HEADER: str(offset), "Content-Type": "application/octet-stream"}
+        size = _json_or_empty(self._send(LOGS_PATH, content=chunk, headers=headers)).get("size")
+        if not isinstance(size, int):
+            raise BrokerUnavailable("log answer without a size")
+        return size
+
+    def close(self) -> None:
+        self._http.close()
+
+    def _send(self, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            answer = self._http.post(path, **kwargs)
+        except self._httpx.HTTPError as exc:
+            raise BrokerUnavailable(type(exc).__name__) from None
+        if answer.status_code in (401, 403):
+            raise BrokerUnavailable(f"HTTP {answer.status_code}: the broker refused the agent token")
+        if answer.status_code in (400, 413, 422):
+            raise BrokerRejected(f"HTTP {answer.status_code} for {path}")
+        if answer.status_code != 200:
+            raise BrokerUnavailable(f"HTTP {answer.status_code}")
+        return answer
+
+
+def _json_or_empty(answer: httpx.Response) -> dict[str, Any]:
+    try:
+        payload = answer.json()
+    except ValueError:
+        return {}
+    return payload if isinstance(payload, dict) else {}
+
+
+class Delivery(threading.Thread):
+    """A loop that delivers to the broker until told to finish, then drains within a deadline."""
+
+    def __init__(self, name: str, config: RunnerConfig) -> None:
+        super().__init__(name=name, daemon=True)
+        self.config = config
+        self.failures = 0
+        self._finish_by: float | None = None
+        self._finishing = threading.Event()
+
+    def finish(self, deadline: float) -> None:
+        self._finish_by = deadline
+        self._finishing.set()
+
+    def _past_deadline(self) -> bool:
+        return self._finish_by is not None and time.monotonic() >= self._finish_by
+
+    def _failed(self, exc: Exception) -> None:
+        self.failures += 1
+        if self.failures == 1 or self.failures % 20 == 0:
+            log.warning("%s: broker unreachable (%d in a row), will retry: %s", self.name, self.failures, exc)
+        delay = _jittered(self.failures, self.config.retry_initial, self.config.retry_max)
+        if self._finishing.is_set():
+            time.sleep(delay)  # wait() would return at once now
+        else:
+            self._finishing.wait(delay)
+
+    def _recovered(self) -> None:
+        if self.failures:
+            log.info("%s: broker reachable again after %d failures", self.name, self.failures)
+        self.failures = 0
+
+
+class EventSender(Delivery):
+    """Posts the outbox's events in seq order; the broker ignores a seq it already has."""
+
+    def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
+                 on_cancel: Callable[[], None]) -> None:
+        super().__init__("event-sender", config)
+        self.outbox = outbox
+        self.client = client
+        self.on_cancel = on_cancel
+
+    def run(self) -> None:
+        while True:
+            if not self.outbox.wait_pending(0.2):
+                if self._finishing.is_set():
+                    return
+                continue
+            if self._past_deadline():
+                log.warning("giving up delivering %d events; they stay in the outbox", len(self.outbox.batch()))
+                return
+            batch = self.outbox.batch()
+            try:
+                answer = self._post(batch)
+            except BrokerUnavailable as exc:
+                self._failed(exc)
+                continue
+            self._recovered()
+            self.outbox.ack(batch[-1]["seq"])
+            _log_notice_latency(batch)
+            if answer.get("cancel") is True:
+                self.on_cancel()
+
+    def _post(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
+        """Post a batch; if the broker rejects it, post one by one and drop only what it rejects."""
+        try:
+            return self.client.post_events(batch)
+        except BrokerRejected as exc:
+            if len(batch) == 1:
+                log.error("the broker rejected event %d (%s, %s); dropping it", batch[0]["seq"], batch[0]["type"], exc)
+                return {}
+        answer: dict[str, Any] = {}
+        for event in batch:
+            answer = self._post([event]) or answer
+        return answer
+
+
+def _log_notice_latency(batch: list[dict[str, Any]]) -> None:
+    for event in batch:
+        if event["type"] == PREEMPTION_NOTICE and event["data"].get("observed_at"):
+            seen = datetime.fromisoformat(event["data"]["observed_at"])
+            delay = (datetime.now(timezone.utc) - seen).total_seconds()
+            log.info("preemption notice delivered to the broker %.0f ms after it was seen", delay * 1000)
+
+
+class LogShipper(Delivery):
+    """Ships the trainer's log file to the broker from the offset the broker has."""
+
+    def __init__(self, path: Path, client: BrokerClient, config: RunnerConfig) -> None:
+        super().__init__("log-shipper", config)
+        self.path = path
+        self.client = client
+        self.shipped = 0
+
+    def run(self) -> None:
+        while True:
+            try:
+                done = self._ship_once()
+            except BrokerUnavailable as exc:
+                if self._past_deadline():
+                    log.warning("giving up shipping the log at byte %d", self.shipped)
+                    return
+                self._failed(exc)
+                continue
+            self._recovered()
+            if done:
+                if self._finishing.is_set():
+                    return
+                self._finishing.wait(self.config.log_interval)
+            elif self._past_deadline():
+                return
+
+    def _ship_once(self) -> bool:
+        """Send the next chunk; True when the broker has the whole file."""
+        size = self.path.stat().st_size if self.path.exists() else 0
+        if self.shipped >= size:
+            return True
+        with open(self.path, "rb") as log_file:
+            log_file.seek(self.shipped)
+            chunk = log_file.read(LOG_CHUNK)
+        try:
+            stored = self.client.post_log(self.shipped, chunk)
+        except BrokerRejected as exc:
+            log.error("the broker rejected log bytes %d..%d (%s); skipping them", self.shipped,
+                      self.shipped + len(chunk), exc)
+            stored = self.shipped + len(chunk)
+        # The broker's size is the truth: less means it lacks bytes (re-send), more means it has them.
+        self.shipped = min(stored, size)
+        return self.shipped >= size
