@@ -1,0 +1,363 @@
+"""Writing checkpoints: the host buffer, the parallel part uploads and the commit.
+
+A periodic save copies the state into one reused host buffer (the only
+stall the training loop sees) and uploads its parts from there in the
+background; a flush, which the caller waits for, uploads CPU tensors in place
+and GPU ones part by part as they reach host memory. Each save is a
+:class:`Save`: its parts are hashed while uploaded, and the manifest, written
+last, is the commit (see :mod:`spotbroker.agent.ckpt_format`).
+"""
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+import logging
+import os
+import pickle
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from spotbroker.agent import protocol
+from spotbroker.agent.ckpt_format import (
+    ALIGN, FORMAT, INDEX_OBJECT, KEEP_MARKER, STATE_OBJECT, CheckpointInfo, HalfMode, Layout, byte_view, now_iso,
+    part_name, plan, slot_view,
+)
+from spotbroker.agent.ckpt_state import flatten, import_torch
+from spotbroker.agent.storage import Storage
+
+log = logging.getLogger("spotbroker.checkpoint")
+
+
+# --- where a part's bytes come from --------------------------------------------
+
+
+class BufferSource:
+    """Part bytes from a snapshot in the host buffer: one slice per part."""
+
+    def __init__(self, view: memoryview) -> None:
+        self.view = view
+
+    def segments(self, begin: int, end: int) -> list[memoryview]:
+        return [self.view[begin:end]]
+
+
+PADDING = memoryview(bytes(ALIGN))
+
+
+class TensorSource:
+    """Part bytes straight from the live CPU tensors, with no copy at all.
+
+    Only for saves the caller waits for (a flush): the tensors must not
+    change until the upload is done.
+    """
+
+    def __init__(self, tensors: list[Any], layout: Layout) -> None:
+        self.tensors = [t.contiguous() for t in tensors]  # a no-op for contiguous ones
+        self.views = [byte_view(t) for t in self.tensors]
+        self.slots = layout.slots
+        self.starts = [slot.offset for slot in layout.slots]
+
+    def segments(self, begin: int, end: int) -> list[memoryview]:
+        out: list[memoryview] = []
+        position = begin
+        i = max(bisect.bisect_right(self.starts, begin) - 1, 0)
+        while position < end:
+            slot = self.slots[i]
+            if position < slot.offset:  # alignment padding before this tensor
+                gap = min(slot.offset, end) - position
+                out.append(PADDING[:gap])
+                position += gap
+                continue
+            stop = min(end, slot.offset + slot.nbytes)
+            if position < stop:
+                out.append(self.views[i][position - slot.offset:stop - slot.offset])
+                position = stop
+            i += 1
+        return out
+
+
+class HostBuffer:
+    """One pinned-if-useful uint8 buffer holding a snapshot; reused while the layout holds."""
+
+    def __init__(self) -> None:
+        self.layout: Layout | None = None
+        self.tensor: Any = None
+        self.view = memoryview(bytearray())
+
+    def ensure(self, layout: Layout, pin: bool) -> None:
+        if self.layout is not None and self.layout.slots == layout.slots and self.tensor is not None:
+            self.layout = layout
+            return
+        torch = import_torch()
+        self.tensor = None  # let the old one go before allocating the new one
+        # zeros, not empty: the alignment padding then hashes the same every time.
+        self.tensor = torch.zeros(max(layout.total, 1), dtype=torch.uint8, pin_memory=pin)
+        self.view = byte_view(self.tensor)[:layout.total]
+        self.layout = layout
+
+
+# --- one save in progress ----------------------------------------------------
+
+
+class Cancelled(Exception):
+    """The save was abandoned (a newer one needs the buffer): not a failure."""
+
+
+@dataclass
+class Save:
+    """One checkpoint being written, from the step boundary to its commit (or not)."""
+
+    step: int
+    reason: str
+    directory: str                       # the step's prefix, relative to the storage root
+    started: float                       # time.monotonic() at the step boundary
+    futures: list[Future[tuple[str, int, str]]] = field(default_factory=list)
+    source: BufferSource | TensorSource | None = None
+    cancel: threading.Event = field(default_factory=threading.Event)
+    parts_done: threading.Event = field(default_factory=threading.Event)  # host buffer free again
+    done: threading.Event = field(default_factory=threading.Event)
+    result: CheckpointInfo | None = None
+    error: BaseException | None = None
+
+
+# --- the save machinery of Checkpointer ----------------------------------------
+
+
+class UploadMixin:
+    """How :class:`~spotbroker.agent.checkpoint.Checkpointer` makes a checkpoint.
+
+    Kept apart from the public API so that each reads on its own. It works on
+    the attributes Checkpointer's ``__init__`` sets (declared below) and calls
+    its ``_state`` (what to save) and ``_emit_committed`` (tell the agent).
+    """
+
+    # Set by Checkpointer.__init__:
+    _storage: Storage | None
+    _host: HostBuffer
+    _host_preparing: threading.Thread | None
+    _pool: ThreadPoolExecutor | None
+    _current: Save | None
+    _last_committed: CheckpointInfo | None
+    _before_part: Callable[[int, str], None] | None  # test seams
+    _before_manifest: Callable[[int], None] | None
+    half: HalfMode | None
+    part_bytes: int
+    max_workers: int
+    keep_last: int | None
+    # Methods of Checkpointer:
+    _state: Callable[[int], dict[str, Any]]
+    _emit_committed: Callable[[CheckpointInfo, str], None]
+
+    def _prepare_host_buffer(self) -> None:
+        """Allocate (and fault in) the snapshot buffer in the background, well
+        before the first periodic save, so that its stall is the copy alone."""
+        tensors: list[Any] = []
+        flatten(self._state(0), tensors)
+        layout = plan(tensors, self.half, self.part_bytes)
+        pin = any(t.device.type == "cuda" for t in tensors)
+        self._host_preparing = threading.Thread(target=self._host.ensure, args=(layout, pin),
+                                                name="spotbroker-ckpt-buffer", daemon=True)
+        self._host_preparing.start()
+
+    def _busy(self) -> bool:
+        current = self._current
+        return current is not None and not current.done.is_set()
+
+    def _reap(self) -> None:
+        """Forget a finished background save (its outcome is already logged)."""
+        current = self._current
+        if current is not None and current.done.is_set():
+            self._current = None
+
+    def _abandon_current(self, next_step: int) -> None:
+        """Stop an upload in flight so that its buffer and bandwidth are free.
+        Its objects are deleted; the newest committed checkpoint still stands."""
+        current = self._current
+        if current is None or current.done.is_set():
+            return
+        log.info("abandoning the unfinished checkpoint of step %d", current.step)
+        current.cancel.set()
+        if current.step == next_step:
+            current.done.wait()  # its clean-up would delete what the next save writes
+        else:
+            current.parts_done.wait()
+
+    def _uncommit(self, directory: str) -> None:
+        """Saving a step again (same prefix): drop its manifest first, so that
+        the old manifest never vouches for objects being replaced."""
+        assert self._storage is not None
+        manifest = f"{directory}/{protocol.MANIFEST}"
+        if self._storage.exists(manifest):
+            self._storage.delete(manifest)
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="spotbroker-ckpt-part")
+        return self._pool
+
+    def _snapshot_and_submit(self, save: Save, *, pipelined: bool) -> None:
+        """Copy the state into the host buffer and queue the uploads.
+
+        pipelined (the caller waits: a flush): CPU tensors are uploaded in
+        place, with no copy; others are queued part by part as their bytes
+        land in the host buffer. Otherwise (a periodic save) all parts are
+        queued after the copy, so that the caller's stall is the copy alone.
+        """
+        torch = import_torch()
+        tensors: list[Any] = []
+        skeleton = flatten(self._state(save.step), tensors)
+        layout = plan(tensors, self.half, self.part_bytes)
+        parts = layout.parts()
+        pool = self._executor()
+        index = json.dumps(layout.to_json(), separators=(",", ":")).encode()
+        state = pickle.dumps(skeleton, protocol=pickle.HIGHEST_PROTOCOL)
+        save.futures.append(pool.submit(self._upload_small, save, INDEX_OBJECT, index))
+        save.futures.append(pool.submit(self._upload_small, save, STATE_OBJECT, state))
+        if pipelined and not self.half and all(t.device.type == "cpu" for t in tensors):
+            # The caller waits and the state stays put meanwhile: upload it in place.
+            save.source = TensorSource(tensors, layout)
+            save.futures.extend(pool.submit(self._upload_part, save, number, begin, end)
+                                for number, (begin, end) in enumerate(parts))
+            return
+        on_gpu = any(t.device.type == "cuda" for t in tensors)
+        if self._host_preparing is not None:
+            self._host_preparing.join()
+        self._host.ensure(layout, pin=on_gpu)  # reuses the buffer while the layout holds
+        save.source = BufferSource(self._host.view)
+        buffer = self._host.tensor
+        queued = 0
+
+        def queue_ready(filled_to: int) -> int:
+            nonlocal queued
+            while queued < len(parts) and parts[queued][1] <= filled_to:
+                number, (begin, end) = queued, parts[queued]
+                save.futures.append(pool.submit(self._upload_part, save, number, begin, end))
+                queued += 1
+            return queued
+
+        for t, slot in zip(tensors, layout.slots):
+            # Blocking copies when pipelined: a queued part must already hold its bytes.
+            slot_view(buffer, slot).copy_(t, non_blocking=on_gpu and not pipelined)
+            if pipelined:
+                queue_ready(slot.offset + slot.nbytes)
+        if on_gpu:
+            torch.cuda.synchronize()
+        queue_ready(layout.total)
+
+    def _upload_part(self, save: Save, number: int, begin: int, end: int) -> tuple[str, int, str]:
+        name = part_name(number)
+        if save.cancel.is_set():
+            raise Cancelled()
+        if self._before_part is not None:
+            self._before_part(save.step, name)
+        assert self._storage is not None and save.source is not None
+        segments = save.source.segments(begin, end)
+        digest = hashlib.sha256()
+        for segment in segments:
+            digest.update(segment)
+        self._storage.put(f"{save.directory}/{name}", segments)
+        return name, end - begin, digest.hexdigest()
+
+    def _upload_small(self, save: Save, name: str, data: bytes) -> tuple[str, int, str]:
+        if save.cancel.is_set():
+            raise Cancelled()
+        assert self._storage is not None
+        self._storage.put(f"{save.directory}/{name}", data)
+        return name, len(data), hashlib.sha256(data).hexdigest()
+
+    def _finish(self, save: Save) -> None:
+        """Wait for the objects, write the manifest (the commit), then report."""
+        try:
+            try:
+                save.result = self._commit(save)
+            except BaseException as exc:
+                save.parts_done.set()
+                if isinstance(exc, Cancelled) or save.cancel.is_set():
+                    log.info("checkpoint of step %d abandoned before its commit", save.step)
+                else:
+                    save.error = exc
+                    log.error("checkpoint of step %d failed before its commit: %r", save.step, exc)
+                self._discard(save)
+                return
+            # Committed: nothing below may undo it.
+            self._last_committed = save.result
+            log.info("checkpoint of step %d committed: %s, %.1f MB in %.2f s (%s)", save.step,
+                     save.result.uri, save.result.bytes / 1e6, save.result.seconds or 0.0, save.reason)
+            self._emit_committed(save.result, reason=save.reason)
+            if self.keep_last:
+                try:
+                    self._prune()
+                except Exception as exc:
+                    log.warning("could not prune old checkpoints: %r", exc)
+        finally:
+            save.done.set()
+
+    def _commit(self, save: Save) -> CheckpointInfo:
+        assert self._storage is not None
+        wait(save.futures)
+        save.parts_done.set()
+        objects = {}
+        for future in save.futures:
+            name, size, digest = future.result()  # raises the first failure
+            objects[name] = {"size": size, "sha256": digest}
+        if save.cancel.is_set():
+            raise Cancelled()
+        if self._before_manifest is not None:
+            self._before_manifest(save.step)
+        total = sum(o["size"] for o in objects.values())
+        manifest = {
+            "format": FORMAT,
+            "step": save.step,
+            "created_at": now_iso(),
+            "reason": save.reason,
+            "job_id": os.environ.get(protocol.ENV_JOB_ID),
+            "attempt_id": os.environ.get(protocol.ENV_ATTEMPT_ID),
+            "bytes": total,
+            "objects": dict(sorted(objects.items())),
+        }
+        self._storage.put(f"{save.directory}/{protocol.MANIFEST}", json.dumps(manifest, indent=1).encode())
+        return CheckpointInfo(step=save.step, uri=self._storage.url(save.directory), bytes=total,
+                              created_at=datetime.now(timezone.utc), seconds=time.monotonic() - save.started,
+                              reason=save.reason)
+
+    def _discard(self, save: Save) -> None:
+        """Best effort: remove the objects of a save that will never commit."""
+        assert self._storage is not None
+        try:
+            self._storage.delete_prefix(save.directory)
+        except Exception as exc:  # leftovers without a manifest are invisible anyway
+            log.debug("could not clean up %s: %r", save.directory, exc)
+
+    def _prune(self) -> None:
+        """Keep the newest ``keep_last`` committed checkpoints of this attempt and
+        every one marked KEEP; remove older ones and older unfinished leftovers."""
+        assert self._storage is not None and self.keep_last
+        by_step: dict[int, list[str]] = {}
+        for obj in self._storage.iter():
+            head, _, _ = obj.key.partition("/")
+            if head.startswith("step-") and head[5:].isdigit():
+                by_step.setdefault(int(head[5:]), []).append(obj.key)
+        committed = sorted(s for s, keys in by_step.items() if f"{protocol.step_dir(s)}/{protocol.MANIFEST}" in keys)
+        if not committed:
+            return
+        keep = set(committed[-self.keep_last:])
+        for step, keys in by_step.items():
+            directory = protocol.step_dir(step)
+            # Never touch a step newer than the newest commit: it may be in flight.
+            if step in keep or step > committed[-1] or f"{directory}/{KEEP_MARKER}" in keys:
+                continue
+            if self._storage.exists(f"{directory}/{KEEP_MARKER}"):
+                continue  # marked while we were listing
+            manifest = f"{directory}/{protocol.MANIFEST}"
+            # The manifest goes first: a half-deleted checkpoint is then uncommitted, not corrupt.
+            ordered = ([manifest] if manifest in keys else []) + [k for k in keys if k != manifest]
+            try:
+                self._storage.delete_many(ordered)
+                log.info("deleted checkpoint %s (keep_last=%d)", self._storage.url(directory), self.keep_last)
+            except Exception as exc:
+                log.warning("could not delete %s: %r", self._storage.url(directory), exc)
