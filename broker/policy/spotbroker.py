@@ -142,8 +142,17 @@ class SpotBroker:
         # two similar zones never trade the job back and forth
         cheapest_od = min(z.on_demand_price for z in zones)
         restart = obs.restart_overhead_s * (step.h.spot_price + cheapest_od) / 3600
+        # Keeping is worth at most finishing here, but also at most riding this
+        # instance until it is reclaimed and then going on from the home zone (a
+        # bridge is kept for its spell, not judged by outages we will not wait out).
+        home, here = step.home, zones[current]
+        ride = min(obs.work_left_s, step.est[current].up_mean_s)
+        keep = costs[current]
+        if home != current:
+            keep = min(keep, costs[home] + obs.restart_overhead_s * step.h.spot_price / 3600
+                       + (here.spot_price - step.h.spot_price) * ride / 3600)
         better = sorted((i for i in range(len(zones))
-                         if i != current and costs[i] + step.back(zones[i].zone) + 2 * restart < costs[current]),
+                         if i != current and costs[i] + step.back(zones[i].zone) + 2 * restart < keep),
                         key=lambda i: costs[i])
         if not better:
             return Decision.keep("spot")

@@ -11,6 +11,7 @@ from spotbroker.broker.policy.model import (
     Capacity,
     Event,
     Observation,
+    Running,
     ZoneHistory,
     ZoneState,
 )
@@ -95,3 +96,28 @@ def test_twenty_zones():
     zones = [zone_state(n, 0.5 + i / 40, i % 3 == 0) for i, n in enumerate(names)]
     decision = SpotBroker().decide(observation(zones, deadline_s=54000.0))
     assert decision.action is Action.LAUNCH and decision.offers
+
+
+def watched(name, price, spells, step=600.0):
+    """A zone watched every step through `spells`: (available?, seconds) in order."""
+    history, t = ZoneHistory(join_within_s=1.5 * step), 0.0
+    for up, length in spells:
+        for _ in range(int(length // step)):
+            history.record(Event.PROBE_OK if up else Event.PROBE_FAILED, t)
+            t += step
+    return ZoneState(name, region_of(name), price, 3.06, history)
+
+
+def test_a_bridge_instance_is_ridden_not_judged_by_outages_it_will_not_wait_out():
+    """Running spot in a zone with long outages while the home is out: keeping it until
+    it is reclaimed and then going home is worth more than paying egress to a third
+    zone, however bad that zone would be as a home."""
+    hours = 3600.0
+    home = watched("us-east-2b", 0.92, [(True, 20 * hours), (False, 1200.0)])
+    bridge = watched("us-west-2a", 0.92, [(True, 2 * hours), (False, 12 * hours), (True, 1200.0)])
+    third = zone_state("us-east-1c", 1.2, True)
+    obs = Observation(now_s=16 * hours, step_s=600.0, work_left_s=30 * hours, work_total_s=40 * hours,
+                      started_s=0.0, deadline_s=60 * hours, restart_overhead_s=720.0, checkpoint_gb=50.0,
+                      zones=(third, home, bridge), running=Running("us-west-2a", Capacity.SPOT, 0.0, 15.9 * hours),
+                      last_zone="us-west-2a")
+    assert SpotBroker().decide(obs).action is Action.KEEP
