@@ -12,7 +12,9 @@ three layers, each from what it has observed only:
    job there: spot price × (work + expected restarts), the egress to bring
    the checkpoint there, and the on-demand premium × the expected time its
    outages overrun the slack (a compound-Poisson estimate from the zone's
-   learned spell lengths, `estimators.py`). The cheapest is the home, and
+   learned spell lengths, `estimators.py`; an outage while another zone is
+   likely up counts only as long as a bridge there and back would cost,
+   since the job need not wait it out). The cheapest is the home, and
    leaving the checkpoint's region must also beat the fee back; a running
    spot instance moves only when another zone saves clearly more than the
    move costs.
@@ -59,6 +61,35 @@ def _overrun(slack_s: float, work_s: float, est: ZoneEstimate, restart_s: float)
     tail = 0.5 * math.erfc(z / math.sqrt(2))
     density = math.exp(-0.5 * z * z) / math.sqrt(2 * math.pi)
     return sd * (density - z * tail)
+
+
+def _round_trips(obs: Observation) -> dict[str, float]:
+    """Per region of the zones: the cheapest fee to take the checkpoint to another
+    zone and back (0 with a second zone in the region; inf with no other zone)."""
+    count: dict[str, int] = {}
+    for z in obs.zones:
+        count[z.region] = count.get(z.region, 0) + 1
+    rate, gb = obs.egress.usd_per_gb, obs.checkpoint_gb
+    trips = {}
+    for r, n in count.items():
+        cheapest = 0.0 if n > 1 else min((rate(r, o) + rate(o, r) for o in count if o != r), default=math.inf)
+        trips[r] = math.inf if math.isinf(cheapest) else cheapest * gb
+    return trips
+
+
+def _outages_covered(i: int, est: list[ZoneEstimate], p_down: list[float], all_down: float, trip: float,
+                     premium_s: float) -> ZoneEstimate:
+    """Zone i's spells as a home sees them: an outage there is waited out only when
+    no other zone has spot; otherwise it costs at most a bridge there and back
+    (the fees, counted as that many seconds of the on-demand premium that waiting
+    past the slack would cost). Without this a zone with long outages looks far
+    worse than it is next to zones never tried, and the job pays egress to flee."""
+    e = est[i]
+    if math.isinf(trip) or premium_s <= 0:
+        return e
+    others_down = all_down / p_down[i] if p_down[i] > 0 else math.prod(p for j, p in enumerate(p_down) if j != i)
+    bridged = min(e.down_mean_s, trip / premium_s)
+    return ZoneEstimate(e.up_mean_s, others_down * e.down_mean_s + (1 - others_down) * bridged)
 
 
 @dataclass
@@ -120,12 +151,18 @@ class SpotBroker:
         here = obs.last_zone if obs.running is None else obs.running.zone
         est = [estimate(z.history) for z in zones]
         cheapest_od = min(z.on_demand_price for z in zones)
+        # P(zone j is out at a random moment), from its learned spells
+        p_down = [e.down_mean_s / (e.up_mean_s + e.down_mean_s) for e in est]
+        all_down = math.prod(p_down)
+        trips = _round_trips(obs)
         costs = []
-        for z, e in zip(zones, est):
+        for i, (z, e) in enumerate(zip(zones, est)):
             premium = max(cheapest_od - z.spot_price, 0.0) / 3600
             restarts = W / e.up_mean_s
             costs.append(obs.egress.fee(here, z.zone, obs.checkpoint_gb)
-                         + (W + restarts * d) * z.spot_price / 3600 + premium * _overrun(slack, W, e, d))
+                         + (W + restarts * d) * z.spot_price / 3600
+                         + premium * _overrun(slack, W, _outages_covered(i, est, p_down, all_down, trips[z.region],
+                                                                         premium), d))
         step = _Step(obs, est, slack, here, costs, 0)
         # Leaving the checkpoint's region must beat staying by the fee to come back
         # too: early estimates are noisy, and a wrong move would be paid twice.

@@ -74,3 +74,24 @@ def test_plan_waits_with_slack_and_goes_on_demand_without():
     # with no slack the rest is on-demand: a restart and the work at $3/h
     assert p.value(planner.IDLE_DOWN, 5 * 600, none) == pytest.approx(6 * 600 * 3 / 3600, rel=0.01)  # prices are
     # rounded to 1 % so that plans are reused
+
+
+def test_outages_another_zone_covers_count_as_a_bridge_not_a_wait():
+    from spotbroker.broker.policy.estimators import ZoneEstimate
+    from spotbroker.broker.policy.spotbroker import _outages_covered
+
+    hours = 3600.0
+    flaky = ZoneEstimate(up_mean_s=2 * hours, down_mean_s=4 * hours)
+    steady = ZoneEstimate(up_mean_s=20 * hours, down_mean_s=0.5 * hours)
+    est = [flaky, steady]
+    p_down = [e.down_mean_s / (e.up_mean_s + e.down_mean_s) for e in est]
+    premium = 2.0 / hours  # $ per second of on-demand instead of spot
+    # a bridge there and back costs $2, i.e. one hour of the premium: only that much of a
+    # long outage counts, whenever the other zone is up (10/11 of the time)
+    seen = _outages_covered(0, est, p_down, p_down[0] * p_down[1], trip=2.0, premium_s=premium)
+    assert seen.up_mean_s == flaky.up_mean_s
+    assert seen.down_mean_s == pytest.approx(4 * hours / 41 + (40 / 41) * 1 * hours)
+    free = _outages_covered(0, est, p_down, p_down[0] * p_down[1], trip=0.0, premium_s=premium)
+    assert free.down_mean_s == pytest.approx(4 * hours / 41)  # a zone in the same region: free to bridge
+    alone = _outages_covered(0, est[:1], p_down[:1], p_down[0], trip=float("inf"), premium_s=premium)
+    assert alone == flaky  # nothing to bridge to
