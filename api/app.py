@@ -9,6 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from spotbroker.api import errors
+from spotbroker.api.batching import SubmissionBatcher
 from spotbroker.api.routers import agent, health, jobs, teams
 from spotbroker.broker import migrate
 from spotbroker.broker.auth import TokenResolver
@@ -60,6 +61,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         reconciler = Reconciler(factory, launchers, settings, clock=clock)
         app.state.settings, app.state.engine, app.state.session_factory = settings, engine, factory
         app.state.clock, app.state.reconciler = clock, reconciler
+        app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
         stop = threading.Event()
         worker = threading.Thread(target=reconciler.run_forever, args=(stop,), name="reconciler", daemon=True)

@@ -4,8 +4,9 @@ found", never "forbidden"."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, tuple_
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -18,23 +19,55 @@ class JobNotFound(LookupError):
     pass
 
 
+@dataclass(frozen=True)
+class Submission:
+    team_id: int
+    spec: JobSpec
+    idempotency_key: str | None = None
+
+
 def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_CLOCK,
            idempotency_key: str | None = None) -> Job:
-    """Create a PENDING job. With an idempotency key, a job this team already
-    created with the same key is returned instead (a retried request); two
-    racing requests are settled by the unique constraint (see by_key)."""
-    if idempotency_key is not None:
-        existing = by_key(session, team_id, idempotency_key)
-        if existing is not None:
-            return existing
+    """Create a PENDING job (see submit_many)."""
+    return submit_many(session, [Submission(team_id, spec, idempotency_key)], clock)[0]
+
+
+def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYSTEM_CLOCK) -> list[Job]:
+    """Create PENDING jobs and their "submitted" events: one statement for the
+    jobs and one for the events, whatever their number (the API groups
+    submissions that arrive together). With an idempotency key, a job the
+    team already created with that key is returned instead (a retried
+    request); two racing requests are settled by the unique constraint."""
     now = clock.now()
-    values = dict(team_id=team_id, name=spec.name, state=str(JobState.PENDING), spec=spec.stored(),
-                  idempotency_key=idempotency_key, created_at=now, updated_at=now, next_check_at=now,
-                  restarts=0, recoveries=0, version=1)
-    # Plain inserts (no unit of work): submission is the API's hot path.
-    job_id = session.execute(insert(Job).values(**values).returning(Job.id)).scalar_one()
-    session.execute(insert(Event).values(job_id=job_id, type="submitted", at=now, data={"name": spec.name}))
-    return Job(id=job_id, **values, attempts=[])  # a detached copy: attempts known empty
+    keys = {(s.team_id, s.idempotency_key) for s in subs if s.idempotency_key is not None}
+    known: dict[tuple[int, str], Job] = {}
+    if keys:
+        for job in session.scalars(select(Job).where(tuple_(Job.team_id, Job.idempotency_key).in_(keys))):
+            known[(job.team_id, job.idempotency_key)] = job
+    rows, first_of_key = [], {}
+    for i, s in enumerate(subs):
+        key = (s.team_id, s.idempotency_key)
+        if s.idempotency_key is not None and (key in known or key in first_of_key):
+            continue
+        first_of_key.setdefault(key, i)
+        rows.append((i, dict(team_id=s.team_id, name=s.spec.name, state=str(JobState.PENDING),
+                             spec=s.spec.stored(), idempotency_key=s.idempotency_key, created_at=now,
+                             updated_at=now, next_check_at=now, restarts=0, recoveries=0, version=1)))
+    made: dict[int, Job] = {}
+    if rows:
+        # Plain inserts (no unit of work): submission is the API's hot path.
+        ids = session.scalars(insert(Job).returning(Job.id, sort_by_parameter_order=True),
+                              [values for _, values in rows]).all()
+        session.execute(insert(Event), [dict(job_id=job_id, attempt_id=None, type="submitted", at=now,
+                                             data={"name": values["name"]})
+                                        for job_id, (_, values) in zip(ids, rows, strict=True)])
+        for job_id, (i, values) in zip(ids, rows, strict=True):
+            made[i] = Job(id=job_id, **values, attempts=[])  # a detached copy: attempts known empty
+    out = []
+    for i, s in enumerate(subs):
+        key = (s.team_id, s.idempotency_key)
+        out.append(made.get(i) or known.get(key) or made[first_of_key[key]])
+    return out
 
 
 def by_key(session: Session, team_id: int, idempotency_key: str) -> Job | None:

@@ -5,10 +5,8 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
-from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
-from sqlalchemy.exc import IntegrityError
 
 from spotbroker.api.deps import CurrentTeam, SessionDep
 from spotbroker.api.errors import PROBLEM, Problem, field_errors, invalid
@@ -70,24 +68,10 @@ async def submit_job(request: Request, team: CurrentTeam,
     """Submit a job: a JSON job spec, or a SkyPilot-style task YAML
     (`Content-Type: application/yaml`)."""
     spec = await _read_spec(request)
-    # The database work blocks: keep it off the event loop.
-    out = await run_in_threadpool(_submit, request.app.state, team, spec, idempotency_key)
-    request.app.state.reconciler.hint()
+    out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
+                                                 team.team_name)
     # Already a JobOut: send it as it is, without validating it a second time.
     return Response(out.model_dump_json(), status_code=201, media_type="application/json")
-
-
-def _submit(state, team, spec: JobSpec, idempotency_key: str | None) -> JobOut:
-    try:
-        with transaction(state.session_factory) as session:
-            job = jobs.submit(session, team.team_id, spec, clock=state.clock, idempotency_key=idempotency_key)
-            return JobOut.of(job, team.team_name, state.clock.now())
-    except IntegrityError:
-        if idempotency_key is None:
-            raise
-        with state.session_factory() as session:  # a concurrent request with this key won
-            return JobOut.of(jobs.by_key(session, team.team_id, idempotency_key), team.team_name,
-                             state.clock.now())
 
 
 @router.get("", response_model=JobPage, responses=_ERRORS)

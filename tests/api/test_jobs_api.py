@@ -215,3 +215,32 @@ def test_idempotency_key_makes_a_retry_return_the_same_job(api, team_headers):
     assert first.status_code == again.status_code == 201
     assert first.json()["id"] == again.json()["id"] != other.json()["id"]
     assert len(api.get("/v1/jobs", headers=alice).json()["jobs"]) == 1
+
+
+def test_concurrent_submissions_are_written_together_each_with_its_own_job(api, team_headers, settings):
+    """Group commit: many submissions at once, some retried under one key."""
+    import asyncio
+
+    import httpx
+
+    h = team_headers()
+
+    async def burst() -> list[dict]:
+        async with httpx.AsyncClient(base_url=str(api.base_url), headers=h, timeout=30) as c:
+            async def one(i: int) -> dict:
+                key = {"Idempotency-Key": f"k{i % 20}"} if i % 2 else {}
+                r = await c.post("/v1/jobs", json={"name": f"b{i}", "run": "true"}, headers=key)
+                assert r.status_code == 201, r.text
+                return r.json()
+
+            return await asyncio.gather(*[one(i) for i in range(80)])
+
+    answers = asyncio.run(burst())
+    plain = [a["id"] for i, a in enumerate(answers) if i % 2 == 0]
+    keyed = {f"k{i % 20}": a["id"] for i, a in enumerate(answers) if i % 2}
+    assert len(set(plain)) == 40                                   # every plain submission its own job
+    for i, a in enumerate(answers):
+        if i % 2:
+            assert a["id"] == keyed[f"k{i % 20}"]                  # a retried key: the same job
+    assert len(set(plain) | set(keyed.values())) == 50
+    assert len(api.get("/v1/jobs", params={"limit": 500}, headers=h).json()["jobs"]) == 50
