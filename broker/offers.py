@@ -84,9 +84,9 @@ def _fits(offer: Offer, want: ResourceSet, infra: Infra | None) -> bool:
             return False
         if infra.zone and infra.zone not in (offer.zone, offer.zone_id):
             return False
-    for text, have in ((want.cpus, offer.vcpus), (want.memory, offer.memory_gib)):
-        if text is not None:
-            amount, at_least = parse_amount(text)
+    for wanted, have in ((want.cpus, offer.vcpus), (want.memory, offer.memory_gib)):
+        if wanted is not None:
+            amount, at_least = parse_amount(wanted)
             if have is None or (have < amount if at_least else have != amount):
                 return False
     return True

@@ -93,6 +93,11 @@ def gcp_host_gpu(instance_type: str) -> tuple[str, int] | None:
     return None
 
 
+def _sum_prices(host: dict[str, str], addon: dict[str, str], column: str) -> float | None:
+    host_price, gpu_price = _price(host[column]), _price(addon[column])
+    return None if host_price is None or gpu_price is None else round(host_price + gpu_price, 6)
+
+
 def gcp_rows(f: TextIO) -> Iterator[OfferRow]:
     hosts, gpus = [], {}
     for r in csv.DictReader(f):
@@ -110,11 +115,7 @@ def gcp_rows(f: TextIO) -> Iterator[OfferRow]:
         if addon is None:
             continue
 
-        def total(col: str) -> float | None:
-            host_p, gpu_p = _price(h[col]), _price(addon[col])
-            return None if host_p is None or gpu_p is None else round(host_p + gpu_p, 6)
-
-        ondemand, spot = total("Price"), total("SpotPrice")
+        ondemand, spot = _sum_prices(h, addon, "Price"), _sum_prices(h, addon, "SpotPrice")
         if ondemand is None and spot is None:
             continue
         yield OfferRow(
