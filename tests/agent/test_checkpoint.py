@@ -5,6 +5,7 @@ Object storage is moto's S3 server over real HTTP, or a local directory.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import logging
 import os
@@ -397,6 +398,59 @@ def test_periodic_snapshots_reuse_one_host_buffer_made_ahead(tmp_path: Path) -> 
     assert ck._host.tensor.data_ptr() == made
     ck.close()
     assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [4, 2]
+
+
+@pytest.mark.parametrize("half", [None, "bf16"])
+def test_a_periodic_snapshot_holds_the_state_of_its_step_exactly(tmp_path: Path, half: str | None) -> None:
+    """The snapshot copy (raw memory copies on several threads for plain CPU
+    tensors, Tensor.copy_ for the rest) gives back every tensor as it was at
+    the step, whatever training does to the live ones afterwards."""
+    net, opt, sched = make_run()
+    train(net, opt, sched, 1)
+    ck = Checkpointer(net, opt, sched, uri=f"file://{tmp_path}/a1", every_steps=2, every_seconds=None,
+                      part_bytes=4096, half=half)
+    big = torch.arange(300_000, dtype=torch.float32)
+    ck.extra.update(big=big, odd=torch.arange(12.0).reshape(3, 4).t(), empty=torch.zeros(0, 3),
+                    ints=torch.arange(7, dtype=torch.int16), flags=torch.tensor([True, False, True]),
+                    narrow=torch.arange(100.0)[10:77], conj=torch.tensor([1 + 2j, 3 - 4j]).conj())
+    ck.step(1)
+    ck._host_preparing.join()
+    ck.step(2)  # the snapshot is taken here; the upload runs in the background
+    expected = {k: v.clone() for k, v in net.state_dict().items()}
+    big.add_(1.0)  # training goes on, changing the live tensors under the upload
+    train(net, opt, sched, 1)
+    assert ck.wait() is not None
+    ck.close()
+    net2, opt2, sched2 = make_run(seed=7)
+    ck2 = Checkpointer(net2, opt2, sched2, uri=f"file://{tmp_path}/a2", job_uri=f"file://{tmp_path}")
+    assert ck2.restore() == 2
+    tolerance = 1e-2 if half else 0.0
+    for name, value in expected.items():
+        assert torch.allclose(net2.state_dict()[name].double(), value.double(), rtol=tolerance, atol=tolerance)
+    assert torch.allclose(ck2.extra["big"], torch.arange(300_000, dtype=torch.float32), rtol=tolerance)
+    assert torch.equal(ck2.extra["odd"], torch.arange(12.0).reshape(3, 4).t())
+    assert ck2.extra["empty"].shape == (0, 3)
+    assert torch.equal(ck2.extra["ints"], torch.arange(7, dtype=torch.int16))
+    assert torch.equal(ck2.extra["flags"], torch.tensor([True, False, True]))
+    assert torch.equal(ck2.extra["narrow"], torch.arange(100.0)[10:77])
+    assert torch.equal(ck2.extra["conj"], torch.tensor([1 - 2j, 3 + 4j]))
+    ck2.close()
+
+
+def test_split_copies_covers_every_byte_once() -> None:
+    from spotbroker.agent.ckpt_upload import COPY_GRAIN, split_copies
+
+    jobs = [(1000, 5000, 3 * COPY_GRAIN + 17), (10**6, 10**7, 5), (2 * 10**6, 3 * 10**7, 2 * COPY_GRAIN)]
+    for ways in (1, 2, 3, 8):
+        runs = split_copies(jobs, ways)
+        assert 1 <= len(runs) <= ways
+        pieces = [piece for run in runs for piece in run]
+        assert sum(n for _, _, n in pieces) == sum(n for _, _, n in jobs)
+        covered = sorted((dst, dst + n, src - dst) for dst, src, n in pieces)
+        for (_, hi, _), (lo2, _, _) in itertools.pairwise(covered):
+            assert hi <= lo2  # no byte copied twice
+        assert {shift for _, _, shift in covered} == {src - dst for dst, src, _ in jobs}
+    assert split_copies([], 2) == []
 
 
 def test_every_seconds_saves_at_the_next_boundary(tmp_path: Path) -> None:

@@ -1,6 +1,9 @@
 """agent/storage.py against moto's S3 server (real HTTP) and the local disk."""
 from __future__ import annotations
 
+import errno
+import fcntl
+import hashlib
 import importlib.util
 import os
 import random
@@ -10,9 +13,11 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
+from spotbroker.agent import storage as storage_mod
 from spotbroker.agent.storage import Storage, join_uri
 
 
@@ -160,3 +165,70 @@ def test_a_killed_local_writer_never_leaves_a_half_object(tmp_path: Path) -> Non
     # Deleting the prefix also sweeps the dead writers' staging files.
     assert Storage(uri).delete_prefix("") == 1
     assert not any(files for _, _, files in os.walk(tmp_path / "s"))
+
+
+# --------------------------------------------------------------------------
+# Large local objects: written O_DIRECT through the bounce buffer, hashed on the way
+
+
+def _pattern(n: int, seed: int) -> bytes:
+    return random.Random(seed).randbytes(n)
+
+
+@pytest.mark.parametrize("sizes", [
+    [storage_mod.DIRECT_THRESHOLD],                                     # whole blocks only
+    [storage_mod.DIRECT_CHUNK * 2 + 12345],                              # an unaligned tail
+    [100, storage_mod.DIRECT_CHUNK - 7, 4096, 3 * storage_mod.DIRECT_CHUNK + 1, 1],  # segments across chunks
+])
+def test_large_local_puts_are_exact_and_hashed_while_written(tmp_path: Path, sizes: list[int]) -> None:
+    store = Storage(f"file://{tmp_path}/store")
+    segments = [_pattern(n, i) for i, n in enumerate(sizes)]
+    digest = hashlib.sha256()
+    store.put("big.bin", [memoryview(s) for s in segments], digest=digest)
+    whole = b"".join(segments)
+    assert (tmp_path / "store" / "big.bin").read_bytes() == whole
+    assert digest.hexdigest() == hashlib.sha256(whole).hexdigest()
+    assert [p.name for p in (tmp_path / "store").iterdir()] == ["big.bin"]  # no staging file left
+
+
+def test_small_puts_are_hashed_too(root_uri: str) -> None:
+    store = Storage(root_uri)
+    digest = hashlib.sha256()
+    store.put("small.bin", [b"abc", memoryview(b"def")], digest=digest)
+    assert store.get("small.bin") == b"abcdef"
+    assert digest.hexdigest() == hashlib.sha256(b"abcdef").hexdigest()
+
+
+def test_a_refused_direct_write_falls_back_to_buffered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system that accepts O_DIRECT at open() but refuses the writes
+    (stricter alignment) still gets the object, whole and right."""
+    real_write = os.write
+    refused = []
+
+    def picky_write(fd: int, data: Any) -> int:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & storage_mod._O_DIRECT:
+            refused.append(len(data))
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(storage_mod.os, "write", picky_write)
+    payload = _pattern(storage_mod.DIRECT_CHUNK + 5000, 3)
+    digest = hashlib.sha256()
+    Storage(f"file://{tmp_path}/s").put("x.bin", payload, digest=digest)
+    assert refused  # the direct path was tried first
+    assert (tmp_path / "s" / "x.bin").read_bytes() == payload
+    assert digest.hexdigest() == hashlib.sha256(payload).hexdigest()
+
+
+def test_no_o_direct_at_open_means_buffered(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_open = os.open
+
+    def no_direct(path: Any, flags: int, *args: Any) -> int:
+        if flags & storage_mod._O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")  # tmpfs says this
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(storage_mod.os, "open", no_direct)
+    payload = _pattern(storage_mod.DIRECT_THRESHOLD + 1, 4)
+    Storage(f"file://{tmp_path}/s").put("x.bin", payload)
+    assert (tmp_path / "s" / "x.bin").read_bytes() == payload
