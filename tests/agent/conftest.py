@@ -18,6 +18,9 @@ from spotbroker.agent.notices import Notice, WatchConfig
 from spotbroker.agent.protocol import EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH
 from spotbroker.agent.simulator import MetadataSimulator
 
+# moto's S3 server (real HTTP) for the storage and checkpoint tests.
+from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
+
 AGENT_TOKEN = "test-agent-token-7f3a"
 
 

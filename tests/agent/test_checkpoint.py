@@ -4,7 +4,6 @@ Object storage is moto's S3 server over real HTTP, or a local directory.
 """
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import json
 import logging
@@ -16,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -30,20 +28,6 @@ from spotbroker.agent.storage import Storage  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _load_s3_helpers() -> ModuleType:
-    name = "spotbroker_tests_agent_s3"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).with_name("_s3.py"))
-        assert spec and spec.loader
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-_s3 = _load_s3_helpers()
-moto_endpoint = _s3.moto_endpoint
-s3_uri = _s3.s3_uri
 
 
 @pytest.fixture(params=["file", "s3"])

@@ -1,10 +1,8 @@
 """S3 for the storage and checkpoint tests: moto's server, real HTTP on loopback.
 
-Test modules load this file by path (``tests/agent`` must never be imported
-as a package named ``agent``) and re-export the fixtures::
+Test modules import the fixtures by name (pytest puts tests/ on the path)::
 
-    _s3 = load_s3_helpers()
-    moto_endpoint, s3_uri = _s3.moto_endpoint, _s3.s3_uri
+    from s3fixtures import moto_endpoint, s3_uri
 """
 from __future__ import annotations
 
