@@ -50,8 +50,6 @@ from spotbroker.broker.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, Atte
 log = logging.getLogger(__name__)
 
 A, J = AttemptState, JobState
-# States in which a job waits for a decision of ours (at next_check_at).
-DECIDING = (J.PENDING, J.RECOVERING, J.LAUNCHING, J.HELD)
 ZONE_COOLDOWN = timedelta(minutes=30)
 RETRY_LATER = timedelta(seconds=15)
 HINT_COALESCE = 0.1
@@ -170,11 +168,11 @@ class Reconciler:
         now = self.clock.now()
         self._changed = changed
         with transaction(self.factory) as session:
-            due = and_(Job.state.in_([str(s) for s in DECIDING]), Job.next_check_at <= now)
+            due = Job.next_check_at <= now
             if "skypilot" not in self.launchers and not self._local_slot_free(session, lock=False):
                 # Every new attempt would run here and no slot is free: only
                 # jobs that already hold an attempt can move.
-                due = and_(due, Job.state.in_([str(J.LAUNCHING), str(J.HELD)]))
+                due = and_(due, Job.state.not_in([str(J.PENDING), str(J.RECOVERING)]))
             wanted = or_(due, Job.id.in_(list(changed))) if changed else due
             query = (select(Job.id)
                      .where(Job.state.in_([str(s) for s in LIVE_JOB_STATES]), wanted,
@@ -218,7 +216,7 @@ class Reconciler:
                 return
             if state in (J.PENDING, J.RECOVERING):
                 attempt = self._place(session, job)
-            elif state == J.LAUNCHING:
+            elif state in (J.LAUNCHING, J.RUNNING, J.PREEMPTING):
                 attempt = self._unlaunched(job)
             else:
                 job.next_check_at = None
@@ -295,8 +293,11 @@ class Reconciler:
         return attempt
 
     def _unlaunched(self, job: Job) -> Attempt | None:
-        """After a crash between creating an attempt and storing its handle."""
-        pending = [a for a in job.attempts if a.state == A.LAUNCHING and a.handle is None]
+        """After a crash between creating an attempt and storing its handle.
+        The attempt may even be RUNNING by now (its agent's first heartbeat,
+        through another broker): launching it again returns the handle of
+        what already runs."""
+        pending = [a for a in job.attempts if a.state in LIVE_ATTEMPT_STATES and a.handle is None]
         if not pending:
             job.next_check_at = None
         return pending[-1] if pending else None
@@ -350,8 +351,8 @@ class Reconciler:
             attempt.handle = handle
             attempt.released = False  # whatever it holds now must be released when it ends
             job = session.get(Job, job_id)
-            if job.state == J.LAUNCHING:
-                job.next_check_at = None
+            if job.state in (J.LAUNCHING, J.RUNNING, J.PREEMPTING):
+                job.next_check_at = None  # the launch is recorded: nothing to redo
             if attempt.state not in LIVE_ATTEMPT_STATES:
                 return  # cancelled meanwhile: the release phase stops it
             status = self.launchers[attempt.launcher].status(handle)

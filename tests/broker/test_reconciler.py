@@ -197,3 +197,28 @@ def test_handle_survives_in_the_database(env):
     run_until(reconciler(factory, settings), factory, job_id, {"SUCCEEDED"})
     (a,) = attempts(factory, job_id)
     assert a.handle["nodes"][0]["pid"] > 0 and json.dumps(a.handle)
+
+
+def test_a_launch_whose_handle_was_lost_is_found_even_after_the_agent_said_running(env, tmp_path):
+    """A broker dies after launching but before storing the handle; the agent's
+    first heartbeat (through another broker) moves the attempt to RUNNING.
+    The handle must still be recovered, and the run observed to its end."""
+    from datetime import UTC, datetime
+
+    from spotbroker.broker import agent_channel
+
+    factory, settings, team = env
+    marker = tmp_path / "runs.txt"
+    job_id = submit(factory, team, run=f"echo $SPOTBROKER_ATTEMPT_ID >> {marker}; sleep 0.5")
+    clock = ShiftedClock()
+    with pytest.raises(Crash):
+        reconciler(factory, settings, CrashingLauncher(settings.data_dir, after_launch=True), clock).pass_once()
+    with transaction(factory) as s:
+        (attempt,) = s.scalars(select(Attempt).where(Attempt.job_id == job_id)).all()
+        agent_channel.record(s, attempt, [agent_channel.AgentEvent(1, "heartbeat", datetime.now(UTC), {})])
+    with factory() as s:
+        assert s.get(Job, job_id).state == "RUNNING" and attempts(factory, job_id)[0].handle is None
+    clock.shift = timedelta(seconds=settings.lease_seconds + 1)
+    run_until(reconciler(factory, settings, clock=clock), factory, job_id, {"SUCCEEDED"})
+    (attempt,) = attempts(factory, job_id)
+    assert attempt.handle is not None and marker.read_text().split() == [str(attempt.id)]
