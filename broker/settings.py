@@ -11,7 +11,7 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
@@ -46,6 +46,12 @@ class Settings(BaseSettings):
     # Simulated notice window of local runs (None: the cloud's own, 120/30/30 s).
     local_notice_window: float | None = None
 
+    # $/GB to move a checkpoint between regions, for placement: "default",
+    # and "REGION_A,REGION_B" pairs (either order). The defaults are the
+    # spot-sim protocol's rule (AWS list prices); same region is free.
+    egress_usd_per_gb: dict[str, float] = Field(
+        default_factory=lambda: {"default": 0.02, "us-east-1,us-east-2": 0.01})
+
     # What the CLI talks to.
     url: str = "http://127.0.0.1:8000"
     token: SecretStr | None = None
@@ -59,6 +65,25 @@ class Settings(BaseSettings):
     @property
     def checkpoint_uri(self) -> str:
         return self.checkpoint_root or (self.data_dir / "checkpoints").as_uri()
+
+    @field_validator("egress_usd_per_gb")
+    @classmethod
+    def _egress(cls, table: dict[str, float]) -> dict[str, float]:
+        for key, price in table.items():
+            if key != "default" and len([r for r in key.split(",") if r.strip()]) != 2:
+                raise ValueError(f"{key!r}: use 'default' or 'REGION_A,REGION_B'")
+            if price < 0:
+                raise ValueError(f"{key!r}: a price cannot be negative")
+        return table
+
+    def egress_prices(self):
+        """The table as the placement policy takes it (`broker.policy.egress`)."""
+        from spotbroker.broker.policy.egress import EgressPrices
+
+        table = dict(self.egress_usd_per_gb)
+        default = table.pop("default", EgressPrices().default_usd_per_gb)
+        pairs = {frozenset(r.strip() for r in key.split(",")): price for key, price in table.items()}
+        return EgressPrices(default_usd_per_gb=default, pairs=pairs)
 
     @property
     def agent_url(self) -> str:

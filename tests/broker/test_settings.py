@@ -1,0 +1,40 @@
+"""Settings: the embedded defaults, and the egress table placement reads."""
+import pytest
+from pydantic import ValidationError
+
+from spotbroker.broker.policy.egress import EgressPrices
+from spotbroker.broker.settings import Settings
+
+
+def test_embedded_defaults(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    s = Settings(_env_file=None)
+    assert s.sqlalchemy_url == f"sqlite:///{tmp_path}/.spotbroker/spotbroker.db"
+    assert s.checkpoint_uri == (tmp_path / ".spotbroker" / "checkpoints").as_uri()
+    assert s.local_launcher_enabled() and not s.local_launcher_enabled("0.0.0.0")
+    assert Settings(database_url="postgresql://u@h/db", _env_file=None).sqlalchemy_url == \
+        "postgresql+psycopg://u@h/db"
+
+
+def test_egress_defaults_are_the_protocols(tmp_path):
+    prices = Settings(data_dir=tmp_path, _env_file=None).egress_prices()
+    protocol = EgressPrices()
+    for a, b in [("us-east-1", "us-east-2"), ("us-east-2", "us-west-2"), ("us-east-1", "us-east-1"),
+                 ("us-central1", "europe-west4")]:
+        assert prices.usd_per_gb(a, b) == protocol.usd_per_gb(a, b)
+
+
+def test_egress_table_from_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTBROKER_EGRESS_USD_PER_GB",
+                       '{"default": 0.09, "us-west-2, us-east-2": 0.02}')
+    prices = Settings(data_dir=tmp_path, _env_file=None).egress_prices()
+    assert prices.usd_per_gb("us-east-2", "us-west-2") == 0.02
+    assert prices.usd_per_gb("us-east-1", "eu-west-1") == 0.09
+    assert prices.fee("us-west-2a", "us-west-2b", 50) == 0.0
+
+
+@pytest.mark.parametrize("table", ['{"us-east-1": 0.01}', '{"default": -1}', '{"a,b,c": 0.1}'])
+def test_a_bad_egress_table_is_a_clear_error(tmp_path, monkeypatch, table):
+    monkeypatch.setenv("SPOTBROKER_EGRESS_USD_PER_GB", table)
+    with pytest.raises(ValidationError, match="egress_usd_per_gb"):
+        Settings(data_dir=tmp_path, _env_file=None)
