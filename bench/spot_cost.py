@@ -1,6 +1,6 @@
 """The spot-sim-protocol §7 table with the product's policy as a column.
 
-    .venv/bin/python bench/spot_cost.py [--traces-root ../shared/data/traces]
+    .venv/bin/python bench/spot_cost.py [--traces-root bench/traces]
 
 Prints, for the five V100 windows: Optimal (the DP lower bound), the
 product's policy (spotbroker), our reruns of UP(S), greedy and single-zone
@@ -99,7 +99,7 @@ def decision_time(n_zones: int = 20, repeat: int = 2000) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--traces-root", default=str(REPO.parent / "shared" / "data" / "traces"))
+    parser.add_argument("--traces-root", default=str(REPO / "bench" / "traces"))
     root = Path(parser.parse_args().traces_root)
     job = job_from_hours(39.93889, 59.90833, 0.2, 50)
     started = time.perf_counter()

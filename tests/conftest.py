@@ -21,8 +21,6 @@ from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database
 from spotbroker.broker import migrate
 from spotbroker.broker.db import make_engine, make_session_factory
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
 ADMIN_TOKEN = "admin-token-for-tests"
 
 

@@ -1,4 +1,5 @@
-"""Shared fixtures: the bundled trace sets (in ../shared next to the repo) and
+"""Shared fixtures: the bundled trace sets (bench/traces, copied unchanged from the
+shared data with their licence) and
 each arm's protocol results, computed once per test session."""
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from spotbroker.broker.sim.runner import WindowRun, job_from_hours, run_arm
 from spotbroker.broker.sim.traces import TraceSet, load_traces
 
 REPO = Path(__file__).resolve().parents[2]
-TRACES = REPO.parent / "shared" / "data" / "traces"
+TRACES = REPO / "bench" / "traces"
 V100_DIR = TRACES / "aws-v100-2023"
 V100_600S_DIR = TRACES / "aws-v100-4node-600s"
 
@@ -23,7 +24,7 @@ ZONES_600S = ["us-east-1f", "us-east-2a", "us-west-2c"]
 
 def _need(directory: Path) -> Path:
     if not directory.is_dir():
-        pytest.fail(f"bundled traces missing: expected {directory} (the shared data next to the repo)")
+        pytest.fail(f"bundled traces missing: expected {directory} (they ship with the repository)")
     return directory
 
 
