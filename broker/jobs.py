@@ -12,7 +12,8 @@ from sqlalchemy.orm import Session
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.models import Attempt, Checkpoint, Event, Job
 from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, JobState, transition
+from spotbroker.broker.states import (LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, AttemptState, JobState,
+                                      transition)
 
 
 class JobNotFound(LookupError):
@@ -108,7 +109,7 @@ def cancel(session: Session, team_id: int, job_id: int, clock: Clock = SYSTEM_CL
         return job
     for attempt in job.attempts:
         if attempt.state in LIVE_ATTEMPT_STATES:
-            transition(session, attempt, "CANCELLED", reason="cancelled", clock=clock)
+            transition(session, attempt, AttemptState.CANCELLED, reason="cancelled", clock=clock)
     transition(session, job, JobState.CANCELLED, reason="cancelled by request", clock=clock)
     return job
 

@@ -6,7 +6,8 @@ trainer's output here over HTTP. Reading is by tail and by following.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -43,13 +44,9 @@ def read_from(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
         return b""
 
 
-def follow(path: Path, offset: int, still_running, poll: float = 0.25,
-           sleep=None) -> Iterator[bytes]:
+def follow(path: Path, offset: int, still_running: Callable[[], bool], poll: float = 0.25) -> Iterator[bytes]:
     """Yield new bytes as they are written, until `still_running()` is false
     and nothing is left to read."""
-    import time
-
-    sleep = sleep or time.sleep
     while True:
         chunk = read_from(path, offset)
         if chunk:
@@ -61,7 +58,7 @@ def follow(path: Path, offset: int, still_running, poll: float = 0.25,
             if chunk:
                 yield chunk
             return
-        sleep(poll)
+        time.sleep(poll)
 
 
 def append_at(path: Path, offset: int, chunk: bytes) -> int:

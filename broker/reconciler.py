@@ -53,6 +53,8 @@ A, J = AttemptState, JobState
 ZONE_COOLDOWN = timedelta(minutes=30)
 RETRY_LATER = timedelta(seconds=15)
 HINT_COALESCE = 0.1
+# What the observe phase saw of a job's run: (attempt id, run state, exit code).
+Observed = tuple[int, RunState, int | None]
 
 
 @dataclass
@@ -104,12 +106,12 @@ class Reconciler:
         changed = self._observe(stats)
         self._release(stats)
         for job_id in self._claim(changed):
-            self._step_safely(job_id, stats)
+            self._step_safely(job_id, changed.get(job_id), stats)
         return stats
 
     # --- phase 1: observe ----------------------------------------------------------------
 
-    def _observe(self, stats: PassStats) -> dict[int, tuple[int, RunState, int | None]]:
+    def _observe(self, stats: PassStats) -> dict[int, Observed]:
         """job id -> (attempt id, state, exit code) for attempts whose run changed."""
         with self.factory() as session:
             rows = session.execute(
@@ -164,9 +166,8 @@ class Reconciler:
 
     # --- phase 3: claim and step ---------------------------------------------------------
 
-    def _claim(self, changed: dict[int, tuple[int, RunState, int | None]]) -> list[int]:
+    def _claim(self, changed: dict[int, Observed]) -> list[int]:
         now = self.clock.now()
-        self._changed = changed
         with transaction(self.factory) as session:
             due = Job.next_check_at <= now
             if "skypilot" not in self.launchers and not self._local_slot_free(session, lock=False):
@@ -187,9 +188,9 @@ class Reconciler:
                     lease_expires_at=now + timedelta(seconds=self.settings.lease_seconds)))
         return ids
 
-    def _step_safely(self, job_id: int, stats: PassStats) -> None:
+    def _step_safely(self, job_id: int, observed: Observed | None, stats: PassStats) -> None:
         try:
-            self.step(job_id)
+            self.step(job_id, observed)
             stats.stepped += 1
         except StaleDataError:
             # Someone else (a cancel, another broker) changed the job first;
@@ -203,9 +204,9 @@ class Reconciler:
                 session.execute(update(Job).where(Job.id == job_id, Job.lease_owner == self.owner)
                                 .values(lease_owner=None, lease_expires_at=None))
 
-    def step(self, job_id: int) -> None:
-        """Take the one next step for a job we hold the lease of."""
-        observed = self._changed.get(job_id)
+    def step(self, job_id: int, observed: Observed | None = None) -> None:
+        """Take the one next step for a job we hold the lease of; `observed`
+        is what the observe phase saw its run do, if anything changed."""
         with transaction(self.factory) as session:
             job = session.get(Job, job_id)
             if job is None or job.lease_owner != self.owner or job.state not in LIVE_JOB_STATES:

@@ -2,6 +2,7 @@
 never by a team token): events and the trainer's output."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -44,8 +45,14 @@ class LogAnswer(BaseModel):
     size: int = Field(description="bytes of this attempt's log stored so far")
 
 
+@dataclass(frozen=True)
+class AttemptRef:
+    id: int
+    job_id: int
+
+
 def current_attempt(request: Request,
-                    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> int:
+                    creds: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> AttemptRef:
     if creds is None or not creds.credentials:
         raise Problem(401, "Unauthorized", "send 'Authorization: Bearer <agent token>'",
                       headers={"WWW-Authenticate": "Bearer"})
@@ -53,14 +60,14 @@ def current_attempt(request: Request,
         attempt = agent_channel.attempt_for_token(session, creds.credentials)
         if attempt is None:
             raise Problem(401, "Unauthorized", "unknown agent token", headers={"WWW-Authenticate": "Bearer"})
-        return attempt.id
+        return AttemptRef(attempt.id, attempt.job_id)
 
 
-CurrentAttempt = Annotated[int, Depends(current_attempt)]
+CurrentAttempt = Annotated[AttemptRef, Depends(current_attempt)]
 
 
 @router.post(protocol.EVENTS_PATH, response_model=AgentAnswer)
-async def post_events(request: Request, body: AgentEvents, attempt_id: CurrentAttempt) -> AgentAnswer:
+async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttempt) -> AgentAnswer:
     """Report events, in order; a re-sent event (same seq) is ignored."""
     for e in body.events:
         if e.type not in protocol.AGENT_EVENT_TYPES:
@@ -71,7 +78,7 @@ async def post_events(request: Request, body: AgentEvents, attempt_id: CurrentAt
 
     def store() -> agent_channel.Outcome:
         with transaction(state.session_factory) as session:
-            return agent_channel.record(session, session.get(Attempt, attempt_id), events, clock=state.clock)
+            return agent_channel.record(session, session.get(Attempt, attempt.id), events, clock=state.clock)
 
     outcome = await run_in_threadpool(store)
     if outcome.moved:
@@ -80,7 +87,7 @@ async def post_events(request: Request, body: AgentEvents, attempt_id: CurrentAt
 
 
 @router.post(protocol.LOGS_PATH, response_model=LogAnswer)
-async def post_logs(request: Request, attempt_id: CurrentAttempt,
+async def post_logs(request: Request, attempt: CurrentAttempt,
                     offset: Annotated[int, Header(alias=protocol.LOG_OFFSET_HEADER, ge=0)]) -> LogAnswer:
     """Append the trainer's output at `X-Log-Offset`. A chunk that starts past
     the end is refused (the answer says where to resume); one that overlaps
@@ -88,8 +95,5 @@ async def post_logs(request: Request, attempt_id: CurrentAttempt,
     chunk = await request.body()
     if len(chunk) > MAX_LOG_CHUNK:
         raise Problem(413, "Payload too large", f"send at most {MAX_LOG_CHUNK} bytes at a time")
-    state = request.app.state
-    with state.session_factory() as session:
-        job_id = session.get(Attempt, attempt_id).job_id
-    path = logs.log_path(state.settings.data_dir, job_id, attempt_id)
+    path = logs.log_path(request.app.state.settings.data_dir, attempt.job_id, attempt.id)
     return LogAnswer(size=await run_in_threadpool(logs.append_at, path, offset, chunk))

@@ -12,6 +12,7 @@ from spotbroker.api.deps import CurrentTeam, SessionDep
 from spotbroker.api.errors import PROBLEM, Problem, field_errors, invalid
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
 from spotbroker.broker.launch.base import LaunchError
+from spotbroker.broker.models import Attempt
 from spotbroker.broker.db import transaction
 from spotbroker.broker import jobs, logs
 from spotbroker.broker.spec import JobSpec, SpecSyntaxError, load_document
@@ -123,8 +124,6 @@ def job_logs(request: Request, job_id: int, session: SessionDep, team: CurrentTe
     attempt_id = chosen.id
 
     def running() -> bool:
-        from spotbroker.broker.models import Attempt
-
         with state.session_factory() as s:
             return s.get(Attempt, attempt_id).state in LIVE_ATTEMPT_STATES
 
