@@ -17,10 +17,11 @@ import json
 import pickle
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Literal
 
 from spotbroker.agent import protocol
+from spotbroker.agent.protocol import now_iso  # noqa: F401  (re-exported)
 from spotbroker.agent.ckpt_state import import_torch, unflatten
 from spotbroker.agent.storage import Storage, parallel_map
 
@@ -36,8 +37,6 @@ ALIGN = 64
 HalfMode = Literal["fp16", "bf16"]
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
 
 
 @dataclass(frozen=True)

@@ -276,9 +276,7 @@ class UploadMixin:
         """Saving a step again (same prefix): drop its manifest first, so that
         the old manifest never vouches for objects being replaced."""
         assert self._storage is not None
-        manifest = f"{directory}/{protocol.MANIFEST}"
-        if self._storage.exists(manifest):
-            self._storage.delete(manifest)
+        self._storage.delete(f"{directory}/{protocol.MANIFEST}")  # a missing one is fine
 
     def _executor(self) -> ThreadPoolExecutor:
         if self._pool is None:

@@ -112,7 +112,9 @@ class Delivery(threading.Thread):
             log.warning("%s: broker unreachable (%d in a row), will retry: %s", self.name, self.failures, exc)
         delay = _jittered(self.failures, self.config.retry_initial, self.config.retry_max)
         if self._finishing.is_set():
-            time.sleep(delay)  # wait() would return at once now
+            # wait() would return at once now; and past the deadline the
+            # client is closed, so never sleep beyond it.
+            time.sleep(max(0.0, min(delay, (self._finish_by or 0.0) - time.monotonic())))
         else:
             self._finishing.wait(delay)
 

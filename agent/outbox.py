@@ -12,7 +12,6 @@ import json
 import logging
 import os
 import threading
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +22,7 @@ OUTBOX_ACKED_FILE = "outbox.acked"  # the highest seq the broker has acknowledge
 BATCH_SIZE = 100
 
 
-def now_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+from spotbroker.agent.protocol import now_iso  # noqa: E402,F401  (re-exported)
 
 
 class Outbox:
@@ -42,6 +40,8 @@ class Outbox:
             if event["seq"] > self.acked:
                 self._pending.append(event)
         self._file = open(self._path, "ab")
+        if self._file.tell() and not self._path.read_bytes().endswith(b"\n"):
+            self._file.write(b"\n")  # end a line cut short by a crash, so the next event stands alone
 
     def add(self, event_type: str, data: dict[str, Any], at: str | None = None) -> dict[str, Any]:
         with self._changed:

@@ -66,6 +66,13 @@ LOG_OFFSET_HEADER = "X-Log-Offset"
 MANIFEST = "MANIFEST.json"
 
 
+def now_iso() -> str:
+    """Now, as the agent and the library write times in events (UTC, ms)."""
+    from datetime import datetime, timezone
+
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
 def step_dir(step: int) -> str:
     return f"step-{step:012d}"
 

@@ -36,7 +36,7 @@ look) and the planner's grid size.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from spotbroker.broker.policy import planner
 from spotbroker.broker.policy.estimators import MIN_SPELLS, ZoneEstimate, estimate, spell_outlook, survival
@@ -122,10 +122,10 @@ class _Step:
 
 @dataclass
 class SpotBroker:
-    """See the module's docs. One instance per job; it keeps only a cache of solved plans."""
+    """See the module's docs. One instance per job; solved plans are cached by
+    `planner.solve` itself (bounded), shared by every job."""
 
     name: str = "spotbroker"
-    _plans: dict = field(default_factory=dict, repr=False)
 
     def decide(self, obs: Observation) -> Decision:
         slack = math.inf
@@ -323,10 +323,7 @@ class SpotBroker:
         od_price = min(z.on_demand_price for z in obs.zones)
         inputs = planner.plan_inputs(unit, obs.work_total_s, horizon, e.up_mean_s, e.down_mean_s,
                                      home.spot_price, od_price, obs.restart_overhead_s)
-        plan = self._plans.get(inputs)
-        if plan is None:
-            plan = self._plans[inputs] = planner.solve(inputs)
-        return plan
+        return planner.solve(inputs)
 
     # 1. the deadline guard
 

@@ -171,11 +171,12 @@ def test_azure_preempt_event_incarnation_and_acknowledgement(make_sim):
 
 
 def test_notice_after_a_delay_and_at_a_time(make_sim, wait):
+    t0 = datetime.now(timezone.utc)
     after = make_sim("gcp", notice_after=0.2)
     at = make_sim("gcp", notice_at=datetime.now(timezone.utc) + timedelta(seconds=0.3))
-    for sim in (after, at):
-        assert sim.deadline is None or sim.notice_time is not None
+    for sim, delay in ((after, 0.2), (at, 0.3)):
         wait(lambda: sim.deadline is not None, timeout=5, what="the scheduled notice")
+        assert sim.notice_time >= t0 + timedelta(seconds=delay - 0.01)  # it waited, not sooner
         with httpx.Client(base_url=sim.url, headers=GOOGLE) as client:
             assert client.get("/computeMetadata/v1/instance/preempted").text == "TRUE"
 
