@@ -34,12 +34,17 @@ log = logging.getLogger(__name__)
 # The wrapper records the exit code atomically once the command ends; a node
 # that dies without one (killed with its group, host lost) counts as gone.
 _RECORD_EXIT = 'rc=$?; echo $rc > "$SPOTBROKER_EXIT.tmp" && mv "$SPOTBROKER_EXIT.tmp" "$SPOTBROKER_EXIT"; exit $rc'
-_WRAPPER = 'bash -c "$SPOTBROKER_SCRIPT"; ' + _RECORD_EXIT
+# First act of every node: record its own pid and kernel start time, so that a
+# launcher that died between starting it and writing node-{rank}.json can be
+# followed by one that finds it instead of starting it twice.
+_RECORD_SELF = ('echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > "$SPOTBROKER_SELF.tmp" '
+                '&& mv "$SPOTBROKER_SELF.tmp" "$SPOTBROKER_SELF"\n')
+_WRAPPER = _RECORD_SELF + 'bash -c "$SPOTBROKER_SCRIPT"; ' + _RECORD_EXIT
 # Node 0 runs under the node agent, as on a cloud node. For a simulated cloud
 # a metadata-service simulator runs beside it, in the same process group (so
 # that the simulated hard stop reclaims the whole node, simulator included),
 # and the agent watches it instead of the cloud's own endpoint.
-_AGENT_WRAPPER = """
+_AGENT_WRAPPER = _RECORD_SELF + """
 sim=
 if [ -n "$SPOTBROKER_SIM_CLOUD" ]; then
     "$SPOTBROKER_PYTHON" -m spotbroker.agent.simulator --cloud "$SPOTBROKER_SIM_CLOUD" --port 0 \
@@ -100,6 +105,14 @@ class LocalLauncher:
             if node_file.exists():  # launched before a restart: do not start it twice
                 nodes.append(json.loads(node_file.read_text()))
                 continue
+            found = self._claim_node(run_dir, rank)
+            if found is not None:  # a launcher died between starting this node and recording it
+                found["log"] = str(run_dir / "node-0.out" if rank == 0 and self.agent and
+                                   protocol.ENV_AGENT_TOKEN in request.extra_env
+                                   else log_path(self.data_dir, request.job_id, request.attempt_id, rank))
+                _write_json(node_file, found)
+                nodes.append(found)
+                continue
             with_agent = self.agent and rank == 0 and protocol.ENV_AGENT_TOKEN in request.extra_env
             # Under the agent, node 0's output reaches the broker's log through
             # the agent's channel; the raw stream stays in the run directory.
@@ -109,6 +122,7 @@ class LocalLauncher:
             env = {
                 **os.environ, **request.envs, **request.extra_env,
                 "SPOTBROKER_SCRIPT": script, "SPOTBROKER_EXIT": str(run_dir / f"exit-{rank}"),
+                "SPOTBROKER_SELF": str(run_dir / f"node-{rank}.self"),
                 "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
                 "SKYPILOT_NODE_IPS": ips, "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",
                 "SPOTBROKER_CLOUD": p.cloud, "SPOTBROKER_REGION": p.region or "",
@@ -127,11 +141,28 @@ class LocalLauncher:
             node = {"rank": rank, "pid": proc.pid, "start": _start_time(proc.pid), "log": str(out)}
             with self._lock:
                 self._children[proc.pid] = proc
-            tmp = node_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(node))
-            tmp.replace(node_file)
+            _write_json(node_file, node)
             nodes.append(node)
         return {"run_dir": str(run_dir), "nodes": nodes}
+
+    def _claim_node(self, run_dir: Path, rank: int, wait_s: float = 5.0) -> dict | None:
+        """Claim the right to start node `rank` (atomically, O_EXCL). If an
+        earlier launcher holds the claim, it may have started the node before
+        dying: wait for the node's own record and return it; None means
+        "start it now"."""
+        try:
+            os.close(os.open(run_dir / f"node-{rank}.claim", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+            return None
+        except FileExistsError:
+            pass
+        own = run_dir / f"node-{rank}.self"
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            if own.exists():
+                pid, start = own.read_text().split()
+                return {"rank": rank, "pid": int(pid), "start": start}
+            time.sleep(0.05)
+        return None  # nothing was started under the earlier claim
 
     def _agent_env(self, cloud: str) -> dict[str, str]:
         env = {"SPOTBROKER_PYTHON": self.python, "SPOTBROKER_SIM_CLOUD": "", "SPOTBROKER_SIM_ARGS": ""}
@@ -210,6 +241,12 @@ class LocalLauncher:
             if _start_time(node["pid"]) == node["start"]:
                 _signal_group(node["pid"], signal.SIGKILL)
         self._reap(pids)
+
+
+def _write_json(path: Path, value: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(value))
+    tmp.replace(path)
 
 
 def _signal_group(pid: int, sig: signal.Signals) -> None:

@@ -1,0 +1,46 @@
+"""The local launcher never starts a node twice, even when a launcher died
+between starting it and recording it."""
+from __future__ import annotations
+
+import time
+
+from spotbroker.broker.launch.base import LaunchRequest, RunState
+from spotbroker.broker.launch.local import LocalLauncher, _start_time
+from spotbroker.broker.offers import LOCAL_PLACEMENT
+
+
+def request(tmp_path, run: str) -> LaunchRequest:
+    return LaunchRequest(attempt_id=7, job_id=1, team="ml", run=run, setup=None, envs={}, workdir=None,
+                         num_nodes=1, placement=LOCAL_PLACEMENT)
+
+
+def test_a_node_started_but_not_recorded_is_found_not_started_again(tmp_path):
+    launcher = LocalLauncher(tmp_path, 1)
+    marker = tmp_path / "ran.txt"
+    req = request(tmp_path, f"echo ran >> {marker}; sleep 1")
+    first = launcher.launch(req)
+    node = first["nodes"][0]
+    # The node's own record agrees with what the kernel says about it.
+    deadline = time.monotonic() + 5
+    while not (tmp_path / "runs" / "7" / "node-0.self").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    assert (tmp_path / "runs" / "7" / "node-0.self").read_text().split() == [str(node["pid"]), _start_time(node["pid"])]
+    (tmp_path / "runs" / "7" / "node-0.json").unlink()  # the launcher died before recording it
+    again = LocalLauncher(tmp_path, 1).launch(req)
+    assert (again["nodes"][0]["pid"], again["nodes"][0]["start"]) == (node["pid"], node["start"])
+    while launcher.status(again).state == RunState.RUNNING:
+        time.sleep(0.05)
+    assert launcher.status(again).state == RunState.SUCCEEDED
+    assert marker.read_text() == "ran\n"
+
+
+def test_a_claim_under_which_nothing_started_does_not_block_the_launch(tmp_path):
+    launcher = LocalLauncher(tmp_path, 1)
+    run_dir = tmp_path / "runs" / "7"
+    run_dir.mkdir(parents=True)
+    (run_dir / "node-0.claim").touch()  # a launcher died after claiming, before starting
+    handle = launcher.launch(request(tmp_path, "true"))
+    while launcher.status(handle).state == RunState.RUNNING:
+        time.sleep(0.05)
+    assert launcher.status(handle).state == RunState.SUCCEEDED
