@@ -8,6 +8,10 @@ be re-sent safely. State moves follow DESIGN.md:
     RUNNING    --preemption_notice-->               PREEMPTING
     PREEMPTING --checkpoint_committed / no_flush--> RECOVERING (the old attempt is PREEMPTED)
 
+The broker moves a job itself the same way (placement decided to leave the
+node): it sets PREEMPTING with a "moving: ..." reason, and answers the
+agent `drain: true` until the flush is in.
+
 and only for the job's current attempt: a late report from an attempt that
 was already replaced is recorded (its checkpoint too: it lives under that
 attempt's own prefix) but moves nothing.
@@ -34,6 +38,7 @@ A, J = AttemptState, JobState
 AGENT_TOKEN_PREFIX = "sba_"
 # Heartbeats are frequent and carry nothing new: they update the attempt, not the event log.
 SILENT = {protocol.HEARTBEAT}
+MOVING = "moving: "  # the reason of a PREEMPTING the broker started (a move)
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,7 @@ class Outcome:
     accepted: int
     last_seq: int
     cancel: bool
+    drain: bool  # the broker is moving the job: flush a checkpoint now, then stop
     moved: bool  # a job changed state: the reconciler should look now
 
 
@@ -83,8 +89,14 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], clock: 
             session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(),
                               data={**event.data, "agent_at": event.at.isoformat()}))
         moved |= _apply(session, job, attempt, event, clock)
-    return Outcome(accepted=accepted, last_seq=attempt.agent_seq,
-                   cancel=attempt.state not in LIVE_ATTEMPT_STATES, moved=moved)
+    live = attempt.state in LIVE_ATTEMPT_STATES
+    return Outcome(accepted=accepted, last_seq=attempt.agent_seq, cancel=not live,
+                   drain=live and job.state == J.PREEMPTING and is_move(job), moved=moved)
+
+
+def is_move(job: Job) -> bool:
+    """Is the job PREEMPTING because the broker moves it (not the cloud)?"""
+    return (job.reason or "").startswith(MOVING)
 
 
 def _is_current(job: Job, attempt: Attempt) -> bool:
@@ -104,6 +116,10 @@ def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, cloc
             transition(session, job, J.RUNNING, data={"attempt_id": attempt.id}, clock=clock)
             return True
         return False
+    if kind == protocol.PREEMPTION_NOTICE and job.state == J.PREEMPTING and is_move(job) \
+            and event.data.get("kind") != "drain":
+        job.reason = "preemption notice"  # the cloud reclaims the node we were moving off: it is a preemption
+        return False
     if kind == protocol.PREEMPTION_NOTICE and job.state in (J.LAUNCHING, J.RUNNING):
         transition(session, job, J.PREEMPTING, reason="preemption notice",
                    data={"attempt_id": attempt.id, "deadline": event.data.get("deadline")}, clock=clock)
@@ -118,13 +134,17 @@ def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, cloc
 
 
 def preempted(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock) -> None:
-    """The attempt is lost to a preemption: recover on a new one now, without
-    waiting for the old node to die (the release phase stops what is left)."""
+    """The attempt is lost to a preemption, or left for a move: recover on a
+    new one now, without waiting for the old node to die (the release phase
+    stops what is left). A move is not counted as a preemption (placement
+    reads the zone's spot history from these reasons)."""
+    move = is_move(job)
     if attempt.state in LIVE_ATTEMPT_STATES:
-        transition(session, attempt, A.PREEMPTED, reason="preempted", clock=clock)
+        transition(session, attempt, A.PREEMPTED, reason="moved" if move else "preempted", clock=clock)
         attempt.released = False
-    job.recoveries += 1
-    transition(session, job, J.RECOVERING, reason=f"preempted: {why}", clock=clock)
+    if not move:
+        job.recoveries += 1
+    transition(session, job, J.RECOVERING, reason=f"{'moved' if move else 'preempted'}: {why}", clock=clock)
     job.next_check_at = clock.now()
 
 

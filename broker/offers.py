@@ -101,35 +101,42 @@ def _placement(offer: Offer, use_spot: bool) -> Placement | None:
                      accelerator_count=offer.accelerator_count, use_spot=use_spot, price_per_hour=price)
 
 
-def rank_offers(session: Session, spec: JobSpec, *, exclude_places: frozenset[str] = frozenset(),
-                limit: int = 20) -> list[Placement]:
-    """Feasible placements for a GPU job, best first.
+def feasible_offers(session: Session, spec: JobSpec) -> list[tuple[Offer, ResourceSet]]:
+    """Every current offer that fits one of the job's resource sets, with the set.
 
-    `any_of` alternatives compete on price; `ordered` ones are taken in
-    order, a later one only when every earlier one has no feasible offer.
-    Places in `exclude_places` (cool-downs after a preemption or a capacity
-    error) are skipped.
+    `any_of` alternatives all count; of `ordered` ones only the first that
+    has a feasible offer does (a later one is taken only when every earlier
+    one has none).
     """
-    groups: list[list[Placement]] = []
+    groups: list[list[tuple[Offer, ResourceSet]]] = []
     for want in spec.resources.alternatives():
         shape = want.accelerator
         if shape is None:
             continue
         infra = Infra(want.infra) if want.infra else None
-        found = []
-        for offer in current_offers(session, *shape):
-            if not _fits(offer, want, infra):
-                continue
-            placement = _placement(offer, want.use_spot)
-            if placement is None or placement.place in exclude_places:
-                continue
-            if want.max_price_per_hour is not None and placement.price_per_hour > want.max_price_per_hour:
-                continue
-            found.append(placement)
-        groups.append(found)
+        groups.append([(o, want) for o in current_offers(session, *shape) if _fits(o, want, infra)])
     if spec.resources.is_ordered:
-        best = next((g for g in groups if g), [])
-    else:
-        best = [p for g in groups for p in g]
-    best.sort(key=lambda p: (p.price_per_hour, p.cloud, p.region or "", p.zone or p.zone_id or ""))
-    return best[:limit]
+        return next((g for g in groups if g), [])
+    return [pair for g in groups for pair in g]
+
+
+def placement_of(offer: Offer, want: ResourceSet, use_spot: bool) -> Placement | None:
+    """The offer as a placement on spot or on-demand, if it has that price and
+    the price is within the resource set's cap."""
+    placement = _placement(offer, use_spot)
+    if placement is None:
+        return None
+    if want.max_price_per_hour is not None and placement.price_per_hour > want.max_price_per_hour:
+        return None
+    return placement
+
+
+def rank_offers(session: Session, spec: JobSpec, *, exclude_places: frozenset[str] = frozenset(),
+                limit: int = 20) -> list[Placement]:
+    """Feasible placements for a GPU job at list price, cheapest first (each
+    resource set on spot or on-demand as it asks). Places in `exclude_places`
+    (cool-downs after a capacity error) are skipped."""
+    found = [p for offer, want in feasible_offers(session, spec)
+             if (p := placement_of(offer, want, want.use_spot)) is not None and p.place not in exclude_places]
+    found.sort(key=lambda p: (p.price_per_hour, p.cloud, p.region or "", p.zone or p.zone_id or ""))
+    return found[:limit]

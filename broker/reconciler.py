@@ -36,12 +36,14 @@ from sqlalchemy.orm.exc import StaleDataError
 from spotbroker.agent import protocol
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.db import transaction
-from spotbroker.broker.agent_channel import agent_token, newest_checkpoint, preempted
+from spotbroker.broker.agent_channel import MOVING, agent_token, newest_checkpoint, preempted
 from spotbroker.broker.auth import digest
 from spotbroker.broker.launch.base import (CapacityError, Launcher, LaunchError, LaunchRequest, RunState,
                                            RunStatus)
 from spotbroker.broker.models import Attempt, Event, Job, Team
-from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement, rank_offers
+from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement
+from spotbroker.broker.placement import Placer
+from spotbroker.broker.policy import Action
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.spec import JobSpec
 from spotbroker.broker.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, JobState,
@@ -50,8 +52,6 @@ from spotbroker.broker.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, Atte
 log = logging.getLogger(__name__)
 
 A, J = AttemptState, JobState
-ZONE_COOLDOWN = timedelta(minutes=30)
-RETRY_LATER = timedelta(seconds=15)
 HINT_COALESCE = 0.1
 # What the observe phase saw of a job's run: (attempt id, run state, exit code).
 Observed = tuple[int, RunState, int | None]
@@ -78,6 +78,7 @@ class Reconciler:
         self._wake = threading.Event()
         self._dialect = factory.kw["bind"].dialect.name
         self._key = settings.signing_key()
+        self.placer = Placer(settings)
 
     # --- running in the server ---------------------------------------------------------
 
@@ -103,6 +104,7 @@ class Reconciler:
 
     def pass_once(self) -> PassStats:
         stats = PassStats()
+        self.placer.new_pass()
         changed = self._observe(stats)
         self._release(stats)
         for job_id in self._claim(changed):
@@ -215,39 +217,77 @@ class Reconciler:
             if observed is not None:
                 self._on_observed(session, job, *observed)
                 return
+            rest: tuple[Placement, ...] = ()
             if state in (J.PENDING, J.RECOVERING):
-                attempt = self._place(session, job)
+                attempt, rest = self._place(session, job)
             elif state in (J.LAUNCHING, J.RUNNING, J.PREEMPTING):
                 attempt = self._unlaunched(job)
+                if attempt is None and state == J.RUNNING:
+                    self._reconsider(session, job)
+                elif attempt is None and state == J.PREEMPTING:
+                    self._drain_timed_out(session, job)
             else:
                 job.next_check_at = None
                 return
         if attempt is not None:
-            self._launch(job_id, attempt.id)
+            self._launch(job_id, attempt.id, rest)
 
     # --- deciding where to run -----------------------------------------------------------
 
-    def _place(self, session: Session, job: Job) -> Attempt | None:
+    def _place(self, session: Session, job: Job) -> tuple[Attempt | None, tuple[Placement, ...]]:
+        """The job's first attempt on what the policy chose, and the placements to
+        fail over to; (None, ()) when it is to wait, or cannot run at all."""
         spec = JobSpec.model_validate(job.spec)
         now = self.clock.now()
         if spec.wants_gpu:
-            cooling = self._cooling_places(session, job)
-            ranked = rank_offers(session, spec, exclude_places=cooling, limit=1)
-            if not ranked:
-                if rank_offers(session, spec, limit=1):  # only cooling places fit: wait
-                    job.next_check_at = now + RETRY_LATER
-                    return None
+            choice = self.placer.choose(session, job, spec, now)
+            if choice is None:
                 transition(session, job, J.FAILED, reason="no_feasible_offer",
                            data={"resources": spec.resources.model_dump(exclude_none=True)}, clock=self.clock)
-                return None
-            placement = ranked[0]
+                return None, ()
+            if choice.action is not Action.LAUNCH:  # wait (for spot); look again later
+                job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
+                return None, ()
+            placements = choice.placements[:self.settings.launch_failover_limit]
         else:
-            placement = LOCAL_PLACEMENT
-        launcher = self._launcher_for(placement)
+            placements = (LOCAL_PLACEMENT,)
+        launcher = self._launcher_for(placements[0])
         if launcher == "local" and not self._local_slot_free(session):
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
-            return None
-        return self._new_attempt(session, job, spec, placement, launcher)
+            return None, ()
+        return self._new_attempt(session, job, spec, placements[0], launcher), placements[1:]
+
+    def _reconsider(self, session: Session, job: Job) -> None:
+        """A running job with a deadline: ask the policy again whether to stay, or
+        to move (to on-demand before the slack runs out, or to a cheaper zone).
+        A move drains the attempt (the agent flushes a checkpoint) and then
+        places the job again, so what replaces it is decided on what is known
+        then (break before make: one attempt per job at a time)."""
+        spec = JobSpec.model_validate(job.spec)
+        job.next_check_at = None
+        if spec.deadline is None:
+            return
+        now = self.clock.now()
+        job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
+        attempt = next((a for a in job.attempts if a.state == A.RUNNING and a.handle is not None), None)
+        if attempt is None or attempt.started_at is None:
+            return
+        choice = self.placer.choose(session, job, spec, now, running=attempt)
+        if choice is None or choice.action is Action.KEEP:
+            return
+        transition(session, job, J.PREEMPTING, reason=f"{MOVING}{choice.reason}",
+                   data={"attempt_id": attempt.id, "to": [p.place for p in choice.placements],
+                         "use_spot": [p.use_spot for p in choice.placements]}, clock=self.clock)
+        job.next_check_at = now + timedelta(seconds=self.settings.drain_timeout)
+
+    def _drain_timed_out(self, session: Session, job: Job) -> None:
+        """A move whose agent never flushed (no agent, or no checkpoint library
+        answering): move on from the last committed checkpoint."""
+        attempt = next((a for a in job.attempts if a.state in LIVE_ATTEMPT_STATES), None)
+        if not (job.reason or "").startswith(MOVING) or attempt is None:
+            job.next_check_at = None
+            return
+        preempted(session, job, attempt, "no flush came in time", self.clock)
 
     def _launcher_for(self, placement: Placement) -> str:
         # Until a cloud launcher is configured, the local launcher stands in
@@ -263,15 +303,6 @@ class Reconciler:
             select(func.count()).select_from(Attempt)
             .where(Attempt.launcher == "local", Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])))
         return running < self.settings.local_max_running
-
-    def _cooling_places(self, session: Session, job: Job) -> frozenset[str]:
-        since = self.clock.now() - ZONE_COOLDOWN
-        places = set()
-        for a in job.attempts:
-            if a.state in (A.PREEMPTED, A.FAILED) and a.ended_at and a.ended_at > since and a.reason in (
-                    "no_capacity", "preempted", "vanished"):
-                places.add(f"{a.cloud}/{a.region}/{a.zone or a.zone_id or '*'}")
-        return frozenset(places)
 
     def _new_attempt(self, session: Session, job: Job, spec: JobSpec, placement: Placement,
                      launcher: str) -> Attempt:
@@ -305,7 +336,8 @@ class Reconciler:
 
     # --- launching -----------------------------------------------------------------------
 
-    def _launch(self, job_id: int, attempt_id: int) -> None:
+    def _launch(self, job_id: int, attempt_id: int, rest: tuple[Placement, ...] = ()) -> None:
+        """Launch the attempt; on a capacity error, fail over to `rest` in order."""
         for _ in range(self.settings.launch_failover_limit):
             with self.factory() as session:
                 attempt = session.get(Attempt, attempt_id)
@@ -314,10 +346,10 @@ class Reconciler:
             try:
                 handle = launcher.launch(request)
             except CapacityError as exc:
-                next_attempt = self._failover(job_id, attempt_id, str(exc))
+                next_attempt = self._failover(job_id, attempt_id, str(exc), rest)
                 if next_attempt is None:
                     return
-                attempt_id = next_attempt
+                attempt_id, rest = next_attempt, rest[1:]
                 continue
             except LaunchError as exc:
                 self._launch_failed(job_id, attempt_id, str(exc))
@@ -354,12 +386,14 @@ class Reconciler:
             job = session.get(Job, job_id)
             if job.state in (J.LAUNCHING, J.RUNNING, J.PREEMPTING):
                 job.next_check_at = None  # the launch is recorded: nothing to redo
+                if job.spec.get("deadline") is not None:  # but the policy keeps watching the deadline
+                    job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
             if attempt.state not in LIVE_ATTEMPT_STATES:
                 return  # cancelled meanwhile: the release phase stops it
             status = self.launchers[attempt.launcher].status(handle)
             self._on_observed(session, job, attempt_id, status.state, status.exit_code)
 
-    def _failover(self, job_id: int, attempt_id: int, why: str) -> int | None:
+    def _failover(self, job_id: int, attempt_id: int, why: str, rest: tuple[Placement, ...]) -> int | None:
         with transaction(self.factory) as session:
             job = session.get(Job, job_id)
             attempt = session.get(Attempt, attempt_id)
@@ -368,14 +402,13 @@ class Reconciler:
                            clock=self.clock)
             if job.state != J.LAUNCHING:
                 return None
-            session.flush()
-            spec = JobSpec.model_validate(job.spec)
-            ranked = rank_offers(session, spec, exclude_places=self._cooling_places(session, job), limit=1)
-            if not ranked:
-                job.next_check_at = self.clock.now() + RETRY_LATER
+            if not rest:  # every choice refused: decide again later, on what was learnt
+                job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
                 transition(session, job, J.RECOVERING, reason="no_capacity", clock=self.clock)
                 return None
-            return self._new_attempt(session, job, spec, ranked[0], self._launcher_for(ranked[0])).id
+            session.flush()
+            spec = JobSpec.model_validate(job.spec)
+            return self._new_attempt(session, job, spec, rest[0], self._launcher_for(rest[0])).id
 
     def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
         with transaction(self.factory) as session:

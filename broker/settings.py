@@ -46,6 +46,16 @@ class Settings(BaseSettings):
     # Simulated notice window of local runs (None: the cloud's own, 120/30/30 s).
     local_notice_window: float | None = None
 
+    # Placement (see broker/placement.py): how often the policy looks again at a
+    # job that waits for spot or runs against a deadline; the time a launch
+    # loses before training resumes (boot, set-up, loading the checkpoint);
+    # how far back each place's spot history reaches; how long a job being
+    # moved may take to flush before it is moved anyway.
+    placement_interval: float = 60.0
+    restart_overhead_seconds: float = 720.0
+    placement_history_days: float = 7.0
+    drain_timeout: float = 180.0
+
     # $/GB to move a checkpoint between regions, for placement: "default",
     # and "REGION_A,REGION_B" pairs (either order). The defaults are the
     # spot-sim protocol's rule (AWS list prices); same region is free.

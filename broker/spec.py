@@ -8,9 +8,10 @@ than a silently ignored option.
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, field_validator,
+from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
                       model_validator)
 
 CLOUDS = ("aws", "gcp", "azure", "local")
@@ -145,6 +146,9 @@ class JobSpec(_Strict):
     workdir: str | None = None
     num_nodes: Annotated[int, Field(ge=1, le=512)] = 1
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
+    # Productive hours the job needs (a guess is fine): what placement weighs
+    # restarts and the deadline against. Required with a deadline.
+    estimated_hours: Annotated[float, Field(gt=0, le=100_000)] | None = None
     deadline: AwareDatetime | None = None
     resources: Resources = Field(default_factory=Resources)
 
@@ -161,6 +165,24 @@ class JobSpec(_Strict):
                 raise ValueError(f"{key}: value must be a string or a number")
             out[key] = str(val).lower() if isinstance(val, bool) else str(val)
         return out
+
+    @field_validator("deadline")
+    @classmethod
+    def _deadline_needs_estimate(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
+        # (an estimated_hours that failed its own check is reported there, not here too)
+        if value is not None and "estimated_hours" in info.data and info.data["estimated_hours"] is None:
+            raise ValueError("give estimated_hours too: how long the work takes is what a deadline is kept against")
+        return value
+
+    def deadline_error(self, now: datetime, restart_overhead_s: float) -> str | None:
+        """Why the deadline cannot be met even on on-demand from `now`, if it cannot."""
+        if self.deadline is None or self.estimated_hours is None:
+            return None
+        need = timedelta(hours=self.estimated_hours, seconds=restart_overhead_s)
+        if self.deadline < now + need:
+            return (f"{self.deadline.isoformat()} is sooner than the work ({self.estimated_hours:g} h) plus one "
+                    f"restart ({restart_overhead_s / 60:g} min) from now: no placement can meet it")
+        return None
 
     @property
     def wants_gpu(self) -> bool:

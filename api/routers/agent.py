@@ -39,6 +39,8 @@ class AgentAnswer(BaseModel):
     accepted: int
     last_seq: int
     cancel: bool = Field(description="the attempt is over: stop the trainer")
+    drain: bool = Field(False, description="the broker moves the job: flush a checkpoint now, as on a "
+                                           "preemption notice; the attempt is then stopped")
 
 
 class LogAnswer(BaseModel):
@@ -83,7 +85,8 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
     outcome = await run_in_threadpool(store)
     if outcome.moved:
         state.reconciler.hint()
-    return AgentAnswer(accepted=outcome.accepted, last_seq=outcome.last_seq, cancel=outcome.cancel)
+    return AgentAnswer(accepted=outcome.accepted, last_seq=outcome.last_seq, cancel=outcome.cancel,
+                       drain=outcome.drain)
 
 
 @router.post(protocol.LOGS_PATH, response_model=LogAnswer)

@@ -15,7 +15,12 @@ _AWS_ZONE = re.compile(r"^(.+\d)[a-z]$")  # us-east-1c -> us-east-1
 
 
 def region_of(zone: str) -> str:
-    """The cloud region a zone belongs to (the zone itself when no suffix is recognised)."""
+    """The cloud region a zone belongs to (the zone itself when no suffix is recognised).
+
+    The broker names its places "cloud/region/zone/instance-type": the region is
+    the second part."""
+    if "/" in zone:
+        return zone.split("/")[1]
     for pattern in (_GCP_ZONE, _AWS_ZONE):
         m = pattern.match(zone)
         if m:

@@ -121,7 +121,10 @@ class ZoneHistory:
     up_start_seen: bool = False  # the current up spell was seen to begin (so its age is known)
     spot_run_started_s: float | None = None  # our current spot instance's launch time
 
-    def record(self, event: Event, at_s: float) -> None:
+    def record(self, event: Event, at_s: float, seen_since_last: bool = False) -> None:
+        """Fold in one sample. `seen_since_last`: the caller knows the zone kept
+        the previous sample's state until now, however long ago that was (the
+        broker knows a spot instance was up from its launch to its end)."""
         available = event in _AVAILABLE
         if event is Event.LAUNCH_OK:
             self.launches_ok += 1
@@ -137,7 +140,7 @@ class ZoneHistory:
             if self.spot_run_started_s is not None:
                 self.lifetimes_s.append(at_s - self.spot_run_started_s)
             self.spot_run_started_s = None
-        self._sample(available, at_s)
+        self._sample(available, at_s, seen_since_last)
 
     def up_for_s(self, now_s: float) -> float | None:
         """How long spot has been seen up without a break (None: not seen up last)."""
@@ -149,10 +152,11 @@ class ZoneHistory:
         """Our spot instance here was stopped by us (not a preemption)."""
         self.spot_run_started_s = None
 
-    def _sample(self, available: bool, at_s: float) -> None:
+    def _sample(self, available: bool, at_s: float, seen_since_last: bool = False) -> None:
         self.samples += 1
         last = self.last_sample_s
-        if last is not None and last <= at_s <= last + self.join_within_s:
+        joined = last is not None and last <= at_s and (seen_since_last or at_s <= last + self.join_within_s)
+        if joined:
             span = at_s - last
             if available == self.last_available:
                 if available:
@@ -167,11 +171,9 @@ class ZoneHistory:
                 else:
                     self.ups_lost += 1
         if available != self.last_available:
-            if self.last_available and self.up_start_seen and self.state_since_s is not None \
-                    and last is not None and at_s <= last + self.join_within_s:
+            if self.last_available and self.up_start_seen and self.state_since_s is not None and joined:
                 # an up spell seen to start and end: from its first sample to the first down one
                 self.up_spells_s.append(at_s - self.state_since_s)
-            joined = last is not None and last <= at_s <= last + self.join_within_s
             self.up_start_seen = available and self.last_available is False and joined
             self.state_since_s = at_s
         self.last_sample_s = at_s

@@ -198,14 +198,21 @@ class SpotBroker:
 
     @staticmethod
     def _no_deadline(step: _Step) -> Decision:
-        """Time is free: wait for spot in the home zone (or one nearly as good)."""
+        """No deadline: spot in the cheapest zone to finish in that has capacity,
+        trying the others in order of their cost (a job that waits is worth
+        nothing to its owner until it runs). A zone just seen without capacity
+        (a preemption, a failed launch) is tried last."""
         obs, costs = step.obs, step.costs
-        margin = obs.restart_overhead_s * step.h.spot_price / 3600
-        order = sorted(range(len(obs.zones)), key=lambda i: costs[i])
-        offers = [Offer(obs.zones[i].zone, Capacity.SPOT) for i in order if costs[i] <= costs[step.home] + margin]
+
+        def seen_down(z: ZoneState) -> bool:
+            h = z.history
+            return h.last_available is False and obs.now_s - (h.last_sample_s or -math.inf) <= obs.step_s
+
+        order = sorted(range(len(obs.zones)), key=lambda i: (seen_down(obs.zones[i]), costs[i]))
+        offers = [Offer(obs.zones[i].zone, Capacity.SPOT) for i in order]
         if obs.running is not None:  # on on-demand: leave it when spot is there
             return Decision.launch(*offers, otherwise=Action.KEEP, reason="no deadline: spot when there")
-        return Decision.launch(*offers, otherwise=Action.WAIT, reason="no deadline: wait for spot")
+        return Decision.launch(*offers, otherwise=Action.WAIT, reason="no deadline: spot, cheapest first")
 
     # 3. wait, spot or on-demand, read from the home plan
 

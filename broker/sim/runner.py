@@ -11,7 +11,7 @@ from spotbroker.broker.sim.engine import Job, RunResult, run_window
 from spotbroker.broker.sim.optimal import PlanReplay, solve
 from spotbroker.broker.sim.traces import TraceError, TraceSet
 
-ARMS = ("spotbroker", "optimal", "up", "up-s", "greedy")
+ARMS = ("spotbroker", "optimal", "up", "up-s", "greedy", "skynomad")
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,10 @@ def policy_factory(name: str) -> Callable[[], Policy]:
         return Greedy
     if name == "up":
         return UniformProgress
+    if name == "skynomad":
+        from spotbroker.broker.sim.skynomad import SkyNomad
+
+        return SkyNomad
     raise TraceError(f"unknown policy {name!r} (choose from {', '.join(ARMS)})")
 
 
