@@ -48,6 +48,10 @@ UNKNOWN_WORK_S = 3600.0
 # An estimate the job has outrun: this fraction of it is assumed to be left.
 OUTRUN_LEFT = 0.1
 ENDED_BY_RECLAIM = ("preempted", "vanished")
+# The cheapest this many places (by spot price) are weighed: a decision stays
+# well under a millisecond, and a place further down the list would need a
+# far better record than any zone has to win.
+MAX_ZONES = 20
 
 
 def zone_key(cloud: str, region: str | None, zone: str | None, zone_id: str | None, instance_type: str | None) -> str:
@@ -93,7 +97,7 @@ def load_histories(session: Session, now: datetime, settings: Settings) -> dict[
         if r.state in LIVE_ATTEMPT_STATES or ended is None:
             out.append((now.timestamp(), 1, Event.RUNNING, True))
         elif r.state == A.PREEMPTED and r.reason in ENDED_BY_RECLAIM:
-            out.append((ended, 1, Event.PREEMPTED, True))
+            out += [(ended, 1, Event.RUNNING, True), (ended, 2, Event.PREEMPTED, False)]
         else:
             out.append((ended, 1, Event.RUNNING, True))
     join_s = 1.5 * settings.placement_interval
@@ -155,11 +159,14 @@ class Placer:
         s = self.settings
         now_s = now.timestamp()
         join_s = 1.5 * s.placement_interval
-        states = sorted(
-            (ZoneState(key, offer.region, spot.price_per_hour, od.price_per_hour,
-                       self._histories.get(key) or ZoneHistory(join_within_s=join_s))
-             for key, (offer, spot, od) in zones.items()),
-            key=lambda z: (z.spot_price, z.zone))
+
+        def state(key: str, region: str, spot_price: float, od_price: float) -> ZoneState:
+            history = self._histories.get(key) or ZoneHistory(join_within_s=join_s)
+            return ZoneState(key, region, spot_price, od_price, history)
+
+        states = sorted((state(key, offer.region, spot.price_per_hour, od.price_per_hour)
+                         for key, (offer, spot, od) in zones.items()),
+                        key=lambda z: (z.spot_price, z.zone))[:MAX_ZONES]
         done = _work_done(session, job, now)
         total = spec.estimated_hours * 3600 if spec.estimated_hours else max(UNKNOWN_WORK_S, 2 * done)
         left = max(total - done, OUTRUN_LEFT * total)
@@ -173,9 +180,13 @@ class Placer:
             since = running.created_at.timestamp()
             current = Running(attempt_key(running), Capacity.SPOT if running.use_spot else Capacity.ON_DEMAND,
                               max(0.0, s.restart_overhead_seconds - (now_s - since)), since)
-            if current.zone not in zones:  # its offer is gone from the catalog: judge it as it was bought
-                states.append(ZoneState(current.zone, running.region or "*", running.price_per_hour,
-                                        running.price_per_hour, ZoneHistory(join_within_s=join_s)))
+            if all(z.zone != current.zone for z in states):  # the policy weighs what runs now too
+                if current.zone in zones:
+                    offer, spot, od = zones[current.zone]
+                    states.append(state(current.zone, offer.region, spot.price_per_hour, od.price_per_hour))
+                else:  # its offer is gone from the catalog: judge it as it was bought
+                    price = running.price_per_hour
+                    states.append(state(current.zone, running.region or "*", price, price))
         return Observation(
             now_s=now_s, step_s=s.placement_interval, work_left_s=left, work_total_s=max(total, left),
             started_s=job.created_at.timestamp(),

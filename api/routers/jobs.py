@@ -69,6 +69,10 @@ async def submit_job(request: Request, team: CurrentTeam,
     """Submit a job: a JSON job spec, or a SkyPilot-style task YAML
     (`Content-Type: application/yaml`)."""
     spec = await _read_spec(request)
+    state = request.app.state
+    late = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds)
+    if late:
+        raise invalid([{"field": "deadline", "message": late}])
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
                                                  team.team_name)
     # Already a JobOut: send it as it is, without validating it a second time.

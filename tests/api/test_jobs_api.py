@@ -188,6 +188,22 @@ def test_wrong_field_is_named(api, team_headers):
     assert r.status_code == 422 and r.json()["errors"][0]["line"] == 5
 
 
+def test_a_deadline_needs_an_estimate_and_room_for_the_work(api, team_headers):
+    from datetime import UTC, datetime, timedelta
+
+    h = team_headers()
+    soon = (datetime.now(UTC) + timedelta(hours=1)).isoformat()
+    r = api.post("/v1/jobs", json={"run": "x", "deadline": soon}, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "deadline"
+    assert "estimated_hours" in r.json()["errors"][0]["message"]
+    r = api.post("/v1/jobs", json={"run": "x", "deadline": soon, "estimated_hours": 1}, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "deadline"
+    assert "sooner than the work" in r.json()["errors"][0]["message"]
+    later = (datetime.now(UTC) + timedelta(hours=3)).isoformat()
+    r = api.post("/v1/jobs", json={"run": "x", "deadline": later, "estimated_hours": 1}, headers=h)
+    assert r.status_code == 201 and r.json()["spec"]["estimated_hours"] == 1
+
+
 def test_yaml_submission(api, team_headers):
     h = {**team_headers(), "Content-Type": "application/yaml"}
     r = api.post("/v1/jobs", content=b"name: from-yaml\nrun: echo yaml\nresources:\n  accelerators: {T4: 1}\n",

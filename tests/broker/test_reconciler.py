@@ -15,7 +15,7 @@ from spotbroker.broker.clock import Clock
 from spotbroker.broker.db import transaction
 from spotbroker.broker.launch.base import CapacityError
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.models import Attempt, Job
+from spotbroker.broker.models import Attempt, Event, Job
 from spotbroker.broker.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.spec import JobSpec
@@ -222,3 +222,66 @@ def test_a_launch_whose_handle_was_lost_is_found_even_after_the_agent_said_runni
     run_until(reconciler(factory, settings, clock=clock), factory, job_id, {"SUCCEEDED"})
     (attempt,) = attempts(factory, job_id)
     assert attempt.handle is not None and marker.read_text().split() == [str(attempt.id)]
+
+
+def _deadline_job_running_on_spot(factory, settings, team, rec):
+    from datetime import UTC, datetime
+
+    job_id = submit(factory, team, run="sleep 60", resources={"accelerators": "T4:1"}, estimated_hours=1.0,
+                    deadline=(datetime.now(UTC) + timedelta(hours=20)).isoformat())
+    run_until(rec, factory, job_id, {"RUNNING"})
+    (first,) = attempts(factory, job_id)
+    assert first.use_spot
+    # The deadline comes closer than the work left plus a restart (its owner moved it, say).
+    with transaction(factory) as s:
+        job = s.get(Job, job_id)
+        job.spec = {**job.spec, "deadline": (datetime.now(UTC) + timedelta(minutes=50)).isoformat()}
+        job.next_check_at = datetime.now(UTC)
+    job = run_until(rec, factory, job_id, {"PREEMPTING"})
+    assert job.reason.startswith("moving: deadline")
+    return job_id, first
+
+
+def test_a_running_job_short_of_slack_is_drained_then_moved_to_on_demand(env):
+    from datetime import UTC, datetime
+
+    from spotbroker.broker import agent_channel
+
+    factory, settings, team = env
+    rec = reconciler(factory, settings, LocalLauncher(settings.data_dir, 1, agent=False))
+    job_id, first = _deadline_job_running_on_spot(factory, settings, team, rec)
+    event = agent_channel.AgentEvent
+    with transaction(factory) as s:  # what the attempt's agent hears and says
+        attempt = s.get(Attempt, first.id)
+        assert agent_channel.record(s, attempt, [event(1, "heartbeat", datetime.now(UTC), {})]).drain
+        agent_channel.record(s, attempt, [event(2, "checkpoint_committed", datetime.now(UTC),
+                                                {"step": 7, "uri": "file:///ckpt/7", "reason": "drain"})])
+    job = run_until(rec, factory, job_id, {"LAUNCHING", "RUNNING"})
+    moved, second = attempts(factory, job_id)
+    assert (moved.state, moved.reason) == ("PREEMPTED", "moved") and job.recoveries == 0
+    assert not second.use_spot  # on-demand keeps the deadline
+    _cancel(factory, rec, job_id)
+
+
+def test_a_move_whose_agent_never_flushes_goes_on_after_the_drain_timeout(env):
+    factory, settings, team = env
+    clock = ShiftedClock()
+    rec = reconciler(factory, settings, LocalLauncher(settings.data_dir, 1, agent=False), clock)
+    job_id, first = _deadline_job_running_on_spot(factory, settings, team, rec)
+    rec.pass_once()
+    with factory() as s:
+        assert s.get(Job, job_id).state == "PREEMPTING"
+    clock.shift = timedelta(seconds=settings.drain_timeout + 1)
+    run_until(rec, factory, job_id, {"LAUNCHING", "RUNNING"})
+    moved = attempts(factory, job_id)[0]
+    assert (moved.state, moved.reason) == ("PREEMPTED", "moved")
+    with factory() as s:
+        reasons = [e.data.get("reason") for e in s.scalars(select(Event).where(Event.job_id == job_id))]
+    assert "moved: no flush came in time" in reasons
+    _cancel(factory, rec, job_id)
+
+
+def _cancel(factory, rec, job_id):
+    with transaction(factory) as s:
+        jobs.cancel(s, s.get(Job, job_id).team_id, job_id)
+    rec.pass_once()  # the release phase stops what still runs

@@ -43,7 +43,7 @@ def test_preempted_run_resumes_elsewhere_from_its_flushed_checkpoint(api, team_h
     def place(a):  # Azure offers have no zone: they are placed (and cool down) per region
         return a["cloud"], a["region"], a["zone"] or a["zone_id"]
 
-    assert place(first) != place(second)  # the reclaimed place cools down
+    assert place(first) != place(second)  # a place just seen reclaimed is tried last
     assert job["recoveries"] == 1
 
     events = api.get(f"/v1/jobs/{job_id}/events", headers=h).json()["events"]

@@ -1,0 +1,124 @@
+"""Placement in the broker: the policy decides from what the attempts table
+has seen, on both databases."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from spotbroker.broker import auth, jobs
+from spotbroker.broker.clock import Clock
+from spotbroker.broker.db import transaction
+from spotbroker.broker.models import Attempt, Job
+from spotbroker.broker.offers import rank_offers, seed_from_catalog
+from spotbroker.broker.placement import Placer, attempt_key, load_histories
+from spotbroker.broker.policy import Action
+from spotbroker.broker.spec import JobSpec
+
+T4 = {"accelerators": "T4:1"}
+
+
+@pytest.fixture
+def team(factory):
+    with transaction(factory) as s:
+        seed_from_catalog(s)
+        team, _ = auth.create_team(s, "ml")
+        return team.id
+
+
+def submit(factory, team_id, **spec) -> int:
+    with transaction(factory) as s:
+        return jobs.submit(s, team_id, JobSpec.model_validate({"run": "true", **spec})).id
+
+
+def add_attempt(s, job_id, place, *, state, reason=None, started=None, ended=None, use_spot=True):
+    """An attempt on `place` (a Placement); times are datetimes or None."""
+    now = Clock().now()
+    created = (started or ended or now) - timedelta(minutes=3)
+    a = Attempt(job_id=job_id, state=state, reason=reason, launcher="local", cloud=place.cloud,
+                region=place.region, zone=place.zone, zone_id=place.zone_id, instance_type=place.instance_type,
+                accelerator=place.accelerator, accelerator_count=place.accelerator_count, use_spot=use_spot,
+                num_nodes=1, price_per_hour=place.price_per_hour, created_at=created, updated_at=now,
+                started_at=started, ended_at=ended)
+    s.add(a)
+    s.flush()
+    return a
+
+
+def test_each_place_history_is_replayed_from_every_teams_attempts(factory, settings, team):
+    job_id = submit(factory, team, resources=T4)
+    now = Clock().now()
+    with transaction(factory) as s:
+        place = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": T4}), limit=1)[0]
+        t0 = now - timedelta(hours=5)
+        ran = add_attempt(s, job_id, place, state="PREEMPTED", reason="preempted", started=t0,
+                          ended=t0 + timedelta(hours=2))
+        add_attempt(s, job_id, place, state="FAILED", reason="no_capacity", ended=t0 + timedelta(hours=2, minutes=30))
+        add_attempt(s, job_id, place, state="RUNNING", started=t0 + timedelta(hours=3))
+        add_attempt(s, job_id, place, state="PREEMPTED", reason="moved", started=t0 - timedelta(hours=1),
+                    ended=t0 - timedelta(minutes=10))
+        key = attempt_key(ran)
+        histories = load_histories(s, now, settings)
+    h = histories[key]
+    assert (h.launches_ok, h.capacity_failures, h.preemptions) == (3, 1, 1)
+    # up: the moved run (50 min), 2 h until reclaimed, and the 2 h running now; a move is no reclaim
+    assert h.ups_lost == 1 and h.last_available is True
+    assert h.seconds_up == pytest.approx((50 + 120 + 120) * 60, abs=60)
+
+
+def test_a_place_that_keeps_reclaiming_loses_to_a_steadier_one_at_the_same_price(factory, settings, team):
+    spec = JobSpec.model_validate({"run": "x", "resources": T4})
+    job_id = submit(factory, team, resources=T4)
+    now = Clock().now()
+    with transaction(factory) as s:
+        cheapest = rank_offers(s, spec, limit=1)[0]
+        for i in range(6):  # another job's spot runs there: ten minutes each, then reclaimed
+            start = now - timedelta(hours=12 - i)
+            add_attempt(s, job_id, cheapest, state="PREEMPTED", reason="preempted", started=start,
+                        ended=start + timedelta(minutes=10))
+    with factory() as s:
+        job = s.get(Job, job_id)
+        choice = Placer(settings).choose(s, job, spec, now)
+    assert choice.action is Action.LAUNCH and choice.placements[0].use_spot
+    first = choice.placements[0]
+    assert first.place != cheapest.place and first.price_per_hour == pytest.approx(cheapest.price_per_hour, rel=0.1)
+    assert cheapest.place in [p.place for p in choice.placements]  # still tried, but last
+
+
+def test_a_place_just_seen_reclaimed_is_tried_last(factory, settings, team):
+    spec = JobSpec.model_validate({"run": "x", "resources": T4})
+    job_id = submit(factory, team, resources=T4)
+    now = Clock().now()
+    with transaction(factory) as s:
+        cheapest = rank_offers(s, spec, limit=1)[0]
+        add_attempt(s, job_id, cheapest, state="PREEMPTED", reason="preempted", started=now - timedelta(hours=3),
+                    ended=now - timedelta(seconds=5))
+    with factory() as s:
+        choice = Placer(settings).choose(s, s.get(Job, job_id), spec, now)
+    assert choice.placements[0].place != cheapest.place and choice.placements[-1].place == cheapest.place
+
+
+def test_on_demand_only_jobs_take_the_list_price(factory, settings, team):
+    resources = {**T4, "use_spot": False}
+    spec = JobSpec.model_validate({"run": "x", "resources": resources})
+    job_id = submit(factory, team, resources=resources)
+    with factory() as s:
+        choice = Placer(settings).choose(s, s.get(Job, job_id), spec, Clock().now())
+        listed = rank_offers(s, spec)
+    assert not any(p.use_spot for p in choice.placements)
+    assert choice.placements[0] == listed[0]
+
+
+def test_a_tight_deadline_goes_on_demand_and_a_loose_one_waits_for_spot(factory, settings, team):
+    now = Clock().now()
+    tight = {"resources": T4, "estimated_hours": 1.0,
+             "deadline": (now + timedelta(hours=1, minutes=13)).isoformat()}
+    loose = {"resources": T4, "estimated_hours": 1.0, "deadline": (now + timedelta(hours=30)).isoformat()}
+    choices = {}
+    for name, fields in (("tight", tight), ("loose", loose)):
+        job_id = submit(factory, team, **fields)
+        with factory() as s:
+            spec = JobSpec.model_validate(s.get(Job, job_id).spec)
+            choices[name] = Placer(settings).choose(s, s.get(Job, job_id), spec, now)
+    assert choices["tight"].action is Action.LAUNCH and not choices["tight"].placements[0].use_spot
+    assert choices["loose"].action is Action.LAUNCH and choices["loose"].placements[0].use_spot
