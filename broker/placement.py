@@ -114,10 +114,30 @@ class Placer:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        self._egress = settings.egress_prices()
         self._histories: dict[str, ZoneHistory] | None = None
+        # per pass, by the job's resources: jobs of one shape share their offers
+        self._offers: dict[str, tuple[list, dict]] = {}
+        self._states: dict[str, list[ZoneState]] = {}
 
     def new_pass(self) -> None:
         self._histories = None
+        self._offers, self._states = {}, {}
+
+    def _candidates(self, session: Session, spec: JobSpec) -> tuple[list, dict]:
+        """(feasible (offer, resource set) pairs, spot zones: key -> (offer, spot, on-demand))."""
+        shape = spec.resources.model_dump_json()
+        if shape not in self._offers:
+            feasible = feasible_offers(session, spec)
+            zones: dict[str, tuple] = {}
+            for offer, want in feasible:
+                if not want.use_spot:
+                    continue
+                spot, od = placement_of(offer, want, True), placement_of(offer, want, False)
+                if spot is not None and od is not None:
+                    zones.setdefault(offer_key(offer), (offer, spot, od))
+            self._offers[shape] = (feasible, zones)
+        return self._offers[shape]
 
     def choose(self, session: Session, job: Job, spec: JobSpec, now: datetime,
                running: Attempt | None = None) -> Choice | None:
@@ -126,14 +146,9 @@ class Placer:
         Resource sets that do not want spot (and jobs with no spot offer at all)
         are placed on the cheapest list price, as they ask.
         """
-        feasible = feasible_offers(session, spec)
+        feasible, zones = self._candidates(session, spec)
         if not feasible:
             return None
-        zones: dict[str, tuple[Offer, object]] = {}
-        for offer, want in feasible:
-            spot, od = placement_of(offer, want, True), placement_of(offer, want, False)
-            if want.use_spot and spot is not None and od is not None:
-                zones.setdefault(offer_key(offer), (offer, spot, od))
         if not zones:
             listed = [p for o, w in feasible if (p := placement_of(o, w, w.use_spot)) is not None]
             if not listed:
@@ -164,9 +179,12 @@ class Placer:
             history = self._histories.get(key) or ZoneHistory(join_within_s=join_s)
             return ZoneState(key, region, spot_price, od_price, history)
 
-        states = sorted((state(key, offer.region, spot.price_per_hour, od.price_per_hour)
-                         for key, (offer, spot, od) in zones.items()),
-                        key=lambda z: (z.spot_price, z.zone))[:MAX_ZONES]
+        shape = spec.resources.model_dump_json()
+        if shape not in self._states:
+            self._states[shape] = sorted((state(key, offer.region, spot.price_per_hour, od.price_per_hour)
+                                          for key, (offer, spot, od) in zones.items()),
+                                         key=lambda z: (z.spot_price, z.zone))[:MAX_ZONES]
+        states = list(self._states[shape])
         done = _work_done(session, job, now)
         total = spec.estimated_hours * 3600 if spec.estimated_hours else max(UNKNOWN_WORK_S, 2 * done)
         left = max(total - done, OUTRUN_LEFT * total)
@@ -193,7 +211,7 @@ class Placer:
             deadline_s=spec.deadline.timestamp() if spec.deadline else None,
             restart_overhead_s=s.restart_overhead_seconds,
             checkpoint_gb=newest.bytes / 1e9 if newest is not None else 0.0,
-            zones=tuple(states), running=current, last_zone=last_zone, egress=s.egress_prices())
+            zones=tuple(states), running=current, last_zone=last_zone, egress=self._egress)
 
 
 def _work_done(session: Session, job: Job, now: datetime) -> float:
