@@ -29,7 +29,7 @@ What it does
   parallel while training goes on. If the previous upload is still running
   when the next save is due, that save is put off to the next boundary.
 * **Flush on request.** The agent writes ``flush.json`` and sends ``SIGUSR1``
-  when a preemption notice comes; the handler only sets a flag, and the next
+  when a preemption notice (or the broker's drain) comes; the handler only sets a flag, and the next
   :meth:`Checkpointer.step` persists the current state at once and returns
   when it is committed (CPU tensors are uploaded in place, with no copy; GPU
   ones part by part as they reach host memory), then appends
@@ -37,7 +37,8 @@ What it does
   flight is abandoned first. If the window closes before the manifest is
   written, the newest committed periodic checkpoint still stands. A save that
   fails is logged (a flush also reports ``no_flush``); it never raises into
-  the training loop. :meth:`Checkpointer.close` withdraws ``library.json``.
+  the training loop. :meth:`Checkpointer.close` withdraws ``library.json``
+  and frees the host buffer and the copy and upload threads.
 * **Restore** tries ``RESUME_FROM`` when set, otherwise the newest step across
   all attempts of the job (or under ``uri``), verifying every object against
   the manifest; a checkpoint with a missing, truncated or corrupt object is
@@ -328,7 +329,8 @@ class Checkpointer(UploadMixin):
         return self._last_committed
 
     def close(self) -> None:
-        """Wait for the background upload; tell the agent flushes are over."""
+        """Wait for the background upload; tell the agent flushes are over; free the
+        host buffer and stop the threads."""
         self.wait()
         withdraw_library_file(self.control_dir)
         if self._signal_installed and threading.current_thread() is threading.main_thread():
@@ -342,6 +344,10 @@ class Checkpointer(UploadMixin):
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
+        if self._host_preparing is not None:
+            self._host_preparing.join()  # it would start the copy threads again
+            self._host_preparing = None
+        self._host.close()
 
     # --- flush requests --------------------------------------------------------
 

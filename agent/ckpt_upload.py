@@ -168,6 +168,17 @@ class HostBuffer:
         pool = self._copier_pool()
         wait([pool.submit(time.sleep, 0.01) for _ in range(self._copier_count)])
 
+    def close(self) -> None:
+        """Stop the copy threads and let the buffer go (pinned host memory is
+        scarce); a later save starts both again."""
+        if self._copiers is not None:
+            self._copiers.shutdown(wait=True)
+            self._copiers = None
+            self._copier_count = 0
+        self.tensor = None
+        self.view = memoryview(bytearray())
+        self.layout = None
+
     def ensure(self, layout: Layout, pin: bool) -> None:
         if self.layout is not None and self.layout.slots == layout.slots and self.tensor is not None:
             self.layout = layout

@@ -384,6 +384,24 @@ def test_periodic_snapshots_reuse_one_host_buffer_made_ahead(tmp_path: Path) -> 
     assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [4, 2]
 
 
+def test_close_frees_the_host_buffer_and_stops_its_copy_threads(tmp_path: Path) -> None:
+    net, opt, sched = make_run()
+    train(net, opt, sched, 1)
+    ck = Checkpointer(net, opt, sched, uri=f"file://{tmp_path}/a1", every_steps=2, every_seconds=None)
+    ck.step(1)  # the buffer is made, and the copy threads started, in the background
+    ck._host_preparing.join()
+    ck.step(2)
+    copiers = ck._host._copiers
+    assert copiers is not None and ck._host.tensor is not None
+    threads = list(copiers._threads)
+    assert threads and all(t.is_alive() for t in threads)
+    ck.close()
+    assert ck._host.tensor is None and ck._host._copiers is None and ck._pool is None
+    assert not any(t.is_alive() for t in threads)
+    assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [2]  # the save was waited for
+    ck.close()  # twice is harmless
+
+
 @pytest.mark.parametrize("half", [None, "bf16"])
 def test_a_periodic_snapshot_holds_the_state_of_its_step_exactly(tmp_path: Path, half: str | None) -> None:
     """The snapshot copy (raw memory copies on several threads for plain CPU
