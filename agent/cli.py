@@ -46,7 +46,7 @@ def agent() -> None:
 @click.option("--metadata-timeout", type=float, default=2.0, show_default=True)
 @click.option("--notice-window", envvar=ENV_NOTICE_WINDOW, show_envvar=True, type=float, default=30.0,
               show_default=True,
-              help="Seconds assumed between a notice without a deadline (GCP) and the hard stop.")
+              help="Seconds assumed between a notice without a deadline (GCP, a broker's drain) and the hard stop.")
 @click.option("--log-seconds", type=float, default=1.0, show_default=True, help="How often output is shipped.")
 @click.option("--retry-max-seconds", type=float, default=5.0, show_default=True, help="Broker back-off ceiling.")
 @click.option("--final-flush-seconds", type=float, default=20.0, show_default=True,

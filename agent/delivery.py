@@ -10,15 +10,17 @@ until a deadline; whatever is still undelivered then stays on disk.
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from spotbroker.agent.backoff import jittered_backoff
 from spotbroker.agent.outbox import Outbox
-from spotbroker.agent.protocol import EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH, PREEMPTION_NOTICE
+from spotbroker.agent.protocol import (
+    ANSWER_CANCEL, ANSWER_DRAIN, EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH, PREEMPTION_NOTICE,
+)
 
 if TYPE_CHECKING:
     import httpx
@@ -28,11 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("spotbroker.agent")
 
 LOG_CHUNK = 1 << 20  # the most log bytes sent in one request
-
-
-def _jittered(failures: int, initial: float, maximum: float) -> float:
-    ceiling = min(maximum, initial * 2 ** max(0, failures - 1))
-    return ceiling * random.uniform(0.5, 1.0)
 
 
 class BrokerUnavailable(Exception):
@@ -110,7 +107,7 @@ class Delivery(threading.Thread):
         self.failures += 1
         if self.failures == 1 or self.failures % 20 == 0:
             log.warning("%s: broker unreachable (%d in a row), will retry: %s", self.name, self.failures, exc)
-        delay = _jittered(self.failures, self.config.retry_initial, self.config.retry_max)
+        delay = jittered_backoff(self.failures, self.config.retry_initial, self.config.retry_max)
         if self._finishing.is_set():
             # wait() would return at once now; and past the deadline the
             # client is closed, so never sleep beyond it.
@@ -125,14 +122,20 @@ class Delivery(threading.Thread):
 
 
 class EventSender(Delivery):
-    """Posts the outbox's events in seq order; the broker ignores a seq it already has."""
+    """Posts the outbox's events in seq order; the broker ignores a seq it already has.
+
+    The broker's answer may ask for a drain (checkpoint, the attempt is being
+    moved) or a cancel (stop the trainer): each answer that says so calls
+    `on_drain` / `on_cancel`, which see to doing it once.
+    """
 
     def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
-                 on_cancel: Callable[[], None]) -> None:
+                 on_cancel: Callable[[], None], on_drain: Callable[[], None] | None = None) -> None:
         super().__init__("event-sender", config)
         self.outbox = outbox
         self.client = client
         self.on_cancel = on_cancel
+        self.on_drain = on_drain
 
     def run(self) -> None:
         while True:
@@ -152,7 +155,10 @@ class EventSender(Delivery):
             self._recovered()
             self.outbox.ack(batch[-1]["seq"])
             _log_notice_latency(batch)
-            if answer.get("cancel") is True:
+            # A drain first: when both come at once, the flush is at least asked for.
+            if answer.get(ANSWER_DRAIN) is True and self.on_drain is not None:
+                self.on_drain()
+            if answer.get(ANSWER_CANCEL) is True:
                 self.on_cancel()
 
     def _post(self, batch: list[dict[str, Any]]) -> dict[str, Any]:

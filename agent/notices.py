@@ -34,7 +34,10 @@ from typing import Any, Callable
 
 import httpx
 
-from spotbroker.agent.protocol import PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION
+from spotbroker.agent.backoff import jittered_backoff
+from spotbroker.agent.protocol import (
+    DRAIN_CLOUD, DRAIN_KIND, DRAIN_SOURCE, PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION,
+)
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,7 @@ DEFAULT_METADATA_URLS = {
 PREEMPTION = "preemption"
 MAINTENANCE = "maintenance"
 REBALANCE = "rebalance"
+DRAIN = DRAIN_KIND  # not a cloud's: the broker moves the attempt elsewhere ("drain")
 
 AWS_TOKEN_PATH = "/latest/api/token"
 AWS_TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
@@ -96,7 +100,7 @@ class Notice:
 
     cloud: str
     source: str            # which watcher saw it, e.g. "aws.instance-action"
-    kind: str              # PREEMPTION, MAINTENANCE or REBALANCE
+    kind: str              # PREEMPTION, MAINTENANCE, REBALANCE or DRAIN
     deadline: datetime | None  # the cloud's hard stop (None for a rebalance recommendation)
     raw: Any               # the payload as the cloud gave it
     observed_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
@@ -129,10 +133,10 @@ class Notice:
         return f"{self.source}:{self.kind}:{json.dumps(self.raw, sort_keys=True, default=str)}"
 
 
-def backoff_delay(failures: int, config: WatchConfig, rng: random.Random) -> float:
-    """Exponential back-off with jitter, so many nodes do not retry in step."""
-    ceiling = min(config.backoff_max, config.backoff_initial * 2 ** max(0, failures - 1))
-    return ceiling * rng.uniform(0.5, 1.0)
+def drain_notice(window: float) -> Notice:
+    """The notice that stands for the broker's drain: it ends the node `window` seconds from now."""
+    now = datetime.now(timezone.utc)
+    return Notice(DRAIN_CLOUD, DRAIN_SOURCE, DRAIN, now + timedelta(seconds=window), None, now)
 
 
 def _client(base_url: str, timeout: float) -> httpx.Client:
@@ -193,7 +197,7 @@ class Watcher:
                     return
                 self.failures += 1
                 self._log_failure(exc)
-                self._stop.wait(backoff_delay(self.failures, self.config, self._rng))
+                self._stop.wait(self._backoff(self.failures))
                 continue
             if self.failures:
                 log.info("%s: metadata service answers again after %d failed polls", self.name, self.failures)
@@ -202,6 +206,9 @@ class Watcher:
             for notice in notices:
                 self._emit(notice)
             self._stop.wait(self.next_delay())
+
+    def _backoff(self, failures: int) -> float:
+        return jittered_backoff(failures, self.config.backoff_initial, self.config.backoff_max, self._rng)
 
     def _log_failure(self, exc: Exception) -> None:
         # The first failure of a streak and every tenth: a dead service must not flood the log.
@@ -448,7 +455,7 @@ class AzureWatcher(Watcher):
             except httpx.HTTPError as exc:
                 log.warning("%s: acknowledging %s: %s", self.name, event_id, type(exc).__name__)
             if attempt < attempts:
-                time.sleep(backoff_delay(attempt, self.config, self._rng))
+                time.sleep(self._backoff(attempt))
         return False
 
     def _fetch_vm_name(self) -> str:

@@ -14,7 +14,10 @@ environment and a fresh control directory, and then, until the trainer exits:
   checkpoint library (`library.json`), writes `flush.json` and sends SIGUSR1
   to the library's pid only, then waits for `checkpoint_committed` until the
   cloud's deadline (else reports `no_flush` with the reason); then
-  acknowledges the notice where the cloud wants it (Azure).
+  acknowledges the notice where the cloud wants it (Azure);
+* on a drain (the broker's answer says ``drain``: it is moving the job):
+  does the same, once, as for a notice of kind ``drain`` whose deadline is
+  the notice window from now; the broker then cancels the attempt.
 
 It exits with the trainer's exit code (128 + N when the trainer died of
 signal N; 127, reported as trainer_exited too, when the command cannot be
@@ -82,7 +85,7 @@ class RunnerConfig:
     log_interval: float = 1.0           # the trainer's output is shipped this often
     poll_interval: float = 1.0          # metadata polls
     metadata_timeout: float = 2.0
-    notice_window: float = 30.0         # assumed when a notice carries no deadline (GCP preempted)
+    notice_window: float = 30.0         # assumed when a notice carries no deadline (GCP preempted), and a drain
     request_timeout: float = 5.0        # broker requests
     retry_initial: float = 0.2          # broker back-off, jittered
     retry_max: float = 5.0
@@ -113,6 +116,7 @@ class Supervisor:
         self._flush_requested = False
         self._flush_over = False
         self._cancelled = False
+        self._drain_requested = False
         self._watchers_lock = threading.Lock()
         self._forward_lock = threading.Lock()
 
@@ -165,7 +169,7 @@ class Supervisor:
         if self.config.broker_url:
             self.client = BrokerClient(self.config.broker_url, self.config.token, self.config.request_timeout)
             self._deliveries = [
-                EventSender(self.outbox, self.client, self.config, self.cancel),
+                EventSender(self.outbox, self.client, self.config, self.cancel, self.drain),
                 LogShipper(self.log_path, self.client, self.config),
             ]
             for delivery in self._deliveries:
@@ -236,6 +240,21 @@ class Supervisor:
         timer.daemon = True
         timer.start()
 
+    def drain(self) -> None:
+        """The broker is moving the attempt: checkpoint as on a notice, once per attempt.
+
+        Every later answer still says drain; only the first counts. The broker
+        stops the trainer itself afterwards (a cancel).
+        """
+        if self._drain_requested:
+            return
+        self._drain_requested = True
+        from spotbroker.agent.notices import drain_notice
+
+        log.warning("the broker asked this attempt to drain: checkpointing within %.0f s",
+                    self.config.notice_window)
+        self._notices.put(drain_notice(self.config.notice_window))  # the one notice path does the rest
+
     # --- the trainer's output and events --------------------------------------------
 
     def _pump_output(self) -> None:
@@ -246,7 +265,12 @@ class Supervisor:
         """
         assert self.proc is not None and self.proc.stdout is not None
         fd = self.proc.stdout.fileno()
-        sinks: dict[str, Any] = {"log": open(self.log_path, "ab"), "stdout": sys.stdout.buffer}
+        sinks: dict[str, Any] = {}
+        try:
+            sinks["log"] = open(self.log_path, "ab")  # noqa: SIM115 - closed below, when the pipe ends
+        except OSError as exc:
+            log.error("trainer output: cannot open %s (%s): it is not shipped to the broker", self.log_path, exc)
+        sinks["stdout"] = sys.stdout.buffer
         while chunk := os.read(fd, 65536):
             for name, sink in list(sinks.items()):
                 try:

@@ -104,7 +104,9 @@ class FakeBroker:
     log_bytes: bytearray = field(default_factory=bytearray)
     log_posts: list[tuple[int, int]] = field(default_factory=list)     # (offset, length)
     refused: int = 0          # requests with a wrong or missing token
+    answers: int = 0          # event posts answered 200
     cancel: bool = False      # answer "cancel": true to the agent
+    drain: bool | None = None  # answer "drain" with this value; None: leave it out (an older broker)
     fail_status: int | None = None  # answer every request with this status
     reject_types: set[str] = field(default_factory=set)  # a batch holding one of these is a 422
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -143,7 +145,11 @@ class FakeBroker:
                 self.arrivals.append((time.monotonic(), event))
                 self.events.setdefault(int(event["seq"]), event)  # a known seq is ignored
             last = max(self.events) if self.events else 0
-            return {"accepted": len(body["events"]), "last_seq": last, "cancel": self.cancel}
+            answer = {"accepted": len(body["events"]), "last_seq": last, "cancel": self.cancel}
+            if self.drain is not None:
+                answer["drain"] = self.drain
+            self.answers += 1
+            return answer
 
     def receive_log(self, offset: int, chunk: bytes) -> dict[str, Any]:
         with self.lock:

@@ -6,15 +6,15 @@ import os
 import signal
 import subprocess
 import sys
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from spotbroker.agent.protocol import (
-    CHECKPOINT_COMMITTED, ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_BROKER_URL, ENV_CHECKPOINT_URI, ENV_CLOUD,
-    ENV_CONTROL_DIR, ENV_JOB_ID, ENV_METADATA_URL, ENV_RESUME_FROM, HEARTBEAT, NO_FLUSH, PREEMPTION_NOTICE,
-    RESUMED, TRAINER_EXITED, TRAINER_STARTED,
+    CHECKPOINT_COMMITTED, DRAIN_CLOUD, DRAIN_KIND, DRAIN_SOURCE, ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_BROKER_URL,
+    ENV_CHECKPOINT_URI, ENV_CLOUD, ENV_CONTROL_DIR, ENV_JOB_ID, ENV_METADATA_URL, ENV_RESUME_FROM, FLUSH_FILE,
+    HEARTBEAT, NO_FLUSH, PREEMPTION_NOTICE, RESUMED, TRAINER_EXITED, TRAINER_STARTED,
 )
 
 TRAINER = Path(__file__).with_name("trainer_script.py")
@@ -81,6 +81,23 @@ def _library_seen(broker) -> bool:
 def _assert_seq_contiguous(broker) -> None:
     seqs = sorted(broker.events)
     assert seqs == list(range(1, len(seqs) + 1))
+
+
+def _control_dir(process) -> Path:
+    [control] = process.work_dir.glob("control-*")
+    return control
+
+
+def _assert_drain_notice(broker, window: float) -> dict:
+    """The one preemption_notice a drain is reported as; its data."""
+    notices = [e["data"] for e in broker.ordered() if e["type"] == PREEMPTION_NOTICE]
+    assert len(notices) == 1, notices
+    [notice] = notices
+    assert (notice["kind"], notice["cloud"], notice["source"], notice["raw"]) == (
+        DRAIN_KIND, DRAIN_CLOUD, DRAIN_SOURCE, None)
+    deadline, seen = datetime.fromisoformat(notice["deadline"]), datetime.fromisoformat(notice["observed_at"])
+    assert deadline - seen == timedelta(seconds=window)  # the agent's notice window from the drain
+    return notice
 
 
 @pytest.mark.parametrize("cloud", ["aws", "azure", "gcp"])
@@ -223,6 +240,69 @@ def test_cancel_from_the_broker_stops_the_trainer(agent, broker, wait):
     assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 42}
 
 
+def test_drain_flushes_once_however_often_the_broker_says_it(agent, broker, wait):
+    process = agent("--library", "--stay", broker_url=broker.url, sim_url=None, options=["--notice-window", "15"])
+    wait(lambda: _library_seen(broker), what="the library")
+    broker.drain = True  # every answer from now on says drain
+    committed = wait(lambda: broker.first(CHECKPOINT_COMMITTED), what="the flush commit")
+    answered = broker.answers
+    wait(lambda: broker.answers >= answered + 5, what="more answers saying drain")
+    broker.cancel = True  # the broker moves the job: it stops this attempt
+    code, out, err = process.finish()
+    assert code == 42, err  # stopped by the cancel's SIGTERM, not by the drain
+    types = broker.types()
+    _assert_in_order(types, TRAINER_STARTED, PREEMPTION_NOTICE, CHECKPOINT_COMMITTED, TRAINER_EXITED)
+    notice = _assert_drain_notice(broker, 15)
+    assert types.count(CHECKPOINT_COMMITTED) == 1 and NO_FLUSH not in types
+    assert committed["data"]["reason"] == DRAIN_KIND and committed["data"]["deadline"] == notice["deadline"]
+    assert out.count("trainer: flush request") == 1  # signalled once
+    assert err.count("asked the library") == 1
+    flush = json.loads((_control_dir(process) / FLUSH_FILE).read_text())
+    assert flush == {"deadline": notice["deadline"], "reason": DRAIN_KIND}
+    _assert_seq_contiguous(broker)
+
+
+def test_drain_without_a_commit_ends_in_no_flush_once(agent, broker, wait):
+    process = agent("--library", "--ignore-flush", broker_url=broker.url, sim_url=None,
+                    options=["--notice-window", "1"])
+    wait(lambda: _library_seen(broker), what="the library")
+    broker.drain = True
+    wait(lambda: broker.first(NO_FLUSH), what="no_flush")
+    answered = broker.answers
+    wait(lambda: broker.answers >= answered + 5, what="more answers saying drain")
+    broker.cancel = True
+    code, out, err = process.finish()
+    assert code == 42, err
+    _assert_drain_notice(broker, 1)
+    assert broker.types().count(NO_FLUSH) == 1 and "deadline" in broker.first(NO_FLUSH)["data"]["reason"]
+    assert out.count("trainer: flush request") == 1
+
+
+@pytest.mark.parametrize("drain", [None, False])  # None: the answer has no "drain" (an older broker)
+def test_an_answer_without_drain_is_no_drain(agent, broker, drain):
+    broker.drain = drain
+    process = agent("--library", "--steps", "50", broker_url=broker.url, sim_url=None)
+    code, out, err = process.finish()
+    assert code == 0, err
+    assert broker.answers >= 3
+    types = broker.types()
+    assert PREEMPTION_NOTICE not in types and NO_FLUSH not in types and CHECKPOINT_COMMITTED not in types
+    assert "trainer: flush request" not in out and "asked this attempt to drain" not in err
+    assert not (_control_dir(process) / FLUSH_FILE).exists()
+
+
+def test_the_output_is_drained_when_the_log_file_cannot_be_opened(agent, broker, tmp_path):
+    work_dir = tmp_path / "agent"
+    work_dir.mkdir()
+    (work_dir / "trainer.log").symlink_to(tmp_path / "no-such-dir" / "trainer.log")
+    # Far more than a pipe holds: a trainer whose output nobody reads would block for ever.
+    code, out, err = agent("--lines", "5000", "--steps", "2", broker_url=broker.url, sim_url=None).finish()
+    assert code == 0, err
+    assert "out line 4999\n" in out and "err line 4999\n" in out  # still mirrored
+    assert "cannot open" in err and "trainer.log" in err
+    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 0}
+
+
 def test_a_wrong_token_is_refused_and_the_trainer_still_runs(agent, broker):
     code, _, err = agent("--steps", "3", broker_url=broker.url, sim_url=None, token="wrong-token-5d1e",
                          options=["--final-flush-seconds", "0.5"]).finish()
@@ -259,6 +339,35 @@ def test_the_real_checkpoint_library_flushes_on_notice(agent, broker, make_sim, 
     _assert_in_order(first.types(), PREEMPTION_NOTICE, CHECKPOINT_COMMITTED, TRAINER_EXITED)
     flushed = first.first(CHECKPOINT_COMMITTED)["data"]
     assert flushed["reason"] == "flush" and flushed["step"] > 0 and NO_FLUSH not in first.types()
+
+
+@pytest.mark.slow
+def test_the_real_checkpoint_library_flushes_on_drain_once(agent, broker, wait, tmp_path):
+    """examples/train.py: the broker's drain -> flush.json (reason drain) + SIGUSR1 -> one commit, reported."""
+    pytest.importorskip("torch")
+    train = [sys.executable, str(Path(__file__).parents[2] / "examples" / "train.py")]
+    job_uri = (tmp_path / "ckpt").as_uri()
+    process = agent("--steps", "100000", "--step-seconds", "0.005", "--every-steps", "1000000",
+                    broker_url=broker.url, sim_url=None, trainer=train, options=["--notice-window", "20"],
+                    env={ENV_CHECKPOINT_URI: f"{job_uri}/att-1", ENV_RESUME_FROM: ""})
+    wait(lambda: _library_seen(broker), timeout=30, what="the library to start")
+    broker.drain = True
+    wait(lambda: broker.first(CHECKPOINT_COMMITTED), timeout=20, what="the flush commit")
+    answered = broker.answers
+    wait(lambda: broker.answers >= answered + 5, what="more answers saying drain")
+    broker.cancel = True  # then the broker stops the attempt
+    code, _, err = process.finish()
+    assert code == 128 + signal.SIGTERM, err
+    types = broker.types()
+    _assert_in_order(types, PREEMPTION_NOTICE, CHECKPOINT_COMMITTED, TRAINER_EXITED)
+    notice = _assert_drain_notice(broker, 20)
+    assert types.count(CHECKPOINT_COMMITTED) == 1 and NO_FLUSH not in types
+    flushed = broker.first(CHECKPOINT_COMMITTED)["data"]
+    assert flushed["reason"] == "flush" and flushed["step"] > 0  # the library's name for any requested save
+    flush = json.loads((_control_dir(process) / FLUSH_FILE).read_text())
+    assert flush == {"deadline": notice["deadline"], "reason": DRAIN_KIND}
+    # The library's own log line (shipped with the trainer's output): it took the request as a drain.
+    assert bytes(broker.log_bytes).decode().count(f"flush requested ({DRAIN_KIND}, deadline {notice['deadline']})") == 1
 
 
 def test_a_command_that_cannot_start_is_reported(agent, broker):

@@ -2,7 +2,8 @@
 
 With --library it behaves like a trainer using the checkpoint library: it
 writes library.json and, on SIGUSR1, reads flush.json and appends a
-checkpoint_committed event at its next step boundary. Without it, SIGUSR1
+checkpoint_committed event (with flush.json's reason) at its next step
+boundary, then stops (or, with --stay, trains on). Without it, SIGUSR1
 keeps its default action (the process dies), so a wrong signal shows.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--library", action="store_true")
     parser.add_argument("--ignore-flush", action="store_true", help="use the library but never commit")
+    parser.add_argument("--stay", action="store_true", help="train on after a flush commit")
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--step-seconds", type=float, default=0.02)
     parser.add_argument("--exit-code", type=int, default=0)
@@ -56,19 +58,24 @@ def main() -> int:
         print(f"out line {i}", flush=True)
         print(f"err line {i}", file=sys.stderr, flush=True)
 
-    step = 0
+    step = handled = 0
     while step < args.steps:
         time.sleep(args.step_seconds)
         step += 1
-        if flush_asked and not args.ignore_flush:  # the next step boundary after the signal
+        if len(flush_asked) > handled:  # the next step boundary after the signal
+            handled = len(flush_asked)
+            print(f"trainer: flush request {handled}", flush=True)
+            if args.ignore_flush:
+                continue
             flush = json.loads((control / FLUSH_FILE).read_text())
             append_event(control, {"type": CHECKPOINT_COMMITTED, "data": {
                 "step": step, "uri": f"file:///ckpt/step-{step:012d}", "bytes": 1234,
-                "seconds": round(time.monotonic() - flush_asked[0], 3), "reason": "preemption",
+                "seconds": round(time.monotonic() - flush_asked[-1], 3), "reason": flush["reason"],
                 "deadline": flush["deadline"],
             }})
             print(f"trainer: committed step {step}", flush=True)
-            break
+            if not args.stay:
+                break
     if args.done_file:
         Path(args.done_file).touch()
     return args.exit_code
