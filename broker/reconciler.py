@@ -248,14 +248,14 @@ class Reconciler:
             if choice.action is not Action.LAUNCH:  # wait (for spot); look again later
                 job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
                 return None, ()
-            placements = choice.placements[:self.settings.launch_failover_limit]
+            placements, why = choice.placements[:self.settings.launch_failover_limit], choice.reason
         else:
-            placements = (LOCAL_PLACEMENT,)
+            placements, why = (LOCAL_PLACEMENT,), "a CPU job runs on the broker's host"
         launcher = self._launcher_for(placements[0])
         if launcher == "local" and not self._local_slot_free(session):
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
             return None, ()
-        return self._new_attempt(session, job, spec, placements[0], launcher), placements[1:]
+        return self._new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
 
     def _reconsider(self, session: Session, job: Job) -> None:
         """A running job with a deadline: ask the policy again whether to stay, or
@@ -276,8 +276,9 @@ class Reconciler:
         if choice is None or choice.action is Action.KEEP:
             return
         transition(session, job, J.PREEMPTING, reason=f"{MOVING}{choice.reason}",
-                   data={"attempt_id": attempt.id, "to": [p.place for p in choice.placements],
-                         "use_spot": [p.use_spot for p in choice.placements]}, clock=self.clock)
+                   data={"attempt_id": attempt.id,
+                         "towards": [f"{p.place} {'spot' if p.use_spot else 'on-demand'}"
+                                     for p in choice.placements]}, clock=self.clock)
         job.next_check_at = now + timedelta(seconds=self.settings.drain_timeout)
 
     def _drain_timed_out(self, session: Session, job: Job) -> None:
@@ -305,7 +306,7 @@ class Reconciler:
         return running < self.settings.local_max_running
 
     def _new_attempt(self, session: Session, job: Job, spec: JobSpec, placement: Placement,
-                     launcher: str) -> Attempt:
+                     launcher: str, why: str) -> Attempt:
         now = self.clock.now()
         attempt = Attempt(job_id=job.id, state=A.LAUNCHING, launcher=launcher, cloud=placement.cloud,
                           region=placement.region, zone=placement.zone, zone_id=placement.zone_id,
@@ -319,7 +320,7 @@ class Reconciler:
         transition(session, job, J.LAUNCHING, clock=self.clock, data={
             "attempt_id": attempt.id, "cloud": placement.cloud, "region": placement.region,
             "zone": placement.zone or placement.zone_id, "instance_type": placement.instance_type,
-            "use_spot": placement.use_spot, "price_per_hour": placement.price_per_hour})
+            "use_spot": placement.use_spot, "price_per_hour": placement.price_per_hour, "why": why})
         # Due again only if we die before the launch is recorded.
         job.next_check_at = now + timedelta(seconds=self.settings.lease_seconds)
         return attempt
@@ -408,7 +409,8 @@ class Reconciler:
                 return None
             session.flush()
             spec = JobSpec.model_validate(job.spec)
-            return self._new_attempt(session, job, spec, rest[0], self._launcher_for(rest[0])).id
+            return self._new_attempt(session, job, spec, rest[0], self._launcher_for(rest[0]),
+                                     "the previous choice had no capacity").id
 
     def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
         with transaction(self.factory) as session:

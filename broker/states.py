@@ -97,11 +97,10 @@ def transition(
     now = clock.now()
     obj.state = str(to)
     obj.updated_at = now
-    payload: dict[str, Any] = {"from": str(current), "to": str(to)}
+    # the move itself wins over a same-named key in `data`
+    payload: dict[str, Any] = {**(data or {}), "from": str(current), "to": str(to)}
     if reason:
         payload["reason"] = reason
-    if data:
-        payload.update(data)
     if kind == "attempt":
         if to == A.RUNNING and obj.started_at is None:
             obj.started_at = now

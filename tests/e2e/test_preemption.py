@@ -80,3 +80,47 @@ def test_simulate_preemption_is_refused_without_a_local_running_attempt(api, tea
     wait_state(api, h, job_id, {"SUCCEEDED"})
     r = api.post(f"/v1/jobs/{job_id}/simulate-preemption", headers=h)
     assert r.status_code == 409 and r.headers["content-type"] == "application/problem+json"
+
+
+def test_a_run_short_of_slack_is_drained_and_resumes_on_demand(api, team_headers, settings):
+    """The broker moves a job itself: the deadline comes closer than the work
+    left, so the policy wants on-demand; the agent drains (flushes) the spot
+    attempt, and the run resumes on-demand from that checkpoint."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import update
+
+    from spotbroker.broker.db import make_engine
+    from spotbroker.broker.models import Job
+
+    h = team_headers()
+    run = " ".join(TRAIN + ["--step-seconds", "0.15"])
+    far = (datetime.now(UTC) + timedelta(hours=20)).isoformat()
+    job = api.post("/v1/jobs", json={"name": "train", "run": run, "estimated_hours": 1, "deadline": far,
+                                     "resources": {"accelerators": "T4:1"}}, headers=h).json()
+    job_id = job["id"]
+    wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    wait_for(lambda: "step=5 " in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text, timeout=60,
+             what="training to be under way")
+    engine = make_engine(settings.sqlalchemy_url)
+    with engine.begin() as conn:  # its owner brings the deadline in: 50 min for 1 h of work
+        spec = {**job["spec"], "deadline": (datetime.now(UTC) + timedelta(minutes=50)).isoformat()}
+        conn.execute(update(Job).where(Job.id == job_id).values(spec=spec, next_check_at=datetime.now(UTC),
+                                                                version=Job.version + 1))
+    engine.dispose()
+
+    job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
+    assert job["state"] == "SUCCEEDED", job
+    first, second = job["attempts"]
+    assert (first["state"], first["reason"], first["use_spot"]) == ("PREEMPTED", "moved", True)
+    assert not second["use_spot"] and job["recoveries"] == 0
+    events = api.get(f"/v1/jobs/{job_id}/events", headers=h).json()["events"]
+    drain = next(e for e in events if e["type"] == "preemption_notice")
+    assert drain["data"]["kind"] == "drain" and drain["attempt_id"] == first["id"]
+    moving = next(e for e in events if e["type"] == "job_state" and e["data"]["to"] == "PREEMPTING")
+    assert moving["data"]["reason"].startswith("moving: deadline")
+    assert moving["data"]["towards"][0].endswith(" on-demand")
+    resumed = next(e for e in events if e["type"] == "resumed" and e["attempt_id"] == second["id"])
+    assert resumed["data"]["step"] > 0
+    uninterrupted = subprocess.run(TRAIN, capture_output=True, text=True, timeout=120)
+    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == final_loss(uninterrupted.stdout)
