@@ -1,0 +1,97 @@
+"""The policy beyond the protocol's five windows: 191 windows built from the
+bundled trace sets (other zone triples, start ticks, five and nine zones,
+the 600 s set, four triples held out while the policy was designed), with
+the protocol's job. Prints, per set, the policy's mean cost over Optimal's
+and the deadlines met; and the mean of the per-window ratios over all.
+
+    python bench/spot_wider.py [--policy spotbroker] [--sets P,Q,...] [--jobs N]
+
+The sets are described in docs/simulator.md ("The wider check").
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+from spotbroker.broker.sim.runner import job_from_hours, run_arm
+from spotbroker.broker.sim.traces import load_traces
+
+TRACES = Path(__file__).resolve().parent / "traces"
+V100, FLAT600 = TRACES / "aws-v100-2023", TRACES / "aws-v100-4node-600s"
+JOB = job_from_hours(39.93889, 59.90833, 0.2, 50)
+PROTOCOL_TICKS = [3318, 5530, 7742, 8848, 15484]
+
+
+def _zones(short: str) -> list[str]:
+    """'1c,2b,w-2a' -> us-east-1c, us-east-2b, us-west-2a."""
+    return [f"us-west-{z[2:]}" if z.startswith("w-") else f"us-east-{z}" for z in short.split(",")]
+
+
+def _tiles(directory: Path, zones: list[str], offset: int = 0) -> list[int]:
+    """Back-to-back windows from `offset` to the end of the trace."""
+    traces = load_traces(directory, zones)
+    length = JOB.window_ticks(traces.gap_s)
+    return list(range(offset, traces.n_ticks - length, length))
+
+
+SETS: dict[str, tuple[Path, str, int | None]] = {
+    # name: (trace set, zones, tile offset; None = the protocol's five start ticks)
+    "P": (V100, "1c,2b,w-2a", None),
+    "Ph": (V100, "1c,2b,w-2a", 553),
+    "Q": (V100, "1d,2a,w-2b", 0),
+    "R": (V100, "1f,1a,w-2c", 0),
+    "S": (V100, "1a,1c,1d", 0),
+    "T": (V100, "w-2a,w-2b,w-2c,2a,2b", 0),
+    "U": (V100, "2b,w-2b,1f", 300),
+    "N": (V100, "1a,1c,1d,1f,2a,2b,w-2a,w-2b,w-2c", None),
+    "F": (FLAT600, "1f,2a,w-2c", 0),
+    "Fh": (FLAT600, "1f,2a,w-2c", 180),
+    "W1": (V100, "1a,1c,1f", 200),
+    "W2": (V100, "1c,2a,w-2b", 200),
+    "W3": (V100, "1a,2b,w-2c", 200),
+    "W4": (V100, "1c,w-2a,w-2b", 200),
+}
+
+
+def _window(task: tuple[str, str, int]) -> tuple[str, int, float, float, bool]:
+    name, policy, start = task
+    directory, short, _ = SETS[name]
+    traces = load_traces(directory, _zones(short))
+    (opt,) = run_arm("optimal", traces, JOB, [start])
+    (run,) = run_arm(policy, traces, JOB, [start])
+    return name, start, opt.result.cost, run.result.cost, run.result.deadline_met
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", default="spotbroker")
+    ap.add_argument("--sets", default=",".join(SETS))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
+    args = ap.parse_args()
+    names = args.sets.split(",")
+    tasks = []
+    for name in names:
+        directory, short, offset = SETS[name]
+        starts = PROTOCOL_TICKS if offset is None else _tiles(directory, _zones(short), offset)
+        tasks += [(name, args.policy, s) for s in starts]
+    t = time.perf_counter()
+    with ProcessPoolExecutor(args.jobs) as pool:
+        results = list(pool.map(_window, tasks, chunksize=2))
+    print(f"policy {args.policy}: {len(results)} windows in {time.perf_counter() - t:.0f} s")
+    print(f"{'set':>4} {'zones':>36} {'windows':>7} {'ratio':>6} {'met':>5}")
+    for name in names:
+        rows = [r for r in results if r[0] == name]
+        ratio = sum(r[3] for r in rows) / sum(r[2] for r in rows)
+        met = sum(r[4] for r in rows)
+        print(f"{name:>4} {SETS[name][1]:>36} {len(rows):>7} {ratio:6.3f} {met:>2}/{len(rows)}")
+    per_window = statistics.mean(r[3] / r[2] for r in results)
+    met = sum(r[4] for r in results)
+    print(f" all {'':>36} {len(results):>7} {per_window:6.3f} {met}/{len(results)}  (mean of per-window ratios)")
+
+
+if __name__ == "__main__":
+    main()
