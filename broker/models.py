@@ -167,3 +167,20 @@ class Checkpoint(Base):
     reason: Mapped[str | None] = mapped_column(String(16))
     keep: Mapped[bool] = mapped_column(Boolean, default=False)
     committed_at: Mapped[datetime]
+
+
+class SpotProbe(Base):
+    """One ask for spot capacity in a place, made without running a job (the
+    policy asks for probes to watch a zone's spell; see broker/placement.py)."""
+
+    __tablename__ = "spot_probes"
+    __table_args__ = (Index("ix_spot_probes_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    cloud: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str | None] = mapped_column(String(64))
+    zone: Mapped[str | None] = mapped_column(String(64))
+    zone_id: Mapped[str | None] = mapped_column(String(64))
+    instance_type: Mapped[str | None] = mapped_column(String(64))
+    available: Mapped[bool] = mapped_column(Boolean)
+    at: Mapped[datetime]

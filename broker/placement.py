@@ -19,8 +19,10 @@ into placements to try in order. What the policy sees:
   was written, and what runs now.
 
 Times are POSIX seconds, so one set of histories serves every job in a pass.
-The broker does not probe (a probe is a paid launch); `Decision.probe` is
-left unused, and the histories grow from real launches only.
+Probes the policy asks for are collected during a pass and carried out by
+the reconciler at its end (`take_probes`): at most one per place per
+`placement_interval`, through the launcher's `probe`; their results join the
+histories (`spot_probes`).
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from spotbroker.broker.models import Attempt, Checkpoint, Job, Offer
+from spotbroker.broker.models import Attempt, Checkpoint, Job, Offer, SpotProbe
 from spotbroker.broker.offers import Placement, feasible_offers, placement_of
 from spotbroker.broker.policy import (Action, Capacity, Event, Observation, Running, SpotBroker, ZoneHistory,
                                       ZoneState)
@@ -100,6 +102,12 @@ def load_histories(session: Session, now: datetime, settings: Settings) -> dict[
             out += [(ended, 1, Event.RUNNING, True), (ended, 2, Event.PREEMPTED, False)]
         else:
             out.append((ended, 1, Event.RUNNING, True))
+    probes = session.execute(
+        select(SpotProbe.cloud, SpotProbe.region, SpotProbe.zone, SpotProbe.zone_id, SpotProbe.instance_type,
+               SpotProbe.available, SpotProbe.at).where(SpotProbe.at >= since)).all()
+    for r in probes:
+        key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
+        samples[key].append((r.at.timestamp(), 0, Event.PROBE_OK if r.available else Event.PROBE_FAILED, False))
     join_s = 1.5 * settings.placement_interval
     histories = {}
     for key, events in samples.items():
@@ -116,6 +124,7 @@ class Placer:
         self.settings = settings
         self._egress = settings.egress_prices()
         self._histories: dict[str, ZoneHistory] | None = None
+        self._probes: dict[str, Placement] = {}
         # per pass, by the job's resources: jobs of one shape share their offers
         self._offers: dict[str, tuple[list, dict]] = {}
         self._states: dict[str, list[ZoneState]] = {}
@@ -123,6 +132,17 @@ class Placer:
     def new_pass(self) -> None:
         self._histories = None
         self._offers, self._states = {}, {}
+
+    def take_probes(self, now: datetime) -> list[Placement]:
+        """The probes asked for during this pass, one per place, leaving out
+        places sampled within the last half `placement_interval` (by any job):
+        about one probe per place per interval, so that consecutive samples
+        join into spells (`ZoneHistory.join_within_s`)."""
+        recent = now.timestamp() - 0.5 * self.settings.placement_interval
+        due = [p for key, p in self._probes.items()
+               if (h := (self._histories or {}).get(key)) is None or (h.last_sample_s or -1e18) < recent]
+        self._probes = {}
+        return due
 
     def _candidates(self, session: Session, spec: JobSpec) -> tuple[list, dict]:
         """(feasible (offer, resource set) pairs, spot zones: key -> (offer, spot, on-demand))."""
@@ -162,6 +182,9 @@ class Placer:
             if o.zone in zones:  # (not a restart where an instance runs whose offer is gone)
                 _, spot, od = zones[o.zone]
                 wanted.append(spot if o.capacity is Capacity.SPOT else od)
+        for key in decision.probe:
+            if key in zones:
+                self._probes.setdefault(key, zones[key][1])
         action = decision.action
         if action is Action.LAUNCH and not wanted:
             action = decision.otherwise

@@ -40,7 +40,7 @@ from spotbroker.broker.agent_channel import MOVING, agent_token, newest_checkpoi
 from spotbroker.broker.auth import digest
 from spotbroker.broker.launch.base import (CapacityError, Launcher, LaunchError, LaunchRequest, RunState,
                                            RunStatus)
-from spotbroker.broker.models import Attempt, Event, Job, Team
+from spotbroker.broker.models import Attempt, Event, Job, SpotProbe, Team
 from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.placement import Placer
 from spotbroker.broker.policy import Action
@@ -109,6 +109,7 @@ class Reconciler:
         self._release(stats)
         for job_id in self._claim(changed):
             self._step_safely(job_id, changed.get(job_id), stats)
+        self._probe(self.placer.take_probes(self.clock.now()))
         return stats
 
     # --- phase 1: observe ----------------------------------------------------------------
@@ -334,6 +335,25 @@ class Reconciler:
         if not pending:
             job.next_check_at = None
         return pending[-1] if pending else None
+
+    def _probe(self, placements: list[Placement]) -> None:
+        """Ask for spot capacity where the policy wants to watch a zone's spell;
+        record each answer (launchers without `probe` are not asked)."""
+        rows = []
+        for p in placements:
+            probe = getattr(self.launchers.get(self._launcher_for(p)), "probe", None)
+            if probe is None:
+                continue
+            try:
+                available = bool(probe(p))
+            except Exception as exc:  # a probe is advice: never let it stop a pass
+                log.warning("probing %s failed: %s", p.place, exc)
+                continue
+            rows.append(SpotProbe(cloud=p.cloud, region=p.region, zone=p.zone, zone_id=p.zone_id,
+                                  instance_type=p.instance_type, available=available, at=self.clock.now()))
+        if rows:
+            with transaction(self.factory) as session:
+                session.add_all(rows)
 
     # --- launching -----------------------------------------------------------------------
 

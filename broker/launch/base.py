@@ -54,6 +54,10 @@ Handle = dict[str, Any]
 
 
 class Launcher(Protocol):
+    """`probe(placement) -> bool` is optional: whether spot capacity is there
+    now for that placement, asked without running a job (the placement policy
+    asks for probes to watch a zone's spell of capacity)."""
+
     name: str
 
     def launch(self, request: LaunchRequest) -> Handle: ...

@@ -28,6 +28,7 @@ import httpx
 from spotbroker.agent import protocol
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.logs import log_path
+from spotbroker.broker.offers import Placement
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,11 @@ class LocalLauncher:
                 env["SPOTBROKER_SIM_ARGS"] = f"--window {self.notice_window:g}"
                 env["SPOTBROKER_NOTICE_WINDOW"] = f"{self.notice_window:g}"  # GCP publishes no deadline
         return env
+
+    def probe(self, placement: Placement) -> bool:
+        """This host runs whatever is asked of it: spot capacity is always there
+        (the cap on concurrent runs is the reconciler's, not capacity)."""
+        return True
 
     def simulate_preemption(self, handle: Handle) -> dict:
         """Make the attempt's metadata simulator publish a preemption notice."""

@@ -11,7 +11,7 @@ from spotbroker.broker.clock import Clock
 from spotbroker.broker.db import transaction
 from spotbroker.broker.models import Attempt, Job
 from spotbroker.broker.offers import rank_offers, seed_from_catalog
-from spotbroker.broker.placement import Placer, attempt_key, load_histories
+from spotbroker.broker.placement import Placer, attempt_key, load_histories, zone_key
 from spotbroker.broker.policy import Action
 from spotbroker.broker.spec import JobSpec
 
@@ -122,3 +122,37 @@ def test_a_tight_deadline_goes_on_demand_and_a_loose_one_waits_for_spot(factory,
             choices[name] = Placer(settings).choose(s, s.get(Job, job_id), spec, now)
     assert choices["tight"].action is Action.LAUNCH and not choices["tight"].placements[0].use_spot
     assert choices["loose"].action is Action.LAUNCH and choices["loose"].placements[0].use_spot
+
+
+def test_probes_the_policy_asks_for_are_made_once_per_place_and_join_the_history(factory, settings, team):
+    """On on-demand with time to spare, the policy watches the home zone's spot
+    before going back to it: the reconciler probes it and the answer is history."""
+    from spotbroker.broker.launch.local import LocalLauncher
+    from spotbroker.broker.reconciler import Reconciler
+
+    now = Clock().now()
+    fields = {"resources": T4, "estimated_hours": 1.0, "deadline": (now + timedelta(hours=30)).isoformat()}
+    job_ids = [submit(factory, team, **fields) for _ in range(2)]
+    spec = JobSpec.model_validate({"run": "x", **fields})
+    with transaction(factory) as s:
+        od = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": {**T4, "use_spot": False}}), limit=1)[0]
+        running = [add_attempt(s, j, od, state="RUNNING", started=now - timedelta(minutes=30), use_spot=False).id
+                   for j in job_ids]
+    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings)
+    with factory() as s:
+        for job_id, attempt_id in zip(job_ids, running, strict=True):
+            choice = rec.placer.choose(s, s.get(Job, job_id), spec, now, running=s.get(Attempt, attempt_id))
+            assert choice.action is Action.KEEP  # stays on on-demand while it watches
+    probes = rec.placer.take_probes(now)
+    assert [p.use_spot for p in probes] == [True]  # two jobs, one place: one probe
+    rec._probe(probes)
+    p = probes[0]
+    with factory() as s:
+        history = load_histories(s, Clock().now(), settings)[zone_key(p.cloud, p.region, p.zone, p.zone_id,
+                                                                       p.instance_type)]
+    assert history.probes_ok == 1 and history.last_available is True
+    # within half an interval, nobody probes that place again
+    rec.placer.new_pass()
+    with factory() as s:
+        rec.placer.choose(s, s.get(Job, job_ids[0]), spec, Clock().now(), running=s.get(Attempt, running[0]))
+    assert rec.placer.take_probes(Clock().now()) == []
