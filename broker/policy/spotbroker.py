@@ -102,6 +102,7 @@ class _Step:
     here: str | None  # where the checkpoint is
     costs: list[float]  # per zone: expected $ to finish with it as home
     home: int
+    _pooled: list[float] | None = None  # every zone's spells, built on first use
 
     @property
     def h(self) -> ZoneState:
@@ -117,7 +118,11 @@ class _Step:
     def spells(self, i: int) -> list[float]:
         """Observed spell lengths for zone i, or every zone's while it has too few."""
         own = self.obs.zones[i].history.up_spells_s
-        return own if len(own) >= MIN_SPELLS else [x for z in self.obs.zones for x in z.history.up_spells_s]
+        if len(own) >= MIN_SPELLS:
+            return own
+        if self._pooled is None:
+            self._pooled = [x for z in self.obs.zones for x in z.history.up_spells_s]
+        return self._pooled
 
 
 @dataclass
