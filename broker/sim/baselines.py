@@ -10,7 +10,13 @@ from dataclasses import dataclass
 from enum import Enum
 
 from spotbroker.broker.policy.egress import region_of
-from spotbroker.broker.policy.model import Action, Capacity, Decision, Observation, Offer
+from spotbroker.broker.policy.model import (
+    Action,
+    Capacity,
+    Decision,
+    Observation,
+    Offer,
+)
 
 
 class _Req(Enum):

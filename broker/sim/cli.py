@@ -12,7 +12,6 @@ import json
 import statistics
 
 import click
-
 from spotbroker.broker.sim.runner import ARMS, WindowRun, job_from_hours, run_arm
 from spotbroker.broker.sim.traces import TraceError, load_traces
 
@@ -78,8 +77,8 @@ def _as_json(policy: str, runs: list[WindowRun], mean: float) -> dict:
 
 def _table(policy: str, runs: list[WindowRun], mean: float, gap_s: int) -> str:
     lines = [f"policy: {policy}",
-             f"{'start tick':>10} {'zone':>14} {'cost $':>9} {'deadline':>8} {'spot h':>7} {'od h':>6} "
-             f"{'launches':>8} {'preempted':>9} {'egress $':>8}"]
+             (f"{'start tick':>10} {'zone':>14} {'cost $':>9} {'deadline':>8} {'spot h':>7} {'od h':>6} "
+              f"{'launches':>8} {'preempted':>9} {'egress $':>8}")]
     for r in runs:
         x = r.result
         lines.append(

@@ -232,12 +232,10 @@ def run_window(
             decision = policy.decide(obs)
             if keep_timeline:
                 result.decisions.append(decision)
-            if decision.action is Action.WAIT:
+            launching = decision.action is Action.LAUNCH
+            all_failed = launching and not any(launch(index[o.zone], o.capacity, t) for o in decision.offers)
+            if decision.action is Action.WAIT or (all_failed and decision.otherwise is Action.WAIT):
                 stop_current()
-            elif decision.action is Action.LAUNCH:
-                if not any(launch(index[o.zone], o.capacity, t) for o in decision.offers):
-                    if decision.otherwise is Action.WAIT:
-                        stop_current()
             for zone in decision.probe:
                 z = index[zone]
                 if inst is not None and inst.zone == z and inst.capacity is Capacity.SPOT:

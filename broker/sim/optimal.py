@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-
 from spotbroker.broker.policy.egress import EgressPrices, region_of
 from spotbroker.broker.policy.model import Capacity, Decision, Observation, Offer
 from spotbroker.broker.sim.engine import Job
@@ -104,7 +103,7 @@ def solve(traces: TraceSet, job: Job, egress: EgressPrices | None = None) -> Pla
         N = np.full_like(C, inf)
         B = np.zeros((M, HD, K + 1), dtype=back.dtype)
 
-        def offer(m: int, h: int, cand: np.ndarray, src: np.ndarray) -> None:
+        def offer(m: int, h: int, cand: np.ndarray, src: np.ndarray, N: np.ndarray = N, B: np.ndarray = B) -> None:
             better = cand < N[m, h]
             N[m, h] = np.where(better, cand, N[m, h])
             B[m, h] = np.where(better, src, B[m, h])
