@@ -3,11 +3,13 @@
     .venv/bin/python bench/spot_cost.py [--traces-root bench/traces]
 
 Prints, for the five V100 windows: Optimal (the DP lower bound), the
-product's policy (spotbroker), our reruns of UP(S), greedy and single-zone
-UP, and the published SkyNomad figures (not re-implemented here); per
-window and mean, in dollars and as a ratio to Optimal, with deadlines met.
-Then the same arms on the 600 s trace set (sequential tiles), the total run
-time, and the time one policy decision takes with 20 zones.
+product's policy (spotbroker), our reruns of UP(S), greedy, single-zone UP
+and SkyNomad (re-implemented from §5), and beside the last the published
+SkyNomad figures; per window and mean, in dollars and as a ratio to
+Optimal, with deadlines met, and a note on how close our SkyNomad comes to
+the published one. Then the same arms on the 600 s trace set (sequential
+tiles), the total run time, and the time one policy decision takes with 20
+zones.
 """
 from __future__ import annotations
 
@@ -29,11 +31,23 @@ V100_TILES = [3, 5, 7, 8, 14]
 ZONES_600S = ["us-east-1f", "us-east-2a", "us-west-2c"]
 PUBLISHED = {  # §7, $ per window
     "Optimal": [37.7413, 37.5424, 36.9954, 37.1943, 37.3932],
-    "SkyNomad": [42.9943, 45.1947, 37.0468, 40.4923, 42.9277],
+    "SkyNomad published": [42.9943, 45.1947, 37.0468, 40.4923, 42.9277],
     "UP(S)": [44.5295, 58.1110, 37.9954, 49.6173, 44.8355],
 }
 ARMS = [("Optimal", "optimal"), ("spotbroker", "spotbroker"), ("UP(S)", "up-s"), ("greedy", "greedy"),
-        ("UP", "up")]
+        ("UP", "up"), ("SkyNomad (ours)", "skynomad")]
+# Why our SkyNomad differs from the published one where it does (see docs/simulator.md,
+# "SkyNomad"); the measured gaps are printed above this text.
+SKYNOMAD_NOTE = """\
+  Windows 7 and 8 match to $0.0001. Window 5 turns on details §5 leaves
+  open: probing first at tick 6 rather than 0, or counting a hazard knot at
+  exactly the run's age in H0(a), each brings it to +$0.15 (we keep the plain
+  readings). Windows 3 and 14 are unmoved by every other reading we tried, and
+  their cause is not identified (window 14's $0.02 is about one probe's price,
+  $0.015-0.023). The readings that did matter, chosen as the text best supports
+  and as the published windows confirm: a launch into a zone with an open probe
+  run ends that run censored even when the launch fails, and a zone probed
+  successfully is probed again only after a launch there succeeds."""
 
 
 def run_all(traces, job, starts):
@@ -56,24 +70,32 @@ def print_table(title, row_labels, results, published=None):
     labels = list(results) + [p for p in published if p not in results]
     optimal = results["Optimal"][0]
     print(f"\n{title}")
-    print(f"{'window':>8} " + " ".join(f"{lab:>18}" for lab in labels))
+    print(f"{'window':>8} " + " ".join(f"{lab:>19}" for lab in labels))
     for i, row in enumerate(row_labels):
         cells = []
         for lab in labels:
             cost = results[lab][0][i] if lab in results else published[lab][i]
             cells.append(f"{cost:>9.4f} ({cost / optimal[i]:.3f})")
-        print(f"{row:>8} " + " ".join(f"{c:>18}" for c in cells))
+        print(f"{row:>8} " + " ".join(f"{c:>19}" for c in cells))
     cells = []
     for lab in labels:
         costs = results[lab][0] if lab in results else published[lab]
         cells.append(f"{statistics.mean(costs):>9.3f} ({statistics.mean(costs) / statistics.mean(optimal):.3f})")
-    print(f"{'mean':>8} " + " ".join(f"{c:>18}" for c in cells))
+    print(f"{'mean':>8} " + " ".join(f"{c:>19}" for c in cells))
     cells = [f"{results[lab][1]}/{results[lab][2]}" if lab in results else "published" for lab in labels]
-    print(f"{'met':>8} " + " ".join(f"{c:>18}" for c in cells))
+    print(f"{'met':>8} " + " ".join(f"{c:>19}" for c in cells))
     if published.get("Optimal"):
         worst = max(abs(a - b) for a, b in zip(results["Optimal"][0], published["Optimal"]))
         worst_ups = max(abs(a - b) for a, b in zip(results["UP(S)"][0], published["UP(S)"]))
         print(f"reproduction: Optimal within ${worst:.4f}, UP(S) within ${worst_ups:.4f} of §7 per window")
+    if "SkyNomad (ours)" in results and "SkyNomad published" in published:
+        ours, theirs = results["SkyNomad (ours)"][0], published["SkyNomad published"]
+        gaps = " ".join(f"{round(a - b, 4) + 0.0:+.4f}" for a, b in zip(ours, theirs))
+        mean_ours, mean_theirs = statistics.mean(ours), statistics.mean(theirs)
+        print(f"SkyNomad (ours): re-implemented from §5 (broker/sim/skynomad.py); published: §7.\n"
+              f"  ours - published per window: {gaps}; mean {mean_ours:.3f} vs {mean_theirs:.3f} "
+              f"({(mean_ours / mean_theirs - 1) * 100:+.2f} %).")
+        print(SKYNOMAD_NOTE)
 
 
 def decision_time(n_zones: int = 20, repeat: int = 2000) -> float:
@@ -122,7 +144,7 @@ def main() -> None:
     print("\ntimings")
     print(f"  whole V100 protocol, all arms, DP included: {protocol_s:.1f} s")
     for label, (_, _, _, seconds) in results.items():
-        print(f"    {label:>10}: {seconds:.2f} s")
+        print(f"    {label:>15}: {seconds:.2f} s")
     decisions = sum(round((r.result.finish_s or 0) / v100.gap_s) for r in sb_runs)
     print(f"  spotbroker in the simulator: {results['spotbroker'][3] / decisions * 1e3:.3f} ms per decision "
           f"on average over {decisions} decisions, plan solves included")

@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from spotbroker.broker.policy.model import Policy
-from spotbroker.broker.sim.baselines import Greedy, UniformProgress, UniformProgressMultiZone
+from spotbroker.broker.sim.baselines import (
+    Greedy,
+    UniformProgress,
+    UniformProgressMultiZone,
+)
 from spotbroker.broker.sim.engine import Job, RunResult, run_window
 from spotbroker.broker.sim.optimal import PlanReplay, solve
 from spotbroker.broker.sim.traces import TraceError, TraceSet

@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from spotbroker.broker.sim.runner import WindowRun, job_from_hours, run_arm
 from spotbroker.broker.sim.traces import TraceSet, load_traces
 
@@ -20,6 +19,7 @@ V100_ZONES = ["us-east-1c", "us-east-2b", "us-west-2a"]
 V100_STARTS = [3318, 5530, 7742, 8848, 15484]
 JOB_HOURS, DEADLINE_HOURS, RESTART_HOURS, CHECKPOINT_GB = 39.93889, 59.90833, 0.2, 50.0
 ZONES_600S = ["us-east-1f", "us-east-2a", "us-west-2c"]
+ARMS = ("optimal", "up-s", "up", "greedy", "spotbroker", "skynomad")
 
 
 def _need(directory: Path) -> Path:
@@ -52,10 +52,10 @@ def starts_600s(traces: TraceSet, job) -> list[int]:
 @pytest.fixture(scope="session")
 def protocol_runs(v100, job) -> dict[str, list[WindowRun]]:
     """Every arm on the five V100 windows, computed once."""
-    return {arm: run_arm(arm, v100, job, V100_STARTS) for arm in ("optimal", "up-s", "up", "greedy", "spotbroker")}
+    return {arm: run_arm(arm, v100, job, V100_STARTS) for arm in ARMS}
 
 
 @pytest.fixture(scope="session")
 def runs_600s(v100_600s, job) -> dict[str, list[WindowRun]]:
     starts = starts_600s(v100_600s, job)
-    return {arm: run_arm(arm, v100_600s, job, starts) for arm in ("optimal", "up-s", "up", "greedy", "spotbroker")}
+    return {arm: run_arm(arm, v100_600s, job, starts) for arm in ARMS}

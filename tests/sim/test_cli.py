@@ -6,12 +6,15 @@ import json
 
 import pytest
 from click.testing import CliRunner
-
 from spotbroker.broker.cli import cli
+
 from tests.sim.conftest import V100_DIR, V100_STARTS, V100_ZONES
 
+ZONES = ",".join(V100_ZONES)
+STARTS = ",".join(map(str, V100_STARTS[:2]))
 
-def args(*extra, zones=",".join(V100_ZONES), starts=",".join(map(str, V100_STARTS[:2]))):
+
+def args(*extra, zones=ZONES, starts=STARTS):
     return ["simulate", "--traces", str(V100_DIR), "--zones", zones, "--job-hours", "39.93889",
             "--deadline-hours", "59.90833", "--restart-hours", "0.2", "--checkpoint-gb", "50",
             "--start-ticks", starts, *extra]
@@ -43,6 +46,25 @@ def test_default_policy_table_and_plot(tmp_path):
     assert result.exit_code == 0, result.output
     assert "policy: spotbroker" in result.output and "deadlines met 1/1" in result.output
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_skynomad_by_name_with_json_and_plot(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "skynomad.png"
+    result = CliRunner().invoke(cli, args("--policy", "skynomad", "--json", "--plot", str(png), starts="7742,8848"))
+    assert result.exit_code == 0, result.output
+    out = json.loads(result.output)
+    assert out["policy"] == "skynomad"
+    # §7's SkyNomad figures for these two windows, which the re-implementation matches
+    assert [w["cost"] for w in out["windows"]] == pytest.approx([37.0468, 40.4923], abs=0.001)
+    assert all(w["deadline_met"] for w in out["windows"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_skynomad_table():
+    result = CliRunner().invoke(cli, args("--policy", "skynomad", starts="7742"))
+    assert result.exit_code == 0, result.output
+    assert "policy: skynomad" in result.output and "deadlines met 1/1" in result.output
 
 
 @pytest.mark.parametrize(

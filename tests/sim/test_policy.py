@@ -1,10 +1,10 @@
-"""The product's policy: it never looks ahead, never misses a deadline even
-without the simulator's safety net, and waits for spot when there is none."""
+"""The product's policy: it never looks ahead (nor does any other online arm),
+never misses a deadline even without the simulator's safety net, and waits for
+spot when there is none."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from spotbroker.broker.policy.egress import region_of
 from spotbroker.broker.policy.model import (
     Action,
@@ -17,19 +17,24 @@ from spotbroker.broker.policy.model import (
 )
 from spotbroker.broker.policy.spotbroker import SpotBroker
 from spotbroker.broker.sim.engine import Job, run_window
+from spotbroker.broker.sim.runner import policy_factory
 from spotbroker.broker.sim.traces import TraceSet, ZoneTrace
 
 
-def test_decisions_up_to_t_ignore_everything_after_t(v100, job):
+@pytest.mark.parametrize("policy", ["spotbroker", "skynomad", "up-s", "greedy"])
+def test_decisions_up_to_t_ignore_everything_after_t(v100, job, policy):
+    """Every online arm: a run on a trace whose future after tick t is replaced makes
+    the same decisions up to t."""
+    make = policy_factory(policy)
     window = v100.window(5530, v100.n_ticks - 5530)
     rng = np.random.default_rng(7)
     # a different future: shuffled availability, other prices
     other = TraceSet(tuple(ZoneTrace(z.zone, z.region, z.gap_s, rng.permutation(z.unavailable),
                                      z.spot_price[::-1].copy(), z.on_demand_price) for z in window.zones),
                      window.gap_s)
-    base = run_window(window, SpotBroker(), job, keep_timeline=True)
+    base = run_window(window, make(), job, keep_timeline=True)
     for t in (40, 300):
-        changed = run_window(window.replace_after(t, other), SpotBroker(), job, keep_timeline=True)
+        changed = run_window(window.replace_after(t, other), make(), job, keep_timeline=True)
         assert changed.timeline[: t + 1] == base.timeline[: t + 1]
         assert changed.decisions[: t + 1] == base.decisions[: t + 1]
     assert changed.timeline != base.timeline  # the future did change something

@@ -40,7 +40,7 @@ def test_single_zone_up_matches_every_zone_and_window(protocol_runs):
 
 
 def test_optimal_is_a_lower_bound_for_every_online_arm(protocol_runs):
-    for arm in ("up-s", "greedy", "spotbroker"):
+    for arm in ("up-s", "greedy", "spotbroker", "skynomad"):
         for opt, run in zip(protocol_runs["optimal"], protocol_runs[arm]):
             assert opt.result.cost <= run.result.cost + 1e-9, (arm, run.start_tick)
 
