@@ -75,21 +75,33 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from spotbroker.agent import protocol
+
 # This module is the public API. Behind it: ckpt_format (the objects on storage, and
 # reading them back verified), ckpt_state (the state as skeleton + tensors, the RNG
 # states), ckpt_upload (host buffer, part uploads, commit, pruning) and ckpt_control
 # (the agent's control directory). What this module exported before they were split
 # off stays importable from here.
 from spotbroker.agent.ckpt_control import (
-    emit_event, flush_file_mtime, read_flush_file, withdraw_library_file, write_library_file,
+    emit_event,
+    flush_file_mtime,
+    read_flush_file,
+    withdraw_library_file,
+    write_library_file,
 )
 from spotbroker.agent.ckpt_format import (  # noqa: F401
-    ALIGN, FORMAT, INDEX_OBJECT, KEEP_MARKER, STATE_OBJECT, CheckpointInfo, CheckpointInvalid, HalfMode,
+    ALIGN,
+    FORMAT,
+    INDEX_OBJECT,
+    KEEP_MARKER,
+    STATE_OBJECT,
+    CheckpointInfo,
+    CheckpointInvalid,
+    HalfMode,
     load_checkpoint,
 )
 from spotbroker.agent.ckpt_state import TensorRef, rng_state, set_rng_state
@@ -127,7 +139,7 @@ def list_checkpoints(uri: str) -> list[CheckpointInfo]:
         CheckpointInfo(step=step, uri=storage.url(directory), bytes=sizes[directory], created_at=created)
         for directory, (step, created) in manifests.items()
     ]
-    oldest = datetime.min.replace(tzinfo=timezone.utc)
+    oldest = datetime.min.replace(tzinfo=UTC)
     found.sort(key=lambda c: (c.step, c.created_at or oldest), reverse=True)
     return found
 

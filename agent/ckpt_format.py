@@ -21,8 +21,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from spotbroker.agent import protocol
-from spotbroker.agent.protocol import now_iso  # noqa: F401  (re-exported)
 from spotbroker.agent.ckpt_state import import_torch, unflatten
+from spotbroker.agent.protocol import now_iso  # noqa: F401  (re-exported)
 from spotbroker.agent.storage import Storage, parallel_map
 
 FORMAT = "spotbroker-checkpoint/1"

@@ -18,15 +18,27 @@ import os
 import pickle
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
-from typing import Any, Callable
+from datetime import UTC, datetime
+from typing import Any
 
 from spotbroker.agent import protocol
 from spotbroker.agent.ckpt_format import (
-    ALIGN, FORMAT, INDEX_OBJECT, KEEP_MARKER, STATE_OBJECT, CheckpointInfo, HalfMode, Layout, byte_view, now_iso,
-    part_name, plan, slot_view,
+    ALIGN,
+    FORMAT,
+    INDEX_OBJECT,
+    KEEP_MARKER,
+    STATE_OBJECT,
+    CheckpointInfo,
+    HalfMode,
+    Layout,
+    byte_view,
+    now_iso,
+    part_name,
+    plan,
+    slot_view,
 )
 from spotbroker.agent.ckpt_state import flatten, import_torch
 from spotbroker.agent.storage import Storage
@@ -431,7 +443,7 @@ class UploadMixin:
         }
         self._storage.put(f"{save.directory}/{protocol.MANIFEST}", json.dumps(manifest, indent=1).encode())
         return CheckpointInfo(step=save.step, uri=self._storage.url(save.directory), bytes=total,
-                              created_at=datetime.now(timezone.utc), seconds=time.monotonic() - save.started,
+                              created_at=datetime.now(UTC), seconds=time.monotonic() - save.started,
                               reason=save.reason)
 
     def _discard(self, save: Save) -> None:

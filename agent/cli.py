@@ -13,7 +13,12 @@ from pathlib import Path
 import click
 
 from spotbroker.agent.protocol import (
-    ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_BROKER_URL, ENV_CLOUD, ENV_JOB_ID, ENV_METADATA_URL,
+    ENV_AGENT_TOKEN,
+    ENV_ATTEMPT_ID,
+    ENV_BROKER_URL,
+    ENV_CLOUD,
+    ENV_JOB_ID,
+    ENV_METADATA_URL,
 )
 
 # The agent's own settings (not part of protocol.py: only the launcher and the agent use them).

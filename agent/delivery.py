@@ -12,14 +12,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from datetime import datetime, timezone
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from spotbroker.agent.backoff import jittered_backoff
 from spotbroker.agent.outbox import Outbox
 from spotbroker.agent.protocol import (
-    ANSWER_CANCEL, ANSWER_DRAIN, EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH, PREEMPTION_NOTICE,
+    ANSWER_CANCEL,
+    ANSWER_DRAIN,
+    EVENTS_PATH,
+    LOG_OFFSET_HEADER,
+    LOGS_PATH,
+    PREEMPTION_NOTICE,
 )
 
 if TYPE_CHECKING:
@@ -179,7 +185,7 @@ def _log_notice_latency(batch: list[dict[str, Any]]) -> None:
     for event in batch:
         if event["type"] == PREEMPTION_NOTICE and event["data"].get("observed_at"):
             seen = datetime.fromisoformat(event["data"]["observed_at"])
-            delay = (datetime.now(timezone.utc) - seen).total_seconds()
+            delay = (datetime.now(UTC) - seen).total_seconds()
             log.info("preemption notice delivered to the broker %.0f ms after it was seen", delay * 1000)
 
 

@@ -26,17 +26,22 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 
 from spotbroker.agent.backoff import jittered_backoff
 from spotbroker.agent.protocol import (
-    DRAIN_CLOUD, DRAIN_KIND, DRAIN_SOURCE, PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION,
+    DRAIN_CLOUD,
+    DRAIN_KIND,
+    DRAIN_SOURCE,
+    PREEMPTION_NOTICE,
+    REBALANCE_RECOMMENDATION,
 )
 
 log = logging.getLogger(__name__)
@@ -103,7 +108,7 @@ class Notice:
     kind: str              # PREEMPTION, MAINTENANCE, REBALANCE or DRAIN
     deadline: datetime | None  # the cloud's hard stop (None for a rebalance recommendation)
     raw: Any               # the payload as the cloud gave it
-    observed_at: datetime = field(default_factory=lambda: datetime.now(timezone.utc))
+    observed_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     event_id: str | None = None  # Azure's EventId, needed to acknowledge
 
     @property
@@ -135,7 +140,7 @@ class Notice:
 
 def drain_notice(window: float) -> Notice:
     """The notice that stands for the broker's drain: it ends the node `window` seconds from now."""
-    now = datetime.now(timezone.utc)
+    now = datetime.now(UTC)
     return Notice(DRAIN_CLOUD, DRAIN_SOURCE, DRAIN, now + timedelta(seconds=window), None, now)
 
 
@@ -368,7 +373,7 @@ class GcpWatcher(Watcher):
         return 0.0 if self._long_polled else self.config.poll_interval
 
     def _interpret(self, value: str) -> Notice | None:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         if self.key == "instance/preempted":
             if value not in ("TRUE", "FALSE"):
                 raise MetadataError(f"{self.key}: unexpected value ({len(value)} chars)")
@@ -431,7 +436,7 @@ class AzureWatcher(Watcher):
         event_id = event.get("EventId")
         if not isinstance(event_id, str) or not event_id:
             raise MetadataError(f"{AZURE_EVENTS_PATH}: event without an EventId")
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         deadline = now + timedelta(seconds=self.config.azure_default_window)
         if event.get("NotBefore"):
             try:
@@ -588,4 +593,4 @@ def _parse_iso(value: Any, what: str) -> datetime:
         parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     except ValueError as exc:
         raise MetadataError(f"{what}: bad time {value!r}") from exc
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
@@ -80,9 +81,9 @@ MANIFEST = "MANIFEST.json"
 
 def now_iso() -> str:
     """Now, as the agent and the library write times in events (UTC, ms)."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
 def step_dir(step: int) -> str:

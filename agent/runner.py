@@ -41,22 +41,46 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 # Names re-exported from the modules split off this one stay importable from here.
 from spotbroker.agent.delivery import (  # noqa: F401
-    LOG_CHUNK, BrokerClient, BrokerRejected, BrokerUnavailable, Delivery, EventSender, LogShipper,
+    LOG_CHUNK,
+    BrokerClient,
+    BrokerRejected,
+    BrokerUnavailable,
+    Delivery,
+    EventSender,
+    LogShipper,
 )
 from spotbroker.agent.outbox import BATCH_SIZE, OUTBOX_ACKED_FILE, OUTBOX_FILE, Outbox, now_iso  # noqa: F401
 from spotbroker.agent.protocol import (
-    CHECKPOINT_COMMITTED, ENV_AGENT_TOKEN, ENV_ATTEMPT_ID, ENV_CONTROL_DIR, ENV_JOB_ID, EVENTS_FILE, FLUSH_FILE,
-    FLUSH_SIGNAL, HEARTBEAT, LIBRARY_FILE, NO_FLUSH, TRAINER_EXITED, TRAINER_STARTED,
+    CHECKPOINT_COMMITTED,
+    ENV_AGENT_TOKEN,
+    ENV_ATTEMPT_ID,
+    ENV_CONTROL_DIR,
+    ENV_JOB_ID,
+    EVENTS_FILE,
+    FLUSH_FILE,
+    FLUSH_SIGNAL,
+    HEARTBEAT,
+    LIBRARY_FILE,
+    NO_FLUSH,
+    TRAINER_EXITED,
+    TRAINER_STARTED,
 )
 from spotbroker.agent.trainer_process import (  # noqa: F401
-    PR_SET_PDEATHSIG, TRAINER_EVENT_TYPES, EventTail, event_data, pid_alive, signal_name, terminate_with,
+    PR_SET_PDEATHSIG,
+    TRAINER_EVENT_TYPES,
+    EventTail,
+    event_data,
+    pid_alive,
+    signal_name,
+    terminate_with,
 )
 
 if TYPE_CHECKING:
@@ -361,7 +385,7 @@ class Supervisor:
                 self._acknowledge(notice)
             return
         self._flush_requested = True
-        deadline = notice.deadline or datetime.now(timezone.utc) + timedelta(seconds=self.config.notice_window)
+        deadline = notice.deadline or datetime.now(UTC) + timedelta(seconds=self.config.notice_window)
         reason = self._request_flush(notice, deadline)
         if reason is None:
             reason = self._wait_for_commit(deadline)
@@ -391,7 +415,7 @@ class Supervisor:
 
     def _wait_for_commit(self, deadline: datetime) -> str | None:
         while not self._committed.is_set():
-            left = (deadline - datetime.now(timezone.utc)).total_seconds()
+            left = (deadline - datetime.now(UTC)).total_seconds()
             if self._trainer_done.is_set():
                 self._forward_trainer_events()  # the commit may be its very last line
                 if self._committed.is_set():

@@ -41,10 +41,11 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 CLOUDS = ("aws", "gcp", "azure")
@@ -64,12 +65,12 @@ HANG_LIMIT_S = 600.0
 
 def aws_time(at: datetime) -> str:
     """AWS writes `2026-11-21T00:50:02Z`."""
-    return at.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def rfc1123(at: datetime) -> str:
     """Azure's NotBefore: `Sat, 21 Nov 2026 00:50:02 GMT`."""
-    return email.utils.format_datetime(at.astimezone(timezone.utc), usegmt=True)
+    return email.utils.format_datetime(at.astimezone(UTC), usegmt=True)
 
 
 @dataclass
@@ -144,7 +145,7 @@ class MetadataSimulator:
         host, port = self._server.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "MetadataSimulator":
+    def start(self) -> MetadataSimulator:
         server = _Server((self._host, self._port), _Handler)
         server.sim = self  # type: ignore[attr-defined]
         self._server = server
@@ -173,7 +174,7 @@ class MetadataSimulator:
         if self._thread is not None:
             self._thread.join(timeout=5)
 
-    def __enter__(self) -> "MetadataSimulator":
+    def __enter__(self) -> MetadataSimulator:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -523,7 +524,7 @@ class MetadataSimulator:
 
 
 def _now() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def _etag(value: str) -> str:
@@ -607,7 +608,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parse_args(argv)
     notice_at = datetime.fromisoformat(args.notice_at) if args.notice_at else None
     if notice_at is not None and notice_at.tzinfo is None:
-        notice_at = notice_at.replace(tzinfo=timezone.utc)
+        notice_at = notice_at.replace(tzinfo=UTC)
     sim = MetadataSimulator(
         args.cloud, host=args.host, port=args.port, notice_window=args.window,
         notice_after=args.notice_after, notice_at=notice_at, rebalance_after=args.rebalance_after,

@@ -45,14 +45,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 from urllib.parse import unquote, urlparse
 
 import obstore
 from obstore.store import LocalStore, S3Store, from_url
 
 # bytes, bytearray, memoryview, or any 1-D contiguous uint8 buffer.
-BytesLike = Union[bytes, bytearray, memoryview]
+BytesLike = bytes | bytearray | memoryview
 
 SCHEMES = ("s3", "gs", "az", "file")
 

@@ -14,8 +14,9 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from spotbroker.agent.protocol import CHECKPOINT_COMMITTED, EVENTS_FILE, NO_FLUSH, RESUMED
 

@@ -240,7 +240,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-gb", type=float, default=1.0, help="0 skips the stall figures")
     p.add_argument("--sizes-gb", type=parse_sizes, default=None,
                    help="one list for both S3 and file:// (overrides the two above)")
-    p.add_argument("--dir", type=Path, default=None, help="where file:// checkpoints and dd write (default: a temp dir)")
+    p.add_argument("--dir", type=Path, default=None,
+                   help="where file:// checkpoints and dd write (default: a temp dir)")
     p.add_argument("--part-mb", type=int, default=DEFAULT_PART_BYTES // 2**20, help="checkpoint part size")
     p.add_argument("--workers", type=int, default=DEFAULT_WORKERS, help="parts uploaded at once")
     p.add_argument("--repeat", type=int, default=3, help="file:// runs per size (median shown)")

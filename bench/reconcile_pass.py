@@ -29,7 +29,6 @@ from spotbroker.broker.settings import Settings
 from spotbroker.broker.spec import JobSpec
 
 
-
 def bench(kind: str, n_jobs: int, passes: int) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
     url, drop = temporary_database(kind, data_dir)

@@ -12,8 +12,7 @@ from sqlalchemy.orm import Session
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.models import Attempt, Checkpoint, Event, Job
 from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import (LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, AttemptState, JobState,
-                                      transition)
+from spotbroker.broker.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, AttemptState, JobState, transition
 
 
 class JobNotFound(LookupError):

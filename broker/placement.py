@@ -35,8 +35,7 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.models import Attempt, Checkpoint, Job, Offer, SpotProbe
 from spotbroker.broker.offers import Placement, feasible_offers, placement_of
-from spotbroker.broker.policy import (Action, Capacity, Event, Observation, Running, SpotBroker, ZoneHistory,
-                                      ZoneState)
+from spotbroker.broker.policy import Action, Capacity, Event, Observation, Running, SpotBroker, ZoneHistory, ZoneState
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.spec import JobSpec
 from spotbroker.broker.states import LIVE_ATTEMPT_STATES, AttemptState

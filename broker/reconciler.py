@@ -34,20 +34,18 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.agent import protocol
-from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.db import transaction
 from spotbroker.broker.agent_channel import MOVING, agent_token, newest_checkpoint, preempted
 from spotbroker.broker.auth import digest
-from spotbroker.broker.launch.base import (CapacityError, Launcher, LaunchError, LaunchRequest, RunState,
-                                           RunStatus)
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.db import transaction
+from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.models import Attempt, Event, Job, SpotProbe, Team
 from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.placement import Placer
 from spotbroker.broker.policy import Action
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, JobState,
-                                      transition)
+from spotbroker.broker.states import LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, JobState, transition
 
 log = logging.getLogger(__name__)
 

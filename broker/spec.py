@@ -11,8 +11,7 @@ import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import (AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator,
-                      model_validator)
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 CLOUDS = ("aws", "gcp", "azure", "local")
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?$")

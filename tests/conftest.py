@@ -14,10 +14,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database
 from spotbroker.broker import migrate
 from spotbroker.broker.db import make_engine, make_session_factory
 

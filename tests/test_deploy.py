@@ -14,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import yaml
-
 from helpers import create_pg_database, drop_pg_database
+
 from spotbroker.broker.settings import Settings
 
 REPO = Path(__file__).resolve().parents[1]

@@ -2,9 +2,9 @@
 on both databases (each on a database of its own)."""
 import pytest
 from alembic import command
+from helpers import create_pg_database, drop_pg_database
 from sqlalchemy import inspect
 
-from helpers import create_pg_database, drop_pg_database
 from spotbroker.broker import migrate
 from spotbroker.broker.db import make_engine
 

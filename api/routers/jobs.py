@@ -11,10 +11,10 @@ from pydantic import ValidationError
 from spotbroker.api.deps import CurrentTeam, SessionDep
 from spotbroker.api.errors import PROBLEM, Problem, field_errors, invalid
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
+from spotbroker.broker import jobs, logs
+from spotbroker.broker.db import transaction
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.models import Attempt
-from spotbroker.broker.db import transaction
-from spotbroker.broker import jobs, logs
 from spotbroker.broker.spec import JobSpec, SpecSyntaxError, load_document
 from spotbroker.broker.states import LIVE_ATTEMPT_STATES, JobState
 

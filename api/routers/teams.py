@@ -7,8 +7,8 @@ from sqlalchemy import select
 from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
 from spotbroker.api.errors import Problem
 from spotbroker.api.schemas import TeamCreate, TeamOut, TokenOut
-from spotbroker.broker.db import transaction
 from spotbroker.broker import auth
+from spotbroker.broker.db import transaction
 from spotbroker.broker.models import Team
 
 router = APIRouter(prefix="/v1", tags=["teams"])

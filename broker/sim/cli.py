@@ -12,6 +12,7 @@ import json
 import statistics
 
 import click
+
 from spotbroker.broker.sim.runner import ARMS, WindowRun, job_from_hours, run_arm
 from spotbroker.broker.sim.traces import TraceError, load_traces
 

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+
 from spotbroker.broker.policy.egress import EgressPrices, region_of
 from spotbroker.broker.policy.model import Capacity, Decision, Observation, Offer
 from spotbroker.broker.sim.engine import Job

@@ -11,7 +11,6 @@ from alembic import op
 
 import spotbroker.broker.db
 
-
 revision = '0001'
 down_revision = None
 branch_labels = None

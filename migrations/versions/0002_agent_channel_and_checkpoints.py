@@ -11,7 +11,6 @@ from alembic import op
 
 import spotbroker.broker.db
 
-
 revision = '0002'
 down_revision = '0001'
 branch_labels = None

@@ -8,18 +8,19 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import pytest
+
+# moto's S3 server (real HTTP) for the storage and checkpoint tests.
+from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
 
 from spotbroker.agent.notices import Notice, WatchConfig
 from spotbroker.agent.protocol import EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH
 from spotbroker.agent.simulator import MetadataSimulator
-
-# moto's S3 server (real HTTP) for the storage and checkpoint tests.
-from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
 
 AGENT_TOKEN = "test-agent-token-7f3a"
 
@@ -116,7 +117,7 @@ class FakeBroker:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self) -> "FakeBroker":
+    def start(self) -> FakeBroker:
         self._server = ThreadingHTTPServer(("127.0.0.1", self.port), _broker_handler(self))
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]

@@ -3,12 +3,17 @@ from __future__ import annotations
 
 import dataclasses
 import socket
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from spotbroker.agent.notices import (
-    MAINTENANCE, PREEMPTION, REBALANCE, build_watchers, detect_cloud, resolve_cloud,
+    MAINTENANCE,
+    PREEMPTION,
+    REBALANCE,
+    build_watchers,
+    detect_cloud,
+    resolve_cloud,
 )
 from spotbroker.agent.protocol import PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION
 
@@ -194,4 +199,4 @@ def test_notice_deadline_is_timezone_aware(make_sim, watch, notices):
     watch("aws", sim)
     sim.preempt()
     notice = notices.wait(1)[0]
-    assert notice.deadline.tzinfo is not None and notice.deadline > datetime.now(timezone.utc)
+    assert notice.deadline.tzinfo is not None and notice.deadline > datetime.now(UTC)

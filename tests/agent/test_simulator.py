@@ -4,7 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
 import httpx
@@ -171,11 +171,11 @@ def test_azure_preempt_event_incarnation_and_acknowledgement(make_sim):
 
 
 def test_notice_after_a_delay_and_at_a_time(make_sim, wait):
-    t0 = datetime.now(timezone.utc)
+    t0 = datetime.now(UTC)
     after = make_sim("gcp", notice_after=0.2)
-    at = make_sim("gcp", notice_at=datetime.now(timezone.utc) + timedelta(seconds=0.3))
+    at = make_sim("gcp", notice_at=datetime.now(UTC) + timedelta(seconds=0.3))
     for sim, delay in ((after, 0.2), (at, 0.3)):
-        wait(lambda: sim.deadline is not None, timeout=5, what="the scheduled notice")
+        wait(lambda sim=sim: sim.deadline is not None, timeout=5, what="the scheduled notice")
         assert sim.notice_time >= t0 + timedelta(seconds=delay - 0.01)  # it waited, not sooner
         with httpx.Client(base_url=sim.url, headers=GOOGLE) as client:
             assert client.get("/computeMetadata/v1/instance/preempted").text == "TRUE"
@@ -228,7 +228,7 @@ def test_runs_as_a_module_and_prints_its_url():
             client.post("/_sim/preempt", json={})
             [event] = client.get(EVENTS).json()["Events"]
             not_before = parsedate_to_datetime(event["NotBefore"])
-            assert timedelta(seconds=3) < not_before - datetime.now(timezone.utc) <= timedelta(seconds=5)
+            assert timedelta(seconds=3) < not_before - datetime.now(UTC) <= timedelta(seconds=5)
     finally:
         process.terminate()
         assert process.wait(timeout=5) == 0

@@ -19,8 +19,6 @@ from spotbroker.agent import storage as storage_mod
 from spotbroker.agent.storage import Storage, join_uri
 
 
-
-
 @pytest.fixture(params=["file", "s3"])
 def root_uri(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """The same tests on a local directory and on an S3 bucket."""

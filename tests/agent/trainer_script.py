@@ -17,7 +17,12 @@ import time
 from pathlib import Path
 
 from spotbroker.agent.protocol import (
-    CHECKPOINT_COMMITTED, ENV_CONTROL_DIR, FLUSH_FILE, LIBRARY_FILE, RESUMED, append_event,
+    CHECKPOINT_COMMITTED,
+    ENV_CONTROL_DIR,
+    FLUSH_FILE,
+    LIBRARY_FILE,
+    RESUMED,
+    append_event,
 )
 
 

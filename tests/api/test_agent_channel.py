@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from helpers import wait_state
+
 from spotbroker.broker.agent_channel import agent_token
 
 

@@ -1,11 +1,10 @@
 """The jobs API end to end: a real app, a real reconciler, the local launcher."""
 import os
 
-
 import pytest
+from helpers import wait_for, wait_state
 from sqlalchemy import func, select
 
-from helpers import wait_for, wait_state
 from spotbroker.broker.db import make_engine
 from spotbroker.broker.models import Event, Job
 

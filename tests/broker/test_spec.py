@@ -24,8 +24,11 @@ def test_alternatives_inherit_top_level_fields():
 
 
 def test_accelerator_forms_normalise():
-    assert JobSpec.model_validate({"run": "x", "resources": {"accelerators": "A100"}}).resources.accelerators == "A100:1"
-    assert JobSpec.model_validate({"run": "x", "resources": {"accelerators": {"L4": 4}}}).resources.accelerators == "L4:4"
+    def accelerators(value):
+        return JobSpec.model_validate({"run": "x", "resources": {"accelerators": value}}).resources.accelerators
+
+    assert accelerators("A100") == "A100:1"
+    assert accelerators({"L4": 4}) == "L4:4"
 
 
 @pytest.mark.parametrize("body, field", [

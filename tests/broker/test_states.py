@@ -6,8 +6,14 @@ from spotbroker.broker import auth, jobs
 from spotbroker.broker.db import transaction
 from spotbroker.broker.models import Event, Job
 from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import (ATTEMPT_TRANSITIONS, JOB_TRANSITIONS, TERMINAL_JOB_STATES,
-                                      IllegalTransition, JobState, transition)
+from spotbroker.broker.states import (
+    ATTEMPT_TRANSITIONS,
+    JOB_TRANSITIONS,
+    TERMINAL_JOB_STATES,
+    IllegalTransition,
+    JobState,
+    transition,
+)
 
 
 def make_job(factory) -> int:

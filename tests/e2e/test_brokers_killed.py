@@ -19,9 +19,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import create_pg_database, drop_pg_database
 from sqlalchemy import select
 
-from helpers import create_pg_database, drop_pg_database
 from spotbroker.broker import auth, migrate
 from spotbroker.broker.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.models import Attempt, Event, Job

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers import wait_for, wait_state
 
 pytestmark = pytest.mark.slow

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from spotbroker.broker.sim.runner import WindowRun, job_from_hours, run_arm
 from spotbroker.broker.sim.traces import TraceSet, load_traces
 

@@ -6,8 +6,8 @@ import json
 
 import pytest
 from click.testing import CliRunner
-from spotbroker.broker.cli import cli
 
+from spotbroker.broker.cli import cli
 from tests.sim.conftest import V100_DIR, V100_STARTS, V100_ZONES
 
 ZONES = ",".join(V100_ZONES)

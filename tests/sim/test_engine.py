@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from spotbroker.broker.policy.egress import region_of
 from spotbroker.broker.policy.model import Capacity
 from spotbroker.broker.sim.baselines import Greedy

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from spotbroker.broker.policy import planner
 from spotbroker.broker.policy.estimators import estimate, spell_outlook
 from spotbroker.broker.policy.model import Event, ZoneHistory

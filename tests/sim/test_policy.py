@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from spotbroker.broker.policy.egress import region_of
 from spotbroker.broker.policy.model import (
     Action,

@@ -9,6 +9,7 @@ import statistics
 
 import numpy as np
 import pytest
+
 from spotbroker.broker.policy.egress import region_of
 from spotbroker.broker.policy.model import (
     Action,
@@ -20,7 +21,6 @@ from spotbroker.broker.policy.model import (
 from spotbroker.broker.sim.engine import Job, run_window
 from spotbroker.broker.sim.skynomad import SkyNomad, _Hazard
 from spotbroker.broker.sim.traces import TraceSet, ZoneTrace
-
 from tests.sim.conftest import V100_STARTS, starts_600s
 
 # §7, $ per run, in the order of V100_STARTS
