@@ -26,13 +26,16 @@ histories (`spot_probes`).
 """
 from __future__ import annotations
 
+import math
+from bisect import bisect_right
 from collections import defaultdict
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from spotbroker.broker.agent_channel import newest_checkpoint
 from spotbroker.broker.models import Attempt, Checkpoint, Job, Offer, SpotProbe
 from spotbroker.broker.offers import Placement, feasible_offers, placement_of
 from spotbroker.broker.policy import Action, Capacity, Event, Observation, Running, SpotBroker, ZoneHistory, ZoneState
@@ -71,49 +74,73 @@ def offer_key(o: Offer) -> str:
 class Choice:
     """The policy's decision, in placements."""
 
-    action: Action  # KEEP, WAIT, or LAUNCH `placements` in order
+    action: Action  # KEEP, WAIT, or LAUNCH `placements` in order (then wait when all refuse)
     placements: tuple[Placement, ...]
-    otherwise: Action  # LAUNCH: what to do when every placement fails
     reason: str
 
 
 def load_histories(session: Session, now: datetime, settings: Settings) -> dict[str, ZoneHistory]:
-    """Every place's spot history from the attempts table."""
+    """Every place's spot history from the attempts table and the probes.
+
+    While any of our spot instances ran in a place, the place had capacity:
+    the union of their runs is "up", and a refusal, a probe or another
+    instance's reclaim inside it says nothing more. A stretch of that union
+    ends in a reclaim when the run that ends it was reclaimed. Outside the
+    union, refusals and probes are the samples.
+    """
     since = now - timedelta(days=settings.placement_history_days)
     rows = session.execute(
         select(Attempt.cloud, Attempt.region, Attempt.zone, Attempt.zone_id, Attempt.instance_type,
                Attempt.state, Attempt.reason, Attempt.started_at, Attempt.ended_at)
-        .where(Attempt.use_spot.is_(True), Attempt.created_at >= since)).all()
-    samples: dict[str, list[tuple[float, int, Event, bool]]] = defaultdict(list)
+        .where(Attempt.use_spot.is_(True), or_(Attempt.ended_at.is_(None), Attempt.ended_at >= since))).all()
+    runs: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)  # (start, end, reclaimed)
+    points: dict[str, list[tuple[float, Event]]] = defaultdict(list)
     for r in rows:
         key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
-        out = samples[key]
-        ended = r.ended_at.timestamp() if r.ended_at else None
-        if r.started_at is None:
-            if r.state == A.FAILED and r.reason == "no_capacity" and ended is not None:
-                out.append((ended, 0, Event.CAPACITY_FAILURE, False))
-            continue
-        out.append((r.started_at.timestamp(), 0, Event.LAUNCH_OK, False))
-        # The instance was up from its start to its end (heartbeats say so).
-        if r.state in LIVE_ATTEMPT_STATES or ended is None:
-            out.append((now.timestamp(), 1, Event.RUNNING, True))
-        elif r.state == A.PREEMPTED and r.reason in ENDED_BY_RECLAIM:
-            out += [(ended, 1, Event.RUNNING, True), (ended, 2, Event.PREEMPTED, False)]
-        else:
-            out.append((ended, 1, Event.RUNNING, True))
+        if r.started_at is not None:
+            live = r.state in LIVE_ATTEMPT_STATES or r.ended_at is None
+            end = now if live else r.ended_at
+            reclaimed = not live and r.state == A.PREEMPTED and r.reason in ENDED_BY_RECLAIM
+            runs[key].append((r.started_at.timestamp(), end.timestamp(), reclaimed))
+        elif r.state == A.FAILED and r.reason == "no_capacity" and r.ended_at is not None:
+            points[key].append((r.ended_at.timestamp(), Event.CAPACITY_FAILURE))
     probes = session.execute(
         select(SpotProbe.cloud, SpotProbe.region, SpotProbe.zone, SpotProbe.zone_id, SpotProbe.instance_type,
                SpotProbe.available, SpotProbe.at).where(SpotProbe.at >= since)).all()
     for r in probes:
         key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
-        samples[key].append((r.at.timestamp(), 0, Event.PROBE_OK if r.available else Event.PROBE_FAILED, False))
-    join_s = 1.5 * settings.placement_interval
+        points[key].append((r.at.timestamp(), Event.PROBE_OK if r.available else Event.PROBE_FAILED))
     histories = {}
-    for key, events in samples.items():
-        history = histories[key] = ZoneHistory(join_within_s=join_s)
-        for at, _, event, seen in sorted(events, key=lambda e: (e[0], e[1])):
-            history.record(event, at, seen_since_last=seen)
+    for key in runs.keys() | points.keys():
+        history = histories[key] = ZoneHistory(join_within_s=1.5 * settings.placement_interval)
+        for at, rank, event in _samples(runs.get(key, []), points.get(key, [])):
+            history.record(event, at, seen_since_last=rank == 1)
     return histories
+
+
+def _samples(runs: list[tuple[float, float, bool]], points: list[tuple[float, Event]]):
+    """(time, rank, event) in order: each stretch of overlapping runs as a launch
+    (rank 0), up until its end (rank 1), then maybe a reclaim (rank 2); and
+    the points that fall outside every stretch."""
+    stretches: list[list] = []  # [start, end, reclaimed]: disjoint, in order
+    for start, end, reclaimed in sorted(runs):
+        if stretches and start <= stretches[-1][1]:
+            if end >= stretches[-1][1]:
+                stretches[-1][1:] = [end, reclaimed]
+        else:
+            stretches.append([start, end, reclaimed])
+    starts = [st[0] for st in stretches]
+
+    def inside(at: float) -> bool:
+        i = bisect_right(starts, at) - 1
+        return i >= 0 and at <= stretches[i][1]
+
+    out = [(at, 0, event) for at, event in points if not inside(at)]
+    for start, end, reclaimed in stretches:
+        out += [(start, 0, Event.LAUNCH_OK), (end, 1, Event.RUNNING)]
+        if reclaimed:
+            out.append((end, 2, Event.PREEMPTED))
+    return sorted(out, key=lambda e: (e[0], e[1]))
 
 
 class Placer:
@@ -173,7 +200,7 @@ class Placer:
             if not listed:
                 return None
             listed.sort(key=lambda p: p.price_per_hour)
-            return Choice(Action.LAUNCH, tuple(listed), Action.WAIT, "list price")
+            return Choice(Action.LAUNCH, tuple(listed), "list price")
         obs = self._observe(session, job, spec, now, zones, running)
         decision = POLICY.decide(obs)
         wanted = []
@@ -186,8 +213,20 @@ class Placer:
                 self._probes.setdefault(key, zones[key][1])
         action = decision.action
         if action is Action.LAUNCH and not wanted:
-            action = decision.otherwise
-        return Choice(action, tuple(wanted), decision.otherwise, decision.reason)
+            if any(o.capacity is Capacity.ON_DEMAND for o in decision.offers):
+                # on-demand where the running instance's offer is gone: the deadline's safety net
+                # must not turn into "keep"; the cheapest on-demand there is stands in
+                wanted = [min((od for _, _, od in zones.values()), key=lambda p: p.price_per_hour)]
+            else:
+                action = decision.otherwise
+        return Choice(action, tuple(wanted), decision.reason)
+
+    def capacity_error(self, attempt: Attempt, at: datetime) -> None:
+        """A launch refused for capacity: the jobs placed later in this pass know it."""
+        if self._histories is not None and attempt.use_spot:
+            history = self._histories.get(attempt_key(attempt))
+            if history is not None:
+                history.record(Event.CAPACITY_FAILURE, at.timestamp())
 
     def _observe(self, session: Session, job: Job, spec: JobSpec, now: datetime,
                  zones: dict[str, tuple], running: Attempt | None) -> Observation:
@@ -198,7 +237,8 @@ class Placer:
         join_s = 1.5 * s.placement_interval
 
         def state(key: str, region: str, spot_price: float, od_price: float) -> ZoneState:
-            history = self._histories.get(key) or ZoneHistory(join_within_s=join_s)
+            # one history object per place for the pass: what is learnt during it reaches every job
+            history = self._histories.setdefault(key, ZoneHistory(join_within_s=join_s))
             return ZoneState(key, region, spot_price, od_price, history)
 
         shape = spec.resources.model_dump_json()
@@ -207,11 +247,10 @@ class Placer:
                                           for key, (offer, spot, od) in zones.items()),
                                          key=lambda z: (z.spot_price, z.zone))[:MAX_ZONES]
         states = list(self._states[shape])
-        done = _work_done(session, job, now)
+        done = _work_done(session, job, now, s.restart_overhead_seconds)
         total = spec.estimated_hours * 3600 if spec.estimated_hours else max(UNKNOWN_WORK_S, 2 * done)
         left = max(total - done, OUTRUN_LEFT * total)
-        newest = session.scalar(select(Checkpoint).where(Checkpoint.job_id == job.id)
-                                .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
+        newest = newest_checkpoint(session, job.id)
         last_zone = None
         if newest is not None:
             last_zone = next((attempt_key(a) for a in job.attempts if a.id == newest.attempt_id), None)
@@ -224,21 +263,21 @@ class Placer:
                 if current.zone in zones:
                     offer, spot, od = zones[current.zone]
                     states.append(state(current.zone, offer.region, spot.price_per_hour, od.price_per_hour))
-                else:  # its offer is gone from the catalog: judge it as it was bought
-                    price = running.price_per_hour
-                    states.append(state(current.zone, running.region or "*", price, price))
+                else:  # its offer is gone from the catalog: judge it as it was bought, never as on-demand
+                    states.append(state(current.zone, running.region or "*", running.price_per_hour, math.inf))
         return Observation(
-            now_s=now_s, step_s=s.placement_interval, work_left_s=left, work_total_s=max(total, left),
+            now_s=now_s, step_s=s.placement_interval, work_left_s=left, work_total_s=total,
             started_s=job.created_at.timestamp(),
-            deadline_s=spec.deadline.timestamp() if spec.deadline else None,
+            deadline_s=spec.deadline.timestamp() - s.deadline_margin_seconds if spec.deadline else None,
             restart_overhead_s=s.restart_overhead_seconds,
             checkpoint_gb=newest.bytes / 1e9 if newest is not None else 0.0,
             zones=tuple(states), running=current, last_zone=last_zone, egress=self._egress)
 
 
-def _work_done(session: Session, job: Job, now: datetime) -> float:
-    """Seconds of the job's work kept: each ended attempt's run up to its last
-    committed checkpoint, and all of the run of the attempt that is live."""
+def _work_done(session: Session, job: Job, now: datetime, restart_s: float) -> float:
+    """Seconds of the job's work kept: each ended attempt's productive run (from
+    its launch plus the restart overhead, or from when its node came up if
+    later) up to its last committed checkpoint, and the live attempt's up to now."""
     last_commit = dict(session.execute(
         select(Checkpoint.attempt_id, func.max(Checkpoint.committed_at))
         .where(Checkpoint.job_id == job.id).group_by(Checkpoint.attempt_id)).all())
@@ -246,7 +285,8 @@ def _work_done(session: Session, job: Job, now: datetime) -> float:
     for a in job.attempts:
         if a.started_at is None:
             continue
+        begin = max(a.started_at, a.created_at + timedelta(seconds=restart_s))
         end = now if a.state in LIVE_ATTEMPT_STATES else last_commit.get(a.id)
         if end is not None:
-            done += max(0.0, (end - a.started_at).total_seconds())
+            done += max(0.0, (end - begin).total_seconds())
     return done

@@ -27,14 +27,14 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.agent import protocol
-from spotbroker.broker.agent_channel import MOVING, agent_token, newest_checkpoint, preempted
+from spotbroker.broker.agent_channel import MOVING, agent_token, is_move, newest_checkpoint, preempted
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.db import transaction
@@ -221,10 +221,8 @@ class Reconciler:
                 attempt, rest = self._place(session, job)
             elif state in (J.LAUNCHING, J.RUNNING, J.PREEMPTING):
                 attempt = self._unlaunched(job)
-                if attempt is None and state == J.RUNNING:
-                    self._reconsider(session, job)
-                elif attempt is None and state == J.PREEMPTING:
-                    self._drain_timed_out(session, job)
+                if attempt is None:
+                    self._watch(session, job, state)
             else:
                 job.next_check_at = None
                 return
@@ -247,7 +245,7 @@ class Reconciler:
             if choice.action is not Action.LAUNCH:  # wait (for spot); look again later
                 job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
                 return None, ()
-            placements, why = choice.placements[:self.settings.launch_failover_limit], choice.reason
+            placements, why = self._bounded(choice.placements), choice.reason
         else:
             placements, why = (LOCAL_PLACEMENT,), "a CPU job runs on the broker's host"
         launcher = self._launcher_for(placements[0])
@@ -256,6 +254,15 @@ class Reconciler:
             return None, ()
         return self._new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
 
+    def _bounded(self, placements: tuple[Placement, ...]) -> tuple[Placement, ...]:
+        """At most launch_failover_limit placements, keeping an on-demand one the
+        decision ends with (the deadline's safety net) if it would be cut."""
+        limit = self.settings.launch_failover_limit
+        if len(placements) <= limit:
+            return placements
+        od = next((p for p in placements[limit - 1:] if not p.use_spot), None)
+        return placements[:limit] if od is None or od in placements[:limit] else (*placements[:limit - 1], od)
+
     def _reconsider(self, session: Session, job: Job) -> None:
         """A running job with a deadline: ask the policy again whether to stay, or
         to move (to on-demand before the slack runs out, or to a cheaper zone).
@@ -263,7 +270,6 @@ class Reconciler:
         places the job again, so what replaces it is decided on what is known
         then (break before make: one attempt per job at a time)."""
         spec = JobSpec.model_validate(job.spec)
-        job.next_check_at = None
         if spec.deadline is None:
             return
         now = self.clock.now()
@@ -284,10 +290,8 @@ class Reconciler:
         """A move whose agent never flushed (no agent, or no checkpoint library
         answering): move on from the last committed checkpoint."""
         attempt = next((a for a in job.attempts if a.state in LIVE_ATTEMPT_STATES), None)
-        if not (job.reason or "").startswith(MOVING) or attempt is None:
-            job.next_check_at = None
-            return
-        preempted(session, job, attempt, "no flush came in time", self.clock)
+        if attempt is not None:
+            preempted(session, job, attempt, "no flush came in time", self.clock)
 
     def _launcher_for(self, placement: Placement) -> str:
         # Until a cloud launcher is configured, the local launcher stands in
@@ -330,9 +334,25 @@ class Reconciler:
         through another broker): launching it again returns the handle of
         what already runs."""
         pending = [a for a in job.attempts if a.state in LIVE_ATTEMPT_STATES and a.handle is None]
-        if not pending:
-            job.next_check_at = None
         return pending[-1] if pending else None
+
+    def _watch(self, session: Session, job: Job, state: JobState) -> None:
+        """A launched job: nothing to redo, unless a deadline is watched (RUNNING:
+        ask the policy again; LAUNCHING: look again until it runs) or a move
+        waits for its flush (PREEMPTING)."""
+        job.next_check_at = None
+        if state == J.RUNNING:
+            self._reconsider(session, job)
+        elif state == J.PREEMPTING and is_move(job):
+            self._drain_timed_out(session, job)
+        elif state == J.LAUNCHING:
+            job.next_check_at = self._deadline_check(job)
+
+    def _deadline_check(self, job: Job) -> datetime | None:
+        """When to ask the policy again about a launched job: each interval if it has a deadline."""
+        if job.spec.get("deadline") is None:
+            return None
+        return self.clock.now() + timedelta(seconds=self.settings.placement_interval)
 
     def _probe(self, placements: list[Placement]) -> None:
         """Ask for spot capacity where the policy wants to watch a zone's spell;
@@ -403,10 +423,9 @@ class Reconciler:
             attempt.handle = handle
             attempt.released = False  # whatever it holds now must be released when it ends
             job = session.get(Job, job_id)
-            if job.state in (J.LAUNCHING, J.RUNNING, J.PREEMPTING):
-                job.next_check_at = None  # the launch is recorded: nothing to redo
-                if job.spec.get("deadline") is not None:  # but the policy keeps watching the deadline
-                    job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
+            if job.state in (J.LAUNCHING, J.RUNNING) or (job.state == J.PREEMPTING and not is_move(job)):
+                # The launch is recorded: nothing to redo, unless a deadline is watched.
+                job.next_check_at = self._deadline_check(job) if job.state != J.PREEMPTING else None
             if attempt.state not in LIVE_ATTEMPT_STATES:
                 return  # cancelled meanwhile: the release phase stops it
             status = self.launchers[attempt.launcher].status(handle)
@@ -419,6 +438,7 @@ class Reconciler:
             if attempt.state in LIVE_ATTEMPT_STATES:
                 transition(session, attempt, A.FAILED, reason="no_capacity", data={"error": why},
                            clock=self.clock)
+                self.placer.capacity_error(attempt, self.clock.now())
             if job.state != J.LAUNCHING:
                 return None
             if not rest:  # every choice refused: decide again later, on what was learnt

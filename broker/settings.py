@@ -96,6 +96,12 @@ class Settings(BaseSettings):
         return EgressPrices(default_usd_per_gb=default, pairs=pairs)
 
     @property
+    def deadline_margin_seconds(self) -> float:
+        """Kept free before every deadline: a move may take a drain and a pass
+        or so to start its next attempt, beyond the policy's own one step."""
+        return self.drain_timeout + self.placement_interval
+
+    @property
     def agent_url(self) -> str:
         if self.advertise_url:
             return self.advertise_url.rstrip("/")

@@ -11,7 +11,7 @@ import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 CLOUDS = ("aws", "gcp", "azure", "local")
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?$")
@@ -165,22 +165,19 @@ class JobSpec(_Strict):
             out[key] = str(val).lower() if isinstance(val, bool) else str(val)
         return out
 
-    @field_validator("deadline")
-    @classmethod
-    def _deadline_needs_estimate(cls, value: datetime | None, info: ValidationInfo) -> datetime | None:
-        # (an estimated_hours that failed its own check is reported there, not here too)
-        if value is not None and "estimated_hours" in info.data and info.data["estimated_hours"] is None:
-            raise ValueError("give estimated_hours too: how long the work takes is what a deadline is kept against")
-        return value
-
-    def deadline_error(self, now: datetime, restart_overhead_s: float) -> str | None:
-        """Why the deadline cannot be met even on on-demand from `now`, if it cannot."""
-        if self.deadline is None or self.estimated_hours is None:
+    def deadline_error(self, now: datetime, overhead_s: float) -> str | None:
+        """Why a deadline cannot be kept, if it cannot: no estimate of the work
+        to keep it against, or less time left than the work plus `overhead_s`
+        (a restart and the broker's margin) even on on-demand from `now`.
+        Checked at submission only: stored specs are never re-judged."""
+        if self.deadline is None:
             return None
-        need = timedelta(hours=self.estimated_hours, seconds=restart_overhead_s)
+        if self.estimated_hours is None:
+            return "give estimated_hours too: how long the work takes is what a deadline is kept against"
+        need = timedelta(hours=self.estimated_hours, seconds=overhead_s)
         if self.deadline < now + need:
-            return (f"{self.deadline.isoformat()} is sooner than the work ({self.estimated_hours:g} h) plus one "
-                    f"restart ({restart_overhead_s / 60:g} min) from now: no placement can meet it")
+            return (f"{self.deadline.isoformat()} is sooner than the work ({self.estimated_hours:g} h) plus a restart "
+                    f"and the broker's margin ({overhead_s / 60:g} min) from now: no placement can keep it")
         return None
 
     @property

@@ -70,9 +70,10 @@ async def submit_job(request: Request, team: CurrentTeam,
     (`Content-Type: application/yaml`)."""
     spec = await _read_spec(request)
     state = request.app.state
-    late = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds)
-    if late:
-        raise invalid([{"field": "deadline", "message": late}])
+    problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds
+                                  + state.settings.deadline_margin_seconds)
+    if problem:
+        raise invalid([{"field": "deadline", "message": problem}])
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
                                                  team.team_name)
     # Already a JobOut: send it as it is, without validating it a second time.

@@ -156,3 +156,76 @@ def test_probes_the_policy_asks_for_are_made_once_per_place_and_join_the_history
     with factory() as s:
         rec.placer.choose(s, s.get(Job, job_ids[0]), spec, Clock().now(), running=s.get(Attempt, running[0]))
     assert rec.placer.take_probes(Clock().now()) == []
+
+
+def test_overlapping_runs_in_a_place_are_one_stretch_up(factory, settings, team):
+    """Two jobs' spot runs overlap: the place was up all along, whatever the
+    one reclaimed early or a refusal in between say."""
+    job_id = submit(factory, team, resources=T4)
+    now = Clock().now()
+    t0 = now - timedelta(hours=12)
+    with transaction(factory) as s:
+        place = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": T4}), limit=1)[0]
+        long_run = add_attempt(s, job_id, place, state="SUCCEEDED", reason="exit 0", started=t0,
+                               ended=t0 + timedelta(hours=10))
+        add_attempt(s, job_id, place, state="PREEMPTED", reason="preempted", started=t0 + timedelta(hours=1),
+                    ended=t0 + timedelta(hours=2))
+        add_attempt(s, job_id, place, state="FAILED", reason="no_capacity", ended=t0 + timedelta(hours=3))
+        history = load_histories(s, now, settings)[attempt_key(long_run)]
+    assert history.seconds_up == pytest.approx(10 * 3600) and history.seconds_down == 0
+    assert history.ups_lost == 0 and history.capacity_failures == 0
+
+
+def test_a_refusal_reaches_the_jobs_placed_later_in_the_same_pass(factory, settings, team):
+    spec = JobSpec.model_validate({"run": "x", "resources": T4})
+    first, second = (submit(factory, team, resources=T4) for _ in range(2))
+    now = Clock().now()
+    placer = Placer(settings)
+    with transaction(factory) as s:
+        choice = placer.choose(s, s.get(Job, first), spec, now)
+        refused = add_attempt(s, first, choice.placements[0], state="FAILED", reason="no_capacity", ended=now)
+        placer.capacity_error(refused, now)
+        again = placer.choose(s, s.get(Job, second), spec, now)
+    assert again.placements[0].place != choice.placements[0].place
+    assert again.placements[-1].place == choice.placements[0].place
+
+
+def test_the_deadline_goes_on_demand_even_when_the_running_offer_left_the_catalog(factory, settings, team):
+    from dataclasses import replace
+
+    now = Clock().now()
+    fields = {"resources": T4, "estimated_hours": 1.0, "deadline": (now + timedelta(minutes=55)).isoformat()}
+    job_id = submit(factory, team, **fields)
+    spec = JobSpec.model_validate({"run": "x", **fields})
+    with transaction(factory) as s:
+        cheapest = rank_offers(s, spec, limit=1)[0]
+        gone = replace(cheapest, region="gone-region", instance_type="gone.type", price_per_hour=0.01)
+        attempt = add_attempt(s, job_id, gone, state="RUNNING", started=now - timedelta(minutes=20))
+        choice = Placer(settings).choose(s, s.get(Job, job_id), spec, now, running=attempt)
+    assert choice.action is Action.LAUNCH and not choice.placements[0].use_spot
+
+
+def test_a_stored_deadline_without_an_estimate_is_still_placed(factory, settings, team):
+    """Jobs stored before estimated_hours existed keep working: the rule is the API's."""
+    now = Clock().now()
+    fields = {"resources": T4, "deadline": (now + timedelta(hours=30)).isoformat()}
+    spec = JobSpec.model_validate({"run": "x", **fields})
+    assert spec.deadline_error(now, 900) is not None  # a new submission is refused
+    job_id = submit(factory, team, **fields)
+    with factory() as s:
+        choice = Placer(settings).choose(s, s.get(Job, job_id), spec, now)
+    assert choice.action is Action.LAUNCH and choice.placements
+
+
+def test_failover_is_bounded_but_keeps_the_on_demand_safety_net(factory, settings, team):
+    from dataclasses import replace
+
+    from spotbroker.broker.reconciler import Reconciler
+
+    with factory() as s:
+        spots = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": T4}), limit=8)
+    od = replace(spots[0], use_spot=False, price_per_hour=0.5)
+    rec = Reconciler(factory, {}, settings)
+    bounded = rec._bounded((*spots, od))
+    assert len(bounded) == settings.launch_failover_limit and bounded[-1] == od
+    assert rec._bounded(tuple(spots)) == tuple(spots[:settings.launch_failover_limit])
