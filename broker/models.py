@@ -98,6 +98,8 @@ class Attempt(Base):
     """One launch of a job on one offer."""
 
     __tablename__ = "attempts"
+    # placement replays the runs that ended recently (or not yet) into each place's history
+    __table_args__ = (Index("ix_attempts_ended_at", "ended_at"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)

@@ -1,4 +1,4 @@
-"""spot probes
+"""spot probes, and an index for placement's history query
 
 Revision ID: 0003
 Revises: 0002
@@ -31,9 +31,13 @@ def upgrade() -> None:
     )
     with op.batch_alter_table('spot_probes', schema=None) as batch_op:
         batch_op.create_index('ix_spot_probes_at', ['at'], unique=False)
+    with op.batch_alter_table('attempts', schema=None) as batch_op:
+        batch_op.create_index('ix_attempts_ended_at', ['ended_at'], unique=False)
 
 
 def downgrade() -> None:
+    with op.batch_alter_table('attempts', schema=None) as batch_op:
+        batch_op.drop_index('ix_attempts_ended_at')
     with op.batch_alter_table('spot_probes', schema=None) as batch_op:
         batch_op.drop_index('ix_spot_probes_at')
     op.drop_table('spot_probes')
