@@ -81,6 +81,9 @@ def test_simulate_preemption_is_refused_without_a_local_running_attempt(api, tea
     assert r.status_code == 409 and r.headers["content-type"] == "application/problem+json"
 
 
+# One database is enough here: the move's database side runs on both in
+# tests/broker/test_reconciler.py; this is the agent and trainer side.
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_run_short_of_slack_is_drained_and_resumes_on_demand(api, team_headers, settings):
     """The broker moves a job itself: the deadline comes closer than the work
     left, so the policy wants on-demand; the agent drains (flushes) the spot
