@@ -244,6 +244,10 @@ class Reconciler:
                 return None, ()
             if choice.action is not Action.LAUNCH:  # wait (for spot); look again later
                 job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
+                why = f"waiting: {choice.reason}"
+                if job.reason != why:  # said once, not every interval
+                    job.reason = why
+                    session.add(Event(job_id=job.id, type="waiting", at=now, data={"reason": choice.reason}))
                 return None, ()
             placements, why = self._bounded(choice.placements), choice.reason
         else:
@@ -320,6 +324,8 @@ class Reconciler:
         session.add(attempt)
         session.flush()
         attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))
+        if (job.reason or "").startswith("waiting: "):
+            job.reason = None  # it waits no more
         transition(session, job, J.LAUNCHING, clock=self.clock, data={
             "attempt_id": attempt.id, "cloud": placement.cloud, "region": placement.region,
             "zone": placement.zone or placement.zone_id, "instance_type": placement.instance_type,

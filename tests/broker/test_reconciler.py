@@ -285,3 +285,22 @@ def _cancel(factory, rec, job_id):
     with transaction(factory) as s:
         jobs.cancel(s, s.get(Job, job_id).team_id, job_id)
     rec.pass_once()  # the release phase stops what still runs
+
+
+def test_a_job_told_to_wait_says_why_once_and_is_looked_at_again_each_interval(env):
+    from spotbroker.broker.placement import Choice
+    from spotbroker.broker.policy import Action
+
+    factory, settings, team = env
+    clock = ShiftedClock()
+    rec = reconciler(factory, settings, clock=clock)
+    rec.placer.choose = lambda *a, **k: Choice(Action.WAIT, (), "plan: wait")  # what the policy said
+    job_id = submit(factory, team, run="true", resources={"accelerators": "T4:1"})
+    for i in range(3):
+        clock.shift = timedelta(seconds=i * (settings.placement_interval + 1))
+        rec.pass_once()
+    with factory() as s:
+        job = s.get(Job, job_id)
+        waits = s.scalars(select(Event).where(Event.job_id == job_id, Event.type == "waiting")).all()
+        assert (job.state, job.reason) == ("PENDING", "waiting: plan: wait") and len(waits) == 1
+        assert job.next_check_at > clock.now() + timedelta(seconds=settings.placement_interval - 5)
