@@ -277,10 +277,15 @@ class Placer:
 def _work_done(session: Session, job: Job, now: datetime, restart_s: float) -> float:
     """Seconds of the job's work kept: each ended attempt's productive run (from
     its launch plus the restart overhead, or from when its node came up if
-    later) up to its last committed checkpoint, and the live attempt's up to now."""
+    later) up to its last checkpoint committed before it ended (a flush that
+    came after is not what the next attempt resumed from), and the live
+    attempt's up to now."""
     last_commit = dict(session.execute(
         select(Checkpoint.attempt_id, func.max(Checkpoint.committed_at))
-        .where(Checkpoint.job_id == job.id).group_by(Checkpoint.attempt_id)).all())
+        .join(Attempt, Attempt.id == Checkpoint.attempt_id)
+        .where(Checkpoint.job_id == job.id,
+               or_(Attempt.ended_at.is_(None), Checkpoint.committed_at <= Attempt.ended_at))
+        .group_by(Checkpoint.attempt_id)).all())
     done = 0.0
     for a in job.attempts:
         if a.started_at is None:

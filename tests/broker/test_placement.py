@@ -229,3 +229,27 @@ def test_failover_is_bounded_but_keeps_the_on_demand_safety_net(factory, setting
     bounded = rec._bounded((*spots, od))
     assert len(bounded) == settings.launch_failover_limit and bounded[-1] == od
     assert rec._bounded(tuple(spots)) == tuple(spots[:settings.launch_failover_limit])
+
+
+def test_work_done_counts_productive_time_up_to_checkpoints_made_before_each_attempt_ended(factory, settings, team):
+    from spotbroker.broker.models import Checkpoint
+    from spotbroker.broker.placement import _work_done
+
+    job_id = submit(factory, team, resources=T4)
+    now = Clock().now()
+    d = timedelta(seconds=settings.restart_overhead_seconds)
+    with transaction(factory) as s:
+        place = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": T4}), limit=1)[0]
+        start = now - timedelta(hours=5)
+        old = add_attempt(s, job_id, place, state="PREEMPTED", reason="moved", started=start,
+                          ended=start + timedelta(hours=3))
+        old.created_at = start  # launched when it came up: productive from start + d
+        for at, step in ((start + timedelta(hours=2), 1), (start + timedelta(hours=3, minutes=5), 2)):
+            s.add(Checkpoint(job_id=job_id, attempt_id=old.id, step=step, uri=f"file:///c/{step}", bytes=1,
+                             committed_at=at))  # the second came after the attempt ended: a late flush
+        live = add_attempt(s, job_id, place, state="RUNNING", started=now - timedelta(hours=1))
+        live.created_at = now - timedelta(hours=1)
+    with factory() as s:
+        done = _work_done(s, s.get(Job, job_id), now, settings.restart_overhead_seconds)
+    expected = (timedelta(hours=2) - d) + (timedelta(hours=1) - d)
+    assert done == pytest.approx(expected.total_seconds(), abs=1)
