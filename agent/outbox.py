@@ -5,8 +5,11 @@ writes) is appended here and fsynced before anything counts on it, so that a
 broker that is down, or an agent restarted on the same work dir, loses
 nothing: the event sender (:mod:`spotbroker.agent.delivery`) posts what is
 pending and acknowledges it here, and only then is it forgotten. Once the
-file passes `COMPACT_BYTES`, an acknowledgement rewrites it with only what
+file passes `COMPACT_BYTES` (and is mostly acknowledged events), an
+acknowledgement rewrites it with a marker of the acknowledged seq and what
 is still pending (a heartbeat every 5 s would otherwise add ~2 MB a day).
+The marker keeps the numbering going even if `outbox.acked` is lost: a seq
+the broker has seen is never used again (it would ignore the event).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ OUTBOX_FILE = "outbox.jsonl"
 OUTBOX_ACKED_FILE = "outbox.acked"  # the highest seq the broker has acknowledged
 BATCH_SIZE = 100
 COMPACT_BYTES = 1 << 20
+ACKED_MARKER = "_acked"  # a line of the compacted file: {"seq": acked, "type": "_acked"}
 
 
 from spotbroker.agent.protocol import now_iso  # noqa: E402,F401  (re-exported)
@@ -37,12 +41,16 @@ class Outbox:
         self._acked_path = directory / OUTBOX_ACKED_FILE
         self._changed = threading.Condition()
         self._pending: list[dict[str, Any]] = []
-        self.acked = int(self._acked_path.read_text()) if self._acked_path.exists() else 0
+        self._closed = False
+        self.acked = _read_int(self._acked_path)
         self.last_seq = self.acked
         for event in _read_jsonl(self._path):  # an agent restarted on the same work dir goes on
             self.last_seq = max(self.last_seq, event["seq"])
-            if event["seq"] > self.acked:
+            if event["type"] == ACKED_MARKER:
+                self.acked = max(self.acked, event["seq"])
+            elif event["seq"] > self.acked:
                 self._pending.append(event)
+        self._pending = [e for e in self._pending if e["seq"] > self.acked]
         self._file = open(self._path, "ab")
         if self._file.tell() and not self._path.read_bytes().endswith(b"\n"):
             self._file.write(b"\n")  # end a line cut short by a crash, so the next event stands alone
@@ -51,7 +59,7 @@ class Outbox:
         with self._changed:
             self.last_seq += 1
             event = {"seq": self.last_seq, "type": event_type, "at": at or now_iso(), "data": data}
-            self._file.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+            self._file.write(_line(event))
             self._file.flush()
             os.fsync(self._file.fileno())  # on disk before anyone counts on it
             self._pending.append(event)
@@ -67,30 +75,27 @@ class Outbox:
         with self._changed:
             self._pending = [e for e in self._pending if e["seq"] > seq]
             self.acked = max(self.acked, seq)
-            tmp = self._acked_path.with_suffix(".tmp")
-            tmp.write_text(str(self.acked))
-            os.replace(tmp, self._acked_path)
-            if self._file.tell() > self.compact_bytes:
+            _write_durably(self._acked_path, str(self.acked).encode())
+            if not self._closed and self._file.tell() > self.compact_bytes:
                 self._compact()
             self._changed.notify_all()
 
     def _compact(self) -> None:
-        """Rewrite the file with the pending events only. The acknowledged seq is
-        on disk first, so a crash at any point leaves either file readable as
-        a whole: the old one (its acknowledged events are skipped) or the new."""
-        tmp = self._path.with_suffix(".compact")
-        with open(tmp, "wb") as f:
-            f.writelines(json.dumps(e, separators=(",", ":")).encode() + b"\n" for e in self._pending)
-            f.flush()
-            os.fsync(f.fileno())
-        self._file.close()
-        os.replace(tmp, self._path)
-        dir_fd = os.open(self._path.parent, os.O_RDONLY)
+        """Rewrite the file as the acknowledged-seq marker plus the pending events,
+        when that sheds at least half of it (a long outage's backlog is not
+        rewritten on every acknowledgement). Best effort: on any OS error the
+        old file stays in use, and it is still correct."""
+        lines = [_line({"seq": self.acked, "type": ACKED_MARKER})] + [_line(e) for e in self._pending]
+        if 2 * sum(map(len, lines)) > self._file.tell():
+            return
         try:
-            os.fsync(dir_fd)  # the rename itself is durable
-        finally:
-            os.close(dir_fd)
-        self._file = open(self._path, "ab")
+            _write_durably(self._path, b"".join(lines))
+            new = open(self._path, "ab")
+        except OSError as exc:
+            log.warning("could not compact the outbox (it keeps growing): %s", exc)
+            return
+        self._file.close()
+        self._file = new
 
     def wait_pending(self, timeout: float) -> bool:
         with self._changed:
@@ -103,7 +108,36 @@ class Outbox:
             return any(event_type is None or e["type"] == event_type for e in self._pending)
 
     def close(self) -> None:
-        self._file.close()
+        with self._changed:  # a late acknowledgement may still come in; it no longer compacts
+            self._closed = True
+            self._file.close()
+
+
+def _line(event: dict[str, Any]) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+
+
+def _write_durably(path: Path, content: bytes) -> None:
+    """Replace `path` with `content`: written and fsynced aside, renamed over it,
+    and the rename made durable, so a crash leaves the old file or the new."""
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+def _read_int(path: Path) -> int:
+    try:
+        return int(path.read_text().strip() or 0)
+    except (OSError, ValueError):
+        return 0  # missing, or cut short by a crash: the file's own marker says more
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
