@@ -326,6 +326,12 @@ class Checkpointer(UploadMixin):
             save.error = exc
             log.error("checkpoint of step %d failed: %r", step, exc)
             return None
+        except BaseException:
+            # Interrupted (Ctrl-C, or SystemExit from the trainer's own SIGTERM handler):
+            # end this save so that close() does not wait for it forever, then go on raising.
+            save.cancel.set()
+            self._finish(save)
+            raise
         if wait:
             self._finish(save)
             return save.result

@@ -13,6 +13,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -400,6 +401,25 @@ def test_close_frees_the_host_buffer_and_stops_its_copy_threads(tmp_path: Path) 
     assert not any(t.is_alive() for t in threads)
     assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [2]  # the save was waited for
     ck.close()  # twice is harmless
+
+
+def test_a_save_interrupted_by_the_trainers_exit_does_not_hang_close(tmp_path: Path, monkeypatch) -> None:
+    """SystemExit (a trainer's own SIGTERM handler) in the middle of a save: it
+    goes on up, and closing the checkpointer afterwards returns."""
+    net, opt, sched = make_run()
+    train(net, opt, sched, 1)
+    ck = Checkpointer(net, opt, sched, uri=f"file://{tmp_path}/a1", every_steps=None, every_seconds=None)
+
+    def interrupted(save, pipelined):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(ck, "_snapshot_and_submit", interrupted)
+    with pytest.raises(SystemExit):
+        ck.save(1)
+    closing = threading.Thread(target=ck.close, daemon=True)  # a hang must not wedge the suite
+    closing.start()
+    closing.join(timeout=10)
+    assert not closing.is_alive()
 
 
 @pytest.mark.parametrize("half", [None, "bf16"])
