@@ -22,6 +22,7 @@ from spotbroker.agent.outbox import Outbox
 from spotbroker.agent.protocol import (
     ANSWER_CANCEL,
     ANSWER_DRAIN,
+    ANSWER_DRAIN_SECONDS,
     EVENTS_PATH,
     LOG_OFFSET_HEADER,
     LOGS_PATH,
@@ -136,7 +137,7 @@ class EventSender(Delivery):
     """
 
     def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
-                 on_cancel: Callable[[], None], on_drain: Callable[[], None] | None = None) -> None:
+                 on_cancel: Callable[[], None], on_drain: Callable[[float | None], None] | None = None) -> None:
         super().__init__("event-sender", config)
         self.outbox = outbox
         self.client = client
@@ -163,7 +164,8 @@ class EventSender(Delivery):
             _log_notice_latency(batch)
             # A drain first: when both come at once, the flush is at least asked for.
             if answer.get(ANSWER_DRAIN) is True and self.on_drain is not None:
-                self.on_drain()
+                seconds = answer.get(ANSWER_DRAIN_SECONDS)
+                self.on_drain(float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None)
             if answer.get(ANSWER_CANCEL) is True:
                 self.on_cancel()
 

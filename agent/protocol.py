@@ -55,11 +55,13 @@ AGENT_EVENT_TYPES = frozenset({
 # POST EVENTS_PATH  {"events": [{"seq": int, "type": str, "at": iso8601, "data": {...}}]}
 #   seq counts from 1 per attempt; the broker ignores a seq it has already
 #   stored, so a buffered batch can be re-sent safely. Answer 200
-#   {"accepted": int, "last_seq": int, "cancel": bool, "drain": bool}:
+#   {"accepted": int, "last_seq": int, "cancel": bool, "drain": bool,
+#    "drain_seconds": float | null}:
 #   cancel: the attempt is over, stop the trainer. drain: the broker is moving
 #   the job (to on-demand before a deadline, to a cheaper zone): the agent
-#   handles it once per attempt as a preemption notice whose deadline is its
-#   notice window from now, reported as PREEMPTION_NOTICE with data kind
+#   handles it once per attempt as a preemption notice whose deadline is
+#   drain_seconds from now (its own notice window if the broker gives none),
+#   reported as PREEMPTION_NOTICE with data kind
 #   DRAIN_KIND, cloud DRAIN_CLOUD, source DRAIN_SOURCE and raw null, and asks
 #   the library to flush (reason DRAIN_KIND); the broker then cancels the
 #   attempt. An answer without "drain" (an older broker) is no drain.
@@ -71,6 +73,7 @@ LOGS_PATH = "/v1/agent/logs"
 LOG_OFFSET_HEADER = "X-Log-Offset"
 ANSWER_CANCEL = "cancel"  # fields of the events answer
 ANSWER_DRAIN = "drain"
+ANSWER_DRAIN_SECONDS = "drain_seconds"
 DRAIN_KIND = "drain"           # a drain's notice kind, and the reason in its flush.json
 DRAIN_CLOUD = "broker"
 DRAIN_SOURCE = "broker.drain"

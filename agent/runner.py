@@ -264,8 +264,9 @@ class Supervisor:
         timer.daemon = True
         timer.start()
 
-    def drain(self) -> None:
-        """The broker is moving the attempt: checkpoint as on a notice, once per attempt.
+    def drain(self, seconds: float | None = None) -> None:
+        """The broker is moving the attempt: checkpoint within `seconds` (the
+        broker's own wait; else the notice window) as on a notice, once per attempt.
 
         Every later answer still says drain; only the first counts. The broker
         stops the trainer itself afterwards (a cancel).
@@ -273,11 +274,14 @@ class Supervisor:
         if self._drain_requested:
             return
         self._drain_requested = True
+        if self._stopping.is_set():  # the notice handler is gone: say so at once, or the broker waits in vain
+            self.outbox.add(NO_FLUSH, {"reason": "the trainer had already exited"})
+            return
         from spotbroker.agent.notices import drain_notice
 
-        log.warning("the broker asked this attempt to drain: checkpointing within %.0f s",
-                    self.config.notice_window)
-        self._notices.put(drain_notice(self.config.notice_window))  # the one notice path does the rest
+        window = seconds or self.config.notice_window
+        log.warning("the broker asked this attempt to drain: checkpointing within %.0f s", window)
+        self._notices.put(drain_notice(window))  # the one notice path does the rest
 
     # --- the trainer's output and events --------------------------------------------
 

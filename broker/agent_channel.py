@@ -56,6 +56,7 @@ class Outcome:
     cancel: bool
     drain: bool  # the broker is moving the job: flush a checkpoint now, then stop
     moved: bool  # a job changed state: the reconciler should look now
+    drain_until: datetime | None = None  # a drain: when the broker stops waiting for the flush
 
 
 def agent_token(key: bytes, attempt_id: int) -> str:
@@ -90,8 +91,9 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], clock: 
                               data={**event.data, "agent_at": event.at.isoformat()}))
         moved |= _apply(session, job, attempt, event, clock)
     live = attempt.state in LIVE_ATTEMPT_STATES
-    return Outcome(accepted=accepted, last_seq=attempt.agent_seq, cancel=not live,
-                   drain=live and job.state == J.PREEMPTING and is_move(job), moved=moved)
+    drain = live and job.state == J.PREEMPTING and is_move(job)
+    return Outcome(accepted=accepted, last_seq=attempt.agent_seq, cancel=not live, drain=drain, moved=moved,
+                   drain_until=job.next_check_at if drain else None)
 
 
 def is_move(job: Job) -> bool:

@@ -20,6 +20,7 @@ from spotbroker.broker.models import Attempt
 router = APIRouter(tags=["agent"])
 _bearer = HTTPBearer(auto_error=False, description="the attempt's agent token")
 MAX_LOG_CHUNK = 4 << 20
+DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the commit to reach us
 
 
 class AgentEventIn(BaseModel):
@@ -41,6 +42,7 @@ class AgentAnswer(BaseModel):
     cancel: bool = Field(description="the attempt is over: stop the trainer")
     drain: bool = Field(False, description="the broker moves the job: flush a checkpoint now, as on a "
                                            "preemption notice; the attempt is then stopped")
+    drain_seconds: float | None = Field(None, description="a drain: the flush must be committed within this")
 
 
 class LogAnswer(BaseModel):
@@ -85,8 +87,12 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
     outcome = await run_in_threadpool(store)
     if outcome.moved:
         state.reconciler.hint()
+    drain_seconds = None
+    if outcome.drain_until is not None:  # leave time for the commit's report to arrive
+        left = (outcome.drain_until - state.clock.now()).total_seconds() - DRAIN_REPORT_S
+        drain_seconds = max(left, 1.0)
     return AgentAnswer(accepted=outcome.accepted, last_seq=outcome.last_seq, cancel=outcome.cancel,
-                       drain=outcome.drain)
+                       drain=outcome.drain, drain_seconds=drain_seconds)
 
 
 @router.post(protocol.LOGS_PATH, response_model=LogAnswer)

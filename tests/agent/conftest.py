@@ -108,6 +108,7 @@ class FakeBroker:
     answers: int = 0          # event posts answered 200
     cancel: bool = False      # answer "cancel": true to the agent
     drain: bool | None = None  # answer "drain" with this value; None: leave it out (an older broker)
+    drain_seconds: float | None = None  # with a drain: the broker's time for the flush
     fail_status: int | None = None  # answer every request with this status
     reject_types: set[str] = field(default_factory=set)  # a batch holding one of these is a 422
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -149,6 +150,8 @@ class FakeBroker:
             answer = {"accepted": len(body["events"]), "last_seq": last, "cancel": self.cancel}
             if self.drain is not None:
                 answer["drain"] = self.drain
+            if self.drain_seconds is not None:
+                answer["drain_seconds"] = self.drain_seconds
             self.answers += 1
             return answer
 

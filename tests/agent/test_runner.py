@@ -279,6 +279,16 @@ def test_drain_flushes_once_however_often_the_broker_says_it(agent, broker, wait
     _assert_seq_contiguous(broker)
 
 
+def test_a_drain_takes_the_brokers_time_for_the_flush(agent, broker, wait):
+    process = agent("--library", "--stay", broker_url=broker.url, sim_url=None, options=["--notice-window", "15"])
+    wait(lambda: _library_seen(broker), what="the library")
+    broker.drain, broker.drain_seconds = True, 150.0
+    wait(lambda: broker.first(CHECKPOINT_COMMITTED), what="the flush commit")
+    broker.cancel = True
+    process.finish()
+    _assert_drain_notice(broker, 150)  # not the agent's own 15 s notice window
+
+
 def test_drain_without_a_commit_ends_in_no_flush_once(agent, broker, wait):
     process = agent("--library", "--ignore-flush", broker_url=broker.url, sim_url=None,
                     options=["--notice-window", "1"])
@@ -430,3 +440,17 @@ def test_the_trainer_does_not_outlive_a_killed_agent(agent, broker, wait):
     process.proc.kill()  # SIGKILL: no chance to forward anything
     process.proc.communicate()
     wait(lambda: _gone(started["data"]["pid"]), what="the trainer to be terminated")
+
+
+def test_a_drain_that_comes_after_the_trainer_exited_is_answered_with_no_flush(tmp_path):
+    """Answers keep coming while the last events are delivered; a drain then
+    must not wait on a notice handler that is gone."""
+    from spotbroker.agent.runner import RunnerConfig, Supervisor
+
+    supervisor = Supervisor(RunnerConfig(command=["true"], work_dir=tmp_path))
+    supervisor._stopping.set()  # as _finish leaves it, before the last delivery
+    supervisor.drain(60.0)
+    supervisor.drain(60.0)
+    types = [e["type"] for e in supervisor.outbox.batch()]
+    assert types == [NO_FLUSH] and supervisor._notices.empty()
+    supervisor.outbox.close()
