@@ -113,7 +113,10 @@ def _run_job(c: Client, print_job) -> None:
     while not (job := c.job(job["id"]))["attempts"] or job["state"] != "RUNNING":
         _deadline(started, job)
         time.sleep(0.1)
-    click.echo(f"placed on the cheapest feasible spot offer: {_attempt_place(job['attempts'][0])}")
+    first = job["attempts"][0]
+    why = next((e["data"].get("why") for e in c.events(job["id"])
+                if e["type"] == "job_state" and e["data"].get("attempt_id") == first["id"] and "why" in e["data"]), "")
+    click.echo(f"placed by the policy ({why}): {_attempt_place(first)}")
 
     _step("training; its output comes back through the node agent")
     while "step=20 " not in (out := c.logs(job["id"])):

@@ -217,7 +217,7 @@ class SpotBroker:
         offers = [Offer(obs.zones[i].zone, Capacity.SPOT) for i in order]
         if obs.running is not None:  # on on-demand: leave it when spot is there
             return Decision.launch(*offers, otherwise=Action.KEEP, reason="no deadline: spot when there")
-        return Decision.launch(*offers, otherwise=Action.WAIT, reason="no deadline: spot, cheapest first")
+        return Decision.launch(*offers, otherwise=Action.WAIT, reason="no deadline: spot, cheapest to finish first")
 
     # 3. wait, spot or on-demand, read from the home plan
 

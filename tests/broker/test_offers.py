@@ -1,4 +1,4 @@
-"""Placement, first version: the cheapest feasible offer from the catalog."""
+"""The list-price ranking (`rank_offers`): on-demand-only jobs, and the feasible offers the policy weighs."""
 import pytest
 
 from spotbroker.broker.db import transaction
