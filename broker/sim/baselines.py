@@ -73,9 +73,7 @@ class UniformProgress:
         finals = {}
         for has in (True, False):
             req, _ = _threshold_decide(obs, cur, has, multi_zone=False)
-            if n1 >= t_left:
-                req = _Req.SPOT if (cur is _Req.SPOT and obs.running.overhead_left_s < 1e-3) else _Req.OD
-            if req is _Req.SPOT and not has:
+            if req is _Req.SPOT and not has:  # spot asked for but not there: on-demand only when late
                 req = _Req.OD if n1 >= t_left else _Req.NONE
             finals[has] = req
         # We only learn whether spot is there by trying: the `has` answer says what
