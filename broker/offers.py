@@ -92,15 +92,6 @@ def _fits(offer: Offer, want: ResourceSet, infra: Infra | None) -> bool:
     return True
 
 
-def _placement(offer: Offer, use_spot: bool) -> Placement | None:
-    price = offer.spot_price if use_spot else offer.ondemand_price
-    if price is None:
-        return None
-    return Placement(cloud=offer.cloud, region=offer.region, zone=offer.zone, zone_id=offer.zone_id,
-                     instance_type=offer.instance_type, accelerator=offer.accelerator,
-                     accelerator_count=offer.accelerator_count, use_spot=use_spot, price_per_hour=price)
-
-
 def feasible_offers(session: Session, spec: JobSpec) -> list[tuple[Offer, ResourceSet]]:
     """Every current offer that fits one of the job's resource sets, with the set.
 
@@ -123,12 +114,12 @@ def feasible_offers(session: Session, spec: JobSpec) -> list[tuple[Offer, Resour
 def placement_of(offer: Offer, want: ResourceSet, use_spot: bool) -> Placement | None:
     """The offer as a placement on spot or on-demand, if it has that price and
     the price is within the resource set's cap."""
-    placement = _placement(offer, use_spot)
-    if placement is None:
+    price = offer.spot_price if use_spot else offer.ondemand_price
+    if price is None or (want.max_price_per_hour is not None and price > want.max_price_per_hour):
         return None
-    if want.max_price_per_hour is not None and placement.price_per_hour > want.max_price_per_hour:
-        return None
-    return placement
+    return Placement(cloud=offer.cloud, region=offer.region, zone=offer.zone, zone_id=offer.zone_id,
+                     instance_type=offer.instance_type, accelerator=offer.accelerator,
+                     accelerator_count=offer.accelerator_count, use_spot=use_spot, price_per_hour=price)
 
 
 def rank_offers(session: Session, spec: JobSpec, *, exclude_places: frozenset[str] = frozenset(),

@@ -170,9 +170,9 @@ class Placer:
         self._probes = {}
         return due
 
-    def _candidates(self, session: Session, spec: JobSpec) -> tuple[list, dict]:
-        """(feasible (offer, resource set) pairs, spot zones: key -> (offer, spot, on-demand))."""
-        shape = spec.resources.model_dump_json()
+    def _candidates(self, session: Session, spec: JobSpec, shape: str) -> tuple[list, dict]:
+        """(feasible (offer, resource set) pairs, spot zones: key -> (offer, spot, on-demand)),
+        shared by the jobs of one `shape` (their resources) for the pass."""
         if shape not in self._offers:
             feasible = feasible_offers(session, spec)
             zones: dict[str, tuple] = {}
@@ -192,7 +192,8 @@ class Placer:
         Resource sets that do not want spot (and jobs with no spot offer at all)
         are placed on the cheapest list price, as they ask.
         """
-        feasible, zones = self._candidates(session, spec)
+        shape = spec.resources.model_dump_json()
+        feasible, zones = self._candidates(session, spec, shape)
         if not feasible:
             return None
         if not zones:
@@ -201,7 +202,7 @@ class Placer:
                 return None
             listed.sort(key=lambda p: p.price_per_hour)
             return Choice(Action.LAUNCH, tuple(listed), "list price")
-        obs = self._observe(session, job, spec, now, zones, running)
+        obs = self._observe(session, job, spec, shape, now, zones, running)
         decision = POLICY.decide(obs)
         wanted = []
         for o in decision.offers:
@@ -228,7 +229,7 @@ class Placer:
             if history is not None:
                 history.record(Event.CAPACITY_FAILURE, at.timestamp())
 
-    def _observe(self, session: Session, job: Job, spec: JobSpec, now: datetime,
+    def _observe(self, session: Session, job: Job, spec: JobSpec, shape: str, now: datetime,
                  zones: dict[str, tuple], running: Attempt | None) -> Observation:
         if self._histories is None:
             self._histories = load_histories(session, now, self.settings)
@@ -241,7 +242,6 @@ class Placer:
             history = self._histories.setdefault(key, ZoneHistory(join_within_s=join_s))
             return ZoneState(key, region, spot_price, od_price, history)
 
-        shape = spec.resources.model_dump_json()
         if shape not in self._states:
             self._states[shape] = sorted((state(key, offer.region, spot.price_per_hour, od.price_per_hour)
                                           for key, (offer, spot, od) in zones.items()),
