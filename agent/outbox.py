@@ -51,6 +51,7 @@ class Outbox:
             elif event["seq"] > self.acked:
                 self._pending.append(event)
         self._pending = [e for e in self._pending if e["seq"] > self.acked]
+        self._pending_bytes = sum(len(_line(e)) for e in self._pending)  # what compaction would keep
         self._file = open(self._path, "ab")
         if self._file.tell() and not self._path.read_bytes().endswith(b"\n"):
             self._file.write(b"\n")  # end a line cut short by a crash, so the next event stands alone
@@ -59,10 +60,12 @@ class Outbox:
         with self._changed:
             self.last_seq += 1
             event = {"seq": self.last_seq, "type": event_type, "at": at or now_iso(), "data": data}
-            self._file.write(_line(event))
+            line = _line(event)
+            self._file.write(line)
             self._file.flush()
             os.fsync(self._file.fileno())  # on disk before anyone counts on it
             self._pending.append(event)
+            self._pending_bytes += len(line)
             self._changed.notify_all()
         log.debug("event %d %s", event["seq"], event_type)
         return event
@@ -73,9 +76,15 @@ class Outbox:
 
     def ack(self, seq: int) -> None:
         with self._changed:
-            self._pending = [e for e in self._pending if e["seq"] > seq]
+            done = [e for e in self._pending if e["seq"] <= seq]
+            self._pending = self._pending[len(done):]  # in seq order
+            self._pending_bytes -= sum(len(_line(e)) for e in done)
             self.acked = max(self.acked, seq)
-            _write_durably(self._acked_path, str(self.acked).encode())
+            # Not fsynced: a stale or lost value only re-sends events the broker
+            # ignores by seq; the compacted file's marker is what keeps seqs unique.
+            tmp = self._acked_path.with_name(self._acked_path.name + ".tmp")
+            tmp.write_text(str(self.acked))
+            os.replace(tmp, self._acked_path)
             if not self._closed and self._file.tell() > self.compact_bytes:
                 self._compact()
             self._changed.notify_all()
@@ -85,9 +94,9 @@ class Outbox:
         when that sheds at least half of it (a long outage's backlog is not
         rewritten on every acknowledgement). Best effort: on any OS error the
         old file stays in use, and it is still correct."""
-        lines = [_line({"seq": self.acked, "type": ACKED_MARKER})] + [_line(e) for e in self._pending]
-        if 2 * sum(map(len, lines)) > self._file.tell():
+        if 2 * self._pending_bytes > self._file.tell():
             return
+        lines = [_line({"seq": self.acked, "type": ACKED_MARKER})] + [_line(e) for e in self._pending]
         try:
             _write_durably(self._path, b"".join(lines))
             new = open(self._path, "ab")
