@@ -273,11 +273,10 @@ class Reconciler:
         A move drains the attempt (the agent flushes a checkpoint) and then
         places the job again, so what replaces it is decided on what is known
         then (break before make: one attempt per job at a time)."""
-        spec = JobSpec.model_validate(job.spec)
-        if spec.deadline is None:
+        job.next_check_at = self._deadline_check(job)
+        if job.next_check_at is None:  # no deadline: nothing to watch
             return
-        now = self.clock.now()
-        job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
+        spec, now = JobSpec.model_validate(job.spec), self.clock.now()
         attempt = next((a for a in job.attempts if a.state == A.RUNNING and a.handle is not None), None)
         if attempt is None or attempt.started_at is None:
             return
