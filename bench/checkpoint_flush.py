@@ -65,6 +65,17 @@ class Row:
                 f"{self.baseline:>8.2f} s  {what:<16} {self.goal:<10} {'met' if met else 'MISSED'}")
 
 
+def report(target: str, model: Any, optimizer: Any, ours: list[float], baseline_name: str, short: str,
+           baseline: list[float], goal: str) -> Row:
+    """The medians of interleaved runs as a row; every run and the row printed as they come."""
+    row = Row(target, state_bytes(model, optimizer) / GIB, statistics.median(ours), baseline_name,
+              statistics.median(baseline), goal)
+    print(f"  runs: ours {' '.join(f'{x:.2f}' for x in ours)} | {short} {' '.join(f'{x:.2f}' for x in baseline)}",
+          flush=True)
+    print(row.line(), flush=True)
+    return row
+
+
 # --------------------------------------------------------------------------
 # A model whose state (parameters + AdamW moments) has a given size
 
@@ -273,11 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                         moto.reset()
                         naive_runs.append(naive_s3_seconds(model, optimizer, moto, scratch))
                     moto.reset()
-                    rows.append(Row("s3", state_bytes(model, optimizer) / GIB, statistics.median(ours_runs),
-                                    "torch.save + upload_file", statistics.median(naive_runs), ">= 2x"))
-                    print("  runs: ours " + " ".join(f"{x:.2f}" for x in ours_runs)
-                          + " | naive " + " ".join(f"{x:.2f}" for x in naive_runs), flush=True)
-                    print(rows[-1].line(), flush=True)
+                    rows.append(report("s3", model, optimizer, ours_runs, "torch.save + upload_file", "naive",
+                                       naive_runs, ">= 2x"))
                     drop(model, optimizer)
             finally:
                 moto.stop()
@@ -289,11 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(scratch / "ours")
                 ours_runs.append(ours)
                 dd_runs.append(dd_seconds(written, scratch))
-            rows.append(Row("file", state_bytes(model, optimizer) / GIB, statistics.median(ours_runs),
-                            "dd bs=16M conv=fsync", statistics.median(dd_runs), "<= 1.3x"))
-            print("  runs: ours " + " ".join(f"{x:.2f}" for x in ours_runs)
-                  + " | dd " + " ".join(f"{x:.2f}" for x in dd_runs), flush=True)
-            print(rows[-1].line(), flush=True)
+            rows.append(report("file", model, optimizer, ours_runs, "dd bs=16M conv=fsync", "dd", dd_runs,
+                               "<= 1.3x"))
             drop(model, optimizer)
         stall = stall_figures(args.stall_gb, args, scratch) if args.stall_gb > 0 else []
     finally:
