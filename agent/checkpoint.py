@@ -207,6 +207,11 @@ class Checkpointer(UploadMixin):
         self.resume_from = resume_from or env.get(protocol.ENV_RESUME_FROM) or None
         control = control_dir or env.get(protocol.ENV_CONTROL_DIR)
         self.control_dir = Path(control) if control else None
+        if self.control_dir is not None and not self.control_dir.is_absolute():
+            # The agent always hands an absolute one: a relative path would
+            # land in whatever directory the trainer runs in (the user's code).
+            log.warning("ignoring a relative control directory %r: the agent cannot ask for flushes", str(control))
+            self.control_dir = None
         self._storage = Storage(self.uri, max_concurrency=self.max_workers) if self.uri else None
         if self._storage is None:
             log.warning("no checkpoint URI (pass uri= or set %s): checkpoints are off",

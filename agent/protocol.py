@@ -29,7 +29,7 @@ ENV_METADATA_URL = "SPOTBROKER_METADATA_URL"  # stand-in for the cloud's metadat
 ENV_CHECKPOINT_URI = "CHECKPOINT_URI"        # {root}/{team}/{job}/{attempt}: this attempt's prefix
 ENV_CHECKPOINT_ROOT = "SPOTBROKER_CHECKPOINT_JOB_URI"  # {root}/{team}/{job}: all attempts of the job
 ENV_RESUME_FROM = "RESUME_FROM"              # a committed checkpoint's URI, or empty
-ENV_CONTROL_DIR = "SPOTBROKER_CONTROL_DIR"   # trainer <-> agent files, private to the attempt
+ENV_CONTROL_DIR = "SPOTBROKER_CONTROL_DIR"   # trainer <-> agent files, private to the attempt; always absolute
 
 # --- Trainer <-> agent, through files in the control directory.
 LIBRARY_FILE = "library.json"  # the library writes it at start: {"pid": int, "version": 1}
@@ -46,9 +46,12 @@ NO_FLUSH = "no_flush"                          # data: reason (no library, deadl
 RESUMED = "resumed"                            # data: step, uri
 TRAINER_STARTED = "trainer_started"            # data: pid, library (bool)
 TRAINER_EXITED = "trainer_exited"              # data: exit_code
+# data: reason. The agent could not set up the trainer's control directory:
+# no flush can be asked, so a notice goes straight to recovery.
+CONTROL_UNAVAILABLE = "control_unavailable"
 AGENT_EVENT_TYPES = frozenset({
     HEARTBEAT, PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION, CHECKPOINT_COMMITTED,
-    NO_FLUSH, RESUMED, TRAINER_STARTED, TRAINER_EXITED,
+    NO_FLUSH, RESUMED, TRAINER_STARTED, TRAINER_EXITED, CONTROL_UNAVAILABLE,
 })
 
 # --- Agent -> broker over HTTP, `Authorization: Bearer <agent token>`.

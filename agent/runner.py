@@ -60,6 +60,7 @@ from spotbroker.agent.delivery import (  # noqa: F401
 from spotbroker.agent.outbox import BATCH_SIZE, OUTBOX_ACKED_FILE, OUTBOX_FILE, Outbox, now_iso  # noqa: F401
 from spotbroker.agent.protocol import (
     CHECKPOINT_COMMITTED,
+    CONTROL_UNAVAILABLE,
     ENV_AGENT_TOKEN,
     ENV_ATTEMPT_ID,
     ENV_CONTROL_DIR,
@@ -122,12 +123,18 @@ class Supervisor:
         if not config.command:
             raise ValueError("no trainer command given (spotbroker agent run -- CMD...)")
         self.config = config
-        self.work_dir = Path(config.work_dir or tempfile.mkdtemp(prefix="spotbroker-agent-"))
+        # Absolute: the trainer is handed paths below it and may change directory.
+        self.work_dir = Path(config.work_dir or tempfile.mkdtemp(prefix="spotbroker-agent-")).absolute()
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        self.control_dir = Path(tempfile.mkdtemp(prefix="control-", dir=self.work_dir))
+        self.control_dir: Path | None = None
+        self.control_error: str | None = None
+        try:
+            self.control_dir = Path(tempfile.mkdtemp(prefix="control-", dir=self.work_dir))
+        except OSError as exc:  # the trainer still runs; no flush can be asked of it
+            self.control_error = f"cannot create a control directory in {self.work_dir}: {exc.strerror or exc}"
         self.log_path = self.work_dir / TRAINER_LOG_FILE
         self.outbox = Outbox(self.work_dir)
-        self.tail = EventTail(self.control_dir / EVENTS_FILE)
+        self.tail = EventTail(self.control_dir / EVENTS_FILE if self.control_dir else None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: BrokerClient | None = None
         self.watchers: Watchers | None = None
@@ -159,6 +166,10 @@ class Supervisor:
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._forward_signal)
+        if self.control_error:
+            log.error("the control channel is not set up (%s): preemption notices cannot be flushed",
+                      self.control_error)
+            self.outbox.add(CONTROL_UNAVAILABLE, {"reason": self.control_error})
         self.outbox.add(TRAINER_STARTED, {"pid": self.proc.pid, "library": self._library_pid() is not None})
         self._heartbeat()  # the first at once: the broker counts the attempt as running from it
         self._start_threads()
@@ -168,7 +179,9 @@ class Supervisor:
     def _start_trainer(self) -> None:
         env = dict(os.environ)
         env.pop(ENV_AGENT_TOKEN, None)  # the trainer never needs the agent's credential
-        env[ENV_CONTROL_DIR] = str(self.control_dir)
+        env.pop(ENV_CONTROL_DIR, None)  # only this agent's own
+        if self.control_dir is not None:
+            env[ENV_CONTROL_DIR] = str(self.control_dir)
         if self.config.job_id:
             env[ENV_JOB_ID] = self.config.job_id
         if self.config.attempt_id:
@@ -403,6 +416,8 @@ class Supervisor:
         """Write flush.json and signal the library; the reason when no flush can come."""
         if self._trainer_done.is_set():
             return "the trainer had already exited"
+        if self.control_dir is None:
+            return f"the agent could not set up its control channel ({self.control_error})"
         pid = self._library_pid()
         if pid is None:
             return "the trainer does not use the checkpoint library"
@@ -437,6 +452,8 @@ class Supervisor:
 
     def _library_pid(self) -> int | None:
         """The library's pid from library.json, if it is alive and one of the trainer's processes."""
+        if self.control_dir is None:
+            return None
         try:
             info = json.loads((self.control_dir / LIBRARY_FILE).read_text())
             pid = int(info["pid"])

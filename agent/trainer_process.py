@@ -27,15 +27,18 @@ TRAINER_EVENT_TYPES = frozenset({CHECKPOINT_COMMITTED, RESUMED, NO_FLUSH})
 
 
 class EventTail:
-    """Reads the complete new lines of the control directory's events.jsonl."""
+    """Reads the complete new lines of the control directory's events.jsonl
+    (nothing, without a control directory)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path | None) -> None:
         self.path = path
         self._offset = 0
         self._partial = b""
         self._lock = threading.Lock()
 
     def read_new(self) -> list[dict[str, Any]]:
+        if self.path is None:
+            return []
         with self._lock:
             try:
                 with open(self.path, "rb") as events_file:

@@ -678,3 +678,16 @@ def test_flush_kill_and_resume_ends_like_an_uninterrupted_run(s3_uri: str, tmp_p
     out, _ = uninterrupted.communicate(timeout=120)
     assert uninterrupted.returncode == 0
     assert _final_loss(second.stdout) == _final_loss(out)
+
+
+def test_a_relative_control_directory_is_never_written(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the agent hands a control directory, always absolute: a relative one
+    would put the library's files into whatever directory the trainer runs in."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(protocol.ENV_CONTROL_DIR, "agent/control-x")
+    net, opt, sched = make_run()
+    ck = Checkpointer(net, opt, sched, uri=(tmp_path / "ckpt").as_uri(), every_steps=1)
+    ck.restore()
+    ck.step(1)
+    ck.close()
+    assert ck.control_dir is None and not (tmp_path / "agent").exists()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -45,7 +46,8 @@ class Agent:
 
     def __init__(self, tmp: Path, trainer_args: list[str], broker_url: str | None, sim_url: str | None,
                  cloud: str = "local", token: str = TOKEN, options: list[str] | None = None,
-                 env: dict[str, str] | None = None, trainer: list[str] | None = None) -> None:
+                 env: dict[str, str] | None = None, trainer: list[str] | None = None,
+                 relative_work_dir: bool = False) -> None:
         self.work_dir = tmp / "agent"
         extra_env = env
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
@@ -58,9 +60,11 @@ class Agent:
             env[ENV_BROKER_URL] = broker_url
         if sim_url:
             env[ENV_METADATA_URL] = sim_url
+        # A launcher may name the work dir relative to where it starts the agent.
+        work_dir = "agent" if relative_work_dir else str(self.work_dir)
         command = [sys.executable, "-m", "spotbroker.agent.cli", "run", *FAST, *(options or []),
-                   "--work-dir", str(self.work_dir), "--", *(trainer or [sys.executable, str(TRAINER)]), *trainer_args]
-        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                   "--work-dir", work_dir, "--", *(trainer or [sys.executable, str(TRAINER)]), *trainer_args]
+        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
 
     def finish(self, timeout: float = 20.0) -> tuple[int, str, str]:
         out, err = self.proc.communicate(timeout=timeout)
@@ -454,3 +458,63 @@ def test_a_drain_that_comes_after_the_trainer_exited_is_answered_with_no_flush(t
     types = [e["type"] for e in supervisor.outbox.batch()]
     assert types == [NO_FLUSH] and supervisor._notices.empty()
     supervisor.outbox.close()
+
+
+@pytest.mark.parametrize("shape", ["cd", "grandchild", "setup-then-cd"])
+def test_the_flush_reaches_a_trainer_that_changed_directory(shape, agent, broker, make_sim, wait, tmp_path):
+    """The agent's work dir is given relative to where it starts (as the local
+    launcher did), and the trainer runs elsewhere: the control channel must
+    still work, and nothing is written where the trainer runs."""
+    sim = make_sim("aws", notice_window=8)
+    user_dir = tmp_path / "checkout" / "src"
+    user_dir.mkdir(parents=True)
+    trainer = f"{shlex.quote(sys.executable)} {shlex.quote(str(TRAINER))} --library"
+    script = {"cd": f"cd {shlex.quote(str(user_dir))} && exec {trainer}",
+              "grandchild": f"cd {shlex.quote(str(user_dir))} && bash -c {shlex.quote(trainer)}",
+              "setup-then-cd": f"cd {shlex.quote(str(user_dir.parent))} && (echo setting up) && cd src && {trainer}"}
+    process = agent(broker_url=broker.url, sim_url=sim.url, cloud="aws", relative_work_dir=True,
+                    trainer=["bash", "-c", script[shape]])
+    wait(lambda: _library_seen(broker), what="the library to be seen")
+    sim.preempt()
+    code, _, err = process.finish()
+    assert code == 0, err
+    assert NO_FLUSH not in broker.types(), broker.first(NO_FLUSH)
+    _assert_in_order(broker.types(), PREEMPTION_NOTICE, CHECKPOINT_COMMITTED, TRAINER_EXITED)
+    assert [p.name for p in user_dir.parent.rglob("*")] == ["src"]  # nothing written into the user's tree
+
+
+def test_a_control_channel_that_cannot_be_set_up_is_reported_at_start(broker, make_sim, wait, tmp_path,
+                                                                       monkeypatch):
+    """The agent cannot make its control directory (here: a full disk): the
+    trainer still runs, the broker hears why at start, and a notice gets a
+    no_flush naming the cause at once, never a silent "no library"."""
+    import errno
+    import threading
+
+    from spotbroker.agent import runner
+    from spotbroker.agent.protocol import CONTROL_UNAVAILABLE
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(runner.tempfile, "mkdtemp", full_disk)
+    sim = make_sim("aws", notice_window=8)
+    env_file = tmp_path / "env.json"
+    config = runner.RunnerConfig(
+        command=[sys.executable, str(TRAINER), "--library", "--env-file", str(env_file), "--steps", "100"],
+        broker_url=broker.url, token=TOKEN, cloud="aws", metadata_url=sim.url, work_dir=tmp_path / "agent",
+        heartbeat_interval=0.2, poll_interval=0.05, metadata_timeout=0.5, log_interval=0.1, retry_max=0.3)
+    supervisor = runner.Supervisor(config)
+    result = {}
+    thread = threading.Thread(target=lambda: result.setdefault("code", supervisor.run(False)))
+    thread.start()
+    wait(lambda: broker.first(CONTROL_UNAVAILABLE), what="control_unavailable")
+    sim.preempt()
+    wait(lambda: broker.first(NO_FLUSH), what="no_flush")
+    thread.join(timeout=30)
+    assert result["code"] == 0  # the trainer ran to its end
+    reason = broker.first(CONTROL_UNAVAILABLE)["data"]["reason"]
+    assert "No space left on device" in reason
+    assert "control channel" in broker.first(NO_FLUSH)["data"]["reason"]
+    _assert_in_order(broker.types(), CONTROL_UNAVAILABLE, PREEMPTION_NOTICE, NO_FLUSH, TRAINER_EXITED)
+    assert ENV_CONTROL_DIR not in json.loads(env_file.read_text())

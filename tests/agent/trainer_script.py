@@ -40,7 +40,7 @@ def main() -> int:
     parser.add_argument("--resumed", action="store_true", help="report a resumed event at start")
     args = parser.parse_args()
 
-    control = Path(os.environ[ENV_CONTROL_DIR])
+    control = Path(os.environ[ENV_CONTROL_DIR]) if ENV_CONTROL_DIR in os.environ else None
     if args.env_file:
         Path(args.env_file).write_text(json.dumps(dict(os.environ)))
     flush_asked = []
@@ -51,7 +51,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    if args.library:
+    if args.library and control is not None:  # as the library: nothing to announce without an agent
         signal.signal(signal.SIGUSR1, lambda *_: flush_asked.append(time.monotonic()))
         tmp = control / (LIBRARY_FILE + ".tmp")
         tmp.write_text(json.dumps({"pid": os.getpid(), "version": 1}))
