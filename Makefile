@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test install services bench clean
+.PHONY: demo test install job-user services bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -13,21 +13,25 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[broker,plot,test]' 'torch==2.13.0'
 	touch $(STAMP)
 
-install: $(STAMP)
+install: $(STAMP) job-user
 
-demo: $(STAMP)
+# As root, local jobs run as an unprivileged user (see README): make it, and let it use the venv.
+job-user: $(STAMP)
+	@scripts/ensure-job-user $(VENV)
+
+demo: install
 	$(VENV)/bin/spotbroker demo
 
 # PostgreSQL must be up for the suite (it runs every database test on both).
 services:
 	@scripts/ensure-postgres
 
-test: $(STAMP) services
+test: install services
 	$(PY) -m pytest
 
-bench: $(STAMP)
+bench: install
 	$(PY) bench/api_submit.py
 	$(PY) bench/reconcile_pass.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) .venv-jobs build *.egg-info

@@ -592,16 +592,17 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--fault", choices=FAULT_MODES, default=None, help="answer metadata requests badly")
     parser.add_argument("--vm-name", default="spotbroker-vm-0")
     parser.add_argument("--instance-id", default="i-0123456789abcdef0")
-    parser.add_argument("--kill-at-hard-stop", type=int, default=None, metavar="PGID",
-                        help="SIGKILL this process group when the notice window closes (the node is gone)")
+    parser.add_argument("--kill-at-hard-stop", type=int, default=None, metavar="PID",
+                        help="SIGKILL this process and every process below it, whatever their session, "
+                             "when the notice window closes (the node is gone, this simulator with it)")
     return parser.parse_args(argv)
 
 
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass  # already gone
+def _hard_stop(pid: int) -> None:
+    from spotbroker.agent.proctree import kill_tree
+
+    kill_tree(pid)
+    os.kill(os.getpid(), signal.SIGKILL)  # the node's metadata service goes with it
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -613,7 +614,7 @@ def main(argv: list[str] | None = None) -> None:
         args.cloud, host=args.host, port=args.port, notice_window=args.window,
         notice_after=args.notice_after, notice_at=notice_at, rebalance_after=args.rebalance_after,
         vm_name=args.vm_name, instance_id=args.instance_id,
-        on_hard_stop=(lambda: _kill_group(args.kill_at_hard_stop)) if args.kill_at_hard_stop else None,
+        on_hard_stop=(lambda: _hard_stop(args.kill_at_hard_stop)) if args.kill_at_hard_stop else None,
     )
     if args.fault:
         sim.set_fault(args.fault)

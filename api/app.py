@@ -53,8 +53,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
             seed_from_catalog(session, clock)
         launchers = {}
         if settings.local_launcher_enabled():
-            launchers["local"] = LocalLauncher(settings.data_dir, settings.local_kill_grace_seconds,
-                                               notice_window=settings.local_notice_window)
+            launchers["local"] = LocalLauncher.from_settings(settings)
         else:
             log.warning("the local launcher is off (the server listens beyond loopback); "
                         "set SPOTBROKER_LOCAL_LAUNCHER=true to run jobs on this host")

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -38,7 +39,15 @@ from spotbroker.broker.agent_channel import MOVING, agent_token, is_move, newest
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.db import transaction
-from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LaunchRequest, RunState, RunStatus
+from spotbroker.broker.launch.base import (
+    CapacityError,
+    CodeRef,
+    Launcher,
+    LaunchError,
+    LaunchRequest,
+    RunState,
+    RunStatus,
+)
 from spotbroker.broker.models import Attempt, Event, Job, SpotProbe, Team
 from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.placement import Placer
@@ -51,8 +60,8 @@ log = logging.getLogger(__name__)
 
 A, J = AttemptState, JobState
 HINT_COALESCE = 0.1
-# What the observe phase saw of a job's run: (attempt id, run state, exit code).
-Observed = tuple[int, RunState, int | None]
+# What the observe phase saw of a job's run: the attempt's id and its launcher's status.
+Observed = tuple[int, RunStatus]
 
 
 @dataclass
@@ -136,7 +145,7 @@ class Reconciler:
                 status = RunStatus(RunState.GONE)  # its agent went silent: the node is lost
             if status.state == RunState.RUNNING and row.state == A.RUNNING:
                 continue
-            changed[row.job_id] = (row.id, status.state, status.exit_code)
+            changed[row.job_id] = (row.id, status)
         stats.changed = len(changed)
         return changed
 
@@ -224,7 +233,7 @@ class Reconciler:
                 if attempt is None:
                     self._watch(session, job, state)
             else:
-                job.next_check_at = None
+                self._reconsider_hold(session, job)
                 return
         if attempt is not None:
             self._launch(job_id, attempt.id, rest)
@@ -236,6 +245,11 @@ class Reconciler:
         fail over to; (None, ()) when it is to wait, or cannot run at all."""
         spec = JobSpec.model_validate(job.spec)
         now = self.clock.now()
+        hold = self._hold_reason(spec)
+        if hold is not None:
+            transition(session, job, J.HELD, reason=hold, clock=self.clock)
+            job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
+            return None, ()
         if spec.wants_gpu:
             choice = self.placer.choose(session, job, spec, now)
             if choice is None:
@@ -257,6 +271,27 @@ class Reconciler:
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
             return None, ()
         return self._new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
+
+    def _hold_reason(self, spec: JobSpec) -> str | None:
+        """Why the job cannot be launched by this broker now, if it cannot."""
+        if spec.wants_gpu and not {"local", "skypilot"} & set(self.launchers):
+            return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
+                    "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "
+                    "jobs on the broker's host)")
+        if not spec.wants_gpu and "local" not in self.launchers:
+            return ("no launcher can run it: a job without accelerators runs on the broker's host, and the local "
+                    "launcher is off (SPOTBROKER_LOCAL_LAUNCHER=true turns it on)")
+        return None
+
+    def _reconsider_hold(self, session: Session, job: Job) -> None:
+        """A HELD job goes back to being placed once what held it is gone; it is
+        looked at again every placement interval until then."""
+        if self._hold_reason(JobSpec.model_validate(job.spec)) is not None:
+            job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
+            return
+        back = J.RECOVERING if job.attempts else J.PENDING
+        transition(session, job, back, reason="a launcher can run it now", clock=self.clock)
+        job.next_check_at = self.clock.now()
 
     def _bounded(self, placements: tuple[Placement, ...]) -> tuple[Placement, ...]:
         """At most launch_failover_limit placements, keeping an on-demand one the
@@ -383,11 +418,11 @@ class Reconciler:
     def _launch(self, job_id: int, attempt_id: int, rest: tuple[Placement, ...] = ()) -> None:
         """Launch the attempt; on a capacity error, fail over to `rest` in order."""
         for _ in range(self.settings.launch_failover_limit):
-            with self.factory() as session:
-                attempt = session.get(Attempt, attempt_id)
-                request = self._request(session, attempt)
-                launcher = self.launchers[attempt.launcher]
             try:
+                with self.factory() as session:
+                    attempt = session.get(Attempt, attempt_id)
+                    request = self._request(session, attempt)
+                    launcher = self.launchers[attempt.launcher]
                 handle = launcher.launch(request)
             except CapacityError as exc:
                 next_attempt = self._failover(job_id, attempt_id, str(exc), rest)
@@ -397,6 +432,15 @@ class Reconciler:
                 continue
             except LaunchError as exc:
                 self._launch_failed(job_id, attempt_id, str(exc))
+                return
+            except SQLAlchemyError:
+                raise  # the database's trouble, not the launch's: the step is retried
+            except Exception as exc:
+                # Whatever broke inside a launcher ends the attempt (and frees its
+                # slot): an attempt must never stay LAUNCHING on an error that
+                # every retry would meet again.
+                log.exception("launching attempt %d failed", attempt_id)
+                self._launch_failed(job_id, attempt_id, f"{type(exc).__name__}: {exc}")
                 return
             self._store_handle(job_id, attempt_id, handle)
             return
@@ -419,8 +463,17 @@ class Reconciler:
             protocol.ENV_AGENT_TOKEN: agent_token(self._key, attempt.id),
         }
         return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, run=spec.run,
-                             setup=spec.setup, envs=spec.envs, workdir=spec.workdir,
-                             num_nodes=spec.num_nodes, placement=placement, extra_env=extra)
+                             setup=spec.setup, envs=spec.envs, num_nodes=spec.num_nodes, placement=placement,
+                             code=self._code(spec), extra_env=extra)
+
+    def _code(self, spec: JobSpec) -> CodeRef | None:
+        """The job's uploaded workdir. A path on the broker's host (accepted
+        before uploads existed, never since) is refused: a job may not run in,
+        or ship, the broker's own directories."""
+        if spec.workdir is None:
+            return None
+        raise LaunchError(f"workdir {spec.workdir!r} is a path on the broker's host, which jobs may not use: "
+                          "submit the job with `spotbroker submit FILE`, which uploads its workdir")
 
     def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
         with transaction(self.factory) as session:
@@ -434,7 +487,7 @@ class Reconciler:
             if attempt.state not in LIVE_ATTEMPT_STATES:
                 return  # cancelled meanwhile: the release phase stops it
             status = self.launchers[attempt.launcher].status(handle)
-            self._on_observed(session, job, attempt_id, status.state, status.exit_code)
+            self._on_observed(session, job, attempt_id, status)
 
     def _failover(self, job_id: int, attempt_id: int, why: str, rest: tuple[Placement, ...]) -> int | None:
         with transaction(self.factory) as session:
@@ -467,10 +520,16 @@ class Reconciler:
 
     # --- reacting to what a run did ------------------------------------------------------
 
-    def _on_observed(self, session: Session, job: Job, attempt_id: int, state: RunState,
-                     exit_code: int | None) -> None:
+    def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> None:
         attempt = session.get(Attempt, attempt_id)
         if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES:
+            return
+        state, exit_code = status.state, status.exit_code
+        if status.error is not None:  # the node could not start the job: no restart helps
+            attempt.released = False
+            transition(session, attempt, A.FAILED, reason="launch_error", data={"error": status.error},
+                       clock=self.clock)
+            transition(session, job, J.FAILED, reason=f"launch failed: {status.error}", clock=self.clock)
             return
         if state == RunState.RUNNING:
             if attempt.state == A.LAUNCHING:

@@ -32,6 +32,11 @@ class Settings(BaseSettings):
     local_launcher: bool | None = None
     local_max_running: int = Field(default_factory=lambda: os.cpu_count() or 1)
     local_kill_grace_seconds: float = 10.0
+    # Who local jobs run as: unset, `spotbroker-job` when the broker is root
+    # (else the broker's own user); "" forces the broker's own user.
+    local_run_as: str | None = None
+    # The jobs' interpreter, first on their PATH (default: the broker's own).
+    local_job_python: str | None = None
 
     reconcile_interval: float = 2.0             # seconds between passes when nothing hints
     lease_seconds: float = 30.0                 # a claimed job is another process's after this

@@ -92,10 +92,37 @@ def factory(engine: Engine):
 
 
 @pytest.fixture
-def settings(db_url: str, tmp_path: Path):
+def data_dir() -> Iterator[Path]:
+    """A broker data directory that the user local jobs run as can enter (as
+    root they run as an unprivileged user, and pytest's own temporary
+    directories are private to the user running the tests)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="spotbroker-test-"))
+    path.chmod(0o711)
+    yield path / "data"
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def job_scratch() -> Iterator[Path]:
+    """A directory that local jobs may write to (tests leave marks there): as
+    root, jobs run as a user that can write nowhere else outside their own."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="spotbroker-scratch-"))
+    path.chmod(0o1777)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def settings(db_url: str, data_dir: Path):
     from spotbroker.broker.settings import Settings
 
-    return Settings(database_url=db_url, data_dir=tmp_path / "data", admin_token=ADMIN_TOKEN,
+    return Settings(database_url=db_url, data_dir=data_dir, admin_token=ADMIN_TOKEN,
                     reconcile_interval=0.05, local_kill_grace_seconds=2, local_max_running=8,
                     local_notice_window=5, secret_key="test-signing-key", _env_file=None)
 

@@ -63,7 +63,7 @@ def demo(data_dir: Path | None) -> None:
     a preemption, a resume elsewhere from the flushed checkpoint."""
     from spotbroker.broker.cli.jobs import print_job
 
-    data_dir = (data_dir or get_settings().data_dir / "demo").resolve()
+    data_dir = (data_dir or _default_data_dir()).resolve()
     shutil.rmtree(data_dir, ignore_errors=True)
     data_dir.mkdir(parents=True)
     port, admin = _free_port(), secrets.token_urlsafe(24)
@@ -95,8 +95,21 @@ def demo(data_dir: Path | None) -> None:
         server_log.close()
 
 
+def _default_data_dir() -> Path:
+    """$SPOTBROKER_DATA_DIR/demo; as root, a fresh directory under /tmp instead:
+    root's jobs run as an unprivileged user, who cannot enter root's home."""
+    if os.geteuid() != 0:
+        return get_settings().data_dir / "demo"
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="spotbroker-demo-"))
+    path.chmod(0o711)
+    return path / "data"
+
+
 def _job_spec() -> dict:
-    run = " ".join([shlex.quote(sys.executable), shlex.quote(str(TRAIN)), *TRAIN_ARGS, "--step-seconds", "0.15"])
+    # `python` is the jobs' interpreter (the README says which), found on the job's PATH.
+    run = " ".join(["python", shlex.quote(str(TRAIN)), *TRAIN_ARGS, "--step-seconds", "0.15"])
     return {"name": "demo-train", "run": run, "resources": {"accelerators": "T4:1", "use_spot": True}}
 
 

@@ -24,6 +24,14 @@ class CapacityError(LaunchError):
 
 
 @dataclass(frozen=True)
+class CodeRef:
+    """The job's uploaded workdir: an archive in the team's storage prefix."""
+
+    uri: str
+    sha256: str
+
+
+@dataclass(frozen=True)
 class LaunchRequest:
     attempt_id: int
     job_id: int
@@ -31,9 +39,9 @@ class LaunchRequest:
     run: str
     setup: str | None
     envs: dict[str, str]
-    workdir: str | None
     num_nodes: int
     placement: Placement
+    code: CodeRef | None = None  # the attempt's working directory, fresh on every node
     extra_env: dict[str, str] = field(default_factory=dict)  # broker-provided (ids, tokens)
 
 
@@ -48,6 +56,7 @@ class RunState(StrEnum):
 class RunStatus:
     state: RunState
     exit_code: int | None = None
+    error: str | None = None  # FAILED before the job's command ran (provisioning): why
 
 
 Handle = dict[str, Any]

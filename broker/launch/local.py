@@ -1,150 +1,192 @@
-"""The local launcher: runs an attempt as local process groups, one per node.
+"""The local launcher: runs an attempt on this host, one node process per node.
 
 It stands in for a cloud while running here: the attempt carries the chosen
-offer (cloud, zone, price) and the processes get the same variables SkyPilot
-sets on real nodes. Everything it needs to find a run again lives in the
-run's directory, so any broker process on this host, including one started
-after a crash, can observe or stop runs that another one launched.
+offer (cloud, zone, price), each node is a `local_node` process (the VM),
+and the job gets the variables SkyPilot sets on real nodes. Everything it
+needs to find a run again lives in the run's directory, so any broker
+process on this host, including one started after a crash, can observe or
+stop runs that another one launched.
 
-    {data_dir}/runs/{attempt_id}/node-{rank}.json   pid and start time
-    {data_dir}/runs/{attempt_id}/exit-{rank}        exit code, written last
+    {data_dir}/runs/{attempt_id}/node-{rank}.json   pid and start time (the launcher's record)
+    {data_dir}/runs/{attempt_id}/node-{rank}.self   the same, written by the node itself first
+    {data_dir}/runs/{attempt_id}/exit-{rank}        the job's exit code, written last
+    {data_dir}/runs/{attempt_id}/error-{rank}       why the node could not start the job
+    {data_dir}/runs/{attempt_id}/node-{rank}/       the node's own: home/, tmp/, workdir/, agent/
     {data_dir}/logs/{job_id}/{attempt_id}.log       node 0's output (node-{rank} for others)
+
+A job sees nothing of the broker's: its environment is built from an
+allow-list (`job_env`), never inherited, and when the broker runs as root
+the job runs as an unprivileged user (`run_as`, by default `spotbroker-job`,
+which `make install` creates) that cannot read the broker's database,
+secret key or logs. All jobs on this host share that one user, so they are
+not isolated from each other: this is the development launcher; cloud nodes
+with per-attempt credentials are the boundary.
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shlex
+import pwd
 import signal
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import asdict
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import httpx
 
 from spotbroker.agent import protocol
+from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
+from spotbroker.broker.launch.local_node import NodeSpec
 from spotbroker.broker.logs import log_path
 from spotbroker.broker.offers import Placement
 
 log = logging.getLogger(__name__)
 
-# The wrapper records the exit code atomically once the command ends; a node
-# that dies without one (killed with its group, host lost) counts as gone.
-_RECORD_EXIT = 'rc=$?; echo $rc > "$SPOTBROKER_EXIT.tmp" && mv "$SPOTBROKER_EXIT.tmp" "$SPOTBROKER_EXIT"; exit $rc'
-# First act of every node: record its own pid and kernel start time, so that a
-# launcher that died between starting it and writing node-{rank}.json can be
-# followed by one that finds it instead of starting it twice.
-_RECORD_SELF = ('echo "$$ $(cut -d" " -f22 /proc/$$/stat)" > "$SPOTBROKER_SELF.tmp" '
-                '&& mv "$SPOTBROKER_SELF.tmp" "$SPOTBROKER_SELF"\n')
-_WRAPPER = _RECORD_SELF + 'bash -c "$SPOTBROKER_SCRIPT"; ' + _RECORD_EXIT
-# Node 0 runs under the node agent, as on a cloud node. For a simulated cloud
-# a metadata-service simulator runs beside it, in the same process group (so
-# that the simulated hard stop reclaims the whole node, simulator included),
-# and the agent watches it instead of the cloud's own endpoint.
-_AGENT_WRAPPER = _RECORD_SELF + """
-sim=
-if [ -n "$SPOTBROKER_SIM_CLOUD" ]; then
-    "$SPOTBROKER_PYTHON" -m spotbroker.agent.simulator --cloud "$SPOTBROKER_SIM_CLOUD" --port 0 \
-        $SPOTBROKER_SIM_ARGS --kill-at-hard-stop $$ > sim.url 2> sim.log &
-    sim=$!
-    for _ in $(seq 1 200); do [ -s sim.url ] && break; sleep 0.05; done
-    export SPOTBROKER_METADATA_URL="$(head -n 1 sim.url)"
-fi
-"$SPOTBROKER_PYTHON" -m spotbroker.agent.cli run --work-dir agent -- bash -c "$SPOTBROKER_SCRIPT"
-rc=$?
-if [ -n "$sim" ]; then kill "$sim" 2>/dev/null; fi  # the node's simulator ends with its run
-(exit $rc)
-""" + _RECORD_EXIT
 SIMULATED_CLOUDS = ("aws", "gcp", "azure")
+DEFAULT_JOB_USER = "spotbroker-job"
+# After the job interpreter's own directory (see `job_env`).
+SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+def job_python_default() -> str:
+    """The jobs' interpreter unless told: the one `make install` recorded in
+    this environment (see scripts/ensure-job-user), else the broker's own."""
+    recorded = Path(sys.prefix) / "spotbroker-job-python"
+    if recorded.exists():
+        return recorded.read_text().strip()
+    return sys.executable
 
 
-def _start_time(pid: int) -> str | None:
-    """The kernel's start time of a process: tells a live pid from a reused one."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()
-    if fields[0] == "Z":  # a zombie has finished
-        return None
-    return fields[19]
+def job_user_default() -> str | None:
+    """Who jobs run as unless told: an unprivileged user when the broker is root
+    (file modes protect nothing from root's own processes), else the broker's user."""
+    return DEFAULT_JOB_USER if os.geteuid() == 0 else None
 
 
 class LocalLauncher:
     name = "local"
 
     def __init__(self, data_dir: Path, kill_grace_seconds: float = 10.0, notice_window: float | None = None,
-                 python: str = sys.executable, agent: bool = True) -> None:
+                 python: str = sys.executable, agent: bool = True, run_as: str | None = None) -> None:
         self.data_dir = data_dir
         self.agent = agent  # off only where a run's own agent would get in the way (benchmarks)
         self.kill_grace_seconds = kill_grace_seconds
         self.notice_window = notice_window
-        self.python = python
+        self.python = python  # the jobs' interpreter: first on their PATH, runs their agent
+        self.run_as = run_as or None
+        self._ready = False
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
+
+    @classmethod
+    def from_settings(cls, settings) -> LocalLauncher:
+        run_as = settings.local_run_as if settings.local_run_as is not None else job_user_default()
+        launcher = cls(settings.data_dir, settings.local_kill_grace_seconds, notice_window=settings.local_notice_window,
+                       python=settings.local_job_python or job_python_default(), run_as=run_as)
+        if launcher.run_as:
+            secure_data_dir(settings.data_dir)
+        return launcher
 
     def run_dir(self, attempt_id: int) -> Path:
         return self.data_dir / "runs" / str(attempt_id)
 
+    # --- launching -------------------------------------------------------------------
+
     def launch(self, request: LaunchRequest) -> Handle:
+        self._check_ready()
         run_dir = self.run_dir(request.attempt_id)
         run_dir.mkdir(parents=True, exist_ok=True)
-        script = "\n".join(
-            ([f"cd {shlex.quote(request.workdir)}"] if request.workdir else [])
-            + ([f"( {request.setup}\n) || exit $?"] if request.setup else [])
-            + [request.run]
-        )
-        ips = "\n".join(["127.0.0.1"] * request.num_nodes)
-        p = request.placement
+        run_dir.chmod(0o711)  # the job's user reaches its node dir, and nothing else here
         nodes = []
         for rank in range(request.num_nodes):
             node_file = run_dir / f"node-{rank}.json"
             if node_file.exists():  # launched before a restart: do not start it twice
                 nodes.append(json.loads(node_file.read_text()))
                 continue
+            out = self._output(request, rank)
             found = self._claim_node(run_dir, rank)
-            if found is not None:  # a launcher died between starting this node and recording it
-                found["log"] = str(run_dir / "node-0.out" if rank == 0 and self.agent and
-                                   protocol.ENV_AGENT_TOKEN in request.extra_env
-                                   else log_path(self.data_dir, request.job_id, request.attempt_id, rank))
-                _write_json(node_file, found)
-                nodes.append(found)
-                continue
-            with_agent = self.agent and rank == 0 and protocol.ENV_AGENT_TOKEN in request.extra_env
-            # Under the agent, node 0's output reaches the broker's log through
-            # the agent's channel; the raw stream stays in the run directory.
-            out = (run_dir / "node-0.out" if with_agent
-                   else log_path(self.data_dir, request.job_id, request.attempt_id, rank))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            env = {
-                **os.environ, **request.envs, **request.extra_env,
-                "SPOTBROKER_SCRIPT": script, "SPOTBROKER_EXIT": str(run_dir / f"exit-{rank}"),
-                "SPOTBROKER_SELF": str(run_dir / f"node-{rank}.self"),
-                "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
-                "SKYPILOT_NODE_IPS": ips, "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",
-                "SPOTBROKER_CLOUD": p.cloud, "SPOTBROKER_REGION": p.region or "",
-                "SPOTBROKER_ZONE": p.zone or p.zone_id or "",
-                "SPOTBROKER_INSTANCE_TYPE": p.instance_type or "",
-            }
-            if with_agent:
-                env.update(self._agent_env(p.cloud))
-            else:  # only node 0 holds the agent's channel
-                env.pop(protocol.ENV_AGENT_TOKEN, None)
-            wrapper = _AGENT_WRAPPER if with_agent else _WRAPPER
-            with out.open("ab") as sink:
-                proc = subprocess.Popen(["bash", "-c", wrapper], stdin=subprocess.DEVNULL, stdout=sink,
-                                        stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                        cwd=str(run_dir))
-            node = {"rank": rank, "pid": proc.pid, "start": _start_time(proc.pid), "log": str(out)}
-            with self._lock:
-                self._children[proc.pid] = proc
-            _write_json(node_file, node)
-            nodes.append(node)
+            if found is None:  # ours to start
+                found = self._start_node(request, rank, out)
+            found["log"] = str(out)  # else a launcher died between starting this node and recording it
+            _write_json(node_file, found)
+            nodes.append(found)
         return {"run_dir": str(run_dir), "nodes": nodes}
+
+    def _with_agent(self, request: LaunchRequest, rank: int) -> bool:
+        return self.agent and rank == 0 and protocol.ENV_AGENT_TOKEN in request.extra_env
+
+    def _output(self, request: LaunchRequest, rank: int) -> Path:
+        # Under the agent, node 0's output reaches the broker's log through the
+        # agent's channel; the raw stream stays in the run directory.
+        if self._with_agent(request, rank):
+            return self.run_dir(request.attempt_id) / "node-0.out"
+        return log_path(self.data_dir, request.job_id, request.attempt_id, rank)
+
+    def _start_node(self, request: LaunchRequest, rank: int, out: Path) -> dict:
+        run_dir = self.run_dir(request.attempt_id)
+        node_dir = run_dir / f"node-{rank}"
+        with_agent = self._with_agent(request, rank)
+        script = "\n".join(([f"( {request.setup}\n) || exit $?"] if request.setup else []) + [request.run])
+        command = ["bash", "-c", script]
+        if with_agent:
+            command = [self.python, "-m", "spotbroker.agent.cli", "run", "--work-dir", str(node_dir / "agent"),
+                       "--", *command]
+        simulated = with_agent and request.placement.cloud in SIMULATED_CLOUDS
+        spec = NodeSpec(
+            rank=rank, run_dir=str(run_dir), node_dir=str(node_dir), command=command,
+            env=self.job_env(request, rank, node_dir, with_agent), user=self.run_as,
+            code=asdict(request.code) if request.code else None,
+            checkpoint_dirs=_local_prefixes(request.extra_env), kill_grace=self.kill_grace_seconds,
+            simulator=self._simulator_args(request.placement.cloud) if simulated else None)
+        spec_file = run_dir / f"node-{rank}.spec.json"
+        fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the agent's token
+        with os.fdopen(fd, "w") as f:
+            json.dump(asdict(spec), f)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with out.open("ab") as sink:
+            proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.launch.local_node", str(spec_file)],
+                                    stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
+                                    start_new_session=True, cwd=str(run_dir))
+        with self._lock:
+            self._children[proc.pid] = proc
+        return {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid)}
+
+    def job_env(self, request: LaunchRequest, rank: int, node_dir: Path, with_agent: bool) -> dict[str, str]:
+        """A job's whole environment, built here and never inherited: a defined
+        PATH whose `python` is the jobs' interpreter (the environment spotbroker
+        runs in, which has the checkpoint library), its own HOME and TMPDIR, the
+        job's `envs`, the variables SkyPilot sets on a node, and the attempt's own
+        (ids, checkpoint prefixes, the broker's address; the agent's token only
+        where an agent runs, which keeps it from the trainer)."""
+        p = request.placement
+        user = self.run_as or pwd.getpwuid(os.getuid()).pw_name
+        env = {
+            "PATH": f"{Path(self.python).parent}:{SYSTEM_PATH}", "HOME": str(node_dir / "home"),
+            "TMPDIR": str(node_dir / "tmp"), "LANG": "C.UTF-8", "SHELL": "/bin/bash", "USER": user,
+            "LOGNAME": user, **request.envs,
+            "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
+            "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * request.num_nodes),
+            "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",
+            "SPOTBROKER_CLOUD": p.cloud, "SPOTBROKER_REGION": p.region or "",
+            "SPOTBROKER_ZONE": p.zone or p.zone_id or "", "SPOTBROKER_INSTANCE_TYPE": p.instance_type or "",
+            **request.extra_env,
+        }
+        if not with_agent:
+            env.pop(protocol.ENV_AGENT_TOKEN, None)
+        elif p.cloud in SIMULATED_CLOUDS and self.notice_window is not None:
+            env["SPOTBROKER_NOTICE_WINDOW"] = f"{self.notice_window:g}"  # GCP publishes no deadline
+        return env
+
+    def _simulator_args(self, cloud: str) -> list[str]:
+        args = ["--cloud", cloud, "--port", "0"]
+        if self.notice_window is not None:
+            args += ["--window", f"{self.notice_window:g}"]
+        return args
 
     def _claim_node(self, run_dir: Path, rank: int, wait_s: float = 5.0) -> dict | None:
         """Claim the right to start node `rank` (atomically, O_EXCL). If an
@@ -152,7 +194,7 @@ class LocalLauncher:
         dying: wait for the node's own record and return it; None means
         "start it now"."""
         try:
-            os.close(os.open(run_dir / f"node-{rank}.claim", os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+            os.close(os.open(run_dir / f"node-{rank}.claim", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             return None
         except FileExistsError:
             pass
@@ -165,14 +207,41 @@ class LocalLauncher:
             time.sleep(0.05)
         return None  # nothing was started under the earlier claim
 
-    def _agent_env(self, cloud: str) -> dict[str, str]:
-        env = {"SPOTBROKER_PYTHON": self.python, "SPOTBROKER_SIM_CLOUD": "", "SPOTBROKER_SIM_ARGS": ""}
-        if cloud in SIMULATED_CLOUDS:
-            env["SPOTBROKER_SIM_CLOUD"] = cloud
-            if self.notice_window is not None:
-                env["SPOTBROKER_SIM_ARGS"] = f"--window {self.notice_window:g}"
-                env["SPOTBROKER_NOTICE_WINDOW"] = f"{self.notice_window:g}"  # GCP publishes no deadline
-        return env
+    def _check_ready(self) -> None:
+        """Once per launcher: can the jobs' user run the jobs' interpreter and
+        reach the run directories? Else every launch fails saying what to fix."""
+        if self._ready:
+            return
+        if self.run_as:
+            self._check_user()
+        self._ready = True
+
+    def _check_user(self) -> None:
+        try:
+            entry = pwd.getpwnam(self.run_as)
+        except KeyError:
+            raise LaunchError(
+                f"the local launcher runs jobs as the user {self.run_as!r}, which does not exist: create it "
+                f"(as root: useradd --system --user-group --no-create-home {self.run_as}; `make install` does) "
+                "or name another with SPOTBROKER_LOCAL_RUN_AS") from None
+        runs = self.data_dir / "runs"
+        runs.mkdir(parents=True, exist_ok=True)
+        probe = ("import os, sys, spotbroker.agent.cli; "
+                 "sys.exit(0 if os.access(sys.argv[1], os.X_OK) else 'cannot enter ' + sys.argv[1])")
+        try:
+            result = subprocess.run([self.python, "-c", probe, str(runs)], user=entry.pw_uid, group=entry.pw_gid,
+                                    extra_groups=[], env={"PATH": SYSTEM_PATH, "HOME": "/"}, cwd="/",
+                                    capture_output=True, text=True, timeout=60)
+            problem = result.stderr.strip().splitlines()[-1] if result.returncode else None
+        except OSError as exc:
+            problem = exc.strerror or str(exc)
+        if problem:
+            raise LaunchError(
+                f"the local launcher runs jobs as {self.run_as!r}, who cannot run {self.python} with spotbroker "
+                f"or enter {runs} ({problem}): every directory above them must be searchable by that user "
+                "(chmod o+x), or set SPOTBROKER_LOCAL_JOB_PYTHON / SPOTBROKER_DATA_DIR")
+
+    # --- the simulated cloud ---------------------------------------------------------
 
     def probe(self, placement: Placement) -> bool:
         """This host runs whatever is asked of it: spot capacity is always there
@@ -193,6 +262,8 @@ class LocalLauncher:
             raise LaunchError(f"the metadata simulator did not take the notice: {exc}") from None
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
 
+    # --- observing and stopping ------------------------------------------------------
+
     def _reap(self, pids: list[int]) -> None:
         """Collect the exit of our own children among `pids`, so they do not
         linger as zombies (runs started by an earlier broker are not ours)."""
@@ -208,7 +279,7 @@ class LocalLauncher:
             code = int(exit_file.read_text().strip() or 1)
             return (RunState.SUCCEEDED if code == 0 else RunState.FAILED), code
         started = node.get("start")
-        if started is not None and _start_time(node["pid"]) == started:
+        if started is not None and start_time(node["pid"]) == started:
             return RunState.RUNNING, None
         if exit_file.exists():  # it finished between the two looks
             return self._node_state(run_dir, node)
@@ -217,6 +288,10 @@ class LocalLauncher:
     def status(self, handle: Handle) -> RunStatus:
         self._reap([n["pid"] for n in handle["nodes"]])
         run_dir = Path(handle["run_dir"])
+        for node in handle["nodes"]:
+            error = run_dir / f"error-{node['rank']}"
+            if error.exists():
+                return RunStatus(RunState.FAILED, error=json.loads(error.read_text())["reason"])
         states = [self._node_state(run_dir, n) for n in handle["nodes"]]
         if any(s == RunState.GONE for s, _ in states):
             return RunStatus(RunState.GONE)
@@ -228,25 +303,57 @@ class LocalLauncher:
         return RunStatus(RunState.SUCCEEDED, 0)
 
     def terminate(self, handle: Handle) -> None:
-        """SIGTERM each node's process group now, SIGKILL after the grace period."""
-        live = [n for n in handle.get("nodes", []) if n.get("start") and _start_time(n["pid"]) == n["start"]]
+        """SIGTERM each node (it passes it to every process of its job), then
+        kill whatever is left of it after the grace period."""
+        live = [n for n in handle.get("nodes", []) if n.get("start") and start_time(n["pid"]) == n["start"]]
         for node in live:
-            _signal_group(node["pid"], signal.SIGTERM)
+            try:
+                os.kill(node["pid"], signal.SIGTERM)
+            except ProcessLookupError:
+                pass
         if live:
             threading.Thread(target=self._kill_later, args=(live,), daemon=True).start()
 
     def _kill_later(self, nodes: list[dict]) -> None:
-        deadline = time.monotonic() + self.kill_grace_seconds
+        # The node itself kills its job after the grace period; this is for a node that is stuck.
+        deadline = time.monotonic() + self.kill_grace_seconds + 5
         pids = [n["pid"] for n in nodes]
         while time.monotonic() < deadline:
             self._reap(pids)
-            if not any(_start_time(n["pid"]) == n["start"] for n in nodes):
+            if not any(start_time(n["pid"]) == n["start"] for n in nodes):
                 return
             time.sleep(0.1)
         for node in nodes:
-            if _start_time(node["pid"]) == node["start"]:
-                _signal_group(node["pid"], signal.SIGKILL)
+            if start_time(node["pid"]) == node["start"]:
+                kill_tree(node["pid"])
         self._reap(pids)
+
+
+def _local_prefixes(extra_env: dict[str, str]) -> list[str]:
+    """The job's file:// checkpoint prefixes (the job's, then the attempt's),
+    which the node makes and gives to the job's user."""
+    out = []
+    for name in (protocol.ENV_CHECKPOINT_ROOT, protocol.ENV_CHECKPOINT_URI):
+        uri = urlparse(extra_env.get(name, ""))
+        if uri.scheme == "file":
+            out.append(unquote(uri.path))
+    return out
+
+
+def secure_data_dir(data_dir: Path) -> None:
+    """When jobs run as another user: they may enter the data directory (to
+    reach their own run and checkpoint directories) but not list it, and the
+    database, the secret key and the logs are the broker's alone."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o711)
+    for name in ("runs", "checkpoints"):
+        (data_dir / name).mkdir(exist_ok=True)
+        (data_dir / name).chmod(0o711)
+    (data_dir / "logs").mkdir(exist_ok=True)
+    (data_dir / "logs").chmod(0o700)
+    for path in data_dir.iterdir():
+        if path.is_file():
+            path.chmod(0o600)
 
 
 def _write_json(path: Path, value: dict) -> None:
@@ -254,11 +361,3 @@ def _write_json(path: Path, value: dict) -> None:
     tmp.write_text(json.dumps(value))
     tmp.replace(path)
 
-
-def _signal_group(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)  # start_new_session made the pid its group's leader
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        log.warning("not allowed to signal process group %d", pid)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 from email.utils import parsedate_to_datetime
 
@@ -244,8 +245,14 @@ def test_hard_stop_starts_the_azure_event_and_calls_back(make_sim, wait):
     assert document["Events"][0]["EventStatus"] == "Started" and document["DocumentIncarnation"] == 3
 
 
-def test_command_line_kills_a_process_group_at_the_hard_stop():
-    node = subprocess.Popen(["sleep", "30"], start_new_session=True)  # stands for the node's processes
+def test_command_line_kills_every_process_of_the_node_at_the_hard_stop():
+    """The node's processes, one of them in a session of its own (as torchrun's
+    workers are): all die at the hard stop, and the node's simulator with them."""
+    from spotbroker.agent.proctree import start_time
+
+    node = subprocess.Popen(["bash", "-c", "setsid sleep 30 & echo $!; wait"], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    worker = int(node.stdout.readline())
     sim = subprocess.Popen(
         [sys.executable, "-m", "spotbroker.agent.simulator", "--cloud", "gcp", "--notice-after", "0",
          "--window", "0.2", "--kill-at-hard-stop", str(node.pid)],
@@ -254,7 +261,13 @@ def test_command_line_kills_a_process_group_at_the_hard_stop():
     try:
         assert sim.stdout.readline().startswith("http://")
         assert node.wait(timeout=10) == -9
+        assert sim.wait(timeout=10) == -9
+        deadline = time.monotonic() + 5
+        while start_time(worker) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert start_time(worker) is None
     finally:
-        node.kill()
-        sim.terminate()
-        sim.wait(timeout=5)
+        for proc in (node, sim):
+            proc.kill()
+            proc.wait(timeout=5)
+        subprocess.run(["kill", "-9", str(worker)], capture_output=True)

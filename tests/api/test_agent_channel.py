@@ -89,9 +89,9 @@ def test_logs_are_stored_by_offset(api, team_headers, settings):
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
 
 
-def test_a_node_whose_agent_goes_silent_is_recovered(api, team_headers, settings, tmp_path):
+def test_a_node_whose_agent_goes_silent_is_recovered(api, team_headers, settings, job_scratch):
     h = team_headers()
-    marker = tmp_path / "first"
+    marker = job_scratch / "first"
     run = f"if [ -e {marker} ]; then echo second; else touch {marker}; sleep 60; fi"
     job_id = api.post("/v1/jobs", json={"run": run}, headers=h).json()["id"]
     job = wait_state(api, h, job_id, {"RUNNING"})

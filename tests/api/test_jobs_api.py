@@ -50,9 +50,9 @@ def test_failing_command_fails_the_job_with_its_exit_code(api, team_headers):
     assert job["state"] == "FAILED" and job["attempts"][0]["exit_code"] == 3 and "3" in job["reason"]
 
 
-def test_restarts_recover_a_failing_run(api, team_headers, tmp_path):
+def test_restarts_recover_a_failing_run(api, team_headers, job_scratch):
     h = team_headers()
-    marker = tmp_path / "ran-once"
+    marker = job_scratch / "ran-once"
     run = f'if [ -e {marker} ]; then echo second; else touch {marker}; exit 1; fi'
     job = wait_state(api, h, api.post("/v1/jobs", json={"run": run, "max_restarts": 2}, headers=h).json()["id"],
                      TERMINAL)

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import time
 
+from spotbroker.agent.proctree import start_time
 from spotbroker.broker.launch.base import LaunchRequest, RunState
-from spotbroker.broker.launch.local import LocalLauncher, _start_time
+from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.offers import LOCAL_PLACEMENT
 
 
 def request(tmp_path, run: str) -> LaunchRequest:
-    return LaunchRequest(attempt_id=7, job_id=1, team="ml", run=run, setup=None, envs={}, workdir=None,
+    return LaunchRequest(attempt_id=7, job_id=1, team="ml", run=run, setup=None, envs={},
                          num_nodes=1, placement=LOCAL_PLACEMENT)
 
 
@@ -25,7 +26,7 @@ def test_a_node_started_but_not_recorded_is_found_not_started_again(tmp_path):
     while not (tmp_path / "runs" / "7" / "node-0.self").exists():
         assert time.monotonic() < deadline
         time.sleep(0.02)
-    assert (tmp_path / "runs" / "7" / "node-0.self").read_text().split() == [str(node["pid"]), _start_time(node["pid"])]
+    assert (tmp_path / "runs" / "7" / "node-0.self").read_text().split() == [str(node["pid"]), start_time(node["pid"])]
     (tmp_path / "runs" / "7" / "node-0.json").unlink()  # the launcher died before recording it
     again = LocalLauncher(tmp_path, 1).launch(req)
     assert (again["nodes"][0]["pid"], again["nodes"][0]["start"]) == (node["pid"], node["start"])
@@ -44,3 +45,41 @@ def test_a_claim_under_which_nothing_started_does_not_block_the_launch(tmp_path)
     while launcher.status(handle).state == RunState.RUNNING:
         time.sleep(0.05)
     assert launcher.status(handle).state == RunState.SUCCEEDED
+
+
+def _wait_gone(pid: int, timeout: float = 15) -> bool:
+    deadline = time.monotonic() + timeout
+    while start_time(pid) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_terminate_ends_every_process_of_the_node_whatever_its_session(tmp_path):
+    """Like torchrun's workers, a process in a session of its own is still the node's."""
+    launcher = LocalLauncher(tmp_path, 1)
+    pid_file = tmp_path / "worker.pid"
+    handle = launcher.launch(request(tmp_path, f"setsid sleep 60 & echo $! > {pid_file}; wait"))
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    worker = int(pid_file.read_text())
+    assert start_time(worker) is not None
+    launcher.terminate(handle)
+    assert _wait_gone(worker) and _wait_gone(handle["nodes"][0]["pid"])
+
+
+def test_what_a_finished_job_left_running_ends_with_its_node(tmp_path):
+    """A daemon the job double-forked is re-parented to the node, not to init,
+    and does not outlive the run."""
+    launcher = LocalLauncher(tmp_path, 1)
+    pid_file = tmp_path / "daemon.pid"
+    handle = launcher.launch(request(tmp_path, f"(setsid sleep 60 & echo $! > {pid_file}); exit 3"))
+    deadline = time.monotonic() + 10
+    while launcher.status(handle).state == RunState.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert launcher.status(handle).exit_code == 3
+    assert _wait_gone(int(pid_file.read_text()))

@@ -304,3 +304,50 @@ def test_a_job_told_to_wait_says_why_once_and_is_looked_at_again_each_interval(e
         waits = s.scalars(select(Event).where(Event.job_id == job_id, Event.type == "waiting")).all()
         assert (job.state, job.reason) == ("PENDING", "waiting: plan: wait") and len(waits) == 1
         assert job.next_check_at > clock.now() + timedelta(seconds=settings.placement_interval - 5)
+
+
+class BrokenLauncher(LocalLauncher):
+    """A launcher whose launch fails with what no retry cures (a bug, a bad value)."""
+
+    def launch(self, request):
+        raise ValueError("embedded null byte")
+
+
+def test_any_launcher_exception_ends_the_attempt_and_frees_its_slot(env):
+    factory, settings, team_id = env
+    settings.local_max_running = 1
+    broken = submit(factory, team_id, run="true")
+    rec = reconciler(factory, settings, BrokenLauncher(settings.data_dir, 1))
+    job = run_until(rec, factory, broken, {"FAILED"})
+    assert "ValueError: embedded null byte" in job.reason
+    [attempt] = attempts(factory, broken)
+    assert (attempt.state, attempt.reason) == ("FAILED", "launch_error")
+    fine = submit(factory, team_id, run="true")  # the one local slot is free again
+    assert run_until(reconciler(factory, settings), factory, fine, {"SUCCEEDED"}).state == "SUCCEEDED"
+
+
+def test_a_job_no_launcher_can_run_is_held_saying_what_to_enable_then_released(env):
+    factory, settings, team_id = env
+    gpu = submit(factory, team_id, run="true", resources={"accelerators": "T4:1"})
+    cpu = submit(factory, team_id, run="true")
+    settings.placement_interval = 0.05
+    bare = Reconciler(factory, {}, settings, clock=Clock())  # a server off loopback: no local launcher
+    for job_id in (gpu, cpu):
+        job = run_until(bare, factory, job_id, {"HELD"})
+        assert "SPOTBROKER_LOCAL_LAUNCHER=true" in job.reason
+    for _ in range(3):
+        bare.pass_once()  # it stays held, looked at again each interval, without errors
+    with factory() as s:
+        assert {s.get(Job, gpu).state, s.get(Job, cpu).state} == {"HELD"}
+    time.sleep(0.1)
+    rec = reconciler(factory, settings)  # a broker with the launcher on
+    for job_id in (gpu, cpu):
+        assert run_until(rec, factory, job_id, {"SUCCEEDED"}).state == "SUCCEEDED"
+
+
+def test_a_missing_job_user_fails_the_job_saying_how_to_make_it(env):
+    factory, settings, team_id = env
+    job_id = submit(factory, team_id, run="true")
+    rec = reconciler(factory, settings, LocalLauncher(settings.data_dir, 1, run_as="no-such-user-7d1"))
+    job = run_until(rec, factory, job_id, {"FAILED"})
+    assert "'no-such-user-7d1', which does not exist" in job.reason and "useradd" in job.reason

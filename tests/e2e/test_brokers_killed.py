@@ -95,12 +95,11 @@ def setup(request, tmp_path):
         drop_pg_database(url)
 
 
-def test_killed_brokers_lose_nothing_and_launch_nothing_twice(setup, tmp_path):
+def test_killed_brokers_lose_nothing_and_launch_nothing_twice(setup, tmp_path, data_dir, job_scratch):
     url, engine, token, n_brokers, n_jobs, slots = setup
-    marks = tmp_path / "marks"
-    marks.mkdir()
+    marks = job_scratch
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
-    env.update(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(tmp_path / "data"),
+    env.update(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(data_dir),
                SPOTBROKER_LOCAL_MAX_RUNNING=str(slots), SPOTBROKER_LEASE_SECONDS="3",
                SPOTBROKER_RECONCILE_INTERVAL="0.2")
     brokers = [Broker(env, tmp_path / f"broker-{i}.log") for i in range(n_brokers)]

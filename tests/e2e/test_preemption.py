@@ -15,8 +15,10 @@ from helpers import wait_for, wait_state
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = [sys.executable, str(REPO / "examples" / "train.py"), "--steps", "60", "--seed", "3",
-         "--every-steps", "1000", "--log-every", "1"]
+TRAIN_ARGS = ["--steps", "60", "--seed", "3", "--every-steps", "1000", "--log-every", "1"]
+TRAIN = [sys.executable, str(REPO / "examples" / "train.py"), *TRAIN_ARGS]  # here, uninterrupted
+# As a job: `python` is the jobs' interpreter (see the README), found on the job's PATH.
+JOB_TRAIN = ["python", str(REPO / "examples" / "train.py"), *TRAIN_ARGS]
 
 
 def final_loss(text: str) -> str:
@@ -25,7 +27,7 @@ def final_loss(text: str) -> str:
 
 def test_preempted_run_resumes_elsewhere_from_its_flushed_checkpoint(api, team_headers):
     h = team_headers()
-    run = " ".join(TRAIN + ["--step-seconds", "0.15"])
+    run = " ".join(JOB_TRAIN + ["--step-seconds", "0.15"])
     job_id = api.post("/v1/jobs", json={"name": "train", "run": run, "max_restarts": 0,
                                         "resources": {"accelerators": "T4:1"}}, headers=h).json()["id"]
     wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
@@ -96,7 +98,7 @@ def test_a_run_short_of_slack_is_drained_and_resumes_on_demand(api, team_headers
     from spotbroker.broker.models import Job
 
     h = team_headers()
-    run = " ".join(TRAIN + ["--step-seconds", "0.15"])
+    run = " ".join(JOB_TRAIN + ["--step-seconds", "0.15"])
     far = (datetime.now(UTC) + timedelta(hours=20)).isoformat()
     job = api.post("/v1/jobs", json={"name": "train", "run": run, "estimated_hours": 1, "deadline": far,
                                      "resources": {"accelerators": "T4:1"}}, headers=h).json()

@@ -1,0 +1,227 @@
+"""One node of a local run: what a cloud VM is to a real one.
+
+The local launcher starts `python -m spotbroker.broker.launch.local_node SPEC`
+in a session of its own, as the broker's user, for every node of an attempt.
+SPEC is a JSON file only the broker's user can read (it holds the attempt's
+agent token); see `NodeSpec`. The node:
+
+1. records its own pid and kernel start time (`node-{rank}.self`) before
+   anything else, so that a launcher that died while starting it finds it
+   instead of starting it twice;
+2. becomes a child subreaper, so that everything the job starts, whatever
+   its session (torchrun's workers, daemons), stays below it;
+3. provisions the node directory (`home/`, `tmp/`, the job's code in
+   `workdir/`, the agent's `agent/`) and the job's file:// checkpoint
+   prefixes, owned by the user the job runs as;
+4. starts the node's metadata-service simulator, if the attempt simulates a
+   cloud: it plays the cloud, so it runs as the broker's user and its hard
+   stop ends every process of the node, this one included (no exit recorded:
+   the node vanished);
+5. runs the job's command as that user, with exactly the environment the
+   launcher built (nothing of the broker's own), in `workdir/`;
+6. records the command's exit code (`exit-{rank}`), ends what the job left
+   behind, and exits with that code. A provisioning failure is recorded in
+   `error-{rank}` instead, with the reason.
+
+SIGTERM (the launcher's terminate) is passed to every process of the node;
+whatever is still alive after the grace period gets SIGKILL.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spotbroker.agent import proctree
+
+ERROR_EXIT = 125  # provisioning failed before the job's command ran
+
+
+@dataclass
+class NodeSpec:
+    rank: int
+    run_dir: str                       # the attempt's directory: node-N.self, exit-N, error-N, sim.url
+    node_dir: str                      # this node's own: home/, tmp/, workdir/, agent/
+    command: list[str]                 # run in workdir/ as `user`
+    env: dict[str, str]                # the job's whole environment
+    user: str | None = None            # None: the broker's own user
+    code: dict[str, str] | None = None  # {"uri", "sha256"}: the job's uploaded workdir
+    checkpoint_dirs: list[str] = field(default_factory=list)  # file:// prefixes the job writes or reads
+    simulator: list[str] | None = None  # the simulator's arguments, if the node simulates a cloud
+    kill_grace: float = 10.0
+
+    @classmethod
+    def load(cls, path: str) -> NodeSpec:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+class ProvisionError(RuntimeError):
+    pass
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _owner(user: str | None) -> tuple[int, int] | None:
+    if user is None:
+        return None
+    import pwd
+
+    try:
+        entry = pwd.getpwnam(user)
+    except KeyError:
+        raise ProvisionError(f"the user {user!r} that jobs run as does not exist") from None
+    return entry.pw_uid, entry.pw_gid
+
+
+def _give(path: Path, owner: tuple[int, int] | None, mode: int = 0o700) -> None:
+    """Make `path` a directory that belongs to the job's user (and no one else)."""
+    path.mkdir(parents=True, exist_ok=True)
+    if owner is not None:
+        os.chown(path, *owner, follow_symlinks=False)
+    path.chmod(mode)
+
+
+def _give_tree(root: Path, owner: tuple[int, int]) -> None:
+    for top, dirs, files in os.walk(root):
+        for name in (*dirs, *files):
+            os.chown(os.path.join(top, name), *owner, follow_symlinks=False)
+    os.chown(root, *owner, follow_symlinks=False)
+
+
+def provision(spec: NodeSpec) -> Path:
+    """The node directory and the job's checkpoint prefixes; returns workdir/."""
+    owner = _owner(spec.user)
+    node = Path(spec.node_dir)
+    _give(node, owner)
+    for name in ("home", "tmp", "agent"):
+        _give(node / name, owner)
+    workdir = node / "workdir"
+    if spec.code:
+        from spotbroker.agent.code import CodeError, fetch_code
+
+        try:
+            fetch_code(spec.code["uri"], spec.code["sha256"], workdir)
+        except CodeError as exc:
+            raise ProvisionError(f"cannot fetch the job's code: {exc}") from None
+        if owner is not None:
+            _give_tree(workdir, owner)
+    else:
+        _give(workdir, owner)
+    for prefix in spec.checkpoint_dirs:
+        # The parents stay the broker's (traversable, not listable); the job's
+        # own prefix is the job's.
+        path = Path(prefix)
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        _give(path, owner)
+    return workdir
+
+
+def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
+    """The simulated cloud's metadata service for this node; its URL joins the job's environment."""
+    if spec.simulator is None:
+        return None
+    run_dir = Path(spec.run_dir)
+    url_file = run_dir / "sim.url"
+    with open(run_dir / "sim.log", "ab") as log, open(url_file, "wb") as out:
+        sim = subprocess.Popen([sys.executable, "-m", "spotbroker.agent.simulator", *spec.simulator,
+                                "--kill-at-hard-stop", str(os.getpid())],
+                               stdin=subprocess.DEVNULL, stdout=out, stderr=log)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        text = url_file.read_text()
+        if "\n" in text:  # the simulator prints its URL as one line once it listens
+            spec.env["SPOTBROKER_METADATA_URL"] = text.split("\n", 1)[0].strip()
+            return sim
+        if sim.poll() is not None:
+            break
+        time.sleep(0.02)
+    raise ProvisionError(f"the metadata simulator did not start (see {run_dir / 'sim.log'})")
+
+
+class Node:
+    def __init__(self, spec: NodeSpec) -> None:
+        self.spec = spec
+        self.job: subprocess.Popen[bytes] | None = None
+        self.stopping = False
+
+    def on_term(self, signum: int, frame: Any) -> None:
+        """The launcher stops the node: every process of it is told, then killed after the grace period."""
+        self.stopping = True
+        proctree.signal_tree(os.getpid(), signal.SIGTERM, include_root=False)
+        signal.alarm(max(1, round(self.spec.kill_grace)))
+
+    def on_alarm(self, signum: int, frame: Any) -> None:
+        proctree.kill_tree(os.getpid(), spare=(os.getpid(),))
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self.on_term)
+        signal.signal(signal.SIGALRM, self.on_alarm)
+        run_dir, rank = Path(self.spec.run_dir), self.spec.rank
+        try:
+            workdir = provision(self.spec)
+            start_simulator(self.spec)
+        except (ProvisionError, OSError) as exc:
+            _write_atomic(run_dir / f"error-{rank}", json.dumps({"reason": str(exc)}))
+            print(f"spotbroker: node {rank}: {exc}", file=sys.stderr, flush=True)
+            return ERROR_EXIT
+        if self.stopping:
+            return 128 + signal.SIGTERM
+        owner = _owner(self.spec.user)
+        self.job = subprocess.Popen(
+            self.spec.command, cwd=workdir, env=self.spec.env, stdin=subprocess.DEVNULL,
+            user=owner[0] if owner else None, group=owner[1] if owner else None,
+            extra_groups=[] if owner else None, umask=0o077)
+        code = self._wait_for_job()
+        _write_atomic(run_dir / f"exit-{rank}", f"{code}\n")
+        self._end_leftovers()
+        return code
+
+    def _wait_for_job(self) -> int:
+        """Reap every child (orphans come to us) until the job's own process ends."""
+        assert self.job is not None
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == self.job.pid:
+                self.job.returncode = os.waitstatus_to_exitcode(status)
+                code = self.job.returncode
+                return 128 - code if code < 0 else code
+
+    def _end_leftovers(self) -> None:
+        """What the job left running ends with its node's run (as on a VM torn down)."""
+        if proctree.signal_tree(os.getpid(), signal.SIGTERM, include_root=False):
+            deadline = time.monotonic() + min(self.spec.kill_grace, 5.0)
+            while proctree.descendants(os.getpid()) and time.monotonic() < deadline:
+                self._reap()
+                time.sleep(0.05)
+            proctree.kill_tree(os.getpid(), spare=(os.getpid(),))
+        self._reap()
+
+    @staticmethod
+    def _reap() -> None:
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
+                pass
+        except ChildProcessError:
+            pass
+
+
+def main(argv: list[str]) -> int:
+    spec = NodeSpec.load(argv[0])
+    run_dir = Path(spec.run_dir)
+    _write_atomic(run_dir / f"node-{spec.rank}.self", f"{os.getpid()} {proctree.start_time(os.getpid())}\n")
+    proctree.become_subreaper()
+    return Node(spec).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
