@@ -24,22 +24,6 @@ from spotbroker.broker.spec import JobSpec
 log = logging.getLogger("spotbroker")
 
 
-class SchemaBehind(RuntimeError):
-    pass
-
-
-def prepare_database(engine, settings: Settings) -> None:
-    """SQLite (the embedded default) is migrated here; PostgreSQL is shared
-    by several brokers and is migrated on purpose, by `spotbroker db upgrade`."""
-    if engine.dialect.name == "sqlite":
-        settings.data_dir.mkdir(parents=True, exist_ok=True)
-        migrate.upgrade(engine)
-    elif not migrate.is_current(engine):
-        have, want = migrate.current_revision(engine), migrate.head_revision(str(engine.url))
-        raise SchemaBehind(f"the database schema is at {have or 'nothing'} and this broker needs {want}: "
-                           "run 'spotbroker db upgrade' first")
-
-
 def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
                run_reconciler: bool = True) -> FastAPI:
     settings = settings or get_settings()
@@ -47,7 +31,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine = make_engine(settings.sqlalchemy_url)
-        prepare_database(engine, settings)
+        migrate.prepare(engine, settings.data_dir)
         factory = make_session_factory(engine)
         with transaction(factory) as session:
             seed_from_catalog(session, clock)

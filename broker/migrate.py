@@ -3,6 +3,7 @@ the server's start-up check, and the readiness probe."""
 from __future__ import annotations
 
 from importlib import resources
+from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
@@ -43,3 +44,20 @@ def downgrade(engine: Engine, revision: str) -> None:
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.downgrade(cfg, revision)
+
+
+class SchemaBehind(RuntimeError):
+    pass
+
+
+def prepare(engine: Engine, data_dir: Path) -> None:
+    """Make the database ready for a broker: SQLite (the embedded default) is
+    migrated here; PostgreSQL is shared by several brokers and is migrated on
+    purpose, by `spotbroker db upgrade`, so one that is behind is refused."""
+    if engine.dialect.name == "sqlite":
+        data_dir.mkdir(parents=True, exist_ok=True)
+        upgrade(engine)
+    elif not is_current(engine):
+        have, want = current_revision(engine), head_revision(str(engine.url))
+        raise SchemaBehind(f"the database schema is at {have or 'nothing'} and this broker needs {want}: "
+                           "run 'spotbroker db upgrade' first")

@@ -16,11 +16,11 @@ def _engine():
 
 def _ready_engine():
     """An engine whose schema is current (SQLite is migrated on the spot)."""
-    from spotbroker.api.app import SchemaBehind, prepare_database
+    from spotbroker.broker.migrate import SchemaBehind, prepare
 
     engine = _engine()
     try:
-        prepare_database(engine, get_settings())
+        prepare(engine, get_settings().data_dir)
     except SchemaBehind as exc:
         raise click.ClickException(str(exc)) from None
     return engine

@@ -1,0 +1,53 @@
+"""The wheel a GPU node installs: built from this tree, installed into a clean
+virtual environment without the broker extra, every module of the agent
+imports, and the broker's own dependencies are not there."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(*cmd: str | Path, **kw) -> str:
+    done = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=300, **kw)
+    assert done.returncode == 0, f"{cmd}: {done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, REPO)
+    (path,) = out.glob("spotbroker-*.whl")
+    return path
+
+
+def test_the_wheel_holds_every_package_of_the_tree(wheel):
+    in_tree = {str(p.parent.relative_to(REPO)) for top in ("broker", "agent", "api", "migrations")
+               for p in (REPO / top).rglob("__init__.py")}
+    in_wheel = {str(Path(n).parent.relative_to("spotbroker")) for n in zipfile.ZipFile(wheel).namelist()
+                if n.startswith("spotbroker/") and n.endswith("/__init__.py")}
+    assert in_wheel == in_tree
+
+
+def test_every_agent_module_imports_without_the_broker_extra(wheel, tmp_path):
+    venv = tmp_path / "node"
+    run(sys.executable, "-m", "venv", venv)
+    py = venv / "bin" / "python"
+    run(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel)
+    check = (
+        "import importlib, importlib.util, pkgutil, spotbroker.agent as a\n"
+        "names = [m.name for m in pkgutil.walk_packages(a.__path__, 'spotbroker.agent.')]\n"
+        "for n in names: importlib.import_module(n)\n"
+        "missing = [d for d in ('fastapi', 'sqlalchemy', 'alembic', 'uvicorn') if importlib.util.find_spec(d)]\n"
+        "assert not missing, missing\n"
+        "print(len(names))\n"
+    )
+    imported = run(py, "-c", check, cwd=tmp_path)  # not from the repo, whose folders would shadow the wheel
+    assert int(imported) >= 10
