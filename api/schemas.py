@@ -61,7 +61,7 @@ class JobOut(BaseModel):
         attempts = [AttemptOut.of(a, now) for a in job.attempts]
         return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team, spec=job.spec,
                    restarts=job.restarts, recoveries=job.recoveries,
-                   cost=round(sum(a.cost for a in attempts), 6), created_at=job.created_at,
+                   cost=round(costs.job_cost(job, now), 6), created_at=job.created_at,
                    updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
 
 
