@@ -41,7 +41,8 @@ from typing import Any
 import torch
 
 from spotbroker.agent import protocol
-from spotbroker.agent.checkpoint import DEFAULT_PART_BYTES, DEFAULT_WORKERS, Checkpointer
+from spotbroker.agent.checkpoint import Checkpointer
+from spotbroker.agent.checkpoint.checkpointer import DEFAULT_PART_BYTES, DEFAULT_WORKERS
 
 GIB = 1024**3
 CHUNK_PARAMS = 16 * 1024 * 1024  # one 64 MiB fp32 parameter per chunk, like a large layer
@@ -209,8 +210,8 @@ def stall_figures(gib: float, args: argparse.Namespace, scratch: Path) -> list[s
     ckpt = Checkpointer(model, optimizer, uri=f"file://{scratch}/periodic", every_steps=2, every_seconds=None,
                         keep_last=1, part_bytes=args.part_bytes, max_workers=args.workers)
     ckpt.step(1)  # no save due: the host buffer is made in the background, as while training
-    if ckpt._host_preparing is not None:
-        ckpt._host_preparing.join()
+    if ckpt._uploader.host_preparing is not None:
+        ckpt._uploader.host_preparing.join()
     syncs, stalls, uploads = [], [], []
     for step in range(2, 2 + 2 * args.stall_repeat, 2):
         syncs.append(sync_save_seconds(model, optimizer, scratch / "sync.pt"))

@@ -70,54 +70,36 @@ from __future__ import annotations
 import logging
 import os
 import re
-import signal
-import threading
 import time
-from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 from spotbroker.agent import protocol
 
-# This module is the public API. Behind it: ckpt_format (the objects on storage, and
-# reading them back verified), ckpt_state (the state as skeleton + tensors, the RNG
-# states), ckpt_upload (host buffer, part uploads, commit, pruning) and ckpt_control
-# (the agent's control directory). What this module exported before they were split
-# off stays importable from here.
-from spotbroker.agent.ckpt_control import (
-    emit_event,
-    flush_file_mtime,
-    read_flush_file,
-    withdraw_library_file,
-    write_library_file,
-)
-from spotbroker.agent.ckpt_format import (  # noqa: F401
+# This module is the public API. Behind it: format (the objects on storage, and
+# reading them back verified), state (the state as skeleton + tensors, the RNG
+# states), upload (part uploads, commit, pruning), hostbuffer (the snapshot's host
+# memory) and control (the agent's control directory).
+from spotbroker.agent.checkpoint.control import ControlChannel, control_dir_from
+from spotbroker.agent.checkpoint.format import (
     ALIGN,
     FORMAT,
-    INDEX_OBJECT,
     KEEP_MARKER,
-    STATE_OBJECT,
     CheckpointInfo,
     CheckpointInvalid,
     HalfMode,
     load_checkpoint,
 )
-from spotbroker.agent.ckpt_state import TensorRef, rng_state, set_rng_state
-from spotbroker.agent.ckpt_upload import HostBuffer, Save, UploadMixin
-from spotbroker.agent.storage import Storage
+from spotbroker.agent.checkpoint.state import rng_state, set_rng_state
+from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.agent.checkpoint.upload import Uploader
 
 log = logging.getLogger("spotbroker.checkpoint")
 
 DEFAULT_PART_BYTES = 16 * 1024 * 1024
 DEFAULT_WORKERS = 8
 _STEP_MANIFEST_RE = re.compile(r"(?:^|/)step-(\d{12})/" + re.escape(protocol.MANIFEST) + r"$")
-
-# state.pkl files name the class of their tensor placeholders by this module's old name
-# for it: it must stay here for checkpoints written before and after the split to load.
-_TensorRef = TensorRef
-_load = load_checkpoint  # the tests' name for it
 
 
 def list_checkpoints(uri: str) -> list[CheckpointInfo]:
@@ -149,7 +131,7 @@ def mark_keep(checkpoint_uri: str) -> None:
     Storage(checkpoint_uri).put(KEEP_MARKER, b"")
 
 
-class Checkpointer(UploadMixin):
+class Checkpointer:
     """Saves and restores a training loop's state; see the module's docstring.
 
     ``model``, ``optimizer``, ``scheduler`` and the values of ``stateful`` are
@@ -205,39 +187,24 @@ class Checkpointer(UploadMixin):
         self.uri = uri or env.get(protocol.ENV_CHECKPOINT_URI) or None
         self.job_uri = job_uri or env.get(protocol.ENV_CHECKPOINT_ROOT) or None
         self.resume_from = resume_from or env.get(protocol.ENV_RESUME_FROM) or None
-        control = control_dir or env.get(protocol.ENV_CONTROL_DIR)
-        self.control_dir = Path(control) if control else None
-        if self.control_dir is not None and not self.control_dir.is_absolute():
-            # The agent always hands an absolute one: a relative path would
-            # land in whatever directory the trainer runs in (the user's code).
-            log.warning("ignoring a relative control directory %r: the agent cannot ask for flushes", str(control))
-            self.control_dir = None
-        self._storage = Storage(self.uri, max_concurrency=self.max_workers) if self.uri else None
-        if self._storage is None:
+        self.control_dir = control_dir_from(control_dir)
+        self._uploader: Uploader | None = None  # None: checkpoints are off
+        if self.uri:
+            self._uploader = Uploader(Storage(self.uri, max_concurrency=self.max_workers), state=self._state,
+                                      on_commit=self._committed, half=half, part_bytes=part_bytes,
+                                      max_workers=self.max_workers, keep_last=keep_last)
+        else:
             log.warning("no checkpoint URI (pass uri= or set %s): checkpoints are off",
                         protocol.ENV_CHECKPOINT_URI)
-
-        self._host = HostBuffer()
-        self._host_preparing: threading.Thread | None = None
-        self._pool: ThreadPoolExecutor | None = None
-        self._current: Save | None = None
         self._last_committed: CheckpointInfo | None = None
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
-        # Test seams: called before each part's upload and before the manifest.
-        self._before_part: Callable[[int, str], None] | None = None
-        self._before_manifest: Callable[[int], None] | None = None
 
-        self._flush_flag = False
-        self._flush_mtime = flush_file_mtime(self.control_dir)  # a request older than us is not ours
-        self._previous_handler: Any = None
-        self._signal_installed = False
-        if handle_signal:
-            self._install_signal_handler()
+        self._control = ControlChannel(self.control_dir, handle_signal)
         # Only now that a flush request can be taken does the agent learn we are here;
         # and only with checkpoints on: otherwise it must not wait for a flush.
-        if self._storage is not None:
-            write_library_file(self.control_dir)
+        if self._uploader is not None:
+            self._control.announce()
 
     # --- context manager ------------------------------------------------------
 
@@ -282,11 +249,11 @@ class Checkpointer(UploadMixin):
             data: dict[str, Any] = {"step": step, "uri": candidate}
             if skipped:
                 data["skipped"] = skipped
-            emit_event(self.control_dir, protocol.RESUMED, data)
+            self._control.emit(protocol.RESUMED, data)
             return step
         if skipped:
             log.error("no usable checkpoint (%d skipped): starting from step 0", len(skipped))
-            emit_event(self.control_dir, protocol.RESUMED, {"step": 0, "uri": None, "skipped": skipped})
+            self._control.emit(protocol.RESUMED, {"step": 0, "uri": None, "skipped": skipped})
         return 0
 
     def step(self, step: int) -> None:
@@ -295,119 +262,58 @@ class Checkpointer(UploadMixin):
         Persists at once when the agent asked for a flush, otherwise starts a
         periodic save when one is due. Cheap when nothing is due.
         """
-        if self._storage is None:
+        uploader = self._uploader
+        if uploader is None:
             return
-        self._reap()
-        if self._flush_requested():
+        uploader.reap()
+        if self._control.flush_requested():
             self._flush(step)
             return
         if self._periodic_due(step):
-            if self._busy():
+            if uploader.busy():
                 return  # the previous upload is still going: try at the next boundary
             self.save(step, reason="periodic", wait=False)
-        elif self._host.tensor is None and self._host_preparing is None and (self.every_steps or self.every_seconds):
-            self._prepare_host_buffer()
+        elif self.every_steps or self.every_seconds:
+            uploader.prepare_ahead()
 
     def save(self, step: int, *, reason: str = "manual", wait: bool = True) -> CheckpointInfo | None:
         """Checkpoint now. ``wait=False``: snapshot, then upload in the background.
 
         Returns the committed checkpoint when ``wait`` (None when it failed).
         """
-        if self._storage is None:
+        if self._uploader is None:
             return None
         started = time.monotonic()
-        self._abandon_current(step)
-        save = Save(step=step, reason=reason, directory=protocol.step_dir(step), started=started)
-        self._current = save
         self._last_save_step = step
         self._last_save_time = started
-        try:
-            self._uncommit(save.directory)
-            self._snapshot_and_submit(save, pipelined=wait)
-        except Exception as exc:
-            # Training goes on: a checkpoint that fails is logged and reported, never raised.
-            save.cancel.set()
-            self._finish(save)  # waits for whatever was queued, then removes it
-            save.error = exc
-            log.error("checkpoint of step %d failed: %r", step, exc)
-            return None
-        except BaseException:
-            # Interrupted (Ctrl-C, or SystemExit from the trainer's own SIGTERM handler):
-            # end this save so that close() does not wait for it forever, then go on raising.
-            save.cancel.set()
-            self._finish(save)
-            raise
-        if wait:
-            self._finish(save)
-            return save.result
-        threading.Thread(target=self._finish, args=(save,), name=f"spotbroker-ckpt-{step}").start()
-        return None
+        return self._uploader.save(step, reason, wait=wait, started=started)
 
     def wait(self) -> CheckpointInfo | None:
         """Wait for a background upload; the newest committed checkpoint."""
-        current = self._current
-        if current is not None:
-            current.done.wait()
-        self._reap()
+        if self._uploader is not None:
+            self._uploader.wait()
         return self._last_committed
 
     def close(self) -> None:
         """Wait for the background upload; tell the agent flushes are over; free the
         host buffer and stop the threads."""
         self.wait()
-        withdraw_library_file(self.control_dir)
-        if self._signal_installed and threading.current_thread() is threading.main_thread():
-            previous = self._previous_handler
-            # A late signal from the agent must not kill the process: SIGUSR1's
-            # default action is to terminate, so it is ignored instead.
-            if previous in (None, signal.SIG_DFL):
-                previous = signal.SIG_IGN
-            signal.signal(getattr(signal, protocol.FLUSH_SIGNAL), previous)
-            self._signal_installed = False
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
-        if self._host_preparing is not None:
-            self._host_preparing.join()  # it would start the copy threads again
-            self._host_preparing = None
-        self._host.close()
+        self._control.close()
+        if self._uploader is not None:
+            self._uploader.close()
 
     # --- flush requests --------------------------------------------------------
 
-    def _install_signal_handler(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            log.info("not in the main thread: flush requests are read from %s at step boundaries",
-                     protocol.FLUSH_FILE)
-            return
-        self._previous_handler = signal.signal(getattr(signal, protocol.FLUSH_SIGNAL), self._on_flush_signal)
-        self._signal_installed = True
-
-    def _on_flush_signal(self, signum: int, frame: Any) -> None:
-        # Runs between two bytecodes of the main thread: set the flag, nothing else.
-        self._flush_flag = True
-
-    def _flush_requested(self) -> bool:
-        # The file is read too, for a trainer whose handler could not be installed.
-        mtime = flush_file_mtime(self.control_dir)
-        if mtime != self._flush_mtime:
-            return True
-        if self._flush_flag and mtime:
-            # The agent writes flush.json, then signals: a signal whose file was
-            # already handled (at a boundary between the two) is that request's echo.
-            self._flush_flag = False
-        return self._flush_flag
-
     def _flush(self, step: int) -> None:
-        self._flush_flag = False
-        self._flush_mtime = flush_file_mtime(self.control_dir)
-        request = read_flush_file(self.control_dir)
+        assert self._uploader is not None
+        request = self._control.take_flush_request()
         log.info("flush requested (%s, deadline %s): persisting step %d",
                  request.get("reason", "signal"), request.get("deadline", "unknown"), step)
-        current = self._current
+        current = self._uploader.current
         if current is not None and current.step == step and not current.done.is_set():
             # A periodic save of this very state is under way: it is the flush.
             current.done.wait()
-            self._reap()
+            self._uploader.reap()
             if current.result is not None:
                 self._emit_committed(current.result, reason="flush")
                 return
@@ -417,11 +323,10 @@ class Checkpointer(UploadMixin):
             self._emit_committed(last, reason="flush")
             return
         if self.save(step, reason="flush", wait=True) is None:
-            current = self._current
+            current = self._uploader.current
             error = current.error if current is not None else None
             # Tell the agent at once rather than let it wait for the deadline.
-            emit_event(self.control_dir, protocol.NO_FLUSH,
-                       {"reason": f"the checkpoint of step {step} failed: {error!r}"})
+            self._control.emit(protocol.NO_FLUSH, {"reason": f"the checkpoint of step {step} failed: {error!r}"})
 
     # --- periodic saves ----------------------------------------------------------
 
@@ -468,8 +373,13 @@ class Checkpointer(UploadMixin):
 
     # --- talking to the agent -------------------------------------------------
 
+    def _committed(self, info: CheckpointInfo, reason: str) -> None:
+        """The uploader committed a checkpoint."""
+        self._last_committed = info
+        self._emit_committed(info, reason)
+
     def _emit_committed(self, info: CheckpointInfo, reason: str) -> None:
-        emit_event(self.control_dir, protocol.CHECKPOINT_COMMITTED, {
+        self._control.emit(protocol.CHECKPOINT_COMMITTED, {
             "step": info.step, "uri": info.uri, "bytes": info.bytes,
             "seconds": round(info.seconds or 0.0, 3), "reason": reason,
         })

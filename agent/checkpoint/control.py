@@ -145,9 +145,10 @@ class ControlChannel:
             log.info("not in the main thread: flush requests are read from %s at step boundaries",
                      protocol.FLUSH_FILE)
             return
-        self._previous_handler = signal.signal(getattr(signal, protocol.FLUSH_SIGNAL), self._on_signal)
+        self._previous_handler = signal.signal(getattr(signal, protocol.FLUSH_SIGNAL), self.on_signal)
         self._installed = True
 
-    def _on_signal(self, signum: int, frame: Any) -> None:
+    def on_signal(self, signum: int, frame: Any) -> None:
+        """The flush signal's handler."""
         # Runs between two bytecodes of the main thread: set the flag, nothing else.
         self._flag = True

@@ -3,7 +3,7 @@
 A checkpoint of step N is the prefix ``step-{N:012d}/``: the tensors' bytes as
 one stream cut into equal parts (``part-00000.bin``...), ``index.json`` (the
 :class:`Layout`: where each tensor lies in the stream and how it is stored),
-``state.pkl`` (the skeleton, see :mod:`spotbroker.agent.ckpt_state`) and,
+``state.pkl`` (the skeleton, see :mod:`spotbroker.agent.checkpoint.state`) and,
 written last, ``MANIFEST.json`` with the size and sha256 of every object. A
 checkpoint without its manifest does not exist; one whose objects do not
 match their manifest entries is :class:`CheckpointInvalid`.
@@ -21,9 +21,8 @@ from datetime import datetime
 from typing import Any, Literal
 
 from spotbroker.agent import protocol
-from spotbroker.agent.ckpt_state import import_torch, unflatten
-from spotbroker.agent.protocol import now_iso  # noqa: F401  (re-exported)
-from spotbroker.agent.storage import Storage, parallel_map
+from spotbroker.agent.checkpoint.state import import_torch, unflatten
+from spotbroker.agent.checkpoint.storage import Storage, parallel_map
 
 FORMAT = "spotbroker-checkpoint/1"
 INDEX_OBJECT = "index.json"

@@ -3,7 +3,7 @@
 The state (component state dicts, RNG states, ``extra``) is nested dicts, lists
 and tuples. Every plain dense tensor in it is swapped for a :class:`TensorRef`
 so that the skeleton pickles small and fast, and the tensors go to one raw
-byte stream (:mod:`spotbroker.agent.ckpt_format`) that can be hashed and
+byte stream (:mod:`spotbroker.agent.checkpoint.format`) that can be hashed and
 uploaded in parallel parts. torch is imported lazily, by the functions that
 need it.
 """
@@ -38,8 +38,8 @@ class TensorRef:
 
 
 # Pickle names a class by its module and name, and every state.pkl written so far
-# names this one spotbroker.agent.checkpoint._TensorRef (where it lived first; that
-# module still exports it). Keeping the name keeps state.pkl the same, readable by
+# names this one spotbroker.agent.checkpoint._TensorRef (where it lived first; the
+# package still exports it under that name). Keeping the name keeps state.pkl the same, readable by
 # older and newer versions of the library alike.
 TensorRef.__module__ = "spotbroker.agent.checkpoint"
 TensorRef.__qualname__ = TensorRef.__name__ = "_TensorRef"

@@ -1,16 +1,15 @@
-"""Writing checkpoints: the host buffer, the parallel part uploads and the commit.
+"""Writing checkpoints: the parallel part uploads, the commit and the pruning.
 
-A periodic save copies the state into one reused host buffer (the only
-stall the training loop sees) and uploads its parts from there in the
-background; a flush, which the caller waits for, uploads CPU tensors in place
-and GPU ones part by part as they reach host memory. Each save is a
-:class:`Save`: its parts are hashed while uploaded, and the manifest, written
-last, is the commit (see :mod:`spotbroker.agent.ckpt_format`).
+A periodic save copies the state into the reused host buffer (the only stall
+the training loop sees, see :mod:`spotbroker.agent.checkpoint.hostbuffer`) and
+uploads its parts from there in the background; a flush, which the caller
+waits for, uploads CPU tensors in place and GPU ones part by part as they
+reach host memory. Each save is a :class:`Save`: its parts are hashed while
+uploaded, and the manifest, written last, is the commit (see
+:mod:`spotbroker.agent.checkpoint.format`). The :class:`Uploader` runs them.
 """
 from __future__ import annotations
 
-import bisect
-import ctypes
 import hashlib
 import json
 import logging
@@ -25,23 +24,21 @@ from datetime import UTC, datetime
 from typing import Any
 
 from spotbroker.agent import protocol
-from spotbroker.agent.ckpt_format import (
-    ALIGN,
+from spotbroker.agent.checkpoint.format import (
     FORMAT,
     INDEX_OBJECT,
     KEEP_MARKER,
     STATE_OBJECT,
     CheckpointInfo,
     HalfMode,
-    Layout,
-    byte_view,
-    now_iso,
     part_name,
     plan,
     slot_view,
 )
-from spotbroker.agent.ckpt_state import flatten, import_torch
-from spotbroker.agent.storage import Storage
+from spotbroker.agent.checkpoint.hostbuffer import BufferSource, HostBuffer, TensorSource
+from spotbroker.agent.checkpoint.state import flatten, import_torch
+from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.agent.protocol import now_iso
 
 log = logging.getLogger("spotbroker.checkpoint")
 
@@ -72,63 +69,113 @@ class Save:
     error: BaseException | None = None
 
 
-# --- the save machinery of Checkpointer ----------------------------------------
+# --- the uploader -------------------------------------------------------------
 
 
-class UploadMixin:
-    """How :class:`~spotbroker.agent.checkpoint.Checkpointer` makes a checkpoint.
+class Uploader:
+    """Makes the checkpoints of one :class:`~spotbroker.agent.checkpoint.Checkpointer`.
 
-    Kept apart from the public API so that each reads on its own. It works on
-    the attributes Checkpointer's ``__init__`` sets (declared below) and calls
-    its ``_state`` (what to save) and ``_emit_committed`` (tell the agent).
+    Given what to save (``state(step)``, asked for at each save) and whom to
+    tell of a commit (``on_commit(info, reason)``), it owns everything between
+    a step boundary and a commit: the host buffer, the upload threads, the
+    save in flight, the manifest and the pruning of old checkpoints.
     """
 
-    # Set by Checkpointer.__init__:
-    _storage: Storage | None
-    _host: HostBuffer
-    _host_preparing: threading.Thread | None
-    _pool: ThreadPoolExecutor | None
-    _current: Save | None
-    _last_committed: CheckpointInfo | None
-    _before_part: Callable[[int, str], None] | None  # test seams
-    _before_manifest: Callable[[int], None] | None
-    half: HalfMode | None
-    part_bytes: int
-    max_workers: int
-    keep_last: int | None
-    # Methods of Checkpointer:
-    _state: Callable[[int], dict[str, Any]]
-    _emit_committed: Callable[[CheckpointInfo, str], None]
+    def __init__(self, storage: Storage, *, state: Callable[[int], dict[str, Any]],
+                 on_commit: Callable[[CheckpointInfo, str], None], half: HalfMode | None,
+                 part_bytes: int, max_workers: int, keep_last: int | None) -> None:
+        self.storage = storage
+        self._state = state
+        self._on_commit = on_commit
+        self.half = half
+        self.part_bytes = part_bytes
+        self.max_workers = max_workers
+        self.keep_last = keep_last
+        self.host = HostBuffer()
+        self.host_preparing: threading.Thread | None = None
+        self.pool: ThreadPoolExecutor | None = None
+        self.current: Save | None = None  # the newest save, until reaped
+        # Test seams: called before each part's upload and before the manifest.
+        self.before_part: Callable[[int, str], None] | None = None
+        self.before_manifest: Callable[[int], None] | None = None
 
-    def _prepare_host_buffer(self) -> None:
+    def save(self, step: int, reason: str, *, wait: bool, started: float) -> CheckpointInfo | None:
+        """Checkpoint ``step`` now (see :meth:`Checkpointer.save`); ``started``
+        is the step boundary's ``time.monotonic()``."""
+        self._abandon_current(step)
+        save = Save(step=step, reason=reason, directory=protocol.step_dir(step), started=started)
+        self.current = save
+        try:
+            self._uncommit(save.directory)
+            self.snapshot_and_submit(save, pipelined=wait)
+        except Exception as exc:
+            # Training goes on: a checkpoint that fails is logged and reported, never raised.
+            save.cancel.set()
+            self._finish(save)  # waits for whatever was queued, then removes it
+            save.error = exc
+            log.error("checkpoint of step %d failed: %r", step, exc)
+            return None
+        except BaseException:
+            # Interrupted (Ctrl-C, or SystemExit from the trainer's own SIGTERM handler):
+            # end this save so that close() does not wait for it forever, then go on raising.
+            save.cancel.set()
+            self._finish(save)
+            raise
+        if wait:
+            self._finish(save)
+            return save.result
+        threading.Thread(target=self._finish, args=(save,), name=f"spotbroker-ckpt-{step}").start()
+        return None
+
+    def wait(self) -> None:
+        """Wait for the save in flight, if any."""
+        current = self.current
+        if current is not None:
+            current.done.wait()
+        self.reap()
+
+    def close(self) -> None:
+        """Free the host buffer and stop the threads (after :meth:`wait`)."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
+        if self.host_preparing is not None:
+            self.host_preparing.join()  # it would start the copy threads again
+            self.host_preparing = None
+        self.host.close()
+
+    def prepare_ahead(self) -> None:
         """Allocate (and fault in) the snapshot buffer in the background, well
-        before the first periodic save, so that its stall is the copy alone."""
+        before the first periodic save, so that its stall is the copy alone.
+        Once: a no-op when the buffer is there or on its way."""
+        if self.host.tensor is not None or self.host_preparing is not None:
+            return
         tensors: list[Any] = []
         flatten(self._state(0), tensors)
         layout = plan(tensors, self.half, self.part_bytes)
         pin = any(t.device.type == "cuda" for t in tensors)
 
         def prepare() -> None:
-            self._host.ensure(layout, pin)
-            self._host.start_copiers()
+            self.host.ensure(layout, pin)
+            self.host.start_copiers()
 
-        self._host_preparing = threading.Thread(target=prepare, name="spotbroker-ckpt-buffer", daemon=True)
-        self._host_preparing.start()
+        self.host_preparing = threading.Thread(target=prepare, name="spotbroker-ckpt-buffer", daemon=True)
+        self.host_preparing.start()
 
-    def _busy(self) -> bool:
-        current = self._current
+    def busy(self) -> bool:
+        current = self.current
         return current is not None and not current.done.is_set()
 
-    def _reap(self) -> None:
+    def reap(self) -> None:
         """Forget a finished background save (its outcome is already logged)."""
-        current = self._current
+        current = self.current
         if current is not None and current.done.is_set():
-            self._current = None
+            self.current = None
 
     def _abandon_current(self, next_step: int) -> None:
         """Stop an upload in flight so that its buffer and bandwidth are free.
         Its objects are deleted; the newest committed checkpoint still stands."""
-        current = self._current
+        current = self.current
         if current is None or current.done.is_set():
             return
         log.info("abandoning the unfinished checkpoint of step %d", current.step)
@@ -141,15 +188,14 @@ class UploadMixin:
     def _uncommit(self, directory: str) -> None:
         """Saving a step again (same prefix): drop its manifest first, so that
         the old manifest never vouches for objects being replaced."""
-        assert self._storage is not None
-        self._storage.delete(f"{directory}/{protocol.MANIFEST}")  # a missing one is fine
+        self.storage.delete(f"{directory}/{protocol.MANIFEST}")  # a missing one is fine
 
     def _executor(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="spotbroker-ckpt-part")
-        return self._pool
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=self.max_workers, thread_name_prefix="spotbroker-ckpt-part")
+        return self.pool
 
-    def _snapshot_and_submit(self, save: Save, *, pipelined: bool) -> None:
+    def snapshot_and_submit(self, save: Save, *, pipelined: bool) -> None:
         """Copy the state into the host buffer and queue the uploads.
 
         pipelined (the caller waits: a flush): CPU tensors are uploaded in
@@ -183,11 +229,11 @@ class UploadMixin:
                 submit(self._upload_part, number, begin, end)
             return
         on_gpu = any(t.device.type == "cuda" for t in tensors)
-        if self._host_preparing is not None:
-            self._host_preparing.join()
-        self._host.ensure(layout, pin=on_gpu)  # reuses the buffer while the layout holds
-        save.source = BufferSource(self._host.view)
-        buffer = self._host.tensor
+        if self.host_preparing is not None:
+            self.host_preparing.join()
+        self.host.ensure(layout, pin=on_gpu)  # reuses the buffer while the layout holds
+        save.source = BufferSource(self.host.view)
+        buffer = self.host.tensor
         queued = 0
 
         def queue_ready(filled_to: int) -> int:
@@ -200,7 +246,7 @@ class UploadMixin:
 
         if not pipelined and not on_gpu:
             # A periodic save from host memory: the copy is the training loop's stall.
-            for i in self._host.copy_in(tensors, layout):
+            for i in self.host.copy_in(tensors, layout):
                 slot_view(buffer, layout.slots[i]).copy_(tensors[i])
         else:
             for t, slot in zip(tensors, layout.slots):
@@ -216,18 +262,17 @@ class UploadMixin:
         name = part_name(number)
         if save.cancel.is_set():
             raise Cancelled()
-        if self._before_part is not None:
-            self._before_part(save.step, name)
-        assert self._storage is not None and save.source is not None
+        if self.before_part is not None:
+            self.before_part(save.step, name)
+        assert save.source is not None
         digest = hashlib.sha256()  # fed by put with the very bytes it writes
-        self._storage.put(f"{save.directory}/{name}", save.source.segments(begin, end), digest=digest)
+        self.storage.put(f"{save.directory}/{name}", save.source.segments(begin, end), digest=digest)
         return name, end - begin, digest.hexdigest()
 
     def _upload_small(self, save: Save, name: str, data: bytes) -> tuple[str, int, str]:
         if save.cancel.is_set():
             raise Cancelled()
-        assert self._storage is not None
-        self._storage.put(f"{save.directory}/{name}", data)
+        self.storage.put(f"{save.directory}/{name}", data)
         return name, len(data), hashlib.sha256(data).hexdigest()
 
     def _finish(self, save: Save) -> None:
@@ -245,10 +290,9 @@ class UploadMixin:
                 self._discard(save)
                 return
             # Committed: nothing below may undo it.
-            self._last_committed = save.result
             log.info("checkpoint of step %d committed: %s, %.1f MB in %.2f s (%s)", save.step,
                      save.result.uri, save.result.bytes / 1e6, save.result.seconds or 0.0, save.reason)
-            self._emit_committed(save.result, reason=save.reason)
+            self._on_commit(save.result, save.reason)
             if self.keep_last:
                 try:
                     self._prune()
@@ -258,7 +302,6 @@ class UploadMixin:
             save.done.set()
 
     def _commit(self, save: Save) -> CheckpointInfo:
-        assert self._storage is not None
         if not save.cancel.is_set():
             pool = self._executor()
             save.futures.extend(pool.submit(upload, save, *args) for upload, args in save.deferred)
@@ -271,8 +314,8 @@ class UploadMixin:
             objects[name] = {"size": size, "sha256": digest}
         if save.cancel.is_set():
             raise Cancelled()
-        if self._before_manifest is not None:
-            self._before_manifest(save.step)
+        if self.before_manifest is not None:
+            self.before_manifest(save.step)
         total = sum(o["size"] for o in objects.values())
         manifest = {
             "format": FORMAT,
@@ -284,25 +327,24 @@ class UploadMixin:
             "bytes": total,
             "objects": dict(sorted(objects.items())),
         }
-        self._storage.put(f"{save.directory}/{protocol.MANIFEST}", json.dumps(manifest, indent=1).encode())
-        return CheckpointInfo(step=save.step, uri=self._storage.url(save.directory), bytes=total,
+        self.storage.put(f"{save.directory}/{protocol.MANIFEST}", json.dumps(manifest, indent=1).encode())
+        return CheckpointInfo(step=save.step, uri=self.storage.url(save.directory), bytes=total,
                               created_at=datetime.now(UTC), seconds=time.monotonic() - save.started,
                               reason=save.reason)
 
     def _discard(self, save: Save) -> None:
         """Best effort: remove the objects of a save that will never commit."""
-        assert self._storage is not None
         try:
-            self._storage.delete_prefix(save.directory)
+            self.storage.delete_prefix(save.directory)
         except Exception as exc:  # leftovers without a manifest are invisible anyway
             log.debug("could not clean up %s: %r", save.directory, exc)
 
     def _prune(self) -> None:
         """Keep the newest ``keep_last`` committed checkpoints of this attempt and
         every one marked KEEP; remove older ones and older unfinished leftovers."""
-        assert self._storage is not None and self.keep_last
+        assert self.keep_last
         by_step: dict[int, list[str]] = {}
-        for obj in self._storage.iter():
+        for obj in self.storage.iter():
             head, _, _ = obj.key.partition("/")
             if head.startswith("step-") and head[5:].isdigit():
                 by_step.setdefault(int(head[5:]), []).append(obj.key)
@@ -315,13 +357,13 @@ class UploadMixin:
             # Never touch a step newer than the newest commit: it may be in flight.
             if step in keep or step > committed[-1] or f"{directory}/{KEEP_MARKER}" in keys:
                 continue
-            if self._storage.exists(f"{directory}/{KEEP_MARKER}"):
+            if self.storage.exists(f"{directory}/{KEEP_MARKER}"):
                 continue  # marked while we were listing
             manifest = f"{directory}/{protocol.MANIFEST}"
             # The manifest goes first: a half-deleted checkpoint is then uncommitted, not corrupt.
             ordered = ([manifest] if manifest in keys else []) + [k for k in keys if k != manifest]
             try:
-                self._storage.delete_many(ordered)
-                log.info("deleted checkpoint %s (keep_last=%d)", self._storage.url(directory), self.keep_last)
+                self.storage.delete_many(ordered)
+                log.info("deleted checkpoint %s (keep_last=%d)", self.storage.url(directory), self.keep_last)
             except Exception as exc:
-                log.warning("could not delete %s: %r", self._storage.url(directory), exc)
+                log.warning("could not delete %s: %r", self.storage.url(directory), exc)

@@ -10,6 +10,7 @@ import logging
 import os
 import random
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -23,8 +24,9 @@ import pytest
 torch = pytest.importorskip("torch")  # the user's own: the package never depends on it
 
 from spotbroker.agent import protocol  # noqa: E402
-from spotbroker.agent.checkpoint import KEEP_MARKER, Checkpointer, _load, list_checkpoints, mark_keep  # noqa: E402
-from spotbroker.agent.storage import Storage  # noqa: E402
+from spotbroker.agent.checkpoint import Checkpointer, list_checkpoints, mark_keep  # noqa: E402
+from spotbroker.agent.checkpoint.format import KEEP_MARKER, load_checkpoint  # noqa: E402
+from spotbroker.agent.checkpoint.storage import Storage  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -128,7 +130,7 @@ def test_save_and_restore_everything(root_uri: str) -> None:
     assert ck2.restore() == 3
     assert same_state(net2.state_dict(), expected[0])
     # The module versions that load_state_dict reads travel with the weights.
-    saved, _ = _load(Storage(info.uri), workers=2)
+    saved, _ = load_checkpoint(Storage(info.uri), workers=2)
     assert saved["components"]["model"]._metadata == net.state_dict()._metadata
     assert same_state(opt2.state_dict(), expected[1])
     assert sched2.state_dict() == expected[2]
@@ -156,9 +158,9 @@ def test_a_checkpoint_without_its_manifest_does_not_exist(root_uri: str) -> None
     def refuse(step: int) -> None:
         raise RuntimeError("killed before the manifest")
 
-    ck._before_manifest = refuse
+    ck._uploader.before_manifest = refuse
     assert ck.save(2) is None  # every object written, no manifest
-    ck._before_manifest = None
+    ck._uploader.before_manifest = None
     ck.save(3)
     Storage(uri).delete("step-000000000003/MANIFEST.json")  # objects there, manifest gone
     ck.close()
@@ -176,6 +178,29 @@ def test_no_uri_means_no_checkpoints(tmp_path: Path) -> None:
     ck.step(1)
     assert ck.save(1) is None
     ck.close()
+
+
+OLD_CHECKPOINT = Path(__file__).parent / "data" / "checkpoint-before-the-package"
+
+
+def test_a_checkpoint_written_before_the_library_became_a_package_loads(tmp_path: Path) -> None:
+    """Its state.pkl names the tensor placeholders spotbroker.agent.checkpoint._TensorRef
+    (written by the library when it was one module: a Linear(3, 2) after one SGD step,
+    saved at step 7 with extra={"epoch": 3}); checkpoints written today keep that name."""
+    shutil.copytree(OLD_CHECKPOINT, tmp_path / "old")
+    net = torch.nn.Linear(3, 2)
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    ck = Checkpointer(net, opt, uri=f"file://{tmp_path}/old", every_seconds=None, handle_signal=False)
+    assert ck.restore() == 7
+    with torch.no_grad():  # the weights it was written with, arange(6) / 8 and (0.5, -0.25), less one step
+        assert torch.allclose(net.weight, torch.arange(6.0).reshape(2, 3) / 8 - 0.1, rtol=0, atol=1e-7)
+        assert torch.allclose(net.bias, torch.tensor([0.5, -0.25]) - 0.1, rtol=0, atol=1e-7)
+    assert torch.equal(opt.state_dict()["state"][0]["momentum_buffer"], torch.ones(2, 3))
+    assert ck.extra == {"epoch": 3}
+    ck.save(8)
+    ck.close()
+    written = (tmp_path / "old" / "step-000000000008" / "state.pkl").read_bytes()
+    assert b"spotbroker.agent.checkpoint" in written and b"_TensorRef" in written
 
 
 def test_importing_the_library_does_not_import_torch() -> None:
@@ -276,8 +301,8 @@ def trainer(spec):
     ck.save(1)
     with torch.no_grad():
         model.weight.add_(1.0)
-    ck._before_part = lambda step, name: time.sleep(spec["part_delay"])
-    ck._before_manifest = lambda step: time.sleep(5)
+    ck._uploader.before_part = lambda step, name: time.sleep(spec["part_delay"])
+    ck._uploader.before_manifest = lambda step: time.sleep(5)
     print("saving", flush=True)
     ck.save(2)
     print("committed", flush=True)
@@ -373,14 +398,14 @@ def test_periodic_snapshots_reuse_one_host_buffer_made_ahead(tmp_path: Path) -> 
     train(net, opt, sched, 1)  # the optimizer's state exists from here on
     ck = Checkpointer(net, opt, sched, uri=f"file://{tmp_path}/a1", every_steps=2, every_seconds=None)
     ck.step(1)  # nothing due: the snapshot buffer is made in the background meanwhile
-    assert ck._host_preparing is not None
-    ck._host_preparing.join()
-    made = ck._host.tensor.data_ptr()
+    assert ck._uploader.host_preparing is not None
+    ck._uploader.host_preparing.join()
+    made = ck._uploader.host.tensor.data_ptr()
     for step in (2, 3, 4):
         train(net, opt, sched, 1)
         ck.step(step)
         ck.wait()
-    assert ck._host.tensor.data_ptr() == made
+    assert ck._uploader.host.tensor.data_ptr() == made
     ck.close()
     assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [4, 2]
 
@@ -390,14 +415,14 @@ def test_close_frees_the_host_buffer_and_stops_its_copy_threads(tmp_path: Path) 
     train(net, opt, sched, 1)
     ck = Checkpointer(net, opt, sched, uri=f"file://{tmp_path}/a1", every_steps=2, every_seconds=None)
     ck.step(1)  # the buffer is made, and the copy threads started, in the background
-    ck._host_preparing.join()
+    ck._uploader.host_preparing.join()
     ck.step(2)
-    copiers = ck._host._copiers
-    assert copiers is not None and ck._host.tensor is not None
+    copiers = ck._uploader.host._copiers
+    assert copiers is not None and ck._uploader.host.tensor is not None
     threads = list(copiers._threads)
     assert threads and all(t.is_alive() for t in threads)
     ck.close()
-    assert ck._host.tensor is None and ck._host._copiers is None and ck._pool is None
+    assert ck._uploader.host.tensor is None and ck._uploader.host._copiers is None and ck._uploader.pool is None
     assert not any(t.is_alive() for t in threads)
     assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [2]  # the save was waited for
     ck.close()  # twice is harmless
@@ -413,7 +438,7 @@ def test_a_save_interrupted_by_the_trainers_exit_does_not_hang_close(tmp_path: P
     def interrupted(save, pipelined):
         raise SystemExit(143)
 
-    monkeypatch.setattr(ck, "_snapshot_and_submit", interrupted)
+    monkeypatch.setattr(ck._uploader, "snapshot_and_submit", interrupted)
     with pytest.raises(SystemExit):
         ck.save(1)
     closing = threading.Thread(target=ck.close, daemon=True)  # a hang must not wedge the suite
@@ -436,7 +461,7 @@ def test_a_periodic_snapshot_holds_the_state_of_its_step_exactly(tmp_path: Path,
                     ints=torch.arange(7, dtype=torch.int16), flags=torch.tensor([True, False, True]),
                     narrow=torch.arange(100.0)[10:77], conj=torch.tensor([1 + 2j, 3 - 4j]).conj())
     ck.step(1)
-    ck._host_preparing.join()
+    ck._uploader.host_preparing.join()
     ck.step(2)  # the snapshot is taken here; the upload runs in the background
     expected = {k: v.clone() for k, v in net.state_dict().items()}
     big.add_(1.0)  # training goes on, changing the live tensors under the upload
@@ -460,7 +485,7 @@ def test_a_periodic_snapshot_holds_the_state_of_its_step_exactly(tmp_path: Path,
 
 
 def test_split_copies_covers_every_byte_once() -> None:
-    from spotbroker.agent.ckpt_upload import COPY_GRAIN, split_copies
+    from spotbroker.agent.checkpoint.hostbuffer import COPY_GRAIN, split_copies
 
     jobs = [(1000, 5000, 3 * COPY_GRAIN + 17), (10**6, 10**7, 5), (2 * 10**6, 3 * 10**7, 2 * COPY_GRAIN)]
     for ways in (1, 2, 3, 8):
@@ -551,7 +576,7 @@ def test_a_flush_that_cannot_commit_says_so(tmp_path: Path) -> None:
     def store_down(step: int) -> None:
         raise ConnectionError("object store unreachable")
 
-    ck._before_manifest = store_down
+    ck._uploader.before_manifest = store_down
     os.kill(os.getpid(), signal.SIGUSR1)
     ck.step(3)
     ck.close()
@@ -567,7 +592,7 @@ def test_a_failing_store_never_stops_training(s3_uri: str, tmp_path: Path) -> No
                       every_steps=1, every_seconds=None)
     ck.step(1)  # the periodic upload fails in the background
     assert ck.wait() is None
-    ck._on_flush_signal(signal.SIGUSR1, None)
+    ck._control.on_signal(signal.SIGUSR1, None)
     ck.step(2)  # the flush fails: reported, not raised
     ck.close()
     [event] = events(control)
@@ -590,7 +615,7 @@ def test_flush_file_alone_is_a_request(tmp_path: Path) -> None:
     ck.step(2)
     assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [2]
     # The agent's signal for that same request, arriving after the boundary, is not a second one.
-    ck._on_flush_signal(signal.SIGUSR1, None)
+    ck._control.on_signal(signal.SIGUSR1, None)
     ck.step(3)
     ck.close()
     assert [c.step for c in list_checkpoints(f"file://{tmp_path}/a1")] == [2]
@@ -602,7 +627,7 @@ def test_a_flush_abandons_an_older_upload_in_flight(tmp_path: Path) -> None:
     net, opt, sched = make_run()
     ck = Checkpointer(net, opt, sched, uri=uri, control_dir=control, every_steps=3, every_seconds=None,
                       part_bytes=512, max_workers=2)
-    ck._before_part = lambda step, name: time.sleep(0.05) if step == 3 else None
+    ck._uploader.before_part = lambda step, name: time.sleep(0.05) if step == 3 else None
     for step in (1, 2, 3):
         ck.step(step)  # step 3 starts a slow periodic upload in the background
     os.kill(os.getpid(), signal.SIGUSR1)

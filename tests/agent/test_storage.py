@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
-from spotbroker.agent import storage as storage_mod
-from spotbroker.agent.storage import Storage, join_uri
+from spotbroker.agent.checkpoint import storage as storage_mod
+from spotbroker.agent.checkpoint.storage import Storage, join_uri
 
 
 @pytest.fixture(params=["file", "s3"])
@@ -116,7 +116,7 @@ def test_bad_uris() -> None:
 
 _WRITER = r"""
 import sys
-from spotbroker.agent.storage import Storage
+from spotbroker.agent.checkpoint.storage import Storage
 store = Storage(sys.argv[1])
 size = int(sys.argv[2])
 print("ready", flush=True)
