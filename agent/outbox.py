@@ -20,6 +20,8 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from spotbroker.agent.protocol import now_iso
+
 log = logging.getLogger("spotbroker.agent")
 
 OUTBOX_FILE = "outbox.jsonl"
@@ -27,9 +29,6 @@ OUTBOX_ACKED_FILE = "outbox.acked"  # the highest seq the broker has acknowledge
 BATCH_SIZE = 100
 COMPACT_BYTES = 1 << 20
 ACKED_MARKER = "_acked"  # a line of the compacted file: {"seq": acked, "type": "_acked"}
-
-
-from spotbroker.agent.protocol import now_iso  # noqa: E402,F401  (re-exported)
 
 
 class Outbox:

@@ -47,17 +47,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-# Names re-exported from the modules split off this one stay importable from here.
-from spotbroker.agent.delivery import (  # noqa: F401
-    LOG_CHUNK,
+from spotbroker.agent.delivery import (
     BrokerClient,
-    BrokerRejected,
-    BrokerUnavailable,
     Delivery,
     EventSender,
     LogShipper,
 )
-from spotbroker.agent.outbox import BATCH_SIZE, OUTBOX_ACKED_FILE, OUTBOX_FILE, Outbox, now_iso  # noqa: F401
+from spotbroker.agent.outbox import OUTBOX_FILE, Outbox
 from spotbroker.agent.protocol import (
     CHECKPOINT_COMMITTED,
     CONTROL_UNAVAILABLE,
@@ -74,8 +70,7 @@ from spotbroker.agent.protocol import (
     TRAINER_EXITED,
     TRAINER_STARTED,
 )
-from spotbroker.agent.trainer_process import (  # noqa: F401
-    PR_SET_PDEATHSIG,
+from spotbroker.agent.trainer_process import (
     TRAINER_EVENT_TYPES,
     EventTail,
     event_data,
