@@ -42,7 +42,7 @@ import torch
 
 from spotbroker.agent import protocol
 from spotbroker.agent.checkpoint import Checkpointer
-from spotbroker.agent.checkpoint.checkpointer import DEFAULT_PART_BYTES, DEFAULT_WORKERS
+from spotbroker.agent.checkpoint.options import DEFAULT_PART_BYTES, DEFAULT_WORKERS
 
 GIB = 1024**3
 CHUNK_PARAMS = 16 * 1024 * 1024  # one 64 MiB fp32 parameter per chunk, like a large layer

@@ -72,6 +72,7 @@ import os
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -83,22 +84,19 @@ from spotbroker.agent import protocol
 # memory) and control (the agent's control directory).
 from spotbroker.agent.checkpoint.control import ControlChannel, control_dir_from
 from spotbroker.agent.checkpoint.format import (
-    ALIGN,
     FORMAT,
     KEEP_MARKER,
     CheckpointInfo,
     CheckpointInvalid,
-    HalfMode,
     load_checkpoint,
 )
+from spotbroker.agent.checkpoint.options import CheckpointOptions
 from spotbroker.agent.checkpoint.state import rng_state, set_rng_state
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.checkpoint.upload import Uploader
 
 log = logging.getLogger("spotbroker.checkpoint")
 
-DEFAULT_PART_BYTES = 16 * 1024 * 1024
-DEFAULT_WORKERS = 8
 _STEP_MANIFEST_RE = re.compile(r"(?:^|/)step-(\d{12})/" + re.escape(protocol.MANIFEST) + r"$")
 
 
@@ -137,8 +135,9 @@ class Checkpointer:
     ``model``, ``optimizer``, ``scheduler`` and the values of ``stateful`` are
     anything with ``state_dict()`` and ``load_state_dict()``; any may be None.
     ``every_steps`` / ``every_seconds``: periodic saves, whichever comes first
-    (None turns one off). Every other argument defaults to the agent's
-    environment.
+    (None turns one off). ``uri`` defaults to the agent's environment. The
+    other knobs (``keep_last``, ``half``, ``part_bytes``...) are the fields of
+    :class:`CheckpointOptions`: pass ``options=``, or any of them by name.
     """
 
     def __init__(
@@ -150,24 +149,15 @@ class Checkpointer:
         uri: str | None = None,
         every_steps: int | None = None,
         every_seconds: float | None = 600.0,
-        keep_last: int | None = None,
-        half: HalfMode | None = None,
         stateful: Mapping[str, Any] | None = None,
         extra: dict[str, Any] | None = None,
-        restore_rng: bool = True,
-        part_bytes: int = DEFAULT_PART_BYTES,
-        max_workers: int = DEFAULT_WORKERS,
-        resume_from: str | None = None,
-        job_uri: str | None = None,
-        control_dir: str | os.PathLike[str] | None = None,
-        handle_signal: bool = True,
+        options: CheckpointOptions | None = None,
+        **knobs: Any,
     ) -> None:
-        if half not in (None, "fp16", "bf16"):
-            raise ValueError(f"half must be None, 'fp16' or 'bf16', not {half!r}")
-        if keep_last is not None and keep_last < 1:
-            raise ValueError("keep_last must be at least 1")
-        if part_bytes < ALIGN:
-            raise ValueError(f"part_bytes must be at least {ALIGN}")
+        unknown = sorted(set(knobs) - {f.name for f in fields(CheckpointOptions)})
+        if unknown:
+            raise TypeError(f"Checkpointer() got an unexpected keyword argument {unknown[0]!r}")
+        self.options = options = replace(options or CheckpointOptions(), **knobs)
         self._components: dict[str, Any] = {
             name: obj for name, obj in (("model", model), ("optimizer", optimizer), ("scheduler", scheduler))
             if obj is not None
@@ -177,22 +167,22 @@ class Checkpointer:
         self.extra: dict[str, Any] = dict(extra or {})
         self.every_steps = every_steps
         self.every_seconds = every_seconds
-        self.keep_last = keep_last
-        self.half = half
-        self.restore_rng = restore_rng
-        self.part_bytes = part_bytes
-        self.max_workers = max(1, max_workers)
+        self.keep_last = options.keep_last
+        self.half = options.half
+        self.restore_rng = options.restore_rng
+        self.part_bytes = options.part_bytes
+        self.max_workers = max(1, options.max_workers)
 
         env = os.environ
         self.uri = uri or env.get(protocol.ENV_CHECKPOINT_URI) or None
-        self.job_uri = job_uri or env.get(protocol.ENV_CHECKPOINT_ROOT) or None
-        self.resume_from = resume_from or env.get(protocol.ENV_RESUME_FROM) or None
-        self.control_dir = control_dir_from(control_dir)
+        self.job_uri = options.job_uri or env.get(protocol.ENV_CHECKPOINT_ROOT) or None
+        self.resume_from = options.resume_from or env.get(protocol.ENV_RESUME_FROM) or None
+        self.control_dir = control_dir_from(options.control_dir)
         self._uploader: Uploader | None = None  # None: checkpoints are off
         if self.uri:
             self._uploader = Uploader(Storage(self.uri, max_concurrency=self.max_workers), state=self._state,
-                                      on_commit=self._committed, half=half, part_bytes=part_bytes,
-                                      max_workers=self.max_workers, keep_last=keep_last)
+                                      on_commit=self._committed, half=self.half, part_bytes=self.part_bytes,
+                                      max_workers=self.max_workers, keep_last=self.keep_last)
         else:
             log.warning("no checkpoint URI (pass uri= or set %s): checkpoints are off",
                         protocol.ENV_CHECKPOINT_URI)
@@ -200,7 +190,7 @@ class Checkpointer:
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
 
-        self._control = ControlChannel(self.control_dir, handle_signal)
+        self._control = ControlChannel(self.control_dir, options.handle_signal)
         # Only now that a flush request can be taken does the agent learn we are here;
         # and only with checkpoints on: otherwise it must not wait for a flush.
         if self._uploader is not None:

@@ -24,7 +24,7 @@ import pytest
 torch = pytest.importorskip("torch")  # the user's own: the package never depends on it
 
 from spotbroker.agent import protocol  # noqa: E402
-from spotbroker.agent.checkpoint import Checkpointer, list_checkpoints, mark_keep  # noqa: E402
+from spotbroker.agent.checkpoint import Checkpointer, CheckpointOptions, list_checkpoints, mark_keep  # noqa: E402
 from spotbroker.agent.checkpoint.format import KEEP_MARKER, load_checkpoint  # noqa: E402
 from spotbroker.agent.checkpoint.storage import Storage  # noqa: E402
 
@@ -178,6 +178,17 @@ def test_no_uri_means_no_checkpoints(tmp_path: Path) -> None:
     ck.step(1)
     assert ck.save(1) is None
     ck.close()
+
+
+def test_knobs_come_as_options_or_by_name(tmp_path: Path) -> None:
+    options = CheckpointOptions(keep_last=2, part_bytes=4096)
+    ck = Checkpointer(*make_run(), uri=f"file://{tmp_path}/a1", options=options, part_bytes=8192, half="bf16")
+    assert (ck.keep_last, ck.part_bytes, ck.half) == (2, 8192, "bf16")  # a keyword wins over options=
+    ck.close()
+    with pytest.raises(ValueError, match="keep_last must be at least 1"):
+        Checkpointer(*make_run(), keep_last=0)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'keep_lats'"):
+        Checkpointer(*make_run(), keep_lats=2)
 
 
 OLD_CHECKPOINT = Path(__file__).parent / "data" / "checkpoint-before-the-package"
