@@ -85,7 +85,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def simulator(args: tuple[str, ...]) -> None:
     """Serve a simulated cloud metadata service (see --help of the simulator)."""
-    from spotbroker.agent.simulator import main
+    from spotbroker.agent.simulator.cli import main
 
     main(list(args))
 

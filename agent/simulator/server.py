@@ -1,0 +1,71 @@
+"""The simulator's HTTP side: a threaded stdlib server whose handler hands every
+request to :meth:`MetadataSimulator.handle` and writes the :class:`Reply` back."""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
+
+if TYPE_CHECKING:
+    from spotbroker.agent.simulator.service import MetadataSimulator
+
+# Hung requests are released at the latest after this long, or when the fault is cleared.
+HANG_LIMIT_S = 600.0
+
+
+@dataclass
+class Reply:
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+def json_reply(payload: Any, status: int = 200) -> Reply:
+    return Reply(status, json.dumps(payload).encode(), "application/json; charset=utf-8")
+
+
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], sim: MetadataSimulator) -> None:
+        self.sim = sim
+        super().__init__(address, Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client giving up on a slow or hung answer is part of the game, not an error.
+        if isinstance(sys.exc_info()[1], (ConnectionError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as the real services
+    server_version = "MetadataSimulator"
+    server: Server
+
+    def _serve(self) -> None:
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        headers = {k.lower(): v for k, v in self.headers.items()}
+        reply = self.server.sim.handle(self.command, split.path, query, headers, body)
+        if reply is None:  # a hang: drop the connection unanswered
+            self.close_connection = True
+            return
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(len(reply.body)))
+        for name, value in reply.headers.items():
+            self.send_header(name, value)
+        self.end_headers()
+        self.wfile.write(reply.body)
+
+    do_GET = do_PUT = do_POST = do_DELETE = _serve
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the stdlib's name
+        pass  # quiet: tests and the local launcher poll it many times a second
