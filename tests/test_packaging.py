@@ -3,6 +3,7 @@ virtual environment without the broker extra, every module of the agent
 imports, and the broker's own dependencies are not there."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import zipfile
@@ -36,18 +37,33 @@ def test_the_wheel_holds_every_package_of_the_tree(wheel):
     assert in_wheel == in_tree
 
 
+def agent_modules_in_the_tree() -> set[str]:
+    """spotbroker.agent.* for every module and subpackage under agent/."""
+    names = set()
+    for path in (REPO / "agent").rglob("*.py"):
+        parts = path.relative_to(REPO).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        if len(parts) > 1:
+            names.add(".".join(("spotbroker", *parts)))
+    return names
+
+
 def test_every_agent_module_imports_without_the_broker_extra(wheel, tmp_path):
     venv = tmp_path / "node"
     run(sys.executable, "-m", "venv", venv)
     py = venv / "bin" / "python"
     run(py, "-m", "pip", "install", "-q", "--disable-pip-version-check", wheel)
     check = (
-        "import importlib, importlib.util, pkgutil, spotbroker.agent as a\n"
+        "import importlib, importlib.util, json, pkgutil, spotbroker.agent as a\n"
         "names = [m.name for m in pkgutil.walk_packages(a.__path__, 'spotbroker.agent.')]\n"
         "for n in names: importlib.import_module(n)\n"
         "missing = [d for d in ('fastapi', 'sqlalchemy', 'alembic', 'uvicorn') if importlib.util.find_spec(d)]\n"
         "assert not missing, missing\n"
-        "print(len(names))\n"
+        "print(json.dumps(names))\n"
     )
     imported = run(py, "-c", check, cwd=tmp_path)  # not from the repo, whose folders would shadow the wheel
-    assert int(imported) >= 10
+    names = set(json.loads(imported))
+    # Every module of the tree, those of its subpackages (the checkpoint library, the simulator) included.
+    assert names == agent_modules_in_the_tree()
+    assert {"spotbroker.agent.checkpoint.checkpointer", "spotbroker.agent.simulator.service"} <= names
