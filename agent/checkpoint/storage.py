@@ -29,17 +29,12 @@ never a half object under the final name. Large local objects are written
 with ``O_DIRECT`` where the file system allows it (through a page-aligned
 bounce buffer): the page cache copy of a buffered write costs more CPU than
 the disk time on small machines, and the checkpoint being written is not
-read back by this process.
+read back by this process (see :mod:`spotbroker.agent.checkpoint.localfile`).
 """
 from __future__ import annotations
 
-import errno
-import mmap
 import os
-import re
-import secrets
 import shutil
-import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -50,6 +45,8 @@ from urllib.parse import unquote, urlparse
 
 import obstore
 from obstore.store import LocalStore, S3Store, from_url
+
+from spotbroker.agent.checkpoint import localfile
 
 # bytes, bytearray, memoryview, or any 1-D contiguous uint8 buffer.
 BytesLike = bytes | bytearray | memoryview
@@ -62,18 +59,6 @@ PART_SIZE = 16 * 1024 * 1024
 MAX_CONCURRENCY = 8
 # Large ranged reads are split into pieces fetched in parallel.
 READ_PIECE = 16 * 1024 * 1024
-_STAGING_RE = re.compile(r"#\d+$")
-# Linux caps one write() near 2 GiB; stay well below it.
-_WRITE_CHUNK = 256 * 1024 * 1024
-# Local objects at least this large bypass the page cache (O_DIRECT), written
-# from a bounce buffer of DIRECT_CHUNK bytes whose address and length are
-# multiples of DIRECT_ALIGN (enough for every common logical block size).
-DIRECT_THRESHOLD = 4 * 1024 * 1024
-DIRECT_CHUNK = 4 * 1024 * 1024
-DIRECT_ALIGN = 4096
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
-if _O_DIRECT:
-    import fcntl
 
 
 @dataclass(frozen=True)
@@ -212,16 +197,16 @@ class Storage:
             segments = [memoryview(data).cast("B")]
         if self._local_root is not None:
             total = sum(segment.nbytes for segment in segments)
-            direct = bool(_O_DIRECT) and total >= DIRECT_THRESHOLD
+            direct = bool(localfile.O_DIRECT) and total >= localfile.DIRECT_THRESHOLD
 
             def write(fd: int) -> None:
                 if direct:
-                    _write_direct(fd, segments, digest)
+                    localfile.write_direct(fd, segments, digest)
                     return
                 for segment in segments:
                     if digest is not None:
                         digest.update(segment)
-                    _write_all(fd, segment)
+                    localfile.write_all(fd, segment)
             self._local_put(key, write, direct=direct)
             return
         if digest is not None:
@@ -238,7 +223,7 @@ class Storage:
         if self._local_root is not None:
             def copy(fd: int) -> None:
                 with open(source, "rb") as src, os.fdopen(os.dup(fd), "wb", buffering=0) as dst:
-                    shutil.copyfileobj(src, dst, _WRITE_CHUNK)
+                    shutil.copyfileobj(src, dst, localfile.WRITE_CHUNK)
             self._local_put(key, copy)
             return
         multipart = source.stat().st_size > self.multipart_threshold
@@ -249,10 +234,10 @@ class Storage:
         assert self._local_root is not None
         target = self._local_root / key
         target.parent.mkdir(parents=True, exist_ok=True)
-        temp = _staging_path(target)
+        temp = localfile.staging_path(target)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
         try:
-            fd = os.open(temp, flags | (_O_DIRECT if direct else 0), 0o644)
+            fd = os.open(temp, flags | (localfile.O_DIRECT if direct else 0), 0o644)
         except OSError:
             if not direct:
                 raise
@@ -266,7 +251,7 @@ class Storage:
             raise
         os.close(fd)
         os.replace(temp, target)
-        _fsync_dir(target.parent)
+        localfile.fsync_dir(target.parent)
 
     # --- reads --------------------------------------------------------------
 
@@ -309,13 +294,13 @@ class Storage:
         """Download ``key`` into a local file, atomically (temp file + rename)."""
         target = Path(path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        temp = _staging_path(target)
+        temp = localfile.staging_path(target)
         written = 0
         try:
             with open(temp, "wb") as f:
                 if self._local_root is not None:
                     with open(self._local_root / key, "rb") as src:
-                        shutil.copyfileobj(src, f, _WRITE_CHUNK)
+                        shutil.copyfileobj(src, f, localfile.WRITE_CHUNK)
                     written = f.tell()
                 else:
                     for chunk in obstore.get(self._store, key).stream(min_chunk_size=PART_SIZE):
@@ -397,114 +382,8 @@ class Storage:
         keys = [o.key for o in self.iter(prefix)]
         self.delete_many(keys)
         if self._local_root is not None:
-            _remove_staging_leftovers(self._local_root / prefix.strip("/"))
+            localfile.remove_staging_leftovers(self._local_root / prefix.strip("/"))
         return len(keys)
-
-
-def _staging_path(target: Path) -> Path:
-    """A unique temporary name beside ``target``: ``name#<digits>``, the
-    staging-file form that obstore's local listing skips."""
-    return target.with_name(f"{target.name}#{os.getpid()}{secrets.randbelow(10**9):09d}")
-
-
-def _remove_staging_leftovers(directory: Path) -> None:
-    """Staging files of killed writers are invisible but take space: remove
-    them, and the directories they kept from being cleaned up."""
-    if not directory.is_dir():
-        return
-    for dirpath, _, filenames in os.walk(directory, topdown=False):
-        for name in filenames:
-            if _STAGING_RE.search(name):
-                Path(dirpath, name).unlink(missing_ok=True)
-        try:
-            os.rmdir(dirpath)  # only succeeds when empty
-        except OSError:
-            pass
-
-
-_bounce = threading.local()
-
-
-def _bounce_buffer() -> memoryview:
-    """This thread's page-aligned DIRECT_CHUNK-byte buffer (anonymous mmap)."""
-    view = getattr(_bounce, "view", None)
-    if view is None:
-        view = _bounce.view = memoryview(mmap.mmap(-1, DIRECT_CHUNK))
-    return view
-
-
-def _direct_off(fd: int) -> None:
-    """Turn O_DIRECT off for the rest of this file's writes."""
-    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
-
-
-def _write_direct(fd: int, segments: Sequence[memoryview], digest: Any) -> None:
-    """Write ``segments`` to ``fd`` (opened O_DIRECT, or not if that failed)
-    through the aligned bounce buffer; hash each chunk there while it is in cache.
-
-    O_DIRECT writes whole aligned blocks: the unaligned tail goes out buffered
-    (O_DIRECT switched off), as does everything should the kernel refuse a
-    direct write (a file system with stricter alignment).
-    """
-    bounce = _bounce_buffer()
-    direct = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & _O_DIRECT)
-    filled = 0
-
-    def drain(n: int) -> None:
-        nonlocal direct
-        chunk = bounce[:n]
-        if digest is not None:
-            digest.update(chunk)
-        done = 0
-        aligned = n - n % DIRECT_ALIGN if direct else 0
-        if aligned:
-            start = os.lseek(fd, 0, os.SEEK_CUR)
-            try:
-                _write_all(fd, chunk[:aligned])
-                done = aligned
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                done = os.lseek(fd, 0, os.SEEK_CUR) - start  # what did go out, if any
-        if done < n:
-            if direct:
-                _direct_off(fd)
-                direct = False
-            _write_all(fd, chunk[done:n])
-
-    for segment in segments:
-        position, size = 0, segment.nbytes
-        while position < size:
-            n = min(size - position, DIRECT_CHUNK - filled)
-            bounce[filled:filled + n] = segment[position:position + n]
-            filled += n
-            position += n
-            if filled == DIRECT_CHUNK:
-                drain(filled)
-                filled = 0
-    if filled:
-        drain(filled)
-
-
-def _write_all(fd: int, view: memoryview) -> None:
-    done = 0
-    total = view.nbytes
-    while done < total:
-        done += os.write(fd, view[done:done + _WRITE_CHUNK])
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (a no-op where directories can't be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def parallel_map(fn: Any, items: list[Any], workers: int) -> list[Any]:

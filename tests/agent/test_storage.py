@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from spotbroker.agent.checkpoint import storage as storage_mod
+from spotbroker.agent.checkpoint import localfile
 from spotbroker.agent.checkpoint.storage import Storage, join_uri
 
 
@@ -158,9 +158,9 @@ def _pattern(n: int, seed: int) -> bytes:
 
 
 @pytest.mark.parametrize("sizes", [
-    [storage_mod.DIRECT_THRESHOLD],                                     # whole blocks only
-    [storage_mod.DIRECT_CHUNK * 2 + 12345],                              # an unaligned tail
-    [100, storage_mod.DIRECT_CHUNK - 7, 4096, 3 * storage_mod.DIRECT_CHUNK + 1, 1],  # segments across chunks
+    [localfile.DIRECT_THRESHOLD],                                     # whole blocks only
+    [localfile.DIRECT_CHUNK * 2 + 12345],                              # an unaligned tail
+    [100, localfile.DIRECT_CHUNK - 7, 4096, 3 * localfile.DIRECT_CHUNK + 1, 1],  # segments across chunks
 ])
 def test_large_local_puts_are_exact_and_hashed_while_written(tmp_path: Path, sizes: list[int]) -> None:
     store = Storage(f"file://{tmp_path}/store")
@@ -188,13 +188,13 @@ def test_a_refused_direct_write_falls_back_to_buffered(tmp_path: Path, monkeypat
     refused = []
 
     def picky_write(fd: int, data: Any) -> int:
-        if fcntl.fcntl(fd, fcntl.F_GETFL) & storage_mod._O_DIRECT:
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & localfile.O_DIRECT:
             refused.append(len(data))
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_write(fd, data)
 
-    monkeypatch.setattr(storage_mod.os, "write", picky_write)
-    payload = _pattern(storage_mod.DIRECT_CHUNK + 5000, 3)
+    monkeypatch.setattr(localfile.os, "write", picky_write)
+    payload = _pattern(localfile.DIRECT_CHUNK + 5000, 3)
     digest = hashlib.sha256()
     Storage(f"file://{tmp_path}/s").put("x.bin", payload, digest=digest)
     assert refused  # the direct path was tried first
@@ -206,11 +206,11 @@ def test_no_o_direct_at_open_means_buffered(tmp_path: Path, monkeypatch: pytest.
     real_open = os.open
 
     def no_direct(path: Any, flags: int, *args: Any) -> int:
-        if flags & storage_mod._O_DIRECT:
+        if flags & localfile.O_DIRECT:
             raise OSError(errno.EINVAL, "Invalid argument")  # tmpfs says this
         return real_open(path, flags, *args)
 
-    monkeypatch.setattr(storage_mod.os, "open", no_direct)
-    payload = _pattern(storage_mod.DIRECT_THRESHOLD + 1, 4)
+    monkeypatch.setattr(localfile.os, "open", no_direct)
+    payload = _pattern(localfile.DIRECT_THRESHOLD + 1, 4)
     Storage(f"file://{tmp_path}/s").put("x.bin", payload)
     assert (tmp_path / "s" / "x.bin").read_bytes() == payload
