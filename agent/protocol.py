@@ -5,7 +5,7 @@ Three parties talk, and every name they share is defined here:
 * the **broker** launches an attempt and gives the agent its environment;
 * the **agent** (supervisor, `agent/runner.py`) starts the trainer, watches
   the cloud's preemption notice and reports to the broker over HTTP;
-* the **trainer** uses the checkpoint library (`agent/checkpoint.py`), which
+* the **trainer** uses the checkpoint library (`agent/checkpoint/`), which
   talks to the agent through files in a private control directory.
 
 This module imports nothing beyond the standard library: the broker, the

@@ -1,4 +1,4 @@
-"""agent/checkpoint.py: commit rule, verified restore, kills, flushes, options.
+"""agent/checkpoint/: commit rule, verified restore, kills, flushes, options.
 
 Object storage is moto's S3 server over real HTTP, or a local directory.
 """

@@ -1,4 +1,4 @@
-"""agent/storage.py against moto's S3 server (real HTTP) and the local disk."""
+"""agent/checkpoint/storage.py against moto's S3 server (real HTTP) and the local disk."""
 from __future__ import annotations
 
 import errno
