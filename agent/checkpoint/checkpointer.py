@@ -78,10 +78,10 @@ from typing import Any
 
 from spotbroker.agent import protocol
 
-# This module is the public API. Behind it: format (the objects on storage, and
-# reading them back verified), state (the state as skeleton + tensors, the RNG
-# states), upload (part uploads, commit, pruning), hostbuffer (the snapshot's host
-# memory) and control (the agent's control directory).
+# This module is the public API. Behind it: options (its knobs), format (the objects
+# on storage, and reading them back verified), state (the state as skeleton + tensors,
+# the RNG states), upload (the Uploader: part uploads, commit, pruning), hostbuffer
+# (the snapshot's host memory), control (the agent's control directory) and storage.
 from spotbroker.agent.checkpoint.control import ControlChannel, control_dir_from
 from spotbroker.agent.checkpoint.format import (
     FORMAT,
