@@ -147,10 +147,12 @@ class _Entry:
 
 def collect(root: Path) -> list[_Entry]:
     """What `pack` would put in the archive, checked (WorkdirError otherwise)."""
-    if not root.exists():
-        raise WorkdirError(f"workdir {root} does not exist")
-    if not root.is_dir():
-        raise WorkdirError(f"workdir {root} is not a directory")
+    try:
+        is_dir = root.is_dir()
+    except OSError as exc:
+        raise WorkdirError(f"workdir {root}: cannot read it: {exc.strerror}") from None
+    if not is_dir:
+        raise WorkdirError(f"workdir {root} {'is not a directory' if root.exists() else 'does not exist'}")
     real_root = os.path.realpath(root)
     skyignore = root / ".skyignore"
     ignore = _Ignore()
@@ -162,12 +164,12 @@ def collect(root: Path) -> list[_Entry]:
     while stack:
         rel_dir = stack.pop()
         here = root / rel_dir if rel_dir else root
-        if ignore.per_directory and (here / ".gitignore").is_file():
-            ignore.rules.extend(_read_rules(here / ".gitignore", rel_dir, root))
         try:
             names = sorted(os.listdir(here))
         except OSError as exc:
             raise WorkdirError(f"workdir {root}: cannot read {rel_dir or '.'}: {exc.strerror}") from None
+        if ignore.per_directory and ".gitignore" in names and (here / ".gitignore").is_file():
+            ignore.rules.extend(_read_rules(here / ".gitignore", rel_dir, root))
         for name in names:
             rel = f"{rel_dir}/{name}" if rel_dir else name
             path = here / name
