@@ -150,7 +150,9 @@ class JobSpec(_Strict):
     envs: dict[str, str] = Field(default_factory=dict)
     # An upload. A path (SkyPilot's `workdir: .`) is the client's to pack and
     # upload; one left here would name the broker's host and is refused at submission.
-    workdir: WorkdirUpload | str | None = None
+    workdir: Annotated[WorkdirUpload | str | None, Field(description=(
+        "The job's code: {\"upload\": SHA256} after PUT /v1/uploads/{sha256}. Each attempt runs in a fresh "
+        "copy of it. A path is refused: `spotbroker submit FILE` uploads the directory it names"))] = None
     num_nodes: Annotated[int, Field(ge=1, le=512)] = 1
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
     # Productive hours the job needs (a guess is fine): what placement weighs
