@@ -12,7 +12,8 @@ costs to send a job's code.
    attempt running -> trainer resumed, and the steps lost.
 2. A 50 MB workdir (incompressible files, gzip's worst case) from the
    client's side: pack, `PUT /v1/uploads/{sha256}` (hashed, checked and
-   stored by the broker), and on the node's side: fetch, verify, unpack.
+   stored by the broker), and on the node's side: fetch, verify, unpack;
+   and how far this repository's own `broker/` packs.
 
     python bench/preemption_timeline.py [--runs 3] [--upload-mb 50]
 """
@@ -180,6 +181,13 @@ def measure_upload(c: Client, base: Path, mb: int, data_dir: Path) -> None:
         fetches.append(time.perf_counter() - t0)
         shutil.rmtree(root)
         shutil.rmtree(base / f"node-{i}")
+    import io
+
+    source = Path(__file__).resolve().parents[1] / "broker"
+    t0 = time.perf_counter()
+    code = pack(source, io.BytesIO())
+    print(f"\nsource code: {source} ({code.file_bytes / 1e6:.2f} MB) packs to {code.bytes / 1e6:.2f} MB "
+          f"in {time.perf_counter() - t0:.2f} s")
     pack_s, put_s = statistics.median(packs), statistics.median(puts)
     print(f"\nworkdir of {mb} MB ({mb} incompressible files), median of 3: pack {pack_s:.2f} s, "
           f"upload {put_s:.2f} s (client total {pack_s + put_s:.2f} s); "
