@@ -12,6 +12,7 @@ side of recovery runs on both elsewhere; this is the node side.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -194,8 +195,6 @@ def submit_file(settings, h, task: Path) -> int:
     done = subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", str(task), "--json"],
                           env=env, cwd="/", capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    import json
-
     return json.loads(done.stdout)["id"]
 
 
