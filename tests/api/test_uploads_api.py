@@ -59,6 +59,8 @@ def test_bad_uploads_are_refused_naming_what_is_wrong(api, team_headers, setting
     monkeypatch.setattr("spotbroker.api.routers.uploads.MAX_ARCHIVE_BYTES", 64)
     r = put(api, h, body + b"\0" * 100)
     assert r.status_code == 413 and r.headers["content-type"] == "application/problem+json"
+    chunked = api.put(f"/v1/uploads/{'a' * 64}", content=iter([body, b"\0" * 100]), headers=h)  # no length said
+    assert chunked.status_code == 413
     uploads = Path(settings.data_dir) / "checkpoints" / "ml" / "uploads"
     assert not uploads.exists() or not list(uploads.iterdir())  # nothing refused was kept
 
