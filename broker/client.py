@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 
@@ -68,6 +68,20 @@ class Client:
                     raise ApiError(0, f"cannot reach the broker at {self.http.base_url}: {exc}") from None
                 time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
+
+    def upload(self, archive: BinaryIO, sha256: str) -> dict[str, Any]:
+        """Send a workdir archive (`PUT /v1/uploads/{sha256}`), unless the team
+        has it already; its {"sha256", "bytes"}. A job then names it:
+        `workdir: {"upload": sha256}`."""
+        try:
+            return self._check(self.http.get(f"/v1/uploads/{sha256}")).json()
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        except httpx.TransportError as exc:
+            raise ApiError(0, f"cannot reach the broker at {self.http.base_url}: {exc}") from None
+        return self._request("PUT", f"/v1/uploads/{sha256}", content=archive,
+                             headers={"Content-Type": "application/gzip"}, timeout=600).json()
 
     def jobs(self, states: list[str] | None = None, limit: int = 50,
              cursor: str | None = None) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.agent import protocol
+from spotbroker.broker import uploads
 from spotbroker.broker.agent_channel import MOVING, agent_token, is_move, newest_checkpoint, preempted
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -464,16 +465,19 @@ class Reconciler:
         }
         return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, run=spec.run,
                              setup=spec.setup, envs=spec.envs, num_nodes=spec.num_nodes, placement=placement,
-                             code=self._code(spec), extra_env=extra)
+                             code=self._code(spec, team.name), extra_env=extra)
 
-    def _code(self, spec: JobSpec) -> CodeRef | None:
-        """The job's uploaded workdir. A path on the broker's host (accepted
-        before uploads existed, never since) is refused: a job may not run in,
-        or ship, the broker's own directories."""
+    def _code(self, spec: JobSpec, team: str) -> CodeRef | None:
+        """The job's uploaded workdir, from the team's own storage prefix. A
+        path on the broker's host (accepted before uploads existed, refused at
+        submission since) is refused here too: a job may not run in, or ship,
+        the broker's own directories."""
         if spec.workdir is None:
             return None
-        raise LaunchError(f"workdir {spec.workdir!r} is a path on the broker's host, which jobs may not use: "
-                          "submit the job with `spotbroker submit FILE`, which uploads its workdir")
+        if isinstance(spec.workdir, str):
+            raise LaunchError(f"workdir {spec.workdir!r} is a path on the broker's host, which jobs may not use: "
+                              "submit the job with `spotbroker submit FILE`, which uploads its workdir")
+        return uploads.code_ref(self.settings, team, spec.workdir.upload)
 
     def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
         with transaction(self.factory) as session:

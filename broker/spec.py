@@ -137,12 +137,22 @@ class Resources(ResourceSet):
         return self.ordered is not None
 
 
+class WorkdirUpload(_Strict):
+    """The job's working directory: an archive uploaded first (`PUT /v1/uploads/{sha256}`)."""
+
+    upload: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="the sha256 of the uploaded archive")]
+
+
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] = "job"
     run: Annotated[str, Field(min_length=1)]
     setup: str | None = None
     envs: dict[str, str] = Field(default_factory=dict)
-    workdir: str | None = None
+    # An upload. A path (SkyPilot's `workdir: .`) is the client's to pack and
+    # upload; one left here would name the broker's host and is refused at submission.
+    workdir: Annotated[WorkdirUpload | str | None, Field(description=(
+        "The job's code: {\"upload\": SHA256} after PUT /v1/uploads/{sha256}. Each attempt runs in a fresh "
+        "copy of it. A path is refused: `spotbroker submit FILE` uploads the directory it names"))] = None
     num_nodes: Annotated[int, Field(ge=1, le=512)] = 1
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
     # Productive hours the job needs (a guess is fine): what placement weighs

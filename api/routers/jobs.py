@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from spotbroker.api.deps import CurrentTeam, SessionDep
 from spotbroker.api.errors import PROBLEM, Problem, field_errors, invalid
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
-from spotbroker.broker import jobs, logs
+from spotbroker.broker import jobs, logs, uploads
 from spotbroker.broker.db import transaction
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.models import Attempt
@@ -74,6 +75,10 @@ async def submit_job(request: Request, team: CurrentTeam,
                                   + state.settings.deadline_margin_seconds)
     if problem:
         raise invalid([{"field": "deadline", "message": problem}])
+    if spec.workdir is not None:  # a look at storage: only for the jobs that need one
+        problem = await run_in_threadpool(uploads.workdir_error, state.settings, team.team_name, spec.workdir)
+        if problem:
+            raise invalid([problem])
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
                                                  team.team_name)
     # Already a JobOut: send it as it is, without validating it a second time.

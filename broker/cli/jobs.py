@@ -54,14 +54,39 @@ def submit(file: Path, as_json: bool) -> None:
     except SpecSyntaxError as exc:
         where = f"{file}:{exc.line}" if exc.line else str(file)
         raise click.ClickException(f"{where}: {exc.message}") from None
+    base = Path.cwd() if str(file) == "-" else file.resolve().parent
+    c = client()
     try:
-        job = client().submit(doc)
+        if isinstance(doc.get("workdir"), str):
+            doc = {**doc, "workdir": {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser())}}
+        job = c.submit(doc)
     except ApiError as exc:
         raise click.ClickException(f"{file}: {exc}") from None
     if as_json:
         _echo_json(job)
     else:
         click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}")
+
+
+def upload_workdir(c: Client, workdir: Path) -> str:
+    """Pack a workdir (a path relative to the job's file, as SkyPilot reads
+    it) and upload it; its sha256, which the job names. Problems with the
+    directory are the user's to fix: a message naming it, no traceback."""
+    import tempfile
+
+    from spotbroker.broker.workdir import WorkdirError, pack
+
+    with tempfile.TemporaryFile() as archive:
+        try:
+            packed = pack(workdir, archive)
+        except WorkdirError as exc:
+            raise click.ClickException(str(exc)) from None
+        archive.flush()
+        archive.seek(0)
+        click.echo(f"uploading workdir {workdir}: {packed.files} files, {packed.file_bytes / 1e6:.1f} MB "
+                   f"({packed.bytes / 1e6:.1f} MB packed)", err=True)
+        c.upload(archive, packed.sha256)
+    return packed.sha256
 
 
 def _read(file: Path) -> bytes:

@@ -8,7 +8,10 @@ A trace set is a directory of JSON files, one per zone:
      "prices": [1.2, ...]}      # spot $/h per tick; optional (flat `price` instead)
 
 Zone `Z` is the file `DIR/Z.json`, or else the one file `DIR/Z_*.json` (the
-bundled files are named `us-east-1c_v100_1.json`). Everything the loader
+bundled files are named `us-east-1c_v100_1.json`). Either way the zone is
+the cloud's own name (`metadata.price_info.zone`, else the file's name up to
+its first `_`), so its region, and with it what moving a checkpoint costs,
+is the same whichever name found the file. Everything the loader
 rejects raises `TraceError`, whose message names the problem; the CLI prints
 it as one line.
 """
@@ -99,7 +102,7 @@ def _zone_file(directory: Path, zone: str) -> Path:
     raise TraceError(f"zone {zone!r}: no file {zone}.json or {zone}_*.json in {directory}")
 
 
-def _load_zone(path: Path, zone: str) -> ZoneTrace:
+def _load_zone(path: Path) -> ZoneTrace:
     try:
         raw = json.loads(path.read_text())
         meta = raw["metadata"]
@@ -124,7 +127,17 @@ def _load_zone(path: Path, zone: str) -> ZoneTrace:
             raise TraceError(f"{path}: needs `prices` or metadata.price_info.price") from None
     if not (np.isfinite(spot).all() and (spot >= 0).all() and math.isfinite(on_demand) and on_demand > 0):
         raise TraceError(f"{path}: prices must be finite and non-negative")
-    return ZoneTrace(zone, region_of(zone), int(gap), data == 1, spot, on_demand)
+    name = _cloud_zone(path, meta)
+    return ZoneTrace(name, region_of(name), int(gap), data == 1, spot, on_demand)
+
+
+def _cloud_zone(path: Path, meta: dict) -> str:
+    """The zone's own name: `us-east-1c` for `us-east-1c_v100_1.json`, which a
+    region can be read from (a file's stem, device and count included, has none)."""
+    named = meta.get("price_info", {}).get("zone")
+    if isinstance(named, str) and named.strip():
+        return named.strip()
+    return path.stem.split("_", 1)[0]
 
 
 def load_traces(directory: str | Path, zones: list[str]) -> TraceSet:
@@ -139,7 +152,10 @@ def load_traces(directory: str | Path, zones: list[str]) -> TraceSet:
         if zone in seen:
             raise TraceError(f"zone {zone!r} is named twice")
         seen.add(zone)
-    loaded = [_load_zone(_zone_file(directory, z), z) for z in zones]
+    loaded = [_load_zone(_zone_file(directory, z)) for z in zones]
+    for z, given in zip(loaded, zones):
+        if sum(other.zone == z.zone for other in loaded) > 1:
+            raise TraceError(f"zone {z.zone!r} is named twice (as {given!r} among others)")
     first = loaded[0]
     for z in loaded[1:]:
         if z.gap_s != first.gap_s:

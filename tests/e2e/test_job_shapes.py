@@ -2,7 +2,8 @@
 
 Each test submits one realistic shape of job (a `cd`, a `setup` step, the
 trainer as a grandchild, each cloud's notice protocol, a trainer without the
-checkpoint library), preempts it through the metadata simulator once it is
+checkpoint library, code uploaded as a workdir over REST or by `spotbroker
+submit` from a SkyPilot task file), preempts it through the metadata simulator once it is
 stepping, and checks the whole promise: the flush is committed before the
 notice's deadline, the next attempt resumes at that step, the run ends with
 the loss of an uninterrupted one, and nothing is written into the job's
@@ -11,10 +12,14 @@ side of recovery runs on both elsewhere; this is the node side.
 """
 from __future__ import annotations
 
+import json
+import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 from datetime import datetime
 from pathlib import Path
 
@@ -61,10 +66,12 @@ def files_under(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
-def assert_flushed_and_resumed(api, h, job: dict, cloud: str) -> None:
+def assert_flushed_and_resumed(api, h, job: dict, cloud: str | None = None) -> None:
     """The flush committed inside the notice's window, under the first
-    attempt's prefix, and the second attempt resumed exactly there."""
+    attempt's prefix, and the second attempt resumed exactly there (on the
+    given cloud's notice protocol; None: wherever placement put it)."""
     first, second = job["attempts"]
+    cloud = cloud or first["cloud"]
     assert (first["state"], first["reason"], first["cloud"]) == ("PREEMPTED", "preempted", cloud)
     events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
     notice = next(e for e in events if e["type"] == "preemption_notice")
@@ -140,3 +147,112 @@ def _plain_final(steps: int) -> int:
     for step in range(steps):
         state = (state * 31 + step) % 1_000_003
     return state
+
+
+# --- code uploaded as a workdir ----------------------------------------------------
+
+STEP = "--step-seconds 0.15"
+
+
+@pytest.fixture
+def project():
+    """A user's project as it sits on their laptop: the trainer twice (for a
+    relative run and for `cd sub`), a .gitignore'd data directory, and a
+    .venv that must not travel. Yields (root, the files that should travel)."""
+    root = Path(tempfile.mkdtemp(prefix="spotbroker-project-"))
+    try:
+        (root / "examples").mkdir()
+        (root / "sub").mkdir()
+        shutil.copy(TRAIN, root / "examples" / "train.py")
+        shutil.copy(TRAIN, root / "sub" / "train.py")
+        (root / "data").mkdir()
+        (root / "data" / "big.bin").write_bytes(os.urandom(1 << 16))
+        (root / ".venv").mkdir()
+        (root / ".venv" / "pyvenv.cfg").write_text("home = /nowhere\n")
+        (root / ".gitignore").write_text("data/\n.venv/\n__pycache__/\n")
+        yield root, {"examples/train.py", "sub/train.py", ".gitignore"}
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def upload_over_rest(api, h, root: Path) -> str:
+    """What a REST client does: pack, PUT /v1/uploads/{sha256}."""
+    from spotbroker.broker.workdir import pack
+
+    with tempfile.TemporaryFile() as archive:
+        sha = pack(root, archive).sha256
+        archive.seek(0)
+        r = api.put(f"/v1/uploads/{sha}", content=archive.read(), headers={**h, "Content-Type": "application/gzip"})
+    assert r.status_code == 201, r.text
+    return sha
+
+
+def submit_file(settings, h, task: Path) -> int:
+    """`spotbroker submit FILE`, run as a user runs it."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    env.update(SPOTBROKER_URL=f"http://127.0.0.1:{settings.port}",
+               SPOTBROKER_TOKEN=h["Authorization"].split()[1])
+    done = subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", str(task), "--json"],
+                          env=env, cwd="/", capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)["id"]
+
+
+def check_uploaded_run(api, h, settings, job_id: int, root: Path, files: set[str], cloud: str | None) -> None:
+    before = files_under(root)
+    job = preempt_once_stepping(api, h, job_id)
+    assert_flushed_and_resumed(api, h, job, cloud)
+    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted(TRAIN, ARGS)
+    for attempt in job["attempts"]:  # a fresh copy each attempt: the uploaded files, what the job made
+        assert files_under(node_workdir(settings, attempt["id"])) == files
+    assert files_under(root) == before  # nothing lands in the user's own tree
+
+
+UPLOADED = {
+    # an uploaded workdir and a relative command in it; AWS's notice
+    "uploaded-relative-run": ("aws", None, f"python examples/train.py {ARGS} {STEP}", set()),
+    # cd into a directory of the upload, after a setup step that writes there; GCP's notice
+    "uploaded-cd-after-setup": ("gcp", "mkdir -p sub/out && echo ready > sub/out/setup.txt",
+                                f"cd sub && python train.py {ARGS} {STEP}", {"sub/out/setup.txt"}),
+}
+
+
+@pytest.mark.parametrize("shape", UPLOADED)
+def test_an_uploaded_workdir_is_each_attempts_working_directory(api, team_headers, settings, project, shape):
+    cloud, setup, run, made = UPLOADED[shape]
+    root, files = project
+    h = team_headers()
+    sha = upload_over_rest(api, h, root)
+    spec = {"name": shape, "workdir": {"upload": sha}, "run": run,
+            "resources": {"accelerators": GPU[cloud], "infra": cloud}}
+    if setup:
+        spec["setup"] = setup
+    r = api.post("/v1/jobs", json=spec, headers=h)
+    assert r.status_code == 201, r.text
+    check_uploaded_run(api, h, settings, r.json()["id"], root, files | made, cloud)
+
+
+SKYPILOT_TASKS = {
+    # SkyPilot task files as users write them, next to their code: `workdir: .`
+    "task-relative-run": ("python --version", f"python examples/train.py {ARGS} {STEP}", set()),
+    "task-cd-after-setup": ("mkdir -p sub/out && echo ready > sub/out/setup.txt",
+                            f"cd sub && python train.py {ARGS} {STEP}", {"sub/out/setup.txt"}),
+}
+
+
+@pytest.mark.parametrize("shape", SKYPILOT_TASKS)
+def test_a_skypilot_task_file_submitted_with_its_workdir(api, team_headers, settings, project, shape):
+    setup, run, made = SKYPILOT_TASKS[shape]
+    root, files = project
+    task = root / "task.yaml"
+    task.write_text(f"name: {shape}\n"
+                    "workdir: .\n"
+                    f"setup: {setup}\n"
+                    f"run: {run}\n"
+                    "resources:\n"
+                    "  accelerators: T4:1\n"
+                    "  use_spot: true\n")
+    h = team_headers()
+    job_id = submit_file(settings, h, task)
+    assert api.get(f"/v1/jobs/{job_id}", headers=h).json()["spec"]["workdir"]["upload"]
+    check_uploaded_run(api, h, settings, job_id, root, files | {"task.yaml"} | made, None)

@@ -71,6 +71,7 @@ def test_skynomad_table():
     "extra, message",
     [
         ({"zones": "us-east-1c,us-east-1c"}, "named twice"),
+        ({"zones": "us-east-1c,us-east-1c_v100_1"}, "'us-east-1c' is named twice"),
         ({"starts": "20000"}, "past the end of the trace"),
         ({"zones": "mars-1a"}, "no file mars-1a.json"),
     ],
@@ -90,3 +91,35 @@ def test_deadline_shorter_than_the_work():
     result = CliRunner().invoke(cli, argv)
     assert result.exit_code == 1
     assert result.output.strip().startswith("Error: deadline") and len(result.output.strip().splitlines()) == 1
+
+
+def test_zones_named_by_their_files_cost_what_section_7_says():
+    """The contract as written: `--zones Z` where Z is the file DIR/Z.json.
+    Zones named by their file stem (`us-east-1c_v100_1`) are in the same
+    regions as the bare names, so egress, and every figure of §7, comes out
+    the same: 1c -> 2b costs $0.01/GB, not $0.02/GB."""
+    import subprocess
+    import sys
+
+    def simulate(policy: str, zones: list[str]) -> list[float]:
+        done = subprocess.run(
+            [sys.executable, "-m", "spotbroker.broker.cli", "simulate", "--traces", str(V100_DIR),
+             "--zones", ",".join(zones), "--policy", policy, "--job-hours", "39.93889", "--deadline-hours",
+             "59.90833", "--restart-hours", "0.2", "--checkpoint-gb", "50",
+             "--start-ticks", ",".join(map(str, V100_STARTS)), "--json"],
+            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        out = json.loads(done.stdout)
+        assert all(w["deadline_met"] for w in out["windows"])
+        return [w["cost"] for w in out["windows"]]
+
+    files = [f"{zone}_v100_1" for zone in V100_ZONES]
+    assert all((V100_DIR / f"{name}.json").is_file() for name in files)
+    optimal = simulate("optimal", files)
+    assert optimal == pytest.approx([37.7413, 37.5424, 36.9954, 37.1943, 37.3932], abs=0.001)
+    up_s = simulate("up-s", files)
+    assert up_s == pytest.approx([44.5295, 58.1110, 37.9954, 49.6173, 44.8355], abs=0.001)
+    assert sum(up_s) / 5 == pytest.approx(47.018, abs=0.001)
+    ours = simulate("spotbroker", files)
+    assert ours == simulate("spotbroker", V100_ZONES)  # bench/spot_cost.py's way: bare names
+    assert sum(ours) / sum(optimal) == pytest.approx(1.049, abs=0.0005)

@@ -1,0 +1,91 @@
+"""Uploads: a job's workdir, sent before the job that runs in it.
+
+    PUT /v1/uploads/{sha256}    the archive (a gzipped tar) as the body
+    GET /v1/uploads/{sha256}    whether the team has it already
+
+The body is hashed while it streams in and refused unless it hashes to the
+name it was sent under; the broker stores it under the caller's team (the
+client never names a path). A job then refers to it: `workdir: {upload: SHA256}`.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path as FsPath
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
+from fastapi.concurrency import run_in_threadpool
+from pydantic import BaseModel
+
+from spotbroker.agent.code import MAX_ARCHIVE_BYTES, MAX_FILES_BYTES
+from spotbroker.api.deps import CurrentTeam
+from spotbroker.api.errors import PROBLEM, Problem, invalid
+from spotbroker.broker import uploads
+
+router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
+
+Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="sha256 of the archive, lower-case hex")]
+_ERRORS = {401: {"description": "No or bad token"}}
+
+
+class UploadOut(BaseModel):
+    sha256: str
+    bytes: int
+
+
+@router.put("/{sha256}", status_code=201, response_model=UploadOut, responses={
+    **_ERRORS,
+    413: {"description": f"Over {MAX_ARCHIVE_BYTES} bytes", "content": {PROBLEM: {}}},
+    422: {"description": "Not the sha256 of the body, or not an archive a node would unpack",
+          "content": {PROBLEM: {}}}},
+    openapi_extra={"requestBody": {"required": True, "description": (
+        "A gzipped tar of the workdir: regular files, directories and links that stay inside it; "
+        f"at most {MAX_ARCHIVE_BYTES} bytes, and its files at most {MAX_FILES_BYTES} unpacked."),
+        "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}},
+                    "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> UploadOut:
+    """Upload a job's workdir. Idempotent: the same bytes under the same
+    hash are stored once, and a job submitted with `workdir: {upload: SHA256}`
+    runs in a fresh copy of them on every attempt."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_ARCHIVE_BYTES:
+        raise _too_large()
+    fd, name = tempfile.mkstemp(prefix="spotbroker-upload-", suffix=".tar.gz")
+    path = FsPath(name)
+    try:
+        digest, received = hashlib.sha256(), 0
+        with os.fdopen(fd, "wb") as out:
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > MAX_ARCHIVE_BYTES:
+                    raise _too_large()
+                digest.update(chunk)
+                out.write(chunk)
+        if digest.hexdigest() != sha256:
+            raise invalid([{"field": "sha256", "message": (
+                f"the body ({received} bytes) hashes to {digest.hexdigest()}, not to the name it was sent under")}])
+        settings = request.app.state.settings
+        try:
+            await run_in_threadpool(uploads.store, settings, team.team_name, sha256, path)
+        except uploads.UploadInvalid as exc:
+            raise invalid([{"field": "body", "message": str(exc)}]) from None
+    finally:
+        path.unlink(missing_ok=True)
+    return UploadOut(sha256=sha256, bytes=received)
+
+
+@router.get("/{sha256}", response_model=UploadOut, responses={
+    **_ERRORS, 404: {"description": "The team has no such upload", "content": {PROBLEM: {}}}})
+async def get_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> UploadOut:
+    """Whether the caller's team has this upload (a client skips sending it again)."""
+    found = await run_in_threadpool(uploads.size, request.app.state.settings, team.team_name, sha256)
+    if found is None:
+        raise Problem(404, "Not found", f"your team has no upload {sha256}")
+    return UploadOut(sha256=sha256, bytes=found)
+
+
+def _too_large() -> Problem:
+    return Problem(413, "Payload too large", f"an upload is at most {MAX_ARCHIVE_BYTES} bytes: "
+                   "leave out what the job does not need (.skyignore, .gitignore)")

@@ -1,0 +1,85 @@
+"""Uploaded workdirs: a team's code, stored by the broker under the team's
+own storage prefix and named by its sha256.
+
+    {checkpoint root}/{team}/uploads/{sha256}.tar.gz
+
+The broker alone decides that path: a client sends the bytes and their
+hash (`PUT /v1/uploads/{sha256}`), nothing else. A job refers to an upload
+by hash (`workdir: {upload: SHA256}`); each attempt's node fetches it and
+unpacks it as the attempt's working directory (`spotbroker.agent.code`).
+The same archive uploaded twice is stored once.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from spotbroker.agent.code import CodeError, check_archive
+from spotbroker.agent.storage import Storage
+from spotbroker.broker.launch.base import CodeRef
+from spotbroker.broker.settings import Settings
+
+UPLOADS = "uploads"
+
+
+class UploadInvalid(ValueError):
+    """The archive is not one a node would unpack: why."""
+
+
+def _team_store(settings: Settings, team: str) -> Storage:
+    return Storage(f"{settings.checkpoint_uri.rstrip('/')}/{team}")
+
+
+def _key(sha256: str) -> str:
+    return f"{UPLOADS}/{sha256}.tar.gz"
+
+
+def code_ref(settings: Settings, team: str, sha256: str) -> CodeRef:
+    """Where a job's uploaded workdir is, for the launcher."""
+    return CodeRef(uri=_team_store(settings, team).url(_key(sha256)), sha256=sha256)
+
+
+def size(settings: Settings, team: str, sha256: str) -> int | None:
+    """The stored archive's bytes, or None when this team has no such upload."""
+    info = _team_store(settings, team).head(_key(sha256))
+    return None if info is None else info.size
+
+
+def store(settings: Settings, team: str, sha256: str, archive: Path) -> int:
+    """Store an archive whose sha256 the caller has checked; returns its unpacked bytes.
+
+    Refused (UploadInvalid) when a node would refuse it, so a job never
+    learns at launch that its code cannot be unpacked."""
+    try:
+        _, unpacked = check_archive(archive)
+    except CodeError as exc:
+        raise UploadInvalid(str(exc)) from None
+    team_store = _team_store(settings, team)
+    team_store.put_file(_key(sha256), archive)
+    _keep_from_jobs(team_store.uri)
+    return unpacked
+
+
+def _keep_from_jobs(team_uri: str) -> None:
+    """On a local disk, the uploads are the broker's alone: the node fetches
+    them as the broker's user, and local jobs (all one user) never read
+    another team's code."""
+    parsed = urlparse(team_uri)
+    if parsed.scheme == "file":
+        os.chmod(Path(unquote(parsed.path)) / UPLOADS, 0o700)
+
+
+def workdir_error(settings: Settings, team: str, workdir: object) -> dict[str, str] | None:
+    """Why a submitted spec's `workdir` cannot be used, as a field error, or None."""
+    if workdir is None:
+        return None
+    if isinstance(workdir, str):
+        return {"field": "workdir", "message": (
+            f"{workdir!r} would be a path on the broker's host, which jobs may not use: upload the directory "
+            "(`spotbroker submit FILE` does it for you; over REST, PUT /v1/uploads/{sha256}) and give "
+            "workdir: {upload: SHA256}")}
+    sha256 = workdir.upload  # type: ignore[attr-defined]
+    if size(settings, team, sha256) is None:
+        return {"field": "workdir.upload", "message": f"your team has no upload {sha256} (PUT /v1/uploads/{sha256})"}
+    return None

@@ -1,0 +1,100 @@
+"""The job's code on the node: fetched from real storage (a directory, moto's
+S3), verified, and unpacked only when every member stays inside the tree."""
+from __future__ import annotations
+
+import hashlib
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from spotbroker.agent.code import CodeError, check_archive, fetch_code
+from spotbroker.agent.storage import Storage
+
+
+def archive(tmp_path: Path, *members: tuple[tarfile.TarInfo, bytes | None]) -> Path:
+    path = tmp_path / "code.tar.gz"
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def file(name: str, data: bytes = b"x", mode: int = 0o644) -> tuple[tarfile.TarInfo, bytes]:
+    info = tarfile.TarInfo(name)
+    info.mode = mode
+    return info, data
+
+
+def special(name: str, kind: bytes, link: str = "", mode: int = 0o644) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname, info.mode = kind, link, mode
+    return info, None
+
+
+def stored(tmp_path: Path, path: Path, root: str | None = None) -> tuple[str, str]:
+    store = Storage(root or (tmp_path / "store").as_uri())
+    store.put_file("team/uploads/code.tar.gz", path)
+    return store.url("team/uploads/code.tar.gz"), hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_an_archive_is_unpacked_as_a_fresh_workdir_and_nothing_else_is_left(tmp_path):
+    path = archive(tmp_path, file("train.py", b"print('hi')\n", 0o755), file("sub/data.txt", b"d", 0o444),
+                   special("sub/link", tarfile.SYMTYPE, "data.txt"),
+                   special("same", tarfile.LNKTYPE, "train.py", 0o755))
+    uri, sha = stored(tmp_path, path)
+    node = tmp_path / "node"
+    fetch_code(uri, sha, node / "workdir")
+    workdir = node / "workdir"
+    assert (workdir / "train.py").read_text() == "print('hi')\n" and (workdir / "train.py").stat().st_mode & 0o100
+    assert (workdir / "sub" / "link").read_text() == "d" and (workdir / "same").read_text() == "print('hi')\n"
+    assert (workdir / "sub" / "data.txt").stat().st_mode & 0o200  # the job may write in its own tree
+    assert sorted(p.name for p in node.iterdir()) == ["workdir"]  # no archive, no staging left beside it
+    with pytest.raises(CodeError, match="already there"):
+        fetch_code(uri, sha, workdir)  # made once per attempt
+
+
+def test_an_archive_that_is_not_what_the_job_was_submitted_with_is_refused(tmp_path):
+    uri, sha = stored(tmp_path, archive(tmp_path, file("train.py")))
+    with pytest.raises(CodeError, match="not the 0+ the job was submitted with"):
+        fetch_code(uri, "0" * 64, tmp_path / "node" / "workdir")
+    with pytest.raises(CodeError, match="cannot download"):
+        fetch_code(uri.replace("code.tar.gz", "other.tar.gz"), sha, tmp_path / "node" / "workdir")
+    assert not (tmp_path / "node" / "workdir").exists()
+
+
+@pytest.mark.parametrize("member, why", [
+    (file("../evil.py"), "outside the working directory"),
+    (file("/etc/cron.d/evil"), "outside the working directory"),
+    (file("a/../../evil"), "outside the working directory"),
+    (special("out", tarfile.SYMTYPE, "/etc/passwd"), "link out"),
+    (special("sub/out", tarfile.SYMTYPE, "../../x"), "link out"),
+    (special("hard", tarfile.LNKTYPE, "/etc/passwd"), "hard link"),
+    (special("dev", tarfile.CHRTYPE), "device"),
+    (special("fifo", tarfile.FIFOTYPE), "device, fifo"),
+])
+def test_unsafe_members_are_refused_before_anything_is_unpacked(tmp_path, member, why):
+    path = archive(tmp_path, file("ok.py"), member)
+    uri, sha = stored(tmp_path, path)
+    with pytest.raises(CodeError, match=why):
+        fetch_code(uri, sha, tmp_path / "node" / "workdir")
+    assert not (tmp_path / "node" / "workdir").exists() and not (tmp_path / "evil.py").exists()
+
+
+def test_garbage_and_too_much_are_refused(tmp_path, monkeypatch):
+    junk = tmp_path / "junk.tar.gz"
+    junk.write_bytes(b"not an archive")
+    with pytest.raises(CodeError, match="not a gzipped tar"):
+        check_archive(junk)
+    monkeypatch.setattr("spotbroker.agent.code.MAX_FILES_BYTES", 1000)
+    with pytest.raises(CodeError, match="more than the limit of 1000"):
+        check_archive(archive(tmp_path, file("a", b"x" * 600), file("b", b"x" * 600)))
+
+
+def test_the_code_comes_from_s3_too(tmp_path, s3_uri):
+    uri, sha = stored(tmp_path, archive(tmp_path, file("train.py", b"s3\n")), root=s3_uri)
+    fetch_code(uri, sha, tmp_path / "workdir")
+    assert (tmp_path / "workdir" / "train.py").read_text() == "s3\n"
