@@ -146,7 +146,7 @@ def fetch_code(uri: str, sha256: str, workdir: Path) -> None:
         raise CodeError(f"{uri!r} is not the URI of an object")
     workdir.parent.mkdir(parents=True, exist_ok=True)
     archive = workdir.parent / ".code.tar.gz"
-    from spotbroker.agent.storage import Storage  # here: the client's packer imports this module's limits
+    from spotbroker.agent.checkpoint.storage import Storage  # here: the client's packer imports this module's limits
 
     try:
         try:

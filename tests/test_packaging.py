@@ -4,6 +4,7 @@ imports, and the broker's own dependencies are not there."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,7 +25,12 @@ def run(*cmd: str | Path, **kw) -> str:
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, REPO)
+    # From a copy without build outputs: setuptools reuses a stale build/lib, which would put modules
+    # that the tree no longer has into the wheel.
+    source = tmp_path_factory.mktemp("source") / "spotbroker"
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
+    run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, source)
     (path,) = out.glob("spotbroker-*.whl")
     return path
 
