@@ -7,6 +7,7 @@ than a silently ignored option.
 """
 from __future__ import annotations
 
+import math
 import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any
@@ -17,6 +18,19 @@ CLOUDS = ("aws", "gcp", "azure", "local")
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?$")
 _AMOUNT_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<plus>\+)?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Bounds on what a submission may ask for: past them it is a mistake (or an
+# attack), never a job; each is refused with a 422 naming the field.
+MAX_ACCELERATORS = 1024        # per node
+MAX_NODES = 1024
+MAX_PRICE_PER_HOUR = 1000.0    # dollars, per node
+MAX_AMOUNT = 1_000_000         # cpus, memory (GB)
+MAX_DEADLINE_AHEAD = timedelta(days=365)
+# A document's shape: how deep, and how large once YAML aliases are expanded
+# (a small YAML can name one large string a thousand times). A stored spec is
+# at most MAX_SPEC_BYTES too.
+MAX_DEPTH = 16
+MAX_SPEC_BYTES = 1 << 20
 
 
 class _Strict(BaseModel):
@@ -35,8 +49,8 @@ def parse_accelerator(value: str) -> tuple[str, float]:
         count = float(count_text)
     except ValueError:
         raise ValueError(f"{value!r}: the count {count_text!r} is not a number") from None
-    if not count > 0:
-        raise ValueError(f"{value!r}: the count must be positive")
+    if not 0 < count <= MAX_ACCELERATORS:
+        raise ValueError(f"{value!r}: the count must be more than 0 and at most {MAX_ACCELERATORS} per node")
     return match["name"], count
 
 
@@ -45,7 +59,10 @@ def parse_amount(value: str) -> tuple[float, bool]:
     match = _AMOUNT_RE.match(value.strip())
     if not match:
         raise ValueError(f"{value!r} is not N or N+ (for example '8' or '32+')")
-    return float(match["n"]), bool(match["plus"])
+    amount = float(match["n"])
+    if not amount <= MAX_AMOUNT:
+        raise ValueError(f"{value!r}: at most {MAX_AMOUNT:,}")
+    return amount, bool(match["plus"])
 
 
 class Infra:
@@ -69,7 +86,7 @@ class ResourceSet(_Strict):
     cpus: str | None = None
     memory: str | None = None
     use_spot: bool = True
-    max_price_per_hour: Annotated[float, Field(gt=0)] | None = None
+    max_price_per_hour: Annotated[float, Field(gt=0, le=MAX_PRICE_PER_HOUR, allow_inf_nan=False)] | None = None
 
     @field_validator("accelerators", mode="before")
     @classmethod
@@ -143,11 +160,11 @@ class JobSpec(_Strict):
     setup: str | None = None
     envs: dict[str, str] = Field(default_factory=dict)
     workdir: str | None = None
-    num_nodes: Annotated[int, Field(ge=1, le=512)] = 1
+    num_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
     # Productive hours the job needs (a guess is fine): what placement weighs
     # restarts and the deadline against. Required with a deadline.
-    estimated_hours: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    estimated_hours: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     deadline: AwareDatetime | None = None
     resources: Resources = Field(default_factory=Resources)
 
@@ -172,6 +189,8 @@ class JobSpec(_Strict):
         Checked at submission only: stored specs are never re-judged."""
         if self.deadline is None:
             return None
+        if self.deadline > now + MAX_DEADLINE_AHEAD:
+            return f"at most {MAX_DEADLINE_AHEAD.days} days from now"
         if self.estimated_hours is None:
             return "give estimated_hours too: how long the work takes is what a deadline is kept against"
         need = timedelta(hours=self.estimated_hours, seconds=overhead_s)
@@ -186,6 +205,15 @@ class JobSpec(_Strict):
 
     def stored(self) -> dict[str, Any]:
         return self.model_dump(mode="json", exclude_none=True)
+
+
+class SpecShapeError(ValueError):
+    """A document nested too deeply, too large once its YAML aliases are
+    expanded, or with a NUL byte in a string; `field` says where."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field, self.message = field, message
 
 
 class SpecSyntaxError(ValueError):
@@ -215,6 +243,10 @@ def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise SpecSyntaxError(exc.msg, exc.lineno, exc.colno) from None
+        except RecursionError:
+            raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels") from None
+        except ValueError as exc:  # a number of more digits than Python converts
+            raise SpecSyntaxError(str(exc)) from None
     else:
         import yaml
 
@@ -226,9 +258,55 @@ def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
                                   mark.column + 1 if mark else None) from None
         except yaml.YAMLError as exc:
             raise SpecSyntaxError(str(exc)) from None
+        except RecursionError:
+            raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels") from None
+        except (ValueError, OverflowError) as exc:  # a number or date out of range
+            raise SpecSyntaxError(str(exc)) from None
     if not isinstance(doc, dict):
         raise SpecSyntaxError("the document must be a mapping of fields (name, run, resources, ...)")
+    check_shape(doc)
     return _accelerator_alternatives(doc)
+
+
+def check_shape(doc: Any) -> None:
+    """Walk the document as a JSON encoder would, each YAML alias expanded,
+    and stop at the first string holding a NUL byte (no process can take it:
+    the launch would fail), the first level past MAX_DEPTH, or once past
+    MAX_SPEC_BYTES. Without recursion, and in time bounded by the size limit
+    whatever the aliases multiply."""
+    budget = MAX_SPEC_BYTES
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
+    while stack:
+        path, node = stack.pop()
+        if len(path) > MAX_DEPTH:
+            raise SpecShapeError(_dotted(path[:MAX_DEPTH + 1]), f"nested more than {MAX_DEPTH} levels")
+        if isinstance(node, dict):
+            budget -= 2
+            for key, value in node.items():
+                _no_nul(path + (key,), key)
+                budget -= len(str(key)) + 4
+                stack.append((path + (key,), value))
+        elif isinstance(node, list):
+            budget -= 2 + len(node)
+            stack.extend((path + (i,), value) for i, value in enumerate(node))
+        elif isinstance(node, str):
+            _no_nul(path, node)
+            budget -= len(node) + 2
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise SpecShapeError(_dotted(path), "must be a finite number")
+        else:
+            budget -= 8
+        if budget < 0:
+            raise SpecShapeError("body", f"larger than {MAX_SPEC_BYTES} bytes once YAML aliases are expanded")
+
+
+def _no_nul(path: tuple[Any, ...], value: Any) -> None:
+    if isinstance(value, str) and "\x00" in value:
+        raise SpecShapeError(_dotted(path), "contains a NUL byte")
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in path) or "body"
 
 
 def _accelerator_alternatives(doc: dict[str, Any]) -> dict[str, Any]:
