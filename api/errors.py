@@ -11,6 +11,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from spotbroker.api.guard import BodyTooLarge
+
 PROBLEM = "application/problem+json"
 log = logging.getLogger("spotbroker.api")
 
@@ -111,8 +113,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        if isinstance(exc.__cause__, RecursionError):  # FastAPI's own JSON body parsing
+        # FastAPI's own body parsing turns any failure into a 400: say what it was.
+        if isinstance(exc.__cause__, RecursionError):
             p = invalid([{"field": "body", "message": "nested too deeply"}])
             return problem_response(p.status, p.title, p.detail, p.errors)
+        if isinstance(exc.__cause__, BodyTooLarge):  # the rest of the body is unread: close after
+            return problem_response(413, _TITLES[413], str(exc.__cause__), headers={"Connection": "close"})
         return problem_response(exc.status_code, _TITLES.get(exc.status_code, "Error"), str(exc.detail),
                                 headers=getattr(exc, "headers", None))

@@ -48,7 +48,7 @@ class Guard:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
-                    raise BodyTooLarge
+                    raise BodyTooLarge(f"the body is at most {limit} bytes here")
             return message
 
         async def watched_send(message: Message) -> None:
