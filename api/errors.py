@@ -114,10 +114,12 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         # FastAPI's own body parsing turns any failure into a 400: say what it was.
-        if isinstance(exc.__cause__, RecursionError):
-            p = invalid([{"field": "body", "message": "nested too deeply"}])
+        cause = exc.__cause__
+        if isinstance(cause, BodyTooLarge):  # the rest of the body is unread: close after
+            return problem_response(413, _TITLES[413], str(cause), headers={"Connection": "close"})
+        if isinstance(cause, RecursionError | ValueError):  # too deep, not UTF-8, a number too long
+            message = "nested too deeply" if isinstance(cause, RecursionError) else f"not readable JSON: {cause}"
+            p = invalid([{"field": "body", "message": message[:200]}])
             return problem_response(p.status, p.title, p.detail, p.errors)
-        if isinstance(exc.__cause__, BodyTooLarge):  # the rest of the body is unread: close after
-            return problem_response(413, _TITLES[413], str(exc.__cause__), headers={"Connection": "close"})
         return problem_response(exc.status_code, _TITLES.get(exc.status_code, "Error"), str(exc.detail),
                                 headers=getattr(exc, "headers", None))
