@@ -48,7 +48,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.clock, app.state.reconciler = clock, reconciler
         app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
-        app.state.followers = Followers(factory)
+        app.state.followers = Followers(factory, per_team=settings.max_followers_per_team)
         restore_signals = on_shutdown_signal(app.state.followers)
         stop = threading.Event()
         worker = threading.Thread(target=reconciler.run_forever, args=(stop,), name="reconciler", daemon=True)

@@ -27,7 +27,6 @@ from spotbroker.broker import logs
 from spotbroker.broker.models import Attempt
 from spotbroker.broker.states import LIVE_ATTEMPT_STATES
 
-PER_TEAM = 64          # concurrent followers a team may hold in one server process
 POLL_S = 0.25          # how often a follower looks at its log's size
 CHECK_S = 1.0          # how often the watcher asks which attempts still run
 CHUNK = 256 * 1024     # the most read (and sent) at once
@@ -38,7 +37,7 @@ class TooManyFollowers(Exception):
 
 
 class Followers:
-    def __init__(self, factory: sessionmaker[Session], per_team: int = PER_TEAM,
+    def __init__(self, factory: sessionmaker[Session], per_team: int,
                  poll_s: float = POLL_S, check_s: float = CHECK_S) -> None:
         self.factory, self.per_team, self.poll_s, self.check_s = factory, per_team, poll_s, check_s
         self._per_team: Counter[int] = Counter()

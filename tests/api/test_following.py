@@ -12,7 +12,8 @@ import httpx
 from conftest import ADMIN_TOKEN
 from helpers import wait_for
 
-from spotbroker.api.following import PER_TEAM
+PER_TEAM = 50  # SPOTBROKER_MAX_FOLLOWERS_PER_TEAM, for the second test
+
 
 
 def team(client: httpx.Client, name: str) -> dict[str, str]:
@@ -60,40 +61,42 @@ def test_followers_that_left_cost_nothing_and_other_teams_are_answered(server):
         assert client.get(f"/v1/jobs/{job_id}", headers=a).json()["state"] == "RUNNING"
 
 
-def test_a_team_holds_a_bounded_number_of_followers_and_shutdown_does_not_wait_for_them(server):
-    with httpx.Client(base_url=server.url, timeout=10) as client:
-        a, b = team(client, "a"), team(client, "b")
-        job_id = running_job(client, a)
+def test_a_team_holds_a_bounded_number_of_followers_and_shutdown_does_not_wait_for_them(serve_process):
+    with serve_process(SPOTBROKER_MAX_FOLLOWERS_PER_TEAM=str(PER_TEAM)) as server:
+        with httpx.Client(base_url=server.url, timeout=10) as client:
+            a, b = team(client, "a"), team(client, "b")
+            job_id = running_job(client, a)
+        bodies, took = asyncio.run(attach_then_terminate(server, job_id, a, b))
+        assert server.proc.poll() is not None, "the server still runs 20 s after SIGTERM"
+        assert took < 10
+        assert all(body.startswith(b"started\n") for body in bodies) and len(bodies) == PER_TEAM
+        out = server.output()
+        assert "Application shutdown complete" in out and "Traceback" not in out and "ERROR" not in out
 
-    async def attach_and_terminate() -> tuple[list[bytes], float]:
-        async with httpx.AsyncClient(base_url=server.url, timeout=30,
-                                     limits=httpx.Limits(max_connections=None)) as c:
-            streams, bodies = [], []
-            for _ in range(PER_TEAM):
-                r = await c.send(c.build_request("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"},
-                                                 headers=a), stream=True)
-                assert r.status_code == 200
-                streams.append(r)
-            over = await c.get(f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=a)
-            assert over.status_code == 429 and over.headers["content-type"] == "application/problem+json"
-            assert str(PER_TEAM) in over.json()["detail"] and over.headers["retry-after"]
-            assert (await c.get("/v1/jobs", headers=b)).status_code == 200
 
-            async def read_all(r: httpx.Response) -> None:
-                bodies.append(b"".join([chunk async for chunk in r.aiter_bytes()]))
+async def attach_then_terminate(server, job_id: int, a: dict, b: dict) -> tuple[list[bytes], float]:
+    """PER_TEAM followers of team a (one more is refused), then SIGTERM: each
+    stream's whole body, and the seconds from the signal to the exit."""
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=httpx.Limits(max_connections=None)) as c:
+        streams, bodies = [], []
+        for _ in range(PER_TEAM):
+            r = await c.send(c.build_request("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"},
+                                             headers=a), stream=True)
+            assert r.status_code == 200
+            streams.append(r)
+        over = await c.get(f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=a)
+        assert over.status_code == 429 and over.headers["content-type"] == "application/problem+json"
+        assert str(PER_TEAM) in over.json()["detail"] and over.headers["retry-after"]
+        assert (await c.get("/v1/jobs", headers=b)).status_code == 200
 
-            readers = [asyncio.create_task(read_all(r)) for r in streams]
-            await asyncio.sleep(0.5)
-            started = time.monotonic()
-            server.proc.send_signal(signal.SIGTERM)
-            await asyncio.wait_for(asyncio.gather(*readers), 20)  # every stream ends
-            while server.proc.poll() is None and time.monotonic() - started < 20:
-                await asyncio.sleep(0.05)
-            return bodies, time.monotonic() - started
+        async def read_all(r: httpx.Response) -> None:
+            bodies.append(b"".join([chunk async for chunk in r.aiter_bytes()]))
 
-    bodies, took = asyncio.run(attach_and_terminate())
-    assert server.proc.poll() is not None, "the server still runs 20 s after SIGTERM"
-    assert took < 10
-    assert all(body.startswith(b"started\n") for body in bodies) and len(bodies) == PER_TEAM
-    out = server.output()
-    assert "Application shutdown complete" in out and "Traceback" not in out and "ERROR" not in out
+        readers = [asyncio.create_task(read_all(r)) for r in streams]
+        await asyncio.sleep(0.5)
+        started = time.monotonic()
+        server.proc.send_signal(signal.SIGTERM)
+        await asyncio.wait_for(asyncio.gather(*readers), 20)  # every stream ends
+        while server.proc.poll() is None and time.monotonic() - started < 20:
+            await asyncio.sleep(0.05)
+        return bodies, time.monotonic() - started
