@@ -1,19 +1,22 @@
 """Following an attempt's log (`GET /v1/jobs/{id}/logs?follow=true`).
 
-Followers are coroutines on the event loop: none holds a thread or a
-database connection while it waits. Whether the attempts being followed
-still run is asked by one watcher for all of them (one query a second,
-however many followers), and each follower stops when its attempt has ended
-and its log is read to the end, when its client goes (Starlette cancels the
-stream on the disconnect), or when the server shuts down: uvicorn's graceful
-shutdown waits for open responses before the application's own shutdown
-runs, so `close()` is called from the signal itself (see `on_shutdown_signal`).
+Followers are coroutines on the event loop: none holds a thread, a timer or
+a database connection while it waits. One ticker serves them all: every
+POLL_S it looks at the size of each followed log once (however many follow
+it) and wakes that log's followers when it grew; every CHECK_S it asks the
+database, in one query, which followed attempts have ended. A follower stops
+when its attempt has ended and its log is read to the end, when its client
+goes (Starlette cancels the stream on the disconnect), or when the server
+shuts down: uvicorn's graceful shutdown waits for open responses before the
+application's own shutdown runs, so `close()` is called from the signal
+itself (see `on_shutdown_signal`).
 """
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -27,13 +30,28 @@ from spotbroker.broker import logs
 from spotbroker.broker.models import Attempt
 from spotbroker.broker.states import LIVE_ATTEMPT_STATES
 
-POLL_S = 0.25          # how often a follower looks at its log's size
-CHECK_S = 1.0          # how often the watcher asks which attempts still run
-CHUNK = 256 * 1024     # the most read (and sent) at once
+POLL_S = 0.25          # how often each followed log's size is looked at
+CHECK_S = 1.0          # how often the database is asked which attempts still run
+CHUNK = 256 * 1024     # the most read (and sent) at once: a read from the page cache, on the loop
 
 
 class TooManyFollowers(Exception):
     pass
+
+
+class _Log:
+    """One followed log: its size at the last look, whether its attempt has
+    ended, and the event its followers wait on (replaced at each wake-up,
+    so that a follower that looked before a wake-up never misses it)."""
+
+    def __init__(self, attempt_id: int, path: Path) -> None:
+        self.attempt_id, self.path = attempt_id, path
+        self.size, self.ended, self.followers = _size(path), False, 0
+        self.changed = asyncio.Event()
+
+    def wake(self) -> None:
+        woken, self.changed = self.changed, asyncio.Event()
+        woken.set()
 
 
 class Followers:
@@ -41,10 +59,9 @@ class Followers:
                  poll_s: float = POLL_S, check_s: float = CHECK_S) -> None:
         self.factory, self.per_team, self.poll_s, self.check_s = factory, per_team, poll_s, check_s
         self._per_team: Counter[int] = Counter()
-        self._watched: Counter[int] = Counter()   # attempt id -> followers of it
-        self._ended: set[int] = set()
-        self._closing = asyncio.Event()
-        self._watcher: asyncio.Task[None] | None = None
+        self._logs: dict[Path, _Log] = {}
+        self._closing = False
+        self._ticker: asyncio.Task[None] | None = None
 
     @property
     def count(self) -> int:
@@ -63,49 +80,59 @@ class Followers:
 
     def close(self) -> None:
         """End every stream now (the server is shutting down)."""
-        self._closing.set()
+        self._closing = True
+        for log in self._logs.values():
+            log.wake()
 
     async def stream(self, attempt_id: int, path: Path, head: bytes, offset: int) -> AsyncIterator[bytes]:
         """`head`, then the log from `offset` as it grows, until the attempt
         has ended and all of it is sent."""
-        self._watched[attempt_id] += 1
-        self._ensure_watcher()
+        log = self._logs.get(path) or self._logs.setdefault(path, _Log(attempt_id, path))
+        log.followers += 1
+        self._ensure_ticker()
         try:
             if head:
                 yield head
-            while not self._closing.is_set():
-                ended = attempt_id in self._ended  # read before the size: no last bytes missed
-                if _size(path) > offset:
-                    chunk = await run_in_threadpool(logs.read_from, path, offset, CHUNK)
-                    offset += len(chunk)
-                    yield chunk
-                    continue
-                if ended:
-                    return
-                await self._wait(self.poll_s)
+            while not self._closing:
+                changed, ended = log.changed, log.ended  # both before the size: no last bytes missed
+                if log.size > offset or ended:
+                    chunk = logs.read_from(path, offset, CHUNK)
+                    if chunk:
+                        offset += len(chunk)
+                        yield chunk
+                        continue
+                    if ended:
+                        return
+                await changed.wait()
         finally:
-            self._watched[attempt_id] -= 1
-            if self._watched[attempt_id] <= 0:
-                del self._watched[attempt_id]
-                self._ended.discard(attempt_id)
+            log.followers -= 1
+            if log.followers <= 0:
+                self._logs.pop(path, None)
 
-    async def _wait(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._closing.wait(), seconds)
-        except TimeoutError:
-            pass
+    def _ensure_ticker(self) -> None:
+        if self._ticker is None or self._ticker.done():
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
 
-    def _ensure_watcher(self) -> None:
-        if self._watcher is None or self._watcher.done():
-            self._watcher = asyncio.get_running_loop().create_task(self._watch())
-
-    async def _watch(self) -> None:
-        """While anyone follows: which of the followed attempts have ended."""
-        while self._watched and not self._closing.is_set():
-            ids = [i for i in self._watched if i not in self._ended]
-            if ids:
-                self._ended.update(await run_in_threadpool(self._ended_of, ids))
-            await self._wait(self.check_s)
+    async def _tick(self) -> None:
+        """While anyone follows: wake the followers of each log that grew,
+        and of each attempt that ended."""
+        checked = 0.0
+        while self._logs and not self._closing:
+            for log in list(self._logs.values()):
+                size = _size(log.path)
+                if size != log.size:
+                    log.size = size
+                    log.wake()
+            if time.monotonic() - checked >= self.check_s:
+                checked = time.monotonic()
+                live = [log for log in self._logs.values() if not log.ended]
+                if live:
+                    ended = await run_in_threadpool(self._ended_of, [log.attempt_id for log in live])
+                    for log in live:
+                        if log.attempt_id in ended:
+                            log.ended = True
+                            log.wake()
+            await asyncio.sleep(self.poll_s)
 
     def _ended_of(self, ids: list[int]) -> set[int]:
         with self.factory() as session:
