@@ -47,7 +47,7 @@ async def _read_spec(request: Request) -> JobSpec:
     if ctype not in _YAML_TYPES and ctype not in ("application/json", ""):
         raise Problem(415, "Unsupported media type", f"send application/json or application/yaml, not {ctype}")
     try:
-        doc = await run_in_threadpool(load_document, body, fmt)
+        doc = load_document(body, fmt)
     except SpecSyntaxError as exc:
         err = {"field": "body", "message": str(exc)}
         if exc.line:
