@@ -48,6 +48,17 @@ class _Log:
         self.attempt_id, self.path = attempt_id, path
         self.size, self.ended, self.followers = _size(path), False, 0
         self.changed = asyncio.Event()
+        self._last: tuple[int, bytes] = (-1, b"")
+
+    def read(self, offset: int, fresh: bool = False) -> bytes:
+        """The log from `offset`: read once for all the followers that are
+        there (after a wake-up, most are at the same offset); `fresh` reads
+        the file whatever was read before."""
+        at, chunk = self._last
+        if fresh or at != offset or len(chunk) < min(CHUNK, self.size - offset):
+            chunk = logs.read_from(self.path, offset, CHUNK)
+            self._last = (offset, chunk)
+        return chunk
 
     def wake(self) -> None:
         woken, self.changed = self.changed, asyncio.Event()
@@ -96,7 +107,7 @@ class Followers:
             while not self._closing:
                 changed, ended = log.changed, log.ended  # both before the size: no last bytes missed
                 if log.size > offset or ended:
-                    chunk = logs.read_from(path, offset, CHUNK)
+                    chunk = log.read(offset, fresh=ended)
                     if chunk:
                         offset += len(chunk)
                         yield chunk

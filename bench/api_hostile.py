@@ -43,11 +43,12 @@ class Broker:
         env.update(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir), SPOTBROKER_ADMIN_TOKEN=ADMIN,
                    SPOTBROKER_LOCAL_MAX_RUNNING="4", SPOTBROKER_MAX_FOLLOWERS_PER_TEAM="100000",
                    SPOTBROKER_RECONCILE_INTERVAL="0.5")
+        cli = [sys.executable, "-m", "spotbroker.broker.cli"]
+        subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.data_dir = data_dir
-        self.proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--port",
-                                      str(self.port), "--log-level", "warning"], env=env,
+        self.proc = subprocess.Popen([*cli, "serve", "--port", str(self.port), "--log-level", "warning"], env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 60
         while True:
