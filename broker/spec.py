@@ -208,15 +208,6 @@ class JobSpec(_Strict):
         return self.model_dump(mode="json", exclude_none=True)
 
 
-class SpecShapeError(ValueError):
-    """A document nested too deeply, too large once its YAML aliases are
-    expanded, or with a NUL byte in a string; `field` says where."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(f"{field}: {message}")
-        self.field, self.message = field, message
-
-
 class SpecSyntaxError(ValueError):
     """A job document that is not valid JSON/YAML; `line` is 1-based."""
 
@@ -224,6 +215,16 @@ class SpecSyntaxError(ValueError):
         where = f"line {line}" + (f", column {column}" if column else "") + ": " if line else ""
         super().__init__(where + message)
         self.line, self.column, self.message = line, column, message
+
+
+class SpecShapeError(SpecSyntaxError):
+    """A document nested too deeply, too large once its YAML aliases are
+    expanded, or with a NUL byte in a string; `field` says where, `detail`
+    what (`message` says both)."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field, self.detail = field, detail
 
 
 def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:

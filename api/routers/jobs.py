@@ -48,13 +48,13 @@ async def _read_spec(request: Request) -> JobSpec:
         raise Problem(415, "Unsupported media type", f"send application/json or application/yaml, not {ctype}")
     try:
         doc = load_document(body, fmt)
+    except SpecShapeError as exc:
+        raise invalid([{"field": exc.field, "message": exc.detail}]) from None
     except SpecSyntaxError as exc:
         err = {"field": "body", "message": str(exc)}
         if exc.line:
             err["line"] = exc.line
         raise invalid([err]) from None
-    except SpecShapeError as exc:
-        raise invalid([{"field": exc.field, "message": exc.message}]) from None
     try:
         spec = JobSpec.model_validate(doc)
     except ValidationError as exc:
