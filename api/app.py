@@ -10,6 +10,8 @@ from fastapi import FastAPI
 
 from spotbroker.api import errors
 from spotbroker.api.batching import SubmissionBatcher
+from spotbroker.api.following import Followers, on_shutdown_signal
+from spotbroker.api.guard import Guard
 from spotbroker.api.routers import agent, health, jobs, teams, uploads
 from spotbroker.broker import migrate
 from spotbroker.broker.auth import TokenResolver
@@ -46,6 +48,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.clock, app.state.reconciler = clock, reconciler
         app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
+        app.state.followers = Followers(factory, per_team=settings.max_followers_per_team)
+        restore_signals = on_shutdown_signal(app.state.followers)
         stop = threading.Event()
         worker = threading.Thread(target=reconciler.run_forever, args=(stop,), name="reconciler", daemon=True)
         if run_reconciler:
@@ -53,6 +57,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         try:
             yield
         finally:
+            app.state.followers.close()
+            restore_signals()
             stop.set()
             reconciler.hint()
             if worker.is_alive():
@@ -62,13 +68,16 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     app = FastAPI(title="spotbroker", version="0.1.0", lifespan=lifespan,
                   description="Run ML training on spot GPUs at the lowest expected cost.")
     errors.install(app)
+    app.add_middleware(Guard)
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(teams.router)
     app.include_router(agent.router)
     app.include_router(uploads.router)
-    # The request body is parsed by hand (JSON or YAML); publish its schema.
+    # The request body is parsed by hand (JSON or YAML), and errors are
+    # answered by handlers: publish both schemas.
     _publish_schema(app, JobSpec)
+    _publish_schema(app, errors.ProblemDoc)
     return app
 
 

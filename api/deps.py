@@ -4,7 +4,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
@@ -26,7 +26,11 @@ def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+MAX_ID = 2**63 - 1  # ids are BIGINT: a larger number is refused, not sent to the database
+
 SessionDep = Annotated[Session, Depends(get_session)]
+JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
+CheckpointId = Annotated[int, Path(ge=1, le=MAX_ID)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 

@@ -3,12 +3,26 @@ small models here."""
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from spotbroker.broker import costs
 from spotbroker.broker.models import Attempt, Event, Job
+from spotbroker.broker.spec import SpecShapeError, check_shape
+
+
+def _bounded(value: dict[str, Any]) -> dict[str, Any]:
+    try:
+        check_shape(value)
+    except SpecShapeError as exc:
+        raise ValueError(str(exc)) from None
+    return value
+
+
+# Free-form JSON a client stores with us (an agent event's data): no deeper,
+# larger or stranger (NUL bytes, non-finite numbers) than a job spec may be.
+BoundedData = Annotated[dict[str, Any], AfterValidator(_bounded)]
 
 
 class AttemptOut(BaseModel):
@@ -88,7 +102,8 @@ class EventList(BaseModel):
 
 class TeamCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$",
+                      description="lower-case letters, digits, '-' and '_'")
 
 
 class TeamOut(BaseModel):

@@ -48,6 +48,7 @@ class Settings(BaseSettings):
     # Where agents on the nodes reach this broker (default: from host/port).
     advertise_url: str | None = None
     heartbeat_timeout: float = 60.0             # a silent agent's node counts as lost after this
+    max_followers_per_team: int = Field(64, ge=1)  # concurrent `logs?follow=true` a team holds per server process
     # Simulated notice window of local runs (None: the cloud's own, 120/30/30 s).
     local_notice_window: float | None = None
 

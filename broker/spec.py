@@ -7,6 +7,8 @@ than a silently ignored option.
 """
 from __future__ import annotations
 
+import itertools
+import math
 import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any
@@ -17,6 +19,19 @@ CLOUDS = ("aws", "gcp", "azure", "local")
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?$")
 _AMOUNT_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<plus>\+)?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# Bounds on what a submission may ask for: past them it is a mistake (or an
+# attack), never a job; each is refused with a 422 naming the field.
+MAX_ACCELERATORS = 1024        # per node
+MAX_NODES = 1024
+MAX_PRICE_PER_HOUR = 1000.0    # dollars, per node
+MAX_AMOUNT = 1_000_000         # cpus, memory (GB)
+MAX_DEADLINE_AHEAD = timedelta(days=365)
+# A document's shape: how deep, and how large once YAML aliases are expanded
+# (a small YAML can name one large string a thousand times). A stored spec is
+# at most MAX_SPEC_BYTES too.
+MAX_DEPTH = 16
+MAX_SPEC_BYTES = 1 << 20
 
 
 class _Strict(BaseModel):
@@ -35,8 +50,8 @@ def parse_accelerator(value: str) -> tuple[str, float]:
         count = float(count_text)
     except ValueError:
         raise ValueError(f"{value!r}: the count {count_text!r} is not a number") from None
-    if not count > 0:
-        raise ValueError(f"{value!r}: the count must be positive")
+    if not 0 < count <= MAX_ACCELERATORS:
+        raise ValueError(f"{value!r}: the count must be more than 0 and at most {MAX_ACCELERATORS} per node")
     return match["name"], count
 
 
@@ -45,7 +60,10 @@ def parse_amount(value: str) -> tuple[float, bool]:
     match = _AMOUNT_RE.match(value.strip())
     if not match:
         raise ValueError(f"{value!r} is not N or N+ (for example '8' or '32+')")
-    return float(match["n"]), bool(match["plus"])
+    amount = float(match["n"])
+    if not amount <= MAX_AMOUNT:
+        raise ValueError(f"{value!r}: at most {MAX_AMOUNT:,}")
+    return amount, bool(match["plus"])
 
 
 class Infra:
@@ -69,7 +87,7 @@ class ResourceSet(_Strict):
     cpus: str | None = None
     memory: str | None = None
     use_spot: bool = True
-    max_price_per_hour: Annotated[float, Field(gt=0)] | None = None
+    max_price_per_hour: Annotated[float, Field(gt=0, le=MAX_PRICE_PER_HOUR, allow_inf_nan=False)] | None = None
 
     @field_validator("accelerators", mode="before")
     @classmethod
@@ -153,11 +171,11 @@ class JobSpec(_Strict):
     workdir: Annotated[WorkdirUpload | str | None, Field(description=(
         "The job's code: {\"upload\": SHA256} after PUT /v1/uploads/{sha256}. Each attempt runs in a fresh "
         "copy of it. A path is refused: `spotbroker submit FILE` uploads the directory it names"))] = None
-    num_nodes: Annotated[int, Field(ge=1, le=512)] = 1
+    num_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
     max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
     # Productive hours the job needs (a guess is fine): what placement weighs
     # restarts and the deadline against. Required with a deadline.
-    estimated_hours: Annotated[float, Field(gt=0, le=100_000)] | None = None
+    estimated_hours: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     deadline: AwareDatetime | None = None
     resources: Resources = Field(default_factory=Resources)
 
@@ -182,6 +200,8 @@ class JobSpec(_Strict):
         Checked at submission only: stored specs are never re-judged."""
         if self.deadline is None:
             return None
+        if self.deadline > now + MAX_DEADLINE_AHEAD:
+            return f"at most {MAX_DEADLINE_AHEAD.days} days from now"
         if self.estimated_hours is None:
             return "give estimated_hours too: how long the work takes is what a deadline is kept against"
         need = timedelta(hours=self.estimated_hours, seconds=overhead_s)
@@ -207,6 +227,16 @@ class SpecSyntaxError(ValueError):
         self.line, self.column, self.message = line, column, message
 
 
+class SpecShapeError(SpecSyntaxError):
+    """A document nested too deeply, too large once its YAML aliases are
+    expanded, or with a NUL byte in a string; `field` says where, `detail`
+    what (`message` says both)."""
+
+    def __init__(self, field: str, detail: str) -> None:
+        super().__init__(f"{field}: {detail}")
+        self.field, self.detail = field, detail
+
+
 def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
     """Parse a job document (JSON, or a SkyPilot-style YAML) into a dict.
 
@@ -225,10 +255,15 @@ def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
             doc = json.loads(text)
         except json.JSONDecodeError as exc:
             raise SpecSyntaxError(exc.msg, exc.lineno, exc.colno) from None
+        except RecursionError:
+            raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels") from None
+        except ValueError as exc:  # a number of more digits than Python converts
+            raise SpecSyntaxError(str(exc)) from None
     else:
         import yaml
 
         try:
+            _refuse_deep_yaml(text)
             doc = yaml.safe_load(text)
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark
@@ -236,9 +271,76 @@ def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
                                   mark.column + 1 if mark else None) from None
         except yaml.YAMLError as exc:
             raise SpecSyntaxError(str(exc)) from None
+        except RecursionError:
+            raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels") from None
+        except SpecShapeError:
+            raise
+        except (ValueError, OverflowError) as exc:  # a number or date out of range
+            raise SpecSyntaxError(str(exc)) from None
     if not isinstance(doc, dict):
         raise SpecSyntaxError("the document must be a mapping of fields (name, run, resources, ...)")
+    check_shape(doc)
     return _accelerator_alternatives(doc)
+
+
+_YAML_QUOTED_RE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"")
+_BRACKET_RE = re.compile(r"[\[\]{}]")
+_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+_YAML_FLOW_DEPTH = 256
+
+
+def _refuse_deep_yaml(text: str) -> None:
+    """Refuse YAML whose flow collections (`[[[...`) open far more levels than
+    MAX_DEPTH, before PyYAML reads it: its scanner holds every token of a
+    deep flow collection before the first event (200,000 levels took 0.7 s
+    and left the server 10 % larger). Brackets in quoted strings are not
+    counted; past MAX_DEPTH but not this far, `check_shape` names the field."""
+    if text.count("[") + text.count("{") <= _YAML_FLOW_DEPTH:
+        return
+    steps = map(_BRACKET_STEP.__getitem__, _BRACKET_RE.findall(_YAML_QUOTED_RE.sub("", text)))
+    if max(itertools.accumulate(steps), default=0) > _YAML_FLOW_DEPTH:
+        raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels")
+
+
+def check_shape(doc: Any) -> None:
+    """Walk the document as a JSON encoder would, each YAML alias expanded,
+    and stop at the first string holding a NUL byte (no process can take it:
+    the launch would fail), the first level past MAX_DEPTH, or once past
+    MAX_SPEC_BYTES. Without recursion, and in time bounded by the size limit
+    whatever the aliases multiply."""
+    budget = MAX_SPEC_BYTES
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
+    while stack:
+        path, node = stack.pop()
+        if len(path) > MAX_DEPTH:
+            raise SpecShapeError(_dotted(path[:MAX_DEPTH + 1]), f"nested more than {MAX_DEPTH} levels")
+        if isinstance(node, dict):
+            budget -= 2
+            for key, value in node.items():
+                _no_nul(path + (key,), key)
+                budget -= len(str(key)) + 4
+                stack.append((path + (key,), value))
+        elif isinstance(node, list):
+            budget -= 2 + len(node)
+            stack.extend((path + (i,), value) for i, value in enumerate(node))
+        elif isinstance(node, str):
+            _no_nul(path, node)
+            budget -= len(node) + 2
+        elif isinstance(node, float) and not math.isfinite(node):
+            raise SpecShapeError(_dotted(path), "must be a finite number")
+        else:
+            budget -= 8
+        if budget < 0:
+            raise SpecShapeError("body", f"larger than {MAX_SPEC_BYTES} bytes once YAML aliases are expanded")
+
+
+def _no_nul(path: tuple[Any, ...], value: Any) -> None:
+    if isinstance(value, str) and "\x00" in value:
+        raise SpecShapeError(_dotted(path), "contains a NUL byte")
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(str(p) for p in path) or "body"
 
 
 def _accelerator_alternatives(doc: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from spotbroker.agent.code import CodeError, check_archive
 from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.agent.code import CodeError, check_archive
 from spotbroker.broker.launch.base import CodeRef
 from spotbroker.broker.settings import Settings
 

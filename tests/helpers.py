@@ -1,7 +1,9 @@
 """Small helpers for tests (importable as `helpers`: pytest puts tests/ on the path)."""
 from __future__ import annotations
 
+import io
 import os
+import tarfile
 import time
 import uuid
 from collections.abc import Callable
@@ -51,3 +53,14 @@ def drop_pg_database(url: str) -> None:
             conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         admin.dispose()
+
+
+def tgz(**files: bytes) -> bytes:
+    """A gzipped tar of regular files, as a workdir upload's body."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
@@ -12,7 +12,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field
 
 from spotbroker.agent import protocol
-from spotbroker.api.errors import Problem
+from spotbroker.api.errors import Problem, responses
+from spotbroker.api.schemas import BoundedData
 from spotbroker.broker import agent_channel, logs
 from spotbroker.broker.db import transaction
 from spotbroker.broker.models import Attempt
@@ -28,7 +29,7 @@ class AgentEventIn(BaseModel):
     seq: int = Field(ge=1)
     type: str
     at: datetime
-    data: dict[str, Any] = Field(default_factory=dict)
+    data: BoundedData = Field(default_factory=dict)
 
 
 class AgentEvents(BaseModel):
@@ -70,7 +71,7 @@ def current_attempt(request: Request,
 CurrentAttempt = Annotated[AttemptRef, Depends(current_attempt)]
 
 
-@router.post(protocol.EVENTS_PATH, response_model=AgentAnswer)
+@router.post(protocol.EVENTS_PATH, response_model=AgentAnswer, responses=responses(401, 422))
 async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttempt) -> AgentAnswer:
     """Report events, in order; a re-sent event (same seq) is ignored."""
     for e in body.events:
@@ -95,7 +96,7 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
                        drain=outcome.drain, drain_seconds=drain_seconds)
 
 
-@router.post(protocol.LOGS_PATH, response_model=LogAnswer)
+@router.post(protocol.LOGS_PATH, response_model=LogAnswer, responses=responses(401, 413, 422))
 async def post_logs(request: Request, attempt: CurrentAttempt,
                     offset: Annotated[int, Header(alias=protocol.LOG_OFFSET_HEADER, ge=0)]) -> LogAnswer:
     """Append the trainer's output at `X-Log-Offset`. A chunk that starts past

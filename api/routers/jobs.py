@@ -2,28 +2,29 @@
 authorizes, calls one `broker` function and shapes the answer."""
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import ValidationError
 
-from spotbroker.api.deps import CurrentTeam, SessionDep
-from spotbroker.api.errors import PROBLEM, Problem, field_errors, invalid
+from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, SessionDep
+from spotbroker.api.errors import Problem, field_errors, invalid, responses
+from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
 from spotbroker.broker import jobs, logs, uploads
 from spotbroker.broker.db import transaction
 from spotbroker.broker.launch.base import LaunchError
-from spotbroker.broker.models import Attempt
-from spotbroker.broker.spec import JobSpec, SpecSyntaxError, load_document
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, JobState
+from spotbroker.broker.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
+from spotbroker.broker.states import JobState
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MAX_BODY = 1 << 20
-_ERRORS = {401: {"description": "No or bad token"}, 404: {"description": "No such job for this team"}}
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+_READ = responses(401, 403, 404, 422)
 
 
 def _not_found(job_id: int) -> Problem:
@@ -47,22 +48,26 @@ async def _read_spec(request: Request) -> JobSpec:
         raise Problem(415, "Unsupported media type", f"send application/json or application/yaml, not {ctype}")
     try:
         doc = load_document(body, fmt)
+    except SpecShapeError as exc:
+        raise invalid([{"field": exc.field, "message": exc.detail}]) from None
     except SpecSyntaxError as exc:
         err = {"field": "body", "message": str(exc)}
         if exc.line:
             err["line"] = exc.line
         raise invalid([err]) from None
     try:
-        return JobSpec.model_validate(doc)
+        spec = JobSpec.model_validate(doc)
     except ValidationError as exc:
         raise invalid(field_errors(exc.errors())) from None
+    if len(json.dumps(spec.stored())) > MAX_SPEC_BYTES:
+        raise invalid([{"field": "body", "message": f"the stored spec would be over {MAX_SPEC_BYTES} bytes"}])
+    return spec
 
 
-@router.post("", status_code=201, response_model=JobOut, responses={
-    **_ERRORS, 422: {"description": "Invalid spec; `errors` names each field", "content": {PROBLEM: {}}}},
-    openapi_extra={"requestBody": {"required": True, "content": {
-        "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
-        "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}}})
+@router.post("", status_code=201, response_model=JobOut, responses=responses(401, 403, 413, 415, 422),
+             openapi_extra={"requestBody": {"required": True, "content": {
+                 "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
+                 "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}}})
 async def submit_job(request: Request, team: CurrentTeam,
                      idempotency_key: Annotated[str | None, Header(
                          max_length=128, description="retries with the same key return the same job")] = None,
@@ -85,12 +90,14 @@ async def submit_job(request: Request, team: CurrentTeam,
     return Response(out.model_dump_json(), status_code=201, media_type="application/json")
 
 
-@router.get("", response_model=JobPage, responses=_ERRORS)
+@router.get("", response_model=JobPage, responses=responses(401, 403, 422))
 def list_jobs(request: Request, session: SessionDep, team: CurrentTeam,
               state: Annotated[list[JobState] | None, Query(description="repeat to filter by several")] = None,
-              cursor: Annotated[str | None, Query(pattern=r"^\d+$")] = None,
+              cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,19}$", description="a page's next_cursor")] = None,
               limit: Annotated[int, Query(ge=1, le=500)] = 50) -> JobPage:
     """Jobs of the caller's team, newest first."""
+    if cursor is not None and int(cursor) > MAX_ID:
+        raise invalid([{"field": "cursor", "message": f"at most {MAX_ID}"}])
     found = jobs.list_jobs(session, team.team_id, states=state or (),
                            before=int(cursor) if cursor else None, limit=limit + 1)
     now = request.app.state.clock.now()
@@ -98,14 +105,15 @@ def list_jobs(request: Request, session: SessionDep, team: CurrentTeam,
     return JobPage(jobs=page, next_cursor=str(page[-1].id) if len(found) > limit else None)
 
 
-@router.get("/{job_id}", response_model=JobOut, responses=_ERRORS)
-def get_job(request: Request, job_id: int, session: SessionDep, team: CurrentTeam) -> JobOut:
+@router.get("/{job_id}", response_model=JobOut, responses=_READ)
+def get_job(request: Request, job_id: JobId, session: SessionDep, team: CurrentTeam) -> JobOut:
     return JobOut.of(_get(session, team, job_id), team.team_name, request.app.state.clock.now())
 
 
-@router.get("/{job_id}/events", response_model=EventList, responses=_ERRORS)
-def job_events(job_id: int, session: SessionDep, team: CurrentTeam,
-               after: Annotated[int | None, Query(description="only events with a larger id")] = None) -> EventList:
+@router.get("/{job_id}/events", response_model=EventList, responses=_READ)
+def job_events(job_id: JobId, session: SessionDep, team: CurrentTeam,
+               after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="only events with a larger id")]
+               = None) -> EventList:
     """The job's history, oldest first."""
     try:
         found = jobs.events(session, team.team_id, job_id, after=after)
@@ -115,37 +123,45 @@ def job_events(job_id: int, session: SessionDep, team: CurrentTeam,
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, responses={
-    **_ERRORS, 200: {"content": {"text/plain": {}}, "description": "the attempt's output"}})
-def job_logs(request: Request, job_id: int, session: SessionDep, team: CurrentTeam,
-             attempt: Annotated[int | None, Query(description="default: the newest attempt")] = None,
-             tail: Annotated[int | None, Query(ge=0, description="last N lines; default all")] = None,
-             follow: Annotated[bool, Query(description="keep streaming until the attempt ends")] = False):
-    job = _get(session, team, job_id)
-    if not job.attempts:
-        return PlainTextResponse("")
-    chosen = next((a for a in job.attempts if a.id == attempt), None) if attempt else job.attempts[-1]
-    if chosen is None:
-        raise Problem(404, "Not found", f"job {job_id} has no attempt {attempt}")
+    **responses(401, 403, 404, 422, 429), 200: {"content": {"text/plain": {}}, "description": "the attempt's output"}})
+async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
+                   attempt: Annotated[int | None, Query(ge=1, le=MAX_ID, description="default: the newest attempt")]
+                   = None,
+                   tail: Annotated[int | None, Query(ge=0, le=1_000_000, description="last N lines; default all")]
+                   = None,
+                   follow: Annotated[bool, Query(description="keep streaming until the attempt ends")] = False):
+    """An attempt's output. Following holds no thread and no database
+    connection, ends when the client goes, and is bounded per team (429)."""
     state = request.app.state
-    path = logs.log_path(state.settings.data_dir, job_id, chosen.id)
-    head, offset = logs.tail(path, tail)
+
+    def look_up() -> int | None:  # a short session of its own: none is held while following
+        with state.session_factory() as session:
+            job = _get(session, team, job_id)
+            if not job.attempts:
+                return None
+            chosen = next((a for a in job.attempts if a.id == attempt), None) if attempt else job.attempts[-1]
+            if chosen is None:
+                raise Problem(404, "Not found", f"job {job_id} has no attempt {attempt}")
+            return chosen.id
+
+    attempt_id = await run_in_threadpool(look_up)
+    if attempt_id is None:
+        return PlainTextResponse("")
+    path = logs.log_path(state.settings.data_dir, job_id, attempt_id)
+    head, offset = await run_in_threadpool(logs.tail, path, tail)
     if not follow:
         return PlainTextResponse(head.decode("utf-8", "replace"))
-    attempt_id = chosen.id
-
-    def running() -> bool:
-        with state.session_factory() as s:
-            return s.get(Attempt, attempt_id).state in LIVE_ATTEMPT_STATES
-
-    def stream():
-        yield head
-        yield from logs.follow(path, offset, running)
-
-    return StreamingResponse(stream(), media_type="text/plain; charset=utf-8")
+    followers: Followers = state.followers
+    try:
+        followers.admit(team.team_id)
+    except TooManyFollowers:
+        raise Problem(429, "Too many requests", f"a team follows at most {followers.per_team} logs at once "
+                      "on this server", headers={"Retry-After": "5"}) from None
+    return FollowResponse(followers, team.team_id, followers.stream(attempt_id, path, head, offset))
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut, responses=_ERRORS)
-def cancel_job(request: Request, job_id: int, team: CurrentTeam) -> JobOut:
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=_READ)
+def cancel_job(request: Request, job_id: JobId, team: CurrentTeam) -> JobOut:
     """Cancel a job; what still runs is stopped right after (SIGTERM, then SIGKILL)."""
     state = request.app.state
     with transaction(state.session_factory) as session:
@@ -158,8 +174,8 @@ def cancel_job(request: Request, job_id: int, team: CurrentTeam) -> JobOut:
     return out
 
 
-@router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_ERRORS)
-def list_checkpoints(job_id: int, session: SessionDep, team: CurrentTeam) -> CheckpointList:
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_READ)
+def list_checkpoints(job_id: JobId, session: SessionDep, team: CurrentTeam) -> CheckpointList:
     """Committed checkpoints (every attempt's), newest step first."""
     try:
         found = jobs.checkpoints(session, team.team_id, job_id)
@@ -168,8 +184,8 @@ def list_checkpoints(job_id: int, session: SessionDep, team: CurrentTeam) -> Che
     return CheckpointList(checkpoints=[_checkpoint_out(c) for c in found])
 
 
-@router.post("/{job_id}/checkpoints/{checkpoint_id}/keep", response_model=CheckpointOut, responses=_ERRORS)
-def keep_checkpoint(request: Request, job_id: int, checkpoint_id: int, team: CurrentTeam) -> CheckpointOut:
+@router.post("/{job_id}/checkpoints/{checkpoint_id}/keep", response_model=CheckpointOut, responses=_READ)
+def keep_checkpoint(request: Request, job_id: JobId, checkpoint_id: CheckpointId, team: CurrentTeam) -> CheckpointOut:
     """Mark a checkpoint `keep` (the gold weights): never deleted or archived."""
     with transaction(request.app.state.session_factory) as session:
         try:
@@ -180,9 +196,9 @@ def keep_checkpoint(request: Request, job_id: int, checkpoint_id: int, team: Cur
             raise Problem(404, "Not found", f"job {job_id} has no checkpoint {checkpoint_id}") from None
 
 
-@router.post("/{job_id}/simulate-preemption", status_code=202, response_model=JobOut, responses={
-    **_ERRORS, 409: {"description": "the job has no running attempt on the local launcher"}})
-def simulate_preemption(request: Request, job_id: int, session: SessionDep, team: CurrentTeam) -> JobOut:
+@router.post("/{job_id}/simulate-preemption", status_code=202, response_model=JobOut, responses=responses(
+    401, 403, 404, 409, 422, s409="the job has no running attempt on the local launcher"))
+def simulate_preemption(request: Request, job_id: JobId, session: SessionDep, team: CurrentTeam) -> JobOut:
     """Make the running attempt's simulated cloud send its preemption notice
     (local launcher only: a real cloud's notice cannot be forged)."""
     state = request.app.state

@@ -1,11 +1,13 @@
 """Teams and tokens (admin token), and who-am-I (any token)."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Request
 from sqlalchemy import select
 
 from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
-from spotbroker.api.errors import Problem
+from spotbroker.api.errors import Problem, responses
 from spotbroker.api.schemas import TeamCreate, TeamOut, TokenOut
 from spotbroker.broker import auth
 from spotbroker.broker.db import transaction
@@ -14,7 +16,10 @@ from spotbroker.broker.models import Team
 router = APIRouter(prefix="/v1", tags=["teams"])
 
 
-@router.post("/teams", status_code=201, response_model=TokenOut)
+TeamName = Annotated[str, Path(pattern=auth.TEAM_NAME_RE.pattern)]
+
+
+@router.post("/teams", status_code=201, response_model=TokenOut, responses=responses(401, 403, 409, 422))
 def create_team(request: Request, body: TeamCreate, _: Admin) -> TokenOut:
     """Create a team; the answer holds its first token (shown once)."""
     with transaction(request.app.state.session_factory) as session:
@@ -27,14 +32,15 @@ def create_team(request: Request, body: TeamCreate, _: Admin) -> TokenOut:
     return TokenOut(team=team.name, token=token)
 
 
-@router.get("/teams", response_model=list[TeamOut])
+@router.get("/teams", response_model=list[TeamOut], responses=responses(401, 403))
 def list_teams(session: SessionDep, _: Admin) -> list[TeamOut]:
     return [TeamOut(id=t.id, name=t.name, created_at=t.created_at)
             for t in session.scalars(select(Team).order_by(Team.id))]
 
 
-@router.post("/teams/{name}/tokens", status_code=201, response_model=TokenOut)
-def create_token(request: Request, name: str, _: Admin) -> TokenOut:
+@router.post("/teams/{name}/tokens", status_code=201, response_model=TokenOut,
+             responses=responses(401, 403, 404, 422))
+def create_token(request: Request, name: TeamName, _: Admin) -> TokenOut:
     """Another token for a team (the old ones stay valid)."""
     with transaction(request.app.state.session_factory) as session:
         team = session.scalar(select(Team).where(Team.name == name))
@@ -44,7 +50,7 @@ def create_token(request: Request, name: str, _: Admin) -> TokenOut:
     return TokenOut(team=team.name, token=token)
 
 
-@router.get("/whoami", response_model=TeamOut)
+@router.get("/whoami", response_model=TeamOut, responses=responses(401, 403))
 def whoami(session: SessionDep, team: CurrentTeam) -> TeamOut:
     row = session.get(Team, team.team_id)
     return TeamOut(id=row.id, name=row.name, created_at=row.created_at)

@@ -21,13 +21,12 @@ from pydantic import BaseModel
 
 from spotbroker.agent.code import MAX_ARCHIVE_BYTES, MAX_FILES_BYTES
 from spotbroker.api.deps import CurrentTeam
-from spotbroker.api.errors import PROBLEM, Problem, invalid
+from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.broker import uploads
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 
 Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="sha256 of the archive, lower-case hex")]
-_ERRORS = {401: {"description": "No or bad token"}}
 
 
 class UploadOut(BaseModel):
@@ -35,11 +34,9 @@ class UploadOut(BaseModel):
     bytes: int
 
 
-@router.put("/{sha256}", status_code=201, response_model=UploadOut, responses={
-    **_ERRORS,
-    413: {"description": f"Over {MAX_ARCHIVE_BYTES} bytes", "content": {PROBLEM: {}}},
-    422: {"description": "Not the sha256 of the body, or not an archive a node would unpack",
-          "content": {PROBLEM: {}}}},
+@router.put("/{sha256}", status_code=201, response_model=UploadOut, responses=responses(
+    401, 403, 413, 422, s413=f"Over {MAX_ARCHIVE_BYTES} bytes",
+    s422="Not the sha256 of the body, or not an archive a node would unpack"),
     openapi_extra={"requestBody": {"required": True, "description": (
         "A gzipped tar of the workdir: regular files, directories and links that stay inside it; "
         f"at most {MAX_ARCHIVE_BYTES} bytes, and its files at most {MAX_FILES_BYTES} unpacked."),
@@ -76,8 +73,8 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
     return UploadOut(sha256=sha256, bytes=received)
 
 
-@router.get("/{sha256}", response_model=UploadOut, responses={
-    **_ERRORS, 404: {"description": "The team has no such upload", "content": {PROBLEM: {}}}})
+@router.get("/{sha256}", response_model=UploadOut, responses=responses(
+    401, 403, 404, 422, s404="The team has no such upload"))
 async def get_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> UploadOut:
     """Whether the caller's team has this upload (a client skips sending it again)."""
     found = await run_in_threadpool(uploads.size, request.app.state.settings, team.team_name, sha256)

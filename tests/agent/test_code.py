@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from spotbroker.agent.code import CodeError, check_archive, fetch_code
 from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.agent.code import CodeError, check_archive, fetch_code
 
 
 def archive(tmp_path: Path, *members: tuple[tarfile.TarInfo, bytes | None]) -> Path:

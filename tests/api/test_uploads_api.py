@@ -3,23 +3,12 @@ broker under the team's own prefix; and the job spec's `workdir` that names one.
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
 from pathlib import Path
 
 import pytest
+from helpers import tgz
 
 ADMIN = {"Authorization": "Bearer admin-token-for-tests"}
-
-
-def tgz(**files: bytes) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def put(api, h, body: bytes, sha: str | None = None):

@@ -1,0 +1,94 @@
+"""The outermost checks every request passes, as plain ASGI middleware.
+
+- A body larger than its route allows is refused with a 413 before it is
+  read (from `Content-Length`), or as soon as it passes the limit (chunked),
+  so a 10 MB body never sits in the server's memory.
+- An exception no handler knows becomes a 500 problem document here, and is
+  not raised further: Starlette's last-resort handler re-raises after its
+  500, and uvicorn then closes the connection, so a client's next request on
+  that keep-alive connection was reset.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from spotbroker.agent.code import MAX_ARCHIVE_BYTES
+
+log = logging.getLogger("spotbroker.api")
+
+DEFAULT_BODY_LIMIT = 1 << 20
+# Larger bodies allowed on some routes, by path prefix: the agent ships log
+# chunks of up to 4 MiB, and an upload route bounds its own archive as it streams.
+BODY_LIMITS = {"/v1/agent/logs": (4 << 20) + 1, "/v1/uploads/": MAX_ARCHIVE_BYTES + 1}
+
+
+def body_limit(path: str) -> int:
+    return next((limit for prefix, limit in BODY_LIMITS.items() if path.startswith(prefix)), DEFAULT_BODY_LIMIT)
+
+
+class BodyTooLarge(Exception):
+    pass
+
+
+class Guard:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = body_limit(scope["path"])
+        declared = _content_length(scope)
+        if declared is not None and declared > limit:
+            await _send_problem(send, 413, "Payload too large", f"the body is at most {limit} bytes here",
+                                close=True)
+            return
+        received, started = 0, False
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise BodyTooLarge(f"the body is at most {limit} bytes here")
+            return message
+
+        async def watched_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted_receive, watched_send)
+        except BodyTooLarge:
+            if not started:
+                await _send_problem(send, 413, "Payload too large", f"the body is at most {limit} bytes here",
+                                    close=True)
+        except Exception:
+            log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
+            if not started:
+                await _send_problem(send, 500, "Internal error", "the server failed; see its log")
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+async def _send_problem(send: Send, status: int, title: str, detail: str, close: bool = False) -> None:
+    body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+    headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+    if close:  # the unread rest of the body would be taken for the next request
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,102 @@
+"""Fixtures of the API tests: `spotbroker serve` as its own process, for
+what a server in a test's own thread cannot show: signals (SIGTERM), the
+process's whole log output."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def _serve_process(db_url: str, data_dir: Path, admin_token: str, log_level: str = "info",
+                  **env: str) -> Iterator[ServerProcess]:
+    port = free_port()
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log = data_dir.parent / f"server-{port}.log"
+    environ = {**os.environ, "SPOTBROKER_DATABASE_URL": db_url, "SPOTBROKER_DATA_DIR": str(data_dir),
+               "SPOTBROKER_ADMIN_TOKEN": admin_token, "SPOTBROKER_PORT": str(port),
+               "SPOTBROKER_SECRET_KEY": "test-signing-key", "SPOTBROKER_RECONCILE_INTERVAL": "0.1",
+               "SPOTBROKER_LOCAL_KILL_GRACE_SECONDS": "2", "SPOTBROKER_LOCAL_MAX_RUNNING": "8",
+               "PYTHONUNBUFFERED": "1", **env}
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--log-level", log_level],
+                                stdout=out, stderr=subprocess.STDOUT, env=environ)
+    server = ServerProcess(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, f"the server exited: {server.output()}"
+            try:
+                if httpx.get(server.url + "/healthz", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not start: {server.output()}"
+            time.sleep(0.1)
+        yield server
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def stop_local_nodes(data_dir: Path) -> None:
+    """SIGTERM every node the local launcher started (they outlive the broker
+    by design), so that a test leaves no job running."""
+    import json
+
+    for node_file in (data_dir / "runs").glob("*/node-*.json"):
+        try:
+            os.kill(json.loads(node_file.read_text())["pid"], signal.SIGTERM)
+        except (ProcessLookupError, ValueError, KeyError, OSError):
+            pass
+
+
+@pytest.fixture
+def serve_process(db_url, data_dir):
+    """`with serve_process(**env) as server:` a server on the test's database
+    and data directory; every local node it started is stopped after."""
+    from conftest import ADMIN_TOKEN
+
+    def start(log_level: str = "info", **env: str):
+        return _serve_process(db_url, data_dir, ADMIN_TOKEN, log_level, **env)
+
+    yield start
+    stop_local_nodes(data_dir)
+
+
+@pytest.fixture
+def server(serve_process) -> Iterator[ServerProcess]:
+    with serve_process() as proc:
+        yield proc

@@ -1,0 +1,233 @@
+"""Hostile bodies, parameters and connections: each gets a clear 4xx
+problem document (a 422 names the field and, for a bound, the bound),
+nothing is written, and the connection stays usable."""
+from __future__ import annotations
+
+import json
+import socket
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from conftest import ADMIN_TOKEN
+from sqlalchemy import func, select
+
+from spotbroker.broker.db import make_engine
+from spotbroker.broker.models import Event, Job
+
+JSON, YAML = "application/json", "application/yaml"
+BIG = "74557315999538612273152"  # > 2^63 - 1
+ALIASED = (b"big: &big " + b"x" * 50_000 + b"\nrun: echo\nenvs:\n"
+           + b"".join(b"  V%d: *big\n" % i for i in range(1000)))
+LAUGHS = b"a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + b"".join(
+    b"%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c]\n" % ((c, c) + (c - 1,) * 9)
+    for c in range(ord("b"), ord("j"))) + b"run: echo\nenvs: {X: *i}\n"
+FAR = (datetime.now(UTC) + timedelta(days=400)).isoformat()
+
+# (body, content type, the field named, a word of the message)
+BAD_SPECS = [
+    (b'{"run": "echo \\u0000 hi"}', JSON, "run", "NUL"),
+    (b'{"run": "x", "setup": "pip\\u0000"}', JSON, "setup", "NUL"),
+    (b'{"run": "x", "envs": {"A": "b\\u0000"}}', JSON, "envs.A", "NUL"),
+    (b'{"run": "x", "envs": {"A\\u0000": "b"}}', JSON, "envs.A\x00", "NUL"),
+    (b'{"run": "x", "workdir": "/tmp/\\u0000"}', JSON, "workdir", "NUL"),
+    (b'{"run": "x", "resources": {"infra": "aws/us-east-1\\u0000"}}', JSON, "resources.infra", "NUL"),
+    (b'run: "a\\0b"\n', YAML, "run", "NUL"),
+    (b'{"run": "x", "envs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, "body", "nested"),
+    (b'{"run": "x", "envs": ' + b"[" * 40 + b"]" * 40 + b"}", JSON, "envs.0.0.0", "nested"),
+    (b"run: x\nenvs: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", YAML, "body", "nested"),
+    (b"run: x\nenvs: " + b"{a: " * 40 + b"1" + b"}" * 40 + b"\n", YAML, "envs.a.a", "nested"),
+    (ALIASED, YAML, "body", "aliases"),
+    (LAUGHS, YAML, "body", "aliases"),
+    (b'{"run": "x", "num_nodes": 1' + b"0" * 5000 + b"}", JSON, "body", "digits"),
+    (b"run: x\nnum_nodes: 1" + b"0" * 5000 + b"\n", YAML, "body", "digits"),
+    (b'{"run": "x", "max_restarts": 1' + b"0" * 30 + b"}", JSON, "max_restarts", "1000"),
+    (b'{"run": "x", "resources": {"max_price_per_hour": Infinity}}', JSON, "resources.max_price_per_hour",
+     "finite"),
+    (b'{"run": "x", "resources": {"max_price_per_hour": NaN}}', JSON, "resources.max_price_per_hour", "finite"),
+    (b"run: x\nresources: {max_price_per_hour: .inf}\n", YAML, "resources.max_price_per_hour", "finite"),
+    (b'{"run": "x", "estimated_hours": -Infinity}', JSON, "estimated_hours", "finite"),
+    (b'{"run": "x", "resources": {"max_price_per_hour": 1000.01}}', JSON, "resources.max_price_per_hour",
+     "1000"),
+    (b'{"run": "x", "resources": {"accelerators": "A100:1e309"}}', JSON, "resources.accelerators", "1024"),
+    (b'{"run": "x", "resources": {"accelerators": "A100:1025"}}', JSON, "resources.accelerators", "1024"),
+    (b"run: x\nresources: {accelerators: {A100: 1e309}}\n", YAML, "resources.accelerators", "1024"),
+    (b'{"run": "x", "resources": {"cpus": "' + b"9" * 400 + b'"}}', JSON, "resources.cpus", "1,000,000"),
+    (b'{"run": "x", "num_nodes": 1025}', JSON, "num_nodes", "1024"),
+    (json.dumps({"run": "x", "estimated_hours": 1, "deadline": FAR}).encode(), JSON, "deadline", "365 days"),
+    (b'{"run": "x", "estimated_hours": 1, "deadline": "9999-12-31T00:00:00Z"}', JSON, "deadline", "365 days"),
+]
+
+
+def assert_problem(r, status: int | None = None) -> dict:
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:500])
+    if status is not None:
+        assert r.status_code == status, r.text[:500]
+    assert r.headers["content-type"] == "application/problem+json"
+    problem = r.json()
+    assert problem["status"] == r.status_code and problem["detail"]
+    return problem
+
+
+def nothing_written(settings) -> None:
+    engine = make_engine(settings.sqlalchemy_url)
+    with engine.connect() as conn:
+        assert conn.scalar(select(func.count()).select_from(Job)) == 0
+        assert conn.scalar(select(func.count()).select_from(Event)) == 0
+    engine.dispose()
+
+
+@pytest.mark.parametrize("body, ctype, field, word", BAD_SPECS)
+def test_bad_specs_get_a_422_naming_the_field(api, team_headers, settings, body, ctype, field, word):
+    r = api.post("/v1/jobs", content=body, headers={**team_headers(), "Content-Type": ctype})
+    problem = assert_problem(r, 422)
+    assert problem["errors"][0]["field"].startswith(field), problem
+    assert word.lower() in problem["errors"][0]["message"].lower(), problem
+    nothing_written(settings)
+
+
+def test_the_bounds_themselves_are_accepted(api, team_headers):
+    h = team_headers()
+    near = (datetime.now(UTC) + timedelta(days=360)).isoformat()
+    for spec in ({"run": "x", "num_nodes": 1024}, {"run": "x", "estimated_hours": 1, "deadline": near},
+                 {"run": "x", "resources": {"accelerators": "A100:1024", "max_price_per_hour": 1000}}):
+        r = api.post("/v1/jobs", json=spec, headers=h)
+        assert r.status_code == 201, r.text
+        api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
+def test_yaml_anchors_within_the_bound_are_fine(api, team_headers):
+    doc = b"base: &env {A: '1', B: '2'}\nrun: echo\nenvs: *env\nresources: {any_of: [{infra: aws}, {infra: gcp}]}\n"
+    r = api.post("/v1/jobs", content=doc, headers={**team_headers(), "Content-Type": YAML})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "base"  # an unknown field, named
+    doc = b"run: &cmd echo hi\nsetup: *cmd\n"
+    r = api.post("/v1/jobs", content=doc, headers={**team_headers("t2"), "Content-Type": YAML})
+    assert r.status_code == 201 and r.json()["spec"]["setup"] == "echo hi"
+
+
+@pytest.mark.parametrize("path, body", [
+    ("/v1/jobs", b'{"run": "x"}'), ("/v1/teams", b'{"name": "x"}'), ("/v1/agent/events", b'{"events": []}')])
+def test_ten_megabyte_bodies_are_refused_unread(api, team_headers, settings, path, body):
+    h = team_headers() if path == "/v1/jobs" else {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    big = body[:-1] + b' ' * (10 << 20) + b"}"
+    assert_problem(api.post(path, content=big, headers={**h, "Content-Type": JSON}), 413)
+
+    def chunks():  # no Content-Length: refused once past the limit
+        yield body[:-1]
+        for _ in range(10):
+            yield b" " * (1 << 20)
+        yield b"}"
+
+    assert_problem(api.post(path, content=chunks(), headers={**h, "Content-Type": JSON}), 413)
+    nothing_written(settings)
+
+
+@pytest.mark.parametrize("ctype", ["text/plain", "application/xml", "multipart/form-data; boundary=x",
+                                   "application/x-www-form-urlencoded", "image/png"])
+def test_wrong_content_types(api, team_headers, settings, ctype):
+    body = b'{"run": "x"}' if "form" not in ctype else b"run=x"
+    assert_problem(api.post("/v1/jobs", content=body, headers={**team_headers(), "Content-Type": ctype}), 415)
+    r = api.post("/v1/teams", content=b'{"name": "x"}', headers={"Authorization": f"Bearer {ADMIN_TOKEN}",
+                                                                "Content-Type": ctype})
+    assert_problem(r)
+    nothing_written(settings)
+
+
+def test_deeply_nested_json_to_a_model_route_is_a_422(api):
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": JSON}
+    for depth in (50, 100_000):
+        body = b'{"name": ' + b"[" * depth + b"]" * depth + b"}"
+        problem = assert_problem(api.post("/v1/teams", content=body, headers=admin), 422)
+        assert problem["errors"][0]["field"].startswith(("body", "name"))
+
+
+def test_ids_and_cursors_beyond_bigint_are_404_or_422(api, team_headers):
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "true"}, headers=h).json()["id"]
+    gets = [f"/v1/jobs/{BIG}", f"/v1/jobs/{BIG}/events", f"/v1/jobs/{BIG}/logs", f"/v1/jobs/{BIG}/checkpoints",
+            f"/v1/jobs?cursor={BIG}", "/v1/jobs?cursor=9223372036854775808", f"/v1/jobs/{job_id}/events?after={BIG}",
+            f"/v1/jobs/{job_id}/logs?attempt={BIG}", f"/v1/jobs/{job_id}/logs?tail={BIG}", "/v1/jobs/-1",
+            f"/v1/jobs?limit={BIG}"]
+    posts = [f"/v1/jobs/{BIG}/cancel", f"/v1/jobs/{BIG}/simulate-preemption", f"/v1/jobs/{BIG}/checkpoints/1/keep",
+             f"/v1/jobs/{job_id}/checkpoints/{BIG}/keep"]
+    for path in gets + posts:
+        r = (api.get if path in gets else api.post)(path, headers=h)
+        problem = assert_problem(r)
+        assert r.status_code in (404, 422), path
+        if r.status_code == 422:  # the parameter and its bound
+            assert problem["errors"][0]["field"] in ("job_id", "checkpoint_id", "cursor", "after", "attempt",
+                                                     "tail", "limit"), problem
+            assert any(c.isdigit() for c in problem["errors"][0]["message"]), problem
+    r = api.post("/v1/teams/" + "x" * 100 + "/tokens", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    assert_problem(r, 422)
+    assert api.get(f"/v1/jobs/{job_id}", headers=h).status_code == 200
+
+
+def raw_exchange(port: int, requests: list[bytes]) -> list[bytes]:
+    """Send each request on one keep-alive connection; each status line."""
+    lines = []
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        f = s.makefile("rb")
+        for request in requests:
+            s.sendall(request)
+            status = f.readline()
+            assert status, f"the connection was closed before an answer to {request[:60]!r}"
+            lines.append(status)
+            length = 0
+            while (line := f.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            f.read(length)
+    return lines
+
+
+def test_the_connection_stays_usable_after_an_error(api, team_headers, settings):
+    token = team_headers()["Authorization"]
+    host = f"Host: 127.0.0.1\r\nAuthorization: {token}\r\n".encode()
+    nested = b'{"run": "x", "envs": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    requests = [b"GET /v1/jobs/%s/checkpoints HTTP/1.1\r\n%s\r\n" % (BIG.encode(), host),
+                b"GET /v1/jobs?cursor=%s HTTP/1.1\r\n%s\r\n" % (BIG.encode(), host),
+                b"POST /v1/jobs HTTP/1.1\r\n%sContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (host, len(nested), nested),
+                b"GET /v1/jobs HTTP/1.1\r\n%s\r\n" % host]
+    statuses = [line.split()[1] for line in raw_exchange(settings.port, requests)]
+    assert statuses[-1] == b"200" and all(s in (b"404", b"422") for s in statuses[:-1]), statuses
+
+
+def test_an_unexpected_error_is_a_500_problem_on_a_connection_that_stays_open():
+    """The guard itself, on an app with a route that fails."""
+    import threading
+    import time
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    from spotbroker.api import errors
+    from spotbroker.api.guard import Guard
+
+    app = FastAPI()
+    errors.install(app)
+    app.add_middleware(Guard)
+
+    @app.get("/boom")
+    def boom():
+        raise RuntimeError("a bug")
+
+    @app.get("/fine")
+    def fine():
+        return {"ok": True}
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="critical"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    try:
+        get = b"GET /%s HTTP/1.1\r\nHost: x\r\n\r\n"
+        assert raw_exchange(port, [get % b"boom", get % b"fine", get % b"boom", get % b"fine"]) == [
+            b"HTTP/1.1 500 Internal Server Error\r\n", b"HTTP/1.1 200 OK\r\n"] * 2
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
