@@ -3,6 +3,7 @@ broker under the team's own prefix; and the job spec's `workdir` that names one.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,13 @@ def test_an_upload_is_stored_under_the_teams_prefix_by_its_hash(api, team_header
     assert api.get(f"/v1/uploads/{sha}", headers=other).status_code == 404  # a team sees only its own
     assert api.put(f"/v1/uploads/{sha}", content=body).status_code == 401
     assert api.get(f"/v1/uploads/{sha}", headers=ADMIN).status_code == 403
+
+
+def test_an_upload_may_be_larger_than_a_job_document(api, team_headers):
+    """Every other route takes at most 1 MiB: an upload is bounded by its own archive limit."""
+    body = tgz(**{"weights.bin": os.urandom(3 << 20)})
+    r = put(api, team_headers(), body)
+    assert r.status_code == 201 and r.json()["bytes"] == len(body) > 3 << 20
 
 
 def test_bad_uploads_are_refused_naming_what_is_wrong(api, team_headers, settings, monkeypatch):
