@@ -37,6 +37,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from spotbroker.agent import protocol
 from spotbroker.broker.agent_channel import MOVING, agent_token, is_move, newest_checkpoint, preempted
 from spotbroker.broker.auth import digest
+from spotbroker.broker.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.db import transaction
 from spotbroker.broker.launch.base import (
@@ -449,7 +450,7 @@ class Reconciler:
         job = attempt.job
         spec = JobSpec.model_validate(job.spec)
         team = session.get(Team, job.team_id)
-        job_uri = f"{self.settings.checkpoint_uri.rstrip('/')}/{team.name}/{job.id}"
+        job_uri = job_prefix(self.settings.checkpoint_uri, team.name, job.id)
         placement = Placement(cloud=attempt.cloud, region=attempt.region, zone=attempt.zone,
                               zone_id=attempt.zone_id, instance_type=attempt.instance_type,
                               accelerator=attempt.accelerator, accelerator_count=attempt.accelerator_count,
@@ -457,7 +458,8 @@ class Reconciler:
         resume = newest_checkpoint(session, job.id)
         extra = {
             protocol.ENV_JOB_ID: str(job.id), protocol.ENV_ATTEMPT_ID: str(attempt.id),
-            protocol.ENV_CHECKPOINT_ROOT: job_uri, protocol.ENV_CHECKPOINT_URI: f"{job_uri}/{attempt.id}",
+            protocol.ENV_CHECKPOINT_ROOT: job_uri,
+            protocol.ENV_CHECKPOINT_URI: attempt_prefix(self.settings.checkpoint_uri, team.name, job.id, attempt.id),
             protocol.ENV_RESUME_FROM: resume.uri if resume else "",
             protocol.ENV_BROKER_URL: self.settings.agent_url,
             protocol.ENV_AGENT_TOKEN: agent_token(self._key, attempt.id),
