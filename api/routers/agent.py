@@ -6,6 +6,8 @@ works while the attempt runs and for `agent_token_grace` seconds after it
 ended; then every route answers 410 Gone, on which the agent stops."""
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
@@ -13,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spotbroker.agent import protocol
 from spotbroker.api.errors import Problem
@@ -24,6 +26,8 @@ from spotbroker.broker.models import Attempt
 router = APIRouter(tags=["agent"])
 _bearer = HTTPBearer(auto_error=False, description="the attempt's agent token")
 MAX_LOG_CHUNK = 4 << 20
+MAX_EVENT_DATA = 64 << 10  # bytes of JSON in one event's data
+MAX_DEPTH = 16
 DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the commit to reach us
 
 
@@ -33,6 +37,32 @@ class AgentEventIn(BaseModel):
     type: str
     at: datetime
     data: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("data")
+    @classmethod
+    def _storable(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """What both databases can store as JSON, and small: no NaN or
+        infinity, no NUL character, bounded depth and size."""
+        _check_value(data, depth=0)
+        if len(json.dumps(data)) > MAX_EVENT_DATA:
+            raise ValueError(f"at most {MAX_EVENT_DATA} bytes of JSON")
+        return data
+
+
+def _check_value(value: Any, depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise ValueError(f"nested at most {MAX_DEPTH} deep")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("numbers must be finite")
+    if isinstance(value, str) and "\x00" in value:
+        raise ValueError("no NUL characters")
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_value(key, depth + 1)
+            _check_value(item, depth + 1)
+    elif isinstance(value, list):
+        for item in value:
+            _check_value(item, depth + 1)
 
 
 class AgentEvents(BaseModel):
