@@ -3,6 +3,10 @@ each kind of credential. An attempt's own token only, while it runs and for
 the grace window after it ended; then 410 Gone, which the agent obeys."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -111,3 +115,23 @@ def test_a_live_attempts_token_is_never_gone(api, team_headers, settings):
     finally:
         settings.agent_token_grace = 600
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_an_agent_whose_attempt_is_gone_stops_its_trainer_and_exits(api, team_headers, settings, tmp_path):
+    """The real agent against the real broker: an attempt that ended long ago
+    (its node kept running, unseen) gets 410, and its agent stops."""
+    h = team_headers()
+    job, token = job_with_attempt(api, h, settings, "true", {"SUCCEEDED"})
+    set_ended_at(settings, job["attempts"][-1]["id"], timedelta(seconds=700))
+    before = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    env.update(SPOTBROKER_URL=f"http://127.0.0.1:{settings.port}", SPOTBROKER_AGENT_TOKEN=token,
+               SPOTBROKER_CLOUD="local")
+    trainer = "import signal, sys, time; signal.signal(signal.SIGTERM, lambda *a: sys.exit(42)); time.sleep(120)"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "spotbroker.agent.cli", "run", "--work-dir", str(tmp_path / "a"),
+                           "--", sys.executable, "-c", trainer], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 42, proc.stderr  # the trainer was stopped
+    assert "410" in proc.stderr and "Traceback" not in proc.stderr
+    assert time.monotonic() - started < 30
+    assert api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"] == before  # nothing taken
