@@ -103,8 +103,10 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
     """Store a batch of the agent's events (`checkpoint_root`: the broker's
     setting, from which the attempt's own prefix is built)."""
     job = session.get(Job, attempt.job_id)
-    prefix = attempt_prefix(checkpoint_root, session.get(Team, job.team_id).name, job.id, attempt.id)
-    uris, refused = _checkpoint_uris(session, job, attempt, events, prefix, clock)
+    uris, refused = {}, []
+    if any(e.type == protocol.CHECKPOINT_COMMITTED for e in events):  # (heartbeats need no team lookup)
+        prefix = attempt_prefix(checkpoint_root, session.get(Team, job.team_id).name, job.id, attempt.id)
+        uris, refused = _checkpoint_uris(session, job, attempt, events, prefix, clock)
     if refused:
         return Outcome(accepted=0, last_seq=attempt.agent_seq, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
                        drain=False, moved=False, refused=refused)

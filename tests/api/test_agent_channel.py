@@ -114,8 +114,11 @@ def attempt_prefix(settings, job: dict, team: str = "ml") -> str:
     return f"{settings.checkpoint_uri}/{team}/{job['id']}/{job['attempts'][-1]['id']}"
 
 
+AFTER_AGENT = 1_000_000  # seqs the job's own agent (it runs, and reports) will not reach in a test
+
+
 def committed(seq: int, step: int, uri: object, reason: str = "periodic") -> dict:
-    return ev(seq, "checkpoint_committed", step=step, uri=uri, bytes=10, seconds=0.1, reason=reason)
+    return ev(AFTER_AGENT + seq, "checkpoint_committed", step=step, uri=uri, bytes=10, seconds=0.1, reason=reason)
 
 
 def test_a_checkpoint_outside_the_attempts_prefix_is_refused_and_keep_writes_nothing_there(
@@ -178,7 +181,7 @@ def test_odd_checkpoint_uris_are_refused_never_a_server_error(api, team_headers,
         assert r.status_code == 422 and r.json()["errors"][0]["field"] == f"events.0.data.{name}", (name, r.text)
     # The same place spelled otherwise is the same place; the broker stores its own spelling.
     spelled = prefix.replace("file:///", "file://localhost/", 1) + "/step-00000000000%37"
-    r = post(api, token, ev(200, "heartbeat"), committed(201, 7, spelled))
+    r = post(api, token, ev(AFTER_AGENT + 200, "heartbeat"), committed(201, 7, spelled))
     assert r.status_code == 200, r.text
     [c] = api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]
     assert c["uri"] == f"{prefix}/step-000000000007"
@@ -191,7 +194,8 @@ def test_a_refused_checkpoint_refuses_its_batch_and_is_told_once(api, team_heade
     h = team_headers()
     job, token = running_job(api, h, settings)
     prefix = attempt_prefix(settings, job)
-    batch = [ev(1, "heartbeat"), committed(2, 5, "file:///etc"), committed(3, 6, f"{prefix}/step-000000000006")]
+    batch = [ev(AFTER_AGENT + 1, "heartbeat"), committed(2, 5, "file:///etc"),
+             committed(3, 6, f"{prefix}/step-000000000006")]
     r = post(api, token, *batch)
     assert r.status_code == 422 and r.json()["errors"][0]["field"] == "events.1.data.uri"
     assert api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"] == []
