@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -112,9 +114,14 @@ def verify_and_keep(root: str, uri: str, step: int) -> None:
 
 
 def _verify_and_keep(root: str, uri: str, step: int) -> None:
-    storage = Storage(uri)
-    if storage.is_local:
-        _refuse_local_links(root, uri)
+    if not Storage(uri).is_local:
+        _check_and_mark(Storage(uri), step)
+        return
+    with _pinned(root, uri) as pinned:
+        _check_and_mark(Storage(pinned), step)
+
+
+def _check_and_mark(storage: Storage, step: int) -> None:
     try:
         manifest = json.loads(storage.get(protocol.MANIFEST))
         objects = manifest["objects"]
@@ -135,17 +142,40 @@ def _verify_and_keep(root: str, uri: str, step: int) -> None:
     storage.put(KEEP_MARKER, b"")
 
 
-def _refuse_local_links(root: str, uri: str) -> None:
-    """On a local disk the job owns its prefix and could swap a directory for a
-    link out of it: the checkpoint's real path must be its path below the
-    root's real path (the root itself may be reached through links)."""
+@contextmanager
+def _pinned(root: str, uri: str) -> Iterator[str]:
+    """A file:// URI for the checkpoint's directory that no later rename or
+    link can redirect. On a local disk the job owns its prefix and could swap
+    a directory for a link out of it (and the broker may be root): the
+    directory is opened one component at a time below the root, never
+    following a link, and used through /proc/self/fd, so the marker lands in
+    that very directory even if the path changes meanwhile. The root itself
+    may be reached through links."""
     root_path, path = _local_path(root), _local_path(uri)
     try:
         below = path.relative_to(root_path)
     except ValueError:
         raise CheckpointUnverified("it is not under the checkpoint root") from None
-    if os.path.realpath(path) != os.path.join(os.path.realpath(root_path), below):
-        raise CheckpointUnverified("its directory is reached through a link")
+    fd = os.open(root_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for part in below.parts:
+            try:
+                child = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except FileNotFoundError:
+                raise CheckpointUnverified("it has no manifest (its directory does not exist)") from None
+            except OSError as exc:  # ELOOP, ENOTDIR: a link, or not a directory
+                raise CheckpointUnverified(f"its directory is reached through a link ({exc.strerror})") from None
+            os.close(fd)
+            fd = child
+        pinned = Path(f"/proc/self/fd/{fd}")
+        if pinned.is_dir():
+            yield pinned.as_uri()
+        else:  # no /proc: check the real path instead (a rename in between is not caught)
+            if os.path.realpath(path) != os.path.join(os.path.realpath(root_path), below):
+                raise CheckpointUnverified("its directory is reached through a link")
+            yield uri
+    finally:
+        os.close(fd)
 
 
 def _local_path(uri: str) -> Path:
