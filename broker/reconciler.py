@@ -87,6 +87,11 @@ class Reconciler:
         self._dialect = factory.kw["bind"].dialect.name
         self._key = settings.signing_key()
         self.placer = Placer(settings)
+        # No agent could reach this process before it started (a broker that
+        # was down): it judges a node silent only after a whole heartbeat
+        # timeout of its own, or a node still delivering its last events
+        # would be taken for lost and its job run again.
+        self.started_at = clock.now()
 
     # --- running in the server ---------------------------------------------------------
 
@@ -131,7 +136,8 @@ class Reconciler:
                 .where(Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]), Attempt.handle.is_not(None))
             ).all()
         changed = {}
-        silent_since = self.clock.now() - timedelta(seconds=self.settings.heartbeat_timeout)
+        cutoff = self.clock.now() - timedelta(seconds=self.settings.heartbeat_timeout)
+        silent_since = cutoff if self.started_at < cutoff else None
         for row in rows:
             launcher = self.launchers.get(row.launcher)
             if launcher is None:
@@ -142,7 +148,8 @@ class Reconciler:
             except Exception as exc:
                 log.warning("status of attempt %d failed: %s", row.id, exc)
                 continue
-            if status.state == RunState.RUNNING and row.last_heartbeat_at and row.last_heartbeat_at < silent_since:
+            if (status.state == RunState.RUNNING and silent_since and row.last_heartbeat_at
+                    and row.last_heartbeat_at < silent_since):
                 status = RunStatus(RunState.GONE)  # its agent went silent: the node is lost
             if status.state == RunState.RUNNING and row.state == A.RUNNING:
                 continue

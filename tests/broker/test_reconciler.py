@@ -357,3 +357,25 @@ def test_a_missing_job_user_fails_the_job_saying_how_to_make_it(env):
     rec = reconciler(factory, settings, LocalLauncher(settings.data_dir, 1, run_as="no-such-user-7d1"))
     job = run_until(rec, factory, job_id, {"FAILED"})
     assert "'no-such-user-7d1', which does not exist" in job.reason and "useradd" in job.reason
+
+
+def test_a_broker_that_was_down_hears_its_agents_for_a_whole_timeout_before_it_judges_them(env):
+    """No agent could reach a broker that was down: the node of a job whose
+    agent last spoke before the outage is not lost yet (it may be delivering
+    its last events), until the restarted broker itself heard nothing for a
+    heartbeat timeout."""
+    factory, settings, team = env
+    job_id = submit(factory, team, run="sleep 60")
+    run_until(reconciler(factory, settings), factory, job_id, {"RUNNING"})
+    with transaction(factory) as s:  # the agent's last word before the broker went down
+        s.scalars(select(Attempt).where(Attempt.job_id == job_id)).one().last_heartbeat_at = Clock().now()
+    clock = ShiftedClock()
+    clock.shift = timedelta(seconds=10 * settings.heartbeat_timeout)  # the outage: every heartbeat is old
+    restarted = reconciler(factory, settings, clock=clock)
+    restarted.pass_once()
+    [attempt] = attempts(factory, job_id)
+    assert attempt.state == "RUNNING"
+    clock.shift += timedelta(seconds=settings.heartbeat_timeout + 1)  # a timeout of its own, still silent
+    job = run_until(restarted, factory, job_id, {"RECOVERING", "LAUNCHING", "RUNNING"} - {"RUNNING"})
+    assert attempts(factory, job_id)[0].reason == "vanished", job.state
+    _cancel(factory, restarted, job_id)

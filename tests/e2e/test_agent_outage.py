@@ -1,7 +1,7 @@
 """A broker process that is down when a job ends, for longer than the agent
 once waited (20 s), then started again: the agent keeps its events on disk
 and keeps delivering, so the broker gets every event and every log line,
-once and in order."""
+once and in order, and the job is not run again."""
 from __future__ import annotations
 
 import os
@@ -57,8 +57,9 @@ def test_a_broker_down_at_the_jobs_end_gets_every_event_once_when_back(db_url, d
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir),
                SPOTBROKER_ADMIN_TOKEN=ADMIN_TOKEN, SPOTBROKER_RECONCILE_INTERVAL="0.2",
-               # Not what is tested here: a silent node must not be declared lost meanwhile.
-               SPOTBROKER_HEARTBEAT_TIMEOUT="600")
+               # Shorter than the outage: the broker that comes back must not take the node,
+               # silent while the broker was down, for lost (and run the job again).
+               SPOTBROKER_HEARTBEAT_TIMEOUT=str(OUTAGE_AFTER_EXIT - 8))
     broker = BrokerProcess(env, tmp_path / "broker.log")
     broker.start()
     try:
