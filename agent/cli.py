@@ -54,14 +54,15 @@ def agent() -> None:
               help="Seconds assumed between a notice without a deadline (GCP, a broker's drain) and the hard stop.")
 @click.option("--log-seconds", type=float, default=1.0, show_default=True, help="How often output is shipped.")
 @click.option("--retry-max-seconds", type=float, default=5.0, show_default=True, help="Broker back-off ceiling.")
-@click.option("--final-flush-seconds", type=float, default=20.0, show_default=True,
-              help="At exit, how long to keep delivering to the broker.")
+@click.option("--final-flush-seconds", type=float, default=None,
+              help="At exit, the most seconds to keep delivering to the broker (default: until it has "
+                   "every event and log byte, or answers 410 Gone).")
 @click.option("-v", "--verbose", is_flag=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job_id: str | None,
         attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
         heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
-        log_seconds: float, retry_max_seconds: float, final_flush_seconds: float, verbose: bool) -> None:
+        log_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, verbose: bool) -> None:
     """Run CMD under the agent: spotbroker agent run -- python train.py ..."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="spotbroker-agent %(asctime)s %(levelname)s %(message)s")

@@ -4,8 +4,11 @@ Two threads, each with its own back-off, so that a stuck log upload never
 holds back a preemption notice: the event sender posts the outbox's events in
 seq order (POST /v1/agent/events), the log shipper sends the trainer's output
 from the byte offset the broker has (POST /v1/agent/logs). When the trainer
-is gone the supervisor tells both to finish, and they drain what is left
-until a deadline; whatever is still undelivered then stays on disk.
+is gone the supervisor tells both to finish, and they drain what is left:
+through any outage, with capped and jittered back-off, until the broker has
+every event and every byte (or until a deadline, if the agent was given one;
+what is undelivered then stays on disk). A broker that answers 410 Gone has
+ended the attempt for good: both stop at once, and the agent exits.
 """
 from __future__ import annotations
 
@@ -47,8 +50,13 @@ class BrokerRejected(Exception):
     """The broker says the request itself is wrong: retrying cannot help."""
 
 
+class BrokerGone(Exception):
+    """410: the attempt ended longer ago than the broker's grace window; it takes nothing more."""
+
+
 class BrokerClient:
-    """The agent channel over HTTP; a failed request is BrokerUnavailable (retry) or BrokerRejected (give up)."""
+    """The agent channel over HTTP; a failed request is BrokerUnavailable (retry),
+    BrokerRejected (give this request up) or BrokerGone (give everything up)."""
 
     def __init__(self, url: str, token: str | None, timeout: float) -> None:
         import httpx  # here, not at the top: the trainer is already running when this loads
@@ -76,7 +84,9 @@ class BrokerClient:
             answer = self._http.post(path, **kwargs)
         except self._httpx.HTTPError as exc:
             raise BrokerUnavailable(type(exc).__name__) from None
-        if answer.status_code in (401, 403):
+        if answer.status_code == 410:
+            raise BrokerGone(f"HTTP 410 for {path}: the broker has ended this attempt")
+        if answer.status_code in (401, 403):  # a broker restored or misconfigured may know us again: retry
             raise BrokerUnavailable(f"HTTP {answer.status_code}: the broker refused the agent token")
         if answer.status_code in (400, 413, 422):
             raise BrokerRejected(f"HTTP {answer.status_code} for {path}")
@@ -94,33 +104,55 @@ def _json_or_empty(answer: httpx.Response) -> dict[str, Any]:
 
 
 class Delivery(threading.Thread):
-    """A loop that delivers to the broker until told to finish, then drains within a deadline."""
+    """A loop that delivers to the broker until told to finish, then until it
+    has delivered everything (or a deadline passes, if one was given); it
+    stops at once when told to stop, or when the broker says the attempt is
+    gone (then `on_gone` is called)."""
 
-    def __init__(self, name: str, config: RunnerConfig) -> None:
+    def __init__(self, name: str, config: RunnerConfig, on_gone: Callable[[], None] | None = None) -> None:
         super().__init__(name=name, daemon=True)
         self.config = config
+        self.on_gone = on_gone
         self.failures = 0
+        self.gone = False
         self._finish_by: float | None = None
         self._finishing = threading.Event()
+        self._halt = threading.Event()
 
-    def finish(self, deadline: float) -> None:
+    def finish(self, deadline: float | None = None) -> None:
+        """Deliver what is left, then end (by the monotonic `deadline`, if given)."""
         self._finish_by = deadline
         self._finishing.set()
 
-    def _past_deadline(self) -> bool:
-        return self._finish_by is not None and time.monotonic() >= self._finish_by
+    def stop(self) -> None:
+        self._halt.set()
+        self._finishing.set()
+
+    def _should_end(self) -> bool:
+        """Stopped, or finishing past its deadline."""
+        past = self._finish_by is not None and time.monotonic() >= self._finish_by
+        return self._halt.is_set() or (self._finishing.is_set() and past)
+
+    def _broker_gone(self, exc: BrokerGone) -> None:
+        log.warning("%s: %s; delivering nothing more", self.name, exc)
+        self.gone = True
+        self._halt.set()
+        if self.on_gone is not None:
+            self.on_gone()
 
     def _failed(self, exc: Exception) -> None:
         self.failures += 1
         if self.failures == 1 or self.failures % 20 == 0:
             log.warning("%s: broker unreachable (%d in a row), will retry: %s", self.name, self.failures, exc)
         delay = jittered_backoff(self.failures, self.config.retry_initial, self.config.retry_max)
-        if self._finishing.is_set():
-            # wait() would return at once now; and past the deadline the
-            # client is closed, so never sleep beyond it.
-            time.sleep(max(0.0, min(delay, (self._finish_by or 0.0) - time.monotonic())))
-        else:
-            self._finishing.wait(delay)
+        if self._finish_by is not None:  # past the deadline the client is closed: never sleep beyond it
+            delay = max(0.0, min(delay, self._finish_by - time.monotonic()))
+        self._halt.wait(delay)
+
+    def _pause(self, seconds: float) -> None:
+        """Wait for more to deliver, or less when finishing is asked."""
+        if not self._finishing.is_set():
+            self._finishing.wait(seconds)
 
     def _recovered(self) -> None:
         if self.failures:
@@ -137,8 +169,9 @@ class EventSender(Delivery):
     """
 
     def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
-                 on_cancel: Callable[[], None], on_drain: Callable[[float | None], None] | None = None) -> None:
-        super().__init__("event-sender", config)
+                 on_cancel: Callable[[], None], on_drain: Callable[[float | None], None] | None = None,
+                 on_gone: Callable[[], None] | None = None) -> None:
+        super().__init__("event-sender", config, on_gone)
         self.outbox = outbox
         self.client = client
         self.on_cancel = on_cancel
@@ -146,18 +179,23 @@ class EventSender(Delivery):
 
     def run(self) -> None:
         while True:
+            if self._should_end():
+                left = len(self.outbox.batch())
+                if left:
+                    log.warning("%d events left undelivered; they stay in the outbox", left)
+                return
             if not self.outbox.wait_pending(0.2):
                 if self._finishing.is_set():
-                    return
+                    return  # everything delivered
                 continue
-            if self._past_deadline():
-                log.warning("giving up delivering %d events; they stay in the outbox", len(self.outbox.batch()))
-                return
             batch = self.outbox.batch()
             try:
                 answer = self._post(batch)
             except BrokerUnavailable as exc:
                 self._failed(exc)
+                continue
+            except BrokerGone as exc:
+                self._broker_gone(exc)
                 continue
             self._recovered()
             self.outbox.ack(batch[-1]["seq"])
@@ -194,33 +232,34 @@ def _log_notice_latency(batch: list[dict[str, Any]]) -> None:
 class LogShipper(Delivery):
     """Ships the trainer's log file to the broker from the offset the broker has."""
 
-    def __init__(self, path: Path, client: BrokerClient, config: RunnerConfig) -> None:
-        super().__init__("log-shipper", config)
+    def __init__(self, path: Path, client: BrokerClient, config: RunnerConfig,
+                 on_gone: Callable[[], None] | None = None) -> None:
+        super().__init__("log-shipper", config, on_gone)
         self.path = path
         self.client = client
         self.shipped = 0
 
     def run(self) -> None:
-        while True:
+        while not self._should_end():
             try:
                 done = self._ship_once()
             except BrokerUnavailable as exc:
-                if self._past_deadline():
-                    log.warning("giving up shipping the log at byte %d", self.shipped)
-                    return
                 self._failed(exc)
                 continue
+            except BrokerGone as exc:
+                self._broker_gone(exc)
+                return
             self._recovered()
             if done:
                 if self._finishing.is_set():
-                    return
-                self._finishing.wait(self.config.log_interval)
-            elif self._past_deadline():
-                return
+                    return  # the whole log delivered
+                self._pause(self.config.log_interval)
+        if self.shipped < _size(self.path):
+            log.warning("the log is shipped up to byte %d of %d", self.shipped, _size(self.path))
 
     def _ship_once(self) -> bool:
         """Send the next chunk; True when the broker has the whole file."""
-        size = self.path.stat().st_size if self.path.exists() else 0
+        size = _size(self.path)
         if self.shipped >= size:
             return True
         with open(self.path, "rb") as log_file:
@@ -235,3 +274,7 @@ class LogShipper(Delivery):
         # The broker's size is the truth: less means it lacks bytes (re-send), more means it has them.
         self.shipped = min(stored, size)
         return self.shipped >= size
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0

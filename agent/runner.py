@@ -109,7 +109,9 @@ class RunnerConfig:
     request_timeout: float = 5.0        # broker requests
     retry_initial: float = 0.2          # broker back-off, jittered
     retry_max: float = 5.0
-    final_flush_timeout: float = 20.0   # at exit: how long to keep delivering to the broker
+    # At exit: how long to keep delivering to the broker. None: until it has
+    # everything (through any outage) or answers 410 Gone.
+    final_flush_timeout: float | None = None
     kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
 
 
@@ -201,8 +203,8 @@ class Supervisor:
         if self.config.broker_url:
             self.client = BrokerClient(self.config.broker_url, self.config.token, self.config.request_timeout)
             self._deliveries = [
-                EventSender(self.outbox, self.client, self.config, self.cancel, self.drain),
-                LogShipper(self.log_path, self.client, self.config),
+                EventSender(self.outbox, self.client, self.config, self.cancel, self.drain, on_gone=self.gone),
+                LogShipper(self.log_path, self.client, self.config, on_gone=self.gone),
             ]
             for delivery in self._deliveries:
                 delivery.start()
@@ -232,12 +234,17 @@ class Supervisor:
         return exit_code
 
     def _deliver_and_close(self) -> None:
-        """Give the broker everything within final_flush_timeout; what is left stays on disk."""
-        deadline = time.monotonic() + self.config.final_flush_timeout
+        """Give the broker everything (within final_flush_timeout, if set), unless
+        it says the attempt is gone; what is left stays on disk."""
+        timeout = self.config.final_flush_timeout
+        deadline = None if timeout is None else time.monotonic() + timeout
         for delivery in self._deliveries:
             delivery.finish(deadline)
+        if any(d.is_alive() for d in self._deliveries):
+            log.info("delivering what is left to the broker%s",
+                     "" if deadline is None else f" (for at most {timeout:g} s)")
         for delivery in self._deliveries:
-            delivery.join(max(0.0, deadline - time.monotonic()) + 1.0)
+            delivery.join(None if deadline is None else max(0.0, deadline - time.monotonic()) + 1.0)
         if self.client is not None:
             self.client.close()
         self.outbox.close()
@@ -250,8 +257,22 @@ class Supervisor:
     # --- signals and cancel --------------------------------------------------------
 
     def _forward_signal(self, signum: int, frame: object) -> None:
+        if self._trainer_done.is_set():  # only delivery is left: the signal ends it (the outbox stays on disk)
+            log.warning("%s while delivering to the broker: stopping", signal.Signals(signum).name)
+            for delivery in self._deliveries:
+                delivery.stop()
+            return
         log.info("forwarding %s to the trainer", signal.Signals(signum).name)
         self._signal_group(signum)
+
+    def gone(self) -> None:
+        """The broker answered 410: it ended this attempt long ago and takes
+        nothing more. Deliver nothing more; a trainer still running is stopped
+        as on a cancel, and the agent then exits with its code."""
+        for delivery in self._deliveries:
+            delivery.stop()
+        if not self._trainer_done.is_set():
+            self.cancel()
 
     def _signal_group(self, signum: int) -> None:
         if self.proc is None or self.proc.poll() is not None:

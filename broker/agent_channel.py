@@ -15,14 +15,23 @@ agent `drain: true` until the flush is in.
 and only for the job's current attempt: a late report from an attempt that
 was already replaced is recorded (its checkpoint too: it lives under that
 attempt's own prefix) but moves nothing.
+
+A reported checkpoint must be at that attempt's own place for its step
+(:mod:`spotbroker.broker.checkpoints`); a batch with one that is not is
+refused whole (nothing of it is stored), a `checkpoint_refused` event says so
+on the job, and the agent re-sends the rest one by one. An attempt's token
+works while it runs and for `agent_token_grace` seconds after it ended (the
+flush that ends it is followed by the trainer's last words and logs); then
+the token is *gone* and the agent stops.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
-from dataclasses import dataclass
-from datetime import datetime
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import select
@@ -30,8 +39,9 @@ from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
 from spotbroker.broker.auth import digest
+from spotbroker.broker.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.models import Attempt, Checkpoint, Event, Job
+from spotbroker.broker.models import Attempt, Checkpoint, Event, Job, Team
 from spotbroker.broker.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
 
 A, J = AttemptState, JobState
@@ -39,6 +49,9 @@ AGENT_TOKEN_PREFIX = "sba_"
 # Heartbeats are frequent and carry nothing new: they update the attempt, not the event log.
 SILENT = {protocol.HEARTBEAT}
 MOVING = "moving: "  # the reason of a PREEMPTING the broker started (a move)
+CHECKPOINT_REFUSED = "checkpoint_refused"  # the broker's event: a reported checkpoint it did not accept
+MAX_BIG = 2**63 - 1
+MAX_REASON = 16  # the checkpoints.reason column
 
 
 @dataclass(frozen=True)
@@ -57,6 +70,8 @@ class Outcome:
     drain: bool  # the broker is moving the job: flush a checkpoint now, then stop
     moved: bool  # a job changed state: the reconciler should look now
     drain_until: datetime | None = None  # a drain: when the broker stops waiting for the flush
+    # Set when the batch was refused (nothing stored): [{"field": ..., "message": ...}]
+    refused: list[dict[str, str]] = field(default_factory=list)
 
 
 def agent_token(key: bytes, attempt_id: int) -> str:
@@ -73,13 +88,28 @@ def attempt_for_token(session: Session, token: str) -> Attempt | None:
     return session.scalar(select(Attempt).where(Attempt.agent_token_digest == digest(token)))
 
 
+def token_gone(attempt: Attempt, now: datetime, grace_seconds: float) -> bool:
+    """Has the attempt's token expired: ended more than the grace window ago?"""
+    return attempt.ended_at is not None and now - attempt.ended_at > timedelta(seconds=grace_seconds)
+
+
 def newest_checkpoint(session: Session, job_id: int) -> Checkpoint | None:
     return session.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id)
                           .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
 
 
-def record(session: Session, attempt: Attempt, events: list[AgentEvent], clock: Clock = SYSTEM_CLOCK) -> Outcome:
+def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpoint_root: str,
+           clock: Clock = SYSTEM_CLOCK) -> Outcome:
+    """Store a batch of the agent's events (`checkpoint_root`: the broker's
+    setting, from which the attempt's own prefix is built)."""
     job = session.get(Job, attempt.job_id)
+    uris, refused = {}, []
+    if any(e.type == protocol.CHECKPOINT_COMMITTED for e in events):  # (heartbeats need no team lookup)
+        prefix = attempt_prefix(checkpoint_root, session.get(Team, job.team_id).name, job.id, attempt.id)
+        uris, refused = _checkpoint_uris(session, job, attempt, events, prefix, clock)
+    if refused:
+        return Outcome(accepted=0, last_seq=attempt.agent_seq, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
+                       drain=False, moved=False, refused=refused)
     accepted, moved = 0, False
     for event in sorted(events, key=lambda e: e.seq):
         if event.seq <= attempt.agent_seq:
@@ -89,6 +119,8 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], clock: 
         if event.type not in SILENT:
             session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(),
                               data={**event.data, "agent_at": event.at.isoformat()}))
+        if event.seq in uris:
+            _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
         moved |= _apply(session, job, attempt, event, clock)
     live = attempt.state in LIVE_ATTEMPT_STATES
     drain = live and job.state == J.PREEMPTING and is_move(job)
@@ -107,8 +139,6 @@ def _is_current(job: Job, attempt: Attempt) -> bool:
 
 def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, clock: Clock) -> bool:
     kind = event.type
-    if kind == protocol.CHECKPOINT_COMMITTED:
-        _add_checkpoint(session, job, attempt, event.data, clock)
     if not _is_current(job, attempt):
         return False
     if kind in (protocol.HEARTBEAT, protocol.TRAINER_STARTED):
@@ -150,14 +180,66 @@ def preempted(session: Session, job: Job, attempt: Attempt, why: str, clock: Clo
     job.next_check_at = clock.now()
 
 
-def _add_checkpoint(session: Session, job: Job, attempt: Attempt, data: dict[str, Any], clock: Clock) -> None:
-    try:
-        step, uri = int(data["step"]), str(data["uri"])
-    except (KeyError, TypeError, ValueError):
-        return  # the event is kept in the log; a checkpoint needs a step and a uri
+def _checkpoint_uris(session: Session, job: Job, attempt: Attempt, events: list[AgentEvent], prefix: str,
+                     clock: Clock) -> tuple[dict[int, str], list[dict[str, str]]]:
+    """The URI to store for each new checkpoint_committed event (by seq), and
+    the field errors of those that cannot be accepted; each refused one is
+    told on the job once (the agent re-sends a refused batch one by one)."""
+    uris, errors = {}, []
+    for i, event in enumerate(events):
+        if event.type != protocol.CHECKPOINT_COMMITTED or event.seq <= attempt.agent_seq:
+            continue
+        field_name, message = _check_committed(event.data)
+        if field_name is None:
+            try:
+                uris[event.seq] = accepted_uri(event.data["uri"], prefix, event.data["step"])
+                continue
+            except BadCheckpointUri as exc:
+                field_name, message = "uri", str(exc)
+        errors.append({"field": f"events.{i}.data.{field_name}", "message": message})
+        _tell_refused(session, job, attempt, event, message, clock)
+    return uris, errors
+
+
+def _check_committed(data: dict[str, Any]) -> tuple[str | None, str]:
+    """(field, message) of the first wrong field of a checkpoint_committed event, or (None, "")."""
+    step, size, seconds, reason = data.get("step"), data.get("bytes"), data.get("seconds"), data.get("reason")
+    if not _is_int(step) or not 0 <= step <= MAX_STEP:
+        return "step", f"an integer from 0 to {MAX_STEP}"
+    if "uri" not in data:
+        return "uri", "the checkpoint's URI is required"
+    if size is not None and (not _is_int(size) or not 0 <= size <= MAX_BIG):
+        return "bytes", f"an integer from 0 to {MAX_BIG}"
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float)
+                                or not math.isfinite(seconds) or not 0 <= seconds <= 1e9):
+        return "seconds", "a finite number of seconds, at least 0"
+    if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
+        return "reason", f"a string of at most {MAX_REASON} characters"
+    return None, ""
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _tell_refused(session: Session, job: Job, attempt: Attempt, event: AgentEvent, message: str,
+                  clock: Clock) -> None:
+    told = session.scalars(select(Event.data).where(Event.attempt_id == attempt.id,
+                                                    Event.type == CHECKPOINT_REFUSED))
+    if any(isinstance(d, dict) and d.get("seq") == event.seq for d in told):
+        return
+    uri = event.data.get("uri")
+    session.add(Event(job_id=job.id, attempt_id=attempt.id, type=CHECKPOINT_REFUSED, at=clock.now(),
+                      data={"seq": event.seq, "step": event.data.get("step") if _is_int(event.data.get("step"))
+                            else None, "uri": uri[:512] if isinstance(uri, str) else None, "reason": message}))
+
+
+def _add_checkpoint(session: Session, job: Job, attempt: Attempt, data: dict[str, Any], uri: str,
+                    clock: Clock) -> None:
+    step = data["step"]
     exists = session.scalar(select(Checkpoint.id).where(Checkpoint.attempt_id == attempt.id,
                                                         Checkpoint.step == step))
     if exists is None:
         session.add(Checkpoint(job_id=job.id, attempt_id=attempt.id, step=step, uri=uri,
-                               bytes=int(data.get("bytes") or 0), seconds=data.get("seconds"),
+                               bytes=data.get("bytes") or 0, seconds=data.get("seconds"),
                                reason=data.get("reason"), committed_at=clock.now()))

@@ -9,8 +9,14 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.orm import Session
 
+from spotbroker.broker.checkpoints import (  # CheckpointUnverified: the API catches it from here
+    CheckpointUnverified,
+    attempt_prefix,
+    checkpoint_uri,
+    verify_and_keep,
+)
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.models import Attempt, Checkpoint, Event, Job
+from spotbroker.broker.models import Attempt, Checkpoint, Event, Job, Team
 from spotbroker.broker.spec import JobSpec
 from spotbroker.broker.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, AttemptState, JobState, transition
 
@@ -124,16 +130,22 @@ def checkpoints(session: Session, team_id: int, job_id: int) -> list[Checkpoint]
                                 .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())))
 
 
-def keep_checkpoint(session: Session, team_id: int, job_id: int, checkpoint_id: int) -> Checkpoint:
+def keep_checkpoint(session: Session, team_id: int, job_id: int, checkpoint_id: int,
+                    checkpoint_root: str) -> Checkpoint:
     """Mark a checkpoint as the one to keep: its KEEP marker in the store
-    stops any keep-last-K clean-up from deleting it."""
-    from spotbroker.agent.checkpoint import mark_keep
-
-    get(session, team_id, job_id)
+    stops any keep-last-K clean-up from deleting it. The marker goes where the
+    broker's own layout puts that attempt's step (never where a stored URI
+    says, if it says otherwise), and only once its manifest is read back
+    there: else CheckpointUnverified, and nothing is written."""
+    job = get(session, team_id, job_id)
     ckpt = session.scalar(select(Checkpoint).where(Checkpoint.id == checkpoint_id, Checkpoint.job_id == job_id))
     if ckpt is None:
         raise CheckpointNotFound(checkpoint_id)
-    mark_keep(ckpt.uri)
+    team = session.get(Team, job.team_id).name
+    uri = checkpoint_uri(attempt_prefix(checkpoint_root, team, job.id, ckpt.attempt_id), ckpt.step)
+    if ckpt.uri != uri:
+        raise CheckpointUnverified(f"it is recorded at {ckpt.uri}, not at its attempt's own place {uri}")
+    verify_and_keep(checkpoint_root, uri, ckpt.step)
     ckpt.keep = True
     return ckpt
 

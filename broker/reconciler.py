@@ -38,6 +38,7 @@ from spotbroker.agent import protocol
 from spotbroker.broker import uploads
 from spotbroker.broker.agent_channel import MOVING, agent_token, is_move, newest_checkpoint, preempted
 from spotbroker.broker.auth import digest
+from spotbroker.broker.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.db import transaction
 from spotbroker.broker.launch.base import (
@@ -87,6 +88,11 @@ class Reconciler:
         self._dialect = factory.kw["bind"].dialect.name
         self._key = settings.signing_key()
         self.placer = Placer(settings)
+        # No agent could reach this process before it started (a broker that
+        # was down): it judges a node silent only after a whole heartbeat
+        # timeout of its own, or a node still delivering its last events
+        # would be taken for lost and its job run again.
+        self.started_at = clock.now()
 
     # --- running in the server ---------------------------------------------------------
 
@@ -131,7 +137,8 @@ class Reconciler:
                 .where(Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]), Attempt.handle.is_not(None))
             ).all()
         changed = {}
-        silent_since = self.clock.now() - timedelta(seconds=self.settings.heartbeat_timeout)
+        cutoff = self.clock.now() - timedelta(seconds=self.settings.heartbeat_timeout)
+        silent_since = cutoff if self.started_at < cutoff else None
         for row in rows:
             launcher = self.launchers.get(row.launcher)
             if launcher is None:
@@ -142,7 +149,8 @@ class Reconciler:
             except Exception as exc:
                 log.warning("status of attempt %d failed: %s", row.id, exc)
                 continue
-            if status.state == RunState.RUNNING and row.last_heartbeat_at and row.last_heartbeat_at < silent_since:
+            if (status.state == RunState.RUNNING and silent_since and row.last_heartbeat_at
+                    and row.last_heartbeat_at < silent_since):
                 status = RunStatus(RunState.GONE)  # its agent went silent: the node is lost
             if status.state == RunState.RUNNING and row.state == A.RUNNING:
                 continue
@@ -450,7 +458,7 @@ class Reconciler:
         job = attempt.job
         spec = JobSpec.model_validate(job.spec)
         team = session.get(Team, job.team_id)
-        job_uri = f"{self.settings.checkpoint_uri.rstrip('/')}/{team.name}/{job.id}"
+        job_uri = job_prefix(self.settings.checkpoint_uri, team.name, job.id)
         placement = Placement(cloud=attempt.cloud, region=attempt.region, zone=attempt.zone,
                               zone_id=attempt.zone_id, instance_type=attempt.instance_type,
                               accelerator=attempt.accelerator, accelerator_count=attempt.accelerator_count,
@@ -458,7 +466,8 @@ class Reconciler:
         resume = newest_checkpoint(session, job.id)
         extra = {
             protocol.ENV_JOB_ID: str(job.id), protocol.ENV_ATTEMPT_ID: str(attempt.id),
-            protocol.ENV_CHECKPOINT_ROOT: job_uri, protocol.ENV_CHECKPOINT_URI: f"{job_uri}/{attempt.id}",
+            protocol.ENV_CHECKPOINT_ROOT: job_uri,
+            protocol.ENV_CHECKPOINT_URI: attempt_prefix(self.settings.checkpoint_uri, team.name, job.id, attempt.id),
             protocol.ENV_RESUME_FROM: resume.uri if resume else "",
             protocol.ENV_BROKER_URL: self.settings.agent_url,
             protocol.ENV_AGENT_TOKEN: agent_token(self._key, attempt.id),

@@ -49,6 +49,9 @@ class Settings(BaseSettings):
     advertise_url: str | None = None
     heartbeat_timeout: float = 60.0             # a silent agent's node counts as lost after this
     max_followers_per_team: int = Field(64, ge=1)  # concurrent `logs?follow=true` a team holds per server process
+    # An ended attempt's agent token still works this long (its last events
+    # and logs); then the broker answers 410 Gone and the agent stops.
+    agent_token_grace: float = Field(default=600.0, ge=0)
     # Simulated notice window of local runs (None: the cloud's own, 120/30/30 s).
     local_notice_window: float | None = None
 

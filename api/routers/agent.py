@@ -1,15 +1,20 @@
 """The node agent's channel (authenticated by the per-attempt agent token,
-never by a team token): events and the trainer's output."""
+never by a team token): events and the trainer's output.
+
+A token is its attempt's alone: whatever it sends lands on that attempt. It
+works while the attempt runs and for `agent_token_grace` seconds after it
+ended; then every route answers 410 Gone, on which the agent stops."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from spotbroker.agent import protocol
 from spotbroker.api.errors import Problem, responses
@@ -21,15 +26,24 @@ from spotbroker.broker.models import Attempt
 router = APIRouter(tags=["agent"])
 _bearer = HTTPBearer(auto_error=False, description="the attempt's agent token")
 MAX_LOG_CHUNK = 4 << 20
+MAX_EVENT_DATA = 64 << 10  # bytes of JSON in one event's data
 DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the commit to reach us
 
 
 class AgentEventIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    seq: int = Field(ge=1)
+    seq: int = Field(ge=1, le=2**31 - 1)
     type: str
     at: datetime
     data: BoundedData = Field(default_factory=dict)
+
+    @field_validator("data")
+    @classmethod
+    def _small(cls, data: dict[str, Any]) -> dict[str, Any]:
+        """An event is a few fields: far less than a job document may be."""
+        if len(json.dumps(data)) > MAX_EVENT_DATA:
+            raise ValueError(f"at most {MAX_EVENT_DATA} bytes of JSON")
+        return data
 
 
 class AgentEvents(BaseModel):
@@ -61,19 +75,27 @@ def current_attempt(request: Request,
     if creds is None or not creds.credentials:
         raise Problem(401, "Unauthorized", "send 'Authorization: Bearer <agent token>'",
                       headers={"WWW-Authenticate": "Bearer"})
-    with request.app.state.session_factory() as session:
+    state = request.app.state
+    with state.session_factory() as session:
         attempt = agent_channel.attempt_for_token(session, creds.credentials)
         if attempt is None:
             raise Problem(401, "Unauthorized", "unknown agent token", headers={"WWW-Authenticate": "Bearer"})
+        grace = state.settings.agent_token_grace
+        if agent_channel.token_gone(attempt, state.clock.now(), grace):
+            raise Problem(410, "Gone", f"attempt {attempt.id} ended more than {grace:g} s ago: "
+                          "its agent token no longer works, and nothing more is taken from it")
         return AttemptRef(attempt.id, attempt.job_id)
 
 
 CurrentAttempt = Annotated[AttemptRef, Depends(current_attempt)]
+_GONE = "The attempt ended longer ago than the grace window: stop delivering"
 
 
-@router.post(protocol.EVENTS_PATH, response_model=AgentAnswer, responses=responses(401, 422))
+@router.post(protocol.EVENTS_PATH, response_model=AgentAnswer, responses=responses(401, 410, 422, s410=_GONE))
 async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttempt) -> AgentAnswer:
-    """Report events, in order; a re-sent event (same seq) is ignored."""
+    """Report events, in order; a re-sent event (same seq) is ignored. A batch
+    with a checkpoint that is not at this attempt's own place for its step is
+    refused whole (422 naming it; a `checkpoint_refused` event on the job)."""
     for e in body.events:
         if e.type not in protocol.AGENT_EVENT_TYPES:
             raise Problem(422, "Invalid request", f"unknown event type {e.type!r}",
@@ -83,9 +105,13 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
 
     def store() -> agent_channel.Outcome:
         with transaction(state.session_factory) as session:
-            return agent_channel.record(session, session.get(Attempt, attempt.id), events, clock=state.clock)
+            return agent_channel.record(session, session.get(Attempt, attempt.id), events,
+                                        state.settings.checkpoint_uri, clock=state.clock)
 
     outcome = await run_in_threadpool(store)
+    if outcome.refused:
+        raise Problem(422, "Invalid request", "a reported checkpoint is not at this attempt's own place: "
+                      "nothing of the batch was stored", errors=outcome.refused)
     if outcome.moved:
         state.reconciler.hint()
     drain_seconds = None
@@ -96,9 +122,10 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
                        drain=outcome.drain, drain_seconds=drain_seconds)
 
 
-@router.post(protocol.LOGS_PATH, response_model=LogAnswer, responses=responses(401, 413, 422))
+@router.post(protocol.LOGS_PATH, response_model=LogAnswer, responses=responses(401, 410, 413, 422, s410=_GONE))
 async def post_logs(request: Request, attempt: CurrentAttempt,
-                    offset: Annotated[int, Header(alias=protocol.LOG_OFFSET_HEADER, ge=0)]) -> LogAnswer:
+                    offset: Annotated[int, Header(alias=protocol.LOG_OFFSET_HEADER, ge=0, le=2**63 - 1)]
+                    ) -> LogAnswer:
     """Append the trainer's output at `X-Log-Offset`. A chunk that starts past
     the end is refused (the answer says where to resume); one that overlaps
     what is stored adds only its new bytes."""

@@ -184,16 +184,21 @@ def list_checkpoints(job_id: JobId, session: SessionDep, team: CurrentTeam) -> C
     return CheckpointList(checkpoints=[_checkpoint_out(c) for c in found])
 
 
-@router.post("/{job_id}/checkpoints/{checkpoint_id}/keep", response_model=CheckpointOut, responses=_READ)
+@router.post("/{job_id}/checkpoints/{checkpoint_id}/keep", response_model=CheckpointOut, responses=responses(
+    401, 403, 404, 409, 422, s409="The checkpoint cannot be confirmed in storage (its manifest)"))
 def keep_checkpoint(request: Request, job_id: JobId, checkpoint_id: CheckpointId, team: CurrentTeam) -> CheckpointOut:
     """Mark a checkpoint `keep` (the gold weights): never deleted or archived."""
-    with transaction(request.app.state.session_factory) as session:
+    state = request.app.state
+    with transaction(state.session_factory) as session:
         try:
-            return _checkpoint_out(jobs.keep_checkpoint(session, team.team_id, job_id, checkpoint_id))
+            kept = jobs.keep_checkpoint(session, team.team_id, job_id, checkpoint_id, state.settings.checkpoint_uri)
+            return _checkpoint_out(kept)
         except jobs.JobNotFound:
             raise _not_found(job_id) from None
         except jobs.CheckpointNotFound:
             raise Problem(404, "Not found", f"job {job_id} has no checkpoint {checkpoint_id}") from None
+        except jobs.CheckpointUnverified as exc:
+            raise Problem(409, "Conflict", f"checkpoint {checkpoint_id} cannot be kept: {exc}") from None
 
 
 @router.post("/{job_id}/simulate-preemption", status_code=202, response_model=JobOut, responses=responses(

@@ -7,6 +7,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -38,7 +39,7 @@ from spotbroker.agent.protocol import (
 TRAINER = Path(__file__).with_name("trainer_script.py")
 TOKEN = "test-agent-token-7f3a"  # the fake broker's (conftest.AGENT_TOKEN)
 FAST = ["--heartbeat-seconds", "0.2", "--poll-seconds", "0.05", "--metadata-timeout", "0.5",
-        "--log-seconds", "0.1", "--retry-max-seconds", "0.3", "--final-flush-seconds", "10"]
+        "--log-seconds", "0.1", "--retry-max-seconds", "0.3"]
 
 
 class Agent:
@@ -239,6 +240,45 @@ def test_signals_are_forwarded_to_the_trainer(agent, broker, wait, tmp_path, sig
     assert code == trainer_code, err  # the trainer's handler exits 42 on SIGTERM, 43 on SIGINT
     assert f"trainer: got {sig.name}" in out
     assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": trainer_code}
+
+
+def test_a_gone_broker_stops_the_delivery_and_the_trainer_and_the_agent_exits(agent, broker, wait):
+    """410: the broker ended this attempt long ago. The agent stops a trainer
+    that still runs (as on a cancel), delivers nothing more, and exits."""
+    broker.fail_status = 410
+    started = time.monotonic()
+    code, _, err = agent(broker_url=broker.url, sim_url=None).finish(timeout=30)
+    assert code == 42, err  # the trainer's own answer to SIGTERM
+    assert "410" in err and "Traceback" not in err
+    assert time.monotonic() - started < 20
+
+
+def test_a_gone_broker_after_the_trainer_exited_ends_the_delivery_at_once(agent, broker_factory, free_port,
+                                                                          tmp_path, wait):
+    done = tmp_path / "trainer-done"
+    process = agent("--steps", "3", "--lines", "5", "--exit-code", "4", "--done-file", str(done),
+                    broker_url=f"http://127.0.0.1:{free_port}", sim_url=None)
+    wait(done.exists, what="the trainer to finish while the broker is down")
+    time.sleep(1.0)
+    assert process.proc.poll() is None  # still delivering
+    broker = broker_factory(port=free_port)
+    broker.fail_status = 410
+    code, _, err = process.finish(timeout=15)
+    assert code == 4, err
+    assert not broker.events and "Traceback" not in err
+    outbox = [json.loads(line) for line in process.work_dir.joinpath("outbox.jsonl").read_text().splitlines()]
+    assert outbox[-1]["type"] == TRAINER_EXITED  # still on disk: never delivered, never lost
+
+
+def test_sigterm_while_only_delivery_is_left_ends_it(agent, free_port, tmp_path, wait):
+    done = tmp_path / "trainer-done"
+    process = agent("--steps", "3", "--done-file", str(done), broker_url=f"http://127.0.0.1:{free_port}",
+                    sim_url=None)
+    wait(done.exists, what="the trainer to finish while the broker is down")
+    time.sleep(0.5)
+    process.proc.send_signal(signal.SIGTERM)
+    code, _, err = process.finish(timeout=15)
+    assert code == 0 and "Traceback" not in err, err
 
 
 def test_an_agent_restarted_on_its_work_dir_delivers_what_it_buffered(agent, broker_factory, free_port):

@@ -41,8 +41,6 @@ def main() -> int:
     args = parser.parse_args()
 
     control = Path(os.environ[ENV_CONTROL_DIR]) if ENV_CONTROL_DIR in os.environ else None
-    if args.env_file:
-        Path(args.env_file).write_text(json.dumps(dict(os.environ)))
     flush_asked = []
 
     def on_signal(signum: int, frame: object) -> None:
@@ -51,6 +49,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.env_file:  # after the handlers: tests signal the trainer as soon as they see it
+        Path(args.env_file).write_text(json.dumps(dict(os.environ)))
     if args.library and control is not None:  # as the library: nothing to announce without an agent
         signal.signal(signal.SIGUSR1, lambda *_: flush_asked.append(time.monotonic()))
         tmp = control / (LIBRARY_FILE + ".tmp")

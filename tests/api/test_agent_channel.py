@@ -2,11 +2,18 @@
 the attempt's own token."""
 from __future__ import annotations
 
+import json
+import os
 from datetime import UTC, datetime
+from pathlib import Path
+from urllib.parse import urlparse
 
+import pytest
 from helpers import wait_state
 
 from spotbroker.broker.agent_channel import agent_token
+from spotbroker.broker.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.models import Checkpoint
 
 
 def ev(seq: int, event_type: str, **data) -> dict:
@@ -19,7 +26,7 @@ def post(api, token: str, *events: dict):
 
 def running_job(api, h, settings) -> tuple[dict, str]:
     job_id = api.post("/v1/jobs", json={"run": "sleep 60"}, headers=h).json()["id"]
-    job = wait_state(api, h, job_id, {"RUNNING"})
+    job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)  # a loaded machine starts jobs slowly
     return job, agent_token(settings.signing_key(), job["attempts"][-1]["id"])
 
 
@@ -60,8 +67,7 @@ def test_a_notice_for_a_finished_job_moves_nothing_but_is_kept(api, team_headers
     job = wait_state(api, h, job_id, {"SUCCEEDED"})
     token = agent_token(settings.signing_key(), job["attempts"][0]["id"])
     r = post(api, token, ev(500, "preemption_notice", cloud="aws"),
-             ev(501, "checkpoint_committed", step=3, uri="file:///x/step-000000000003", bytes=10,
-                seconds=0.1, reason="flush"))
+             committed(501, 3, f"{attempt_prefix(settings, job)}/step-000000000003", reason="flush"))
     assert r.status_code == 200 and r.json()["cancel"] is True
     assert api.get(f"/v1/jobs/{job_id}", headers=h).json()["state"] == "SUCCEEDED"
     # A late checkpoint is still a committed checkpoint under that attempt's own prefix.
@@ -102,3 +108,187 @@ def test_a_node_whose_agent_goes_silent_is_recovered(api, team_headers, settings
     settings.heartbeat_timeout = 60.0
     first, second = job["attempts"]
     assert (first["state"], first["reason"]) == ("PREEMPTED", "vanished") and second["state"] == "SUCCEEDED"
+
+
+def attempt_prefix(settings, job: dict, team: str = "ml") -> str:
+    return f"{settings.checkpoint_uri}/{team}/{job['id']}/{job['attempts'][-1]['id']}"
+
+
+AFTER_AGENT = 1_000_000  # seqs the job's own agent (it runs, and reports) will not reach in a test
+
+
+def committed(seq: int, step: int, uri: object, reason: str = "periodic") -> dict:
+    return ev(AFTER_AGENT + seq, "checkpoint_committed", step=step, uri=uri, bytes=10, seconds=0.1, reason=reason)
+
+
+def test_a_checkpoint_outside_the_attempts_prefix_is_refused_and_keep_writes_nothing_there(
+        api, team_headers, settings, job_scratch):
+    """The attack: report a checkpoint at file:///etc, then ask to keep it
+    (which once created /etc/KEEP). Also a directory outside the prefix that
+    looks like a committed checkpoint (a manifest planted there)."""
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    planted = job_scratch / "step-000000000007"
+    planted.mkdir()
+    (planted / "MANIFEST.json").write_text('{"format": "spotbroker-checkpoint/1", "step": 7, "objects": {}}')
+    etc_keep_before = os.path.exists("/etc/KEEP")
+    try:
+        answers = [post(api, token, committed(seq, 7, uri)) for seq, uri in ((1, "file:///etc"), (2, planted.as_uri()))]
+        for c in api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]:
+            keep = api.post(f"/v1/jobs/{job['id']}/checkpoints/{c['id']}/keep", headers=h)
+            assert keep.status_code == 409, keep.text
+        assert os.path.exists("/etc/KEEP") == etc_keep_before
+        assert not (planted / "KEEP").exists()
+        for r in answers:
+            assert r.status_code == 422, r.text
+            assert r.headers["content-type"] == "application/problem+json"
+            assert r.json()["errors"][0]["field"] == "events.0.data.uri"
+        assert api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"] == []
+        events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+        refused = [e for e in events if e["type"] == "checkpoint_refused"]
+        assert [e["data"]["uri"] for e in refused] == ["file:///etc", planted.as_uri()]
+    finally:
+        if not etc_keep_before and os.path.exists("/etc/KEEP"):
+            os.unlink("/etc/KEEP")  # left by the broker before the fix
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+ODD_URIS = ["ftp://host/x", "relative/step-000000000007", "step-000000000007", "s3://bucket/x/step-000000000007",
+            "gs://bucket/step-000000000007", "az://c/step-000000000007", "file://otherhost/step-000000000007",
+            "http://127.0.0.1/step-000000000007", "", 7, None, ["file:///etc"], "file:///" + "a/" * 2000,
+            "file:///etc\x00/step-000000000007"]
+
+
+def test_odd_checkpoint_uris_are_refused_never_a_server_error(api, team_headers, settings):
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    prefix = attempt_prefix(settings, job)
+    other_attempt = prefix.rsplit("/", 1)[0] + f"/{job['attempts'][-1]['id'] + 1}"
+    escapes = [f"{prefix}/../../../../etc", f"{prefix}/%2e%2e/%2E%2E/step-000000000007",
+               f"{prefix}/step-000000000007/..", f"{prefix}/step-000000000007?x=1", f"{prefix}//step-000000000007",
+               f"{prefix}/step-000000000008", f"{prefix}/step-000000000007/deeper", f"{prefix}",
+               f"{other_attempt}/step-000000000007", f"{prefix}/./step-000000000007",
+               f"{prefix}/step-000000000007%2f..%2f..", f"{prefix}%2f..%2fstep-000000000007"]
+    for seq, uri in enumerate(ODD_URIS + escapes, start=1):
+        r = post(api, token, committed(seq, 7, uri))
+        assert r.status_code == 422, (uri, r.text)
+        assert r.json()["errors"][0]["field"] in ("events.0.data.uri", "events.0.data"), uri  # data: the NUL
+    for seq, (name, bad) in enumerate([("step", -1), ("step", 2**63), ("step", "7"), ("step", True),
+                                       ("bytes", 2**64), ("seconds", "x"), ("reason", "r" * 17)], start=100):
+        event = committed(seq, 7, f"{prefix}/step-000000000007")
+        event["data"][name] = bad
+        r = post(api, token, event)
+        assert r.status_code == 422 and r.json()["errors"][0]["field"] == f"events.0.data.{name}", (name, r.text)
+    # The same place spelled otherwise is the same place; the broker stores its own spelling.
+    spelled = prefix.replace("file:///", "file://localhost/", 1) + "/step-00000000000%37"
+    r = post(api, token, ev(AFTER_AGENT + 200, "heartbeat"), committed(201, 7, spelled))
+    assert r.status_code == 200, r.text
+    [c] = api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]
+    assert c["uri"] == f"{prefix}/step-000000000007"
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_a_refused_checkpoint_refuses_its_batch_and_is_told_once(api, team_headers, settings):
+    """The agent re-sends a refused batch one event at a time: the good ones
+    are then stored in order, the refused one is told on the job once."""
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    prefix = attempt_prefix(settings, job)
+    batch = [ev(AFTER_AGENT + 1, "heartbeat"), committed(2, 5, "file:///etc"),
+             committed(3, 6, f"{prefix}/step-000000000006")]
+    r = post(api, token, *batch)
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "events.1.data.uri"
+    assert api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"] == []
+    assert [post(api, token, e).status_code for e in batch] == [200, 422, 200]
+    events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    assert [e["type"] for e in events].count("checkpoint_refused") == 1
+    assert [c["step"] for c in api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]] == [6]
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_keep_marks_only_a_checkpoint_its_manifest_confirms(api, team_headers, settings, job_scratch):
+    torch = pytest.importorskip("torch")
+    from spotbroker.agent.checkpoint import Checkpointer
+
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    prefix = attempt_prefix(settings, job)
+    info = Checkpointer(torch.nn.Linear(2, 2), uri=prefix, every_seconds=None, handle_signal=False).save(4)
+    post(api, token, committed(1, 4, info.uri), committed(2, 9, f"{prefix}/step-000000000009"))
+    by_step = {c["step"]: c for c in api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]}
+    ckpt_dir = Path(urlparse(info.uri).path)
+
+    def keep(step: int):
+        return api.post(f"/v1/jobs/{job['id']}/checkpoints/{by_step[step]['id']}/keep", headers=h)
+
+    r = keep(9)  # reported, but nothing there: no manifest, no marker, no directory made
+    assert r.status_code == 409 and "manifest" in r.json()["detail"], r.text
+    assert not (ckpt_dir.parent / "step-000000000009").exists()
+    # A manifest that does not match what it lists is not a checkpoint either.
+    manifest = ckpt_dir / "MANIFEST.json"
+    good = manifest.read_bytes()
+    doc = json.loads(good)
+    doc["objects"]["index.json"]["size"] += 1
+    manifest.write_text(json.dumps(doc))
+    assert keep(4).status_code == 409 and not (ckpt_dir / "KEEP").exists()
+    manifest.write_bytes(good)
+    r = keep(4)
+    assert r.status_code == 200 and r.json()["keep"] is True, r.text
+    assert (ckpt_dir / "KEEP").exists()
+    # The job owns its prefix: a step directory swapped for a link out of it is not followed.
+    outside = job_scratch / "elsewhere"
+    os.rename(ckpt_dir, outside)
+    (outside / "KEEP").unlink()
+    os.symlink(outside, ckpt_dir)
+    assert keep(4).status_code == 409 and not (outside / "KEEP").exists()
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_keep_of_a_checkpoint_recorded_elsewhere_writes_nothing(api, team_headers, settings):
+    """A row stored before reported URIs were checked (the attack's
+    `file:///etc`): keep refuses it, and writes nothing there."""
+    h = team_headers()
+    job, _ = running_job(api, h, settings)
+    engine = make_engine(settings.sqlalchemy_url)
+    with transaction(make_session_factory(engine)) as s:
+        s.add(Checkpoint(job_id=job["id"], attempt_id=job["attempts"][-1]["id"], step=7, uri="file:///etc",
+                         bytes=0, committed_at=datetime.now(UTC)))
+    engine.dispose()
+    [c] = api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]
+    before = os.path.exists("/etc/KEEP")
+    try:
+        r = api.post(f"/v1/jobs/{job['id']}/checkpoints/{c['id']}/keep", headers=h)
+        assert r.status_code == 409 and r.headers["content-type"] == "application/problem+json", r.text
+        assert os.path.exists("/etc/KEEP") == before
+    finally:
+        if not before and os.path.exists("/etc/KEEP"):
+            os.unlink("/etc/KEEP")
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_odd_event_bodies_are_refused_never_a_server_error(api, team_headers, settings):
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    auth = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    at = datetime.now(UTC).isoformat()
+
+    def body(seq: int, kind: str, data: str) -> str:  # raw JSON: some of it no encoder would write
+        head = json.dumps({"seq": seq, "type": kind, "at": at})[:-1]
+        return '{"events": [' + head + ', "data": ' + data + "}]}"
+
+    deep = "[" * 5000 + "]" * 5000
+    bodies = [body(1, "heartbeat", '{"x": NaN}'), body(2, "heartbeat", '{"x": Infinity}'),
+              body(3, "resumed", '{"x": "a\\u0000b"}'), body(4, "resumed", '{"a\\u0000": 1}'),
+              body(5, "resumed", '{"x": 1e999}'), body(99999999999, "heartbeat", "{}"),
+              body(6, "resumed", deep), body(7, "resumed", '{"x": ' + deep + "}"),
+              body(8, "resumed", '{"x": ' + "[" * 50 + "]" * 50 + "}"),
+              body(9, "resumed", '{"x": "' + "y" * 70000 + '"}')]
+    for raw in bodies:
+        r = api.post("/v1/agent/events", content=raw, headers=auth)
+        # 400: a body nested beyond what the JSON parser takes is not parsed at all
+        assert r.status_code in (400, 422), (raw[:120], r.status_code, r.text[:300])
+        assert r.headers["content-type"] == "application/problem+json"
+    r = api.post("/v1/agent/logs", content=b"x", headers={**auth, "X-Log-Offset": str(2**64)})
+    assert r.status_code == 422, r.text
+    assert api.get(f"/v1/jobs/{job['id']}/events", headers=h).status_code == 200
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)

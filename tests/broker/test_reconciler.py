@@ -11,11 +11,12 @@ import pytest
 from sqlalchemy import select
 
 from spotbroker.broker import auth, jobs
+from spotbroker.broker.checkpoints import attempt_prefix, checkpoint_uri
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.db import transaction
 from spotbroker.broker.launch.base import CapacityError
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.models import Attempt, Event, Job
+from spotbroker.broker.models import Attempt, Event, Job, Team
 from spotbroker.broker.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.spec import JobSpec
@@ -215,7 +216,8 @@ def test_a_launch_whose_handle_was_lost_is_found_even_after_the_agent_said_runni
         reconciler(factory, settings, CrashingLauncher(settings.data_dir, after_launch=True), clock).pass_once()
     with transaction(factory) as s:
         (attempt,) = s.scalars(select(Attempt).where(Attempt.job_id == job_id)).all()
-        agent_channel.record(s, attempt, [agent_channel.AgentEvent(1, "heartbeat", datetime.now(UTC), {})])
+        agent_channel.record(s, attempt, [agent_channel.AgentEvent(1, "heartbeat", datetime.now(UTC), {})],
+                             settings.checkpoint_uri)
     with factory() as s:
         assert s.get(Job, job_id).state == "RUNNING" and attempts(factory, job_id)[0].handle is None
     clock.shift = timedelta(seconds=settings.lease_seconds + 1)
@@ -253,9 +255,13 @@ def test_a_running_job_short_of_slack_is_drained_then_moved_to_on_demand(env):
     event = agent_channel.AgentEvent
     with transaction(factory) as s:  # what the attempt's agent hears and says
         attempt = s.get(Attempt, first.id)
-        assert agent_channel.record(s, attempt, [event(1, "heartbeat", datetime.now(UTC), {})]).drain
-        agent_channel.record(s, attempt, [event(2, "checkpoint_committed", datetime.now(UTC),
-                                                {"step": 7, "uri": "file:///ckpt/7", "reason": "drain"})])
+        root = settings.checkpoint_uri
+        assert agent_channel.record(s, attempt, [event(1, "heartbeat", datetime.now(UTC), {})], root).drain
+        team_name = s.get(Team, s.get(Job, job_id).team_id).name
+        uri = checkpoint_uri(attempt_prefix(root, team_name, job_id, attempt.id), 7)
+        outcome = agent_channel.record(s, attempt, [event(2, "checkpoint_committed", datetime.now(UTC),
+                                                          {"step": 7, "uri": uri, "reason": "drain"})], root)
+        assert not outcome.refused
     job = run_until(rec, factory, job_id, {"LAUNCHING", "RUNNING"})
     moved, second = attempts(factory, job_id)
     assert (moved.state, moved.reason) == ("PREEMPTED", "moved") and job.recoveries == 0
@@ -351,3 +357,25 @@ def test_a_missing_job_user_fails_the_job_saying_how_to_make_it(env):
     rec = reconciler(factory, settings, LocalLauncher(settings.data_dir, 1, run_as="no-such-user-7d1"))
     job = run_until(rec, factory, job_id, {"FAILED"})
     assert "'no-such-user-7d1', which does not exist" in job.reason and "useradd" in job.reason
+
+
+def test_a_broker_that_was_down_hears_its_agents_for_a_whole_timeout_before_it_judges_them(env):
+    """No agent could reach a broker that was down: the node of a job whose
+    agent last spoke before the outage is not lost yet (it may be delivering
+    its last events), until the restarted broker itself heard nothing for a
+    heartbeat timeout."""
+    factory, settings, team = env
+    job_id = submit(factory, team, run="sleep 60")
+    run_until(reconciler(factory, settings), factory, job_id, {"RUNNING"})
+    with transaction(factory) as s:  # the agent's last word before the broker went down
+        s.scalars(select(Attempt).where(Attempt.job_id == job_id)).one().last_heartbeat_at = Clock().now()
+    clock = ShiftedClock()
+    clock.shift = timedelta(seconds=10 * settings.heartbeat_timeout)  # the outage: every heartbeat is old
+    restarted = reconciler(factory, settings, clock=clock)
+    restarted.pass_once()
+    [attempt] = attempts(factory, job_id)
+    assert attempt.state == "RUNNING"
+    clock.shift += timedelta(seconds=settings.heartbeat_timeout + 1)  # a timeout of its own, still silent
+    job = run_until(restarted, factory, job_id, {"RECOVERING", "LAUNCHING", "RUNNING"} - {"RUNNING"})
+    assert attempts(factory, job_id)[0].reason == "vanished", job.state
+    _cancel(factory, restarted, job_id)
