@@ -40,7 +40,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         launchers = {}
         if settings.local_launcher_enabled():
             launchers["local"] = LocalLauncher.from_settings(settings)
-        else:
+        elif settings.local_launcher is None:  # off by default, not by the operator: say why
             log.warning("the local launcher is off (the server listens beyond loopback); "
                         "set SPOTBROKER_LOCAL_LAUNCHER=true to run jobs on this host")
         reconciler = Reconciler(factory, launchers, settings, clock=clock)
