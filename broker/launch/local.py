@@ -148,7 +148,8 @@ class LocalLauncher:
         with os.fdopen(fd, "w") as f:
             json.dump(asdict(spec), f)
         out.parent.mkdir(parents=True, exist_ok=True)
-        with out.open("ab") as sink:
+        # The raw output is the broker's: a job of another team that guesses the path must not read it.
+        with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as sink:
             proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.launch.local_node", str(spec_file)],
                                     stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=str(run_dir))

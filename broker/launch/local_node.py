@@ -126,13 +126,19 @@ def provision(spec: NodeSpec) -> Path:
     return workdir
 
 
+def _private(path: Path, flags: int):
+    return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600), "wb")
+
+
 def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
     """The simulated cloud's metadata service for this node; its URL joins the job's environment."""
     if spec.simulator is None:
         return None
     run_dir = Path(spec.run_dir)
     url_file = run_dir / "sim.url"
-    with open(run_dir / "sim.log", "ab") as log, open(url_file, "wb") as out:
+    # The broker's alone: the job learns the URL from its environment, and
+    # another team's job that read it could send this node notices.
+    with _private(run_dir / "sim.log", os.O_APPEND) as log, _private(url_file, os.O_TRUNC) as out:
         sim = subprocess.Popen([sys.executable, "-m", "spotbroker.agent.simulator", *spec.simulator,
                                 "--kill-at-hard-stop", str(os.getpid())],
                                stdin=subprocess.DEVNULL, stdout=out, stderr=log)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import ADMIN_TOKEN
-from helpers import wait_state
+from helpers import wait_for, wait_state
 
 from spotbroker.broker.launch.local import DEFAULT_JOB_USER, SYSTEM_PATH, job_python_default
 
@@ -108,3 +108,24 @@ def test_the_job_interpreter_is_defined_not_the_brokers_path(broker_env, api, te
     assert job["state"] == "SUCCEEDED", out
     assert out.splitlines()[0] == os.path.join(os.path.dirname(job_python_default()), "python")
     assert "lib-ok" in out and sys.executable  # the library is importable there
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root: only root can run jobs as another user than the broker's")
+def test_a_job_cannot_read_another_attempts_output_or_its_simulated_cloud(broker_env, api, team_headers, settings):
+    """The run directory's files are the broker's: a job of another team that
+    guesses an attempt id reads neither its raw output nor where its
+    simulated metadata service listens (whose notices it could send)."""
+    a, b = team_headers("a"), team_headers("b")
+    job_id = api.post("/v1/jobs", json={"name": "victim", "run": "echo A-PRIVATE-LINE; sleep 60",
+                                        "resources": {"accelerators": "T4:1"}}, headers=a).json()["id"]
+    job = wait_state(api, a, job_id, {"RUNNING"}, timeout=60)
+    run_dir = settings.data_dir / "runs" / str(job["attempts"][0]["id"])
+    wait_for(lambda: (run_dir / "sim.url").exists() and b"A-PRIVATE-LINE" in (run_dir / "node-0.out").read_bytes(),
+             timeout=30, what="the victim's output")
+    probes = {name: f"cat {shlex.quote(str(run_dir / name))}" for name in ("node-0.out", "sim.url", "sim.log")}
+    script = "; ".join(f"if {cmd} >/dev/null 2>&1; then echo {name}=READ; else echo {name}=DENIED; fi"
+                       for name, cmd in probes.items())
+    _, out = run_job(api, b, script)
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=a)
+    for name in probes:
+        assert f"{name}=DENIED" in out, out
