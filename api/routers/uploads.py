@@ -18,6 +18,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
+from starlette.requests import ClientDisconnect
 
 from spotbroker.agent.code import MAX_ARCHIVE_BYTES, MAX_FILES_BYTES
 from spotbroker.api.deps import CurrentTeam
@@ -35,7 +36,7 @@ class UploadOut(BaseModel):
 
 
 @router.put("/{sha256}", status_code=201, response_model=UploadOut, responses=responses(
-    401, 403, 413, 422, s413=f"Over {MAX_ARCHIVE_BYTES} bytes",
+    400, 401, 403, 413, 422, s413=f"Over {MAX_ARCHIVE_BYTES} bytes",
     s422="Not the sha256 of the body, or not an archive a node would unpack"),
     openapi_extra={"requestBody": {"required": True, "description": (
         "A gzipped tar of the workdir: regular files, directories and links that stay inside it; "
@@ -54,7 +55,7 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
     try:
         digest, received = hashlib.sha256(), 0
         with os.fdopen(fd, "wb") as out:
-            async for chunk in request.stream():
+            async for chunk in _body(request):
                 received += len(chunk)
                 if received > MAX_ARCHIVE_BYTES:
                     raise _too_large()
@@ -81,6 +82,16 @@ async def get_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
     if found is None:
         raise Problem(404, "Not found", f"your team has no upload {sha256}")
     return UploadOut(sha256=sha256, bytes=found)
+
+
+async def _body(request: Request):
+    """The body's chunks; a client that goes before it has sent them all gets
+    a 400 (which it will not read) instead of a traceback in the log."""
+    try:
+        async for chunk in request.stream():
+            yield chunk
+    except ClientDisconnect:
+        raise Problem(400, "Bad request", "the client went away before the body was complete") from None
 
 
 def _too_large() -> Problem:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 from pathlib import Path
 
+import httpx
 import pytest
-from helpers import tgz
+from helpers import tgz, wait_for
 
 ADMIN = {"Authorization": "Bearer admin-token-for-tests"}
 
@@ -97,3 +99,22 @@ def test_the_upload_is_documented(api):
     assert "application/gzip" in put_op["requestBody"]["content"]
     workdir = schema["components"]["schemas"]["JobSpec"]["properties"]["workdir"]
     assert "WorkdirUpload" in str(workdir)
+
+
+def test_a_client_that_goes_mid_upload_leaves_no_traceback(server):
+    """A client may give up half-way (a network drop, a ^C): not an error of ours."""
+    import socket
+    from urllib.parse import urlparse
+
+    with httpx.Client(base_url=server.url, timeout=10) as client:
+        token = client.post("/v1/teams", json={"name": "gone"},
+                            headers=ADMIN).json()["token"]
+        url = urlparse(server.url)
+        with socket.create_connection((url.hostname, url.port), timeout=5) as sock:
+            sock.sendall((f"PUT /v1/uploads/{'a' * 64} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+                          "Content-Type: application/gzip\r\nContent-Length: 10000\r\n\r\n").encode() + b"x" * 166)
+            time.sleep(0.5)
+        wait_for(lambda: client.get("/healthz").status_code == 200, what="the server to answer")
+        time.sleep(0.5)
+    out = server.output()
+    assert "Traceback" not in out and "ClientDisconnect" not in out, out[-3000:]
