@@ -96,6 +96,8 @@ def clean(row: OfferRow, report: QualityReport, currency: str = "USD") -> OfferR
     if spot is None and ondemand is None:
         report.note("no price")
         return None
+    if spot is None:
+        report.note("no spot price (on-demand only)")
     if spot is not None and ondemand is not None and spot >= ondemand:
         # A spot price at or above on-demand is either rounding or a market
         # gone thin: AWS caps what a spot VM is charged at on-demand.

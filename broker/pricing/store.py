@@ -109,7 +109,8 @@ def apply_refresh(session: Session, source: str, rows: Iterable[OfferRow], now: 
     for key, old in existing.items():
         gone = key not in fresh and old.listed and _in_scope(old.cloud, old.region, scope)
         if gone and (old.source == source or (source != CATALOG and old.source == CATALOG)):
-            updates.append({"id": old.id, "listed": False})
+            # Owned by this source from now on, so the catalog cannot list it again.
+            updates.append({"id": old.id, "listed": False, "source": source})
             result.unlisted += 1
             if len(result.changes) < keep_changes:
                 result.changes.append(f"{'/'.join(k for k in key[:3] if k)} {key[3]}: no longer listed")
