@@ -1,11 +1,15 @@
 """Prices: the ranked current offers across the clouds, and one offer's
-history. Any token reads them (prices are no team's secret)."""
+history. Any token reads them (prices are no team's secret). The router's
+lifespan runs the price tracker beside the app's reconciler."""
 from __future__ import annotations
 
+import logging
+import threading
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from pydantic import BaseModel
 
 from spotbroker.api.deps import SessionDep, get_principal
@@ -13,8 +17,36 @@ from spotbroker.api.errors import Problem
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
 from spotbroker.broker.pricing.settings import get_pricing_settings
+from spotbroker.broker.pricing.sources import build_source
+from spotbroker.broker.pricing.tracker import PriceTracker
 
-router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_principal)])
+log = logging.getLogger("spotbroker.pricing")
+
+
+@asynccontextmanager
+async def tracking(app: FastAPI):
+    """Refresh the configured sources in the background while the app runs."""
+    settings = get_pricing_settings()
+    sources = {}
+    for name in settings.sources:
+        try:
+            sources[name] = build_source(name, settings)
+        except Exception as exc:  # e.g. a cloud SDK not installed: the others still run
+            log.warning("prices: %s skipped (%s: %s)", name, type(exc).__name__, exc)
+    tracker = PriceTracker(app.state.session_factory, sources, settings, clock=app.state.clock)
+    stop = threading.Event()
+    # The snapshot was loaded when the app started: its next read is an interval away.
+    threads = tracker.start(stop, first_delay={"catalog": settings.catalog_interval})
+    app.state.price_tracker = tracker
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=settings.timeout + 5)
+
+
+router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_principal)], lifespan=tracking)
 
 
 class PriceOut(BaseModel):

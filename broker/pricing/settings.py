@@ -7,10 +7,10 @@ source at a local fake in tests and the demo).
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Annotated
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from typing_extensions import Annotated
 
 KNOWN_SOURCES = ("catalog", "aws", "gcp", "azure")
 

@@ -17,7 +17,8 @@ from sqlalchemy import and_, delete, exists, func, insert, select, update
 from sqlalchemy.orm import Session, aliased
 
 from spotbroker.broker.models import Offer, PriceOffer
-from spotbroker.broker.pricing.catalog import SOURCE as CATALOG, OfferRow
+from spotbroker.broker.pricing.catalog import SOURCE as CATALOG
+from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.normalise import QualityReport, clean
 
 Key = tuple[str, str, str, str]  # cloud, region, place, instance type
@@ -92,16 +93,19 @@ def apply_refresh(session: Session, source: str, rows: Iterable[OfferRow], now: 
         values = {"cloud": row.cloud, "region": row.region, "instance_type": row.instance_type,
                   "spot_price": row.spot_price, "ondemand_price": row.ondemand_price, "source": source,
                   **{name: getattr(row, name) for name in _SPEC}}
+        risk = {"risk": row.risk, "risk_source": row.risk_source}
         if old is None:
-            inserts.append({**values, "place": key[2], "observed_at": now, "checked_at": now, "listed": True})
+            inserts.append({**values, **risk, "place": key[2], "observed_at": now, "checked_at": now,
+                            "listed": True})
             result.new += 1
         elif _same(old.spot_price, row.spot_price) and _same(old.ondemand_price, row.ondemand_price) \
                 and old.listed:
-            updates.append({"id": old.id, **values, "checked_at": now})
+            updates.append({"id": old.id, **values, **risk, "checked_at": now})
             result.unchanged += 1
             continue
         else:
-            updates.append({"id": old.id, **values, "observed_at": now, "checked_at": now, "listed": True})
+            updates.append({"id": old.id, **values, **risk, "observed_at": now, "checked_at": now,
+                            "listed": True})
             result.changed += 1
         samples.append({**values, "observed_at": now})
         if len(result.changes) < keep_changes:
