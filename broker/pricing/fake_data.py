@@ -69,3 +69,82 @@ def azure_skus(scale: int = 1) -> list[dict[str, Any]]:
             sku["locations"].append(region)
             sku["locationInfo"].append({"location": region, "zones": ["1", "2", "3"], "zoneDetails": []})
     return list(by_size.values())
+
+
+# --- GCP ----------------------------------------------------------------------------------
+
+# The series name in each Compute Engine SKU description, per machine family
+# (GCP bills a GPU machine as its cores, its RAM and its GPUs).
+GCP_SERIES = {"a2-highgpu": "A2", "a2-megagpu": "A2 Mega", "a2-ultragpu": "A2 Ultra", "a3-highgpu": "A3",
+              "a3-edgegpu": "A3 Edge", "a3-megagpu": "A3 Mega", "a3-ultragpu": "A3 Ultra", "a4-highgpu": "A4",
+              "g2-standard": "G2"}
+GCP_GPU = {"A100": "Nvidia Tesla A100", "A100-80GB": "Nvidia Tesla A100 80GB", "H100": "Nvidia H100 80GB",
+           "H100-MEGA": "Nvidia H100 80GB Mega", "H200": "Nvidia H200 141GB", "B200": "Nvidia B200",
+           "L4": "Nvidia L4", "T4": "Nvidia Tesla T4", "V100": "Nvidia Tesla V100", "P100": "Nvidia Tesla P100",
+           "P4": "Nvidia Tesla P4"}
+
+
+def _gcp_sku(n: int, description: str, group: str, usage: str, region: str, price: float,
+             unit: str = "h") -> dict[str, Any]:
+    units, nanos = int(price), round((price - int(price)) * 1e9)
+    prefix = "Spot Preemptible " if usage == "Preemptible" else ""
+    return {"name": f"services/6F81-5844-456A/skus/{n:04X}-{n * 7919 % 65536:04X}-{n % 9973:04X}",
+            "skuId": f"{n:04X}-{n * 7919 % 65536:04X}-{n % 9973:04X}",
+            "description": f"{prefix}{description} running in {region}",
+            "category": {"serviceDisplayName": "Compute Engine", "resourceFamily": "Compute",
+                         "resourceGroup": group, "usageType": usage},
+            "serviceRegions": [region],
+            "pricingInfo": [{"summary": "", "effectiveTime": "2025-06-01T00:00:00Z", "currencyConversionRate": 1,
+                             "pricingExpression": {
+                                 "usageUnit": unit, "displayQuantity": 1, "baseUnit": "s",
+                                 "usageUnitDescription": "hour" if unit == "h" else "gibibyte hour",
+                                 "baseUnitDescription": "second", "baseUnitConversionFactor": 3600,
+                                 "tieredRates": [{"startUsageAmount": 0, "unitPrice": {
+                                     "currencyCode": "USD", "units": str(units), "nanos": nanos}}]}}],
+            "serviceProviderName": "Google", "geoTaxonomy": {"type": "REGIONAL", "regions": [region]}}
+
+
+def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
+    """Billing Catalog SKUs whose sums give the snapshot's machine prices:
+    per region, a core and a RAM SKU per series (the host price split half
+    and half) and a per-GPU SKU, on-demand and Spot, among others (a disk)."""
+    rows = _raw("gcp_vms_gpu.csv")
+    hosts: dict[tuple[str, str], dict[str, str]] = {}
+    gpus: dict[tuple[str, str], tuple[float, str, str]] = {}
+    for r in rows:
+        if r["InstanceType"]:
+            series = next((s for s in GCP_SERIES if r["InstanceType"].startswith(s)), None)
+            key = (series, r["Region"])
+            if series and float(r["vCPUs"]) > float(hosts.get(key, {"vCPUs": "0"})["vCPUs"]):
+                hosts[key] = r
+        elif r["AcceleratorName"] in GCP_GPU:
+            count = float(r["AcceleratorCount"])
+            key = (r["AcceleratorName"], r["Region"])
+            # The per-GPU price from the 8-GPU row (else the largest): the
+            # snapshot rounds each row to 5 digits, so a larger count loses least.
+            old = gpus.get(key, (0.0, "", ""))[0]
+            if old != 8 and (count == 8 or count > old):
+                gpus[key] = (count, r["Price"], r["SpotPrice"])
+    skus, n = [], 1
+    for region_copy in range(scale):
+        suffix = f"x{region_copy}" if region_copy else ""
+        for (series, region), r in sorted(hosts.items()):
+            for usage, column in (("OnDemand", "Price"), ("Preemptible", "SpotPrice")):
+                if not r[column]:
+                    continue
+                host = float(r[column])
+                core, ram = host / 2 / float(r["vCPUs"]), host / 2 / float(r["MemoryGiB"])
+                name = GCP_SERIES[series]
+                skus.append(_gcp_sku(n, f"{name} Instance Core", "CPU", usage, region + suffix, core))
+                skus.append(_gcp_sku(n + 1, f"{name} Instance Ram", "RAM", usage, region + suffix, ram, "GiBy.h"))
+                n += 2
+        for (gpu, region), (count, price, spot) in sorted(gpus.items()):
+            for usage, value in (("OnDemand", price), ("Preemptible", spot)):
+                if value:
+                    skus.append(_gcp_sku(n, f"{GCP_GPU[gpu]} GPU", "GPU", usage, region + suffix,
+                                         float(value) / count))
+                    n += 1
+            skus.append(_gcp_sku(n, "Storage PD Capacity", "PDStandard", "OnDemand", region + suffix, 0.04,
+                                 "GiBy.mo"))
+            n += 1
+    return skus

@@ -20,7 +20,7 @@ log = logging.getLogger("spotbroker.pricing")
 # Lower-cased spellings of the clouds' own names -> the one name. Checked in
 # order, most specific first (`a100 80gb` before `a100`).
 _ALIASES: list[tuple[str, str]] = [
-    (r"h100[- ]?mega", "H100-MEGA"),
+    (r"h100[- a-z0-9]*mega", "H100-MEGA"),
     (r"a100[- ]?80\s*gb", "A100-80GB"),
     (r"v100[- ]?32\s*gb", "V100-32GB"),
     (r"gh200", "GH200"),
