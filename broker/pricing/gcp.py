@@ -8,6 +8,7 @@ types and the zones that offer them are the bundled snapshot's.
 """
 from __future__ import annotations
 
+import logging
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from spotbroker.broker.pricing.fake_data import GCP_SERIES
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
 from spotbroker.broker.pricing.settings import PricingSettings
 
+log = logging.getLogger("spotbroker.pricing")
 SOURCE = "gcp"
 SERVICE = "services/6F81-5844-456A"  # Compute Engine
 _DESCRIPTION = re.compile(r"^(?:Spot Preemptible )?(?P<what>.+?) running in ")
@@ -105,10 +107,9 @@ class GcpSource:
                 accelerator=m.accelerator, accelerator_count=float(m.count), vcpus=m.vcpus, memory_gib=m.memory_gib,
                 spot_price=self._machine_price(m, parts, "Preemptible"),
                 ondemand_price=self._machine_price(m, parts, "OnDemand")))
-        regions = {m.region for m in self.machines}
-        served = set(prices)
-        for region in regions - served:
+        for region in sorted({m.region for m in self.machines} - set(prices)):
             report.note("region not served by the API")
+            log.info("prices: gcp no longer prices %s; its offers are unlisted", region)
         # Machines in regions the API no longer prices come out without prices
         # and are dropped: the source is the authority for all of GCP.
         return SourceAnswer(rows, {"gcp": None}, report)
