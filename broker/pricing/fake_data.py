@@ -148,3 +148,47 @@ def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
                                  "GiBy.mo"))
             n += 1
     return skus
+
+
+# --- AWS ----------------------------------------------------------------------------------
+
+def aws_products(scale: int = 1) -> list[dict[str, Any]]:
+    """Pricing API products (`get_products`) with the snapshot's on-demand prices."""
+    seen, out = set(), []
+    for r in _raw("aws_vms_gpu.csv"):
+        for region in _region_copies(r["Region"], scale):
+            if not r["Price"] or (r["InstanceType"], region) in seen:
+                continue
+            seen.add((r["InstanceType"], region))
+            sku = f"{abs(hash((r['InstanceType'], region))) % 10**12:012d}"
+            out.append({"product": {"productFamily": "Compute Instance", "sku": sku, "attributes": {
+                "instanceType": r["InstanceType"], "regionCode": region, "operatingSystem": "Linux",
+                "tenancy": "Shared", "preInstalledSw": "NA", "capacitystatus": "Used", "servicecode": "AmazonEC2",
+                "vcpu": str(int(float(r["vCPUs"]))), "memory": f"{float(r['MemoryGiB']):g} GiB",
+                "gpu": str(int(float(r["AcceleratorCount"] or 0)))}},
+                "serviceCode": "AmazonEC2", "version": "20251101000000", "publicationDate": "2025-11-01T00:00:00Z",
+                "terms": {"OnDemand": {f"{sku}.JRTCKXETXF": {
+                    "offerTermCode": "JRTCKXETXF", "sku": sku, "effectiveDate": "2025-11-01T00:00:00Z",
+                    "priceDimensions": {f"{sku}.JRTCKXETXF.6YS6EN2CT7": {
+                        "unit": "Hrs", "endRange": "Inf", "beginRange": "0", "rateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7",
+                        "description": f"${r['Price']} per On Demand Linux {r['InstanceType']} Instance Hour",
+                        "pricePerUnit": {"USD": r["Price"]}}}, "termAttributes": {}}}}})
+    return out
+
+
+def aws_spot_prices() -> dict[tuple[str, str], float]:
+    """(zone id, instance type) -> the snapshot's spot price."""
+    return {(r["AvailabilityZone"], r["InstanceType"]): float(r["SpotPrice"])
+            for r in _raw("aws_vms_gpu.csv") if r["SpotPrice"] and float(r["SpotPrice"]) > 0}
+
+
+def aws_advisor() -> dict[str, Any]:
+    """The Spot Instance Advisor feed's shape, a band per (region, type)."""
+    feed: dict[str, Any] = {}
+    for r in _raw("aws_vms_gpu.csv"):
+        band = sum(map(ord, r["InstanceType"] + r["Region"])) % 5
+        feed.setdefault(r["Region"], {"Linux": {}, "Windows": {}})["Linux"][r["InstanceType"]] = {"s": 70, "r": band}
+    return {"global_rate": "<10%", "ranges": [{"index": i, "label": label, "dots": i, "max": m} for i, (label, m) in
+                                              enumerate([("<5%", 5), ("5-10%", 11), ("10-15%", 16),
+                                                         ("15-20%", 22), (">20%", 100)])],
+            "spot_advisor": feed}

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
@@ -28,7 +31,8 @@ class FakeClouds:
     azure_skus: list[dict[str, Any]] = field(default_factory=list)
     gcp_skus: list[dict[str, Any]] = field(default_factory=list)
     aws_products: list[dict[str, Any]] = field(default_factory=list)
-    aws_scores: dict[str, int] = field(default_factory=dict)   # zone id -> score 1..10
+    aws_scores: dict[str, tuple[str, int]] = field(default_factory=dict)  # zone id -> (region, score 1..10)
+    aws_advisor: dict[str, Any] = field(default_factory=dict)  # the Spot Instance Advisor feed
     page_size: int = 100
     fail_page: int | None = None        # this page (1-based) of any list answers 500
     requests: list[str] = field(default_factory=list)
@@ -69,7 +73,9 @@ class FakeClouds:
         query = {k: v[-1] for k, v in parse_qs(url.query).items()}
         body = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
         self.requests.append(f"{method} {url.path}")
-        if url.path == "/api/retail/prices":
+        if url.path == "/spot-advisor-data.json":
+            self._send(h, 200, self.aws_advisor)
+        elif url.path == "/api/retail/prices":
             self._azure_prices(h, query)
         elif url.path.endswith("/providers/Microsoft.Compute/skus"):
             self._send(h, 200, {"value": self.azure_skus})
@@ -142,14 +148,35 @@ class FakeClouds:
         rows = "".join(
             f"<item><region>{region}</region><availabilityZoneId>{zone_id}</availabilityZoneId>"
             f"<score>{score}</score></item>"
-            for zone_id, (region, score) in sorted(self.aws_scores_by_region().items())
+            for zone_id, (region, score) in sorted(self.aws_scores.items())
             if not regions or region in regions)
         xml = (f'<?xml version="1.0" encoding="UTF-8"?><GetSpotPlacementScoresResponse '
                f'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>fake</requestId>'
                f"<spotPlacementScoreSet>{rows}</spotPlacementScoreSet></GetSpotPlacementScoresResponse>")
         self._send(h, 200, xml.encode(), "text/xml")
 
-    def aws_scores_by_region(self) -> dict[str, tuple[str, int]]:
-        """zone id -> (region, score); a zone id's region from its prefix is
-        not knowable here, so the scores are kept with their region."""
-        return {z: (r, s) for (r, z), s in ((k.split("|", 1), v) for k, v in self.aws_scores.items())}
+
+@contextmanager
+def moto_spot_prices(prices: dict[tuple[str, str], list[tuple[datetime, float]]]) -> Iterator[None]:
+    """Make moto's EC2 (running in this process) answer
+    `describe_spot_price_history` with these samples, keyed by (zone name,
+    instance type), instead of its placeholder 0.00001 of 2006."""
+    from moto.core.responses import ActionResult
+    from moto.ec2.responses.spot_instances import SpotInstances
+
+    original = SpotInstances.describe_spot_price_history
+
+    def answer(self: Any) -> ActionResult:
+        types = set(self._get_param("InstanceTypes", []))
+        region = self.region
+        history = [{"InstanceType": itype, "ProductDescription": "Linux/UNIX", "SpotPrice": f"{price:.6f}",
+                    "AvailabilityZone": zone, "Timestamp": at.strftime("%Y-%m-%dT%H:%M:%S.000Z")}
+                   for (zone, itype), samples in prices.items()
+                   if zone.startswith(region) and (not types or itype in types) for at, price in samples]
+        return ActionResult({"SpotPriceHistory": history})
+
+    SpotInstances.describe_spot_price_history = answer
+    try:
+        yield
+    finally:
+        SpotInstances.describe_spot_price_history = original

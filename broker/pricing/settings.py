@@ -39,6 +39,8 @@ class PricingSettings(BaseSettings):
     aws_regions: Annotated[list[str], NoDecode] = Field(default_factory=list)   # empty: all the API lists
     aws_endpoint_url: str | None = None        # EC2 (moto in tests)
     aws_pricing_endpoint_url: str | None = None
+    aws_scores_endpoint_url: str | None = None  # get_spot_placement_scores (a fake in tests: moto lacks it)
+    aws_advisor_url: str = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
     azure_prices_url: str = "https://prices.azure.com/api/retail/prices"
     azure_regions: Annotated[list[str], NoDecode] = Field(default_factory=list)
     azure_management_url: str | None = None

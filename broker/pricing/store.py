@@ -28,7 +28,9 @@ _SPEC = ("zone", "zone_id", "accelerator", "accelerator_count", "vcpus", "memory
 
 
 def place_of(zone: str | None, zone_id: str | None) -> str:
-    return zone or zone_id or ""
+    """The offer's place in its key: the zone id where there is one (AWS
+    zone names differ per account; ids do not), else the zone name."""
+    return zone_id or zone or ""
 
 
 def key_of(row: OfferRow) -> Key:
