@@ -146,12 +146,22 @@ def prune_history(session: Session, now: datetime, retention_days: float) -> int
 def history(session: Session, cloud: str, zone: str, instance_type: str, *, region: str | None = None,
             since: datetime | None = None, limit: int = 10_000) -> list[Offer]:
     """One offer's samples, oldest first; `zone` is a zone name, a zone id,
-    or the region for region-wide offers (Azure)."""
-    where = [Offer.cloud == cloud, Offer.instance_type == instance_type]
+    or the region for region-wide offers (Azure). The offer is found first,
+    so the samples are read by the history index's exact key."""
+    where = [PriceOffer.cloud == cloud, PriceOffer.instance_type == instance_type,
+             (PriceOffer.place == zone) | (PriceOffer.zone == zone)
+             | ((PriceOffer.place == "") & (PriceOffer.region == zone))]
     if region is not None:
-        where.append(Offer.region == region)
-    where.append((Offer.zone == zone) | (Offer.zone_id == zone)
-                 | (Offer.zone.is_(None) & Offer.zone_id.is_(None) & (Offer.region == zone)))
+        where.append(PriceOffer.region == region)
+    offer = session.execute(select(PriceOffer.region, PriceOffer.zone, PriceOffer.zone_id)
+                            .where(*where).limit(1)).first()
+    if offer is None:
+        return []
+    match = [Offer.cloud == cloud, Offer.instance_type == instance_type, Offer.region == offer.region]
+    if offer.zone_id is not None:  # the key (samples from the snapshot have no zone name)
+        match.append(Offer.zone_id == offer.zone_id)
+    else:
+        match += [Offer.zone_id.is_(None), Offer.zone == offer.zone if offer.zone else Offer.zone.is_(None)]
     if since is not None:
-        where.append(Offer.observed_at >= since)
-    return list(session.scalars(select(Offer).where(*where).order_by(Offer.observed_at, Offer.id).limit(limit)))
+        match.append(Offer.observed_at >= since)
+    return list(session.scalars(select(Offer).where(*match).order_by(Offer.observed_at, Offer.id).limit(limit)))
