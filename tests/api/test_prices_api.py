@@ -70,7 +70,7 @@ def test_history_is_the_series_of_changes(api, team_headers, settings):
     engine = make_engine(settings.sqlalchemy_url)
     factory = make_session_factory(engine)
     now = SYSTEM_CLOCK.now()
-    for minutes, spot in ((-60, 12.5), (-30, 11.0), (-20, 11.0), (-10, 13.25)):
+    for minutes, spot in ((10, 12.5), (20, 11.0), (30, 11.0), (40, 13.25)):
         row = OfferRow(cloud="aws", region="us-east-1", zone="us-east-1a", zone_id="use1-az6",
                        instance_type="p4d.24xlarge", accelerator="A100", accelerator_count=8, vcpus=96,
                        memory_gib=1152, spot_price=spot, ondemand_price=32.77)
@@ -80,8 +80,10 @@ def test_history_is_the_series_of_changes(api, team_headers, settings):
     r = api.get("/v1/prices/history", params={"cloud": "aws", "zone": "us-east-1a",
                                                "instance_type": "p4d.24xlarge"}, headers=h)
     assert r.status_code == 200, r.text
-    assert [s["spot_price"] for s in r.json()["samples"]] == [12.5, 11.0, 13.25]
-    assert all(s["source"] == "aws" for s in r.json()["samples"])
+    # The snapshot's price (the same offer, keyed by its zone id), then one
+    # sample per change of the live source's price.
+    assert [(s["source"], s["spot_price"]) for s in r.json()["samples"]] == [
+        ("catalog", 7.8799), ("aws", 12.5), ("aws", 11.0), ("aws", 13.25)]
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     top = api.get("/v1/prices", params={"cloud": "aws", "region": "us-east-1", "accelerator": "A100",
                                         "count": 8}, headers=admin).json()["offers"]
