@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.models import PriceOffer
-from spotbroker.broker.pricing import catalog, store
+from spotbroker.broker.pricing import catalog, normalise, store
 from spotbroker.broker.spec import Infra, JobSpec, ResourceSet, parse_amount
 
 OfferKey = tuple[str, str, str | None, str]  # cloud, region, zone name or id, instance type
@@ -69,8 +69,8 @@ def current_offers(session: Session, accelerator: str, count: float) -> list[Pri
     """The current, listed offers with exactly this accelerator shape."""
     return list(session.scalars(
         select(PriceOffer)
-        .where(func.lower(PriceOffer.accelerator) == accelerator.lower(), PriceOffer.accelerator_count == count,
-               PriceOffer.listed.is_(True))
+        .where(PriceOffer.accelerator == normalise.accelerator_name(accelerator),
+               PriceOffer.accelerator_count == count, PriceOffer.listed.is_(True))
         .order_by(PriceOffer.id)
     ))
 

@@ -12,10 +12,11 @@ import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.models import PriceOffer
+from spotbroker.broker.pricing.normalise import accelerator_name
 from spotbroker.broker.pricing.settings import KNOWN_SOURCES, PricingSettings
 
 MAX_LIMIT = 1000
@@ -73,7 +74,8 @@ def _filters(q: PriceQuery, price):
     if q.region:
         where.append(PriceOffer.region == q.region)
     if q.accelerator:
-        where.append(func.lower(PriceOffer.accelerator) == q.accelerator.lower())
+        # Names are stored normalised, so an exact match can use the shape index.
+        where.append(PriceOffer.accelerator == accelerator_name(q.accelerator))
     if q.count is not None:
         where.append(PriceOffer.accelerator_count == q.count)
     if q.max_price is not None:
