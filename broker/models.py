@@ -196,7 +196,7 @@ class PriceOffer(Base):
     __tablename__ = "price_offers"
     __table_args__ = (
         UniqueConstraint("cloud", "region", "place", "instance_type", name="uq_price_offers_key"),
-        Index("ix_price_offers_shape", "accelerator", "accelerator_count", "listed"),
+        Index("ix_price_offers_shape", "accelerator", "accelerator_count", "listed", "spot_price"),
         Index("ix_price_offers_spot", "listed", "spot_price"),
     )
 

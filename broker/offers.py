@@ -71,7 +71,7 @@ def current_offers(session: Session, accelerator: str, count: float) -> list[Pri
         select(PriceOffer)
         .where(PriceOffer.accelerator == normalise.accelerator_name(accelerator),
                PriceOffer.accelerator_count == count, PriceOffer.listed.is_(True))
-        .order_by(PriceOffer.id)
+        .order_by(PriceOffer.spot_price, PriceOffer.id)  # (the shape index's order)
     ))
 
 

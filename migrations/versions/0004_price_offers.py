@@ -42,7 +42,8 @@ def upgrade() -> None:
     sa.UniqueConstraint('cloud', 'region', 'place', 'instance_type', name='uq_price_offers_key')
     )
     with op.batch_alter_table('price_offers', schema=None) as batch_op:
-        batch_op.create_index('ix_price_offers_shape', ['accelerator', 'accelerator_count', 'listed'], unique=False)
+        batch_op.create_index('ix_price_offers_shape', ['accelerator', 'accelerator_count', 'listed', 'spot_price'],
+                              unique=False)
         batch_op.create_index('ix_price_offers_spot', ['listed', 'spot_price'], unique=False)
     op.create_table('price_source_leases',
     sa.Column('source', sa.String(length=32), nullable=False),
