@@ -229,11 +229,17 @@ def history_figures(factory, offers_by_cloud: dict[str, int]) -> None:
     print(f"    90-day series of one offer ({n:,} samples): p50 {p50:.2f} ms  p99 {p99:.2f} ms")
 
 
+class _Skip(Exception):
+    pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--offers", type=int, default=50_000)
     ap.add_argument("--kinds", default="sqlite,postgresql")
+    ap.add_argument("--parts", default="1,2,3", help="which figures: 1 query, 2 refresh, 3 history")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
     settings = PricingSettings(_env_file=None)
     for kind in args.kinds.split(","):
         with tempfile.TemporaryDirectory() as tmp:
@@ -243,12 +249,16 @@ def main() -> None:
             factory = make_session_factory(engine)
             try:
                 print(f"\n== {kind} ==")
+                if "1" not in parts:
+                    raise _Skip
                 rows = many_offers(args.offers)
                 took = load_offers(factory, rows)
                 print(f"  1. ranked offers over {len(rows):,} current offers (loaded in {took:.1f} s, "
                       f"{len(rows) / took:,.0f} rows/s)")
                 query_figures(factory, settings)
                 over_http(url, Path(tmp))
+            except _Skip:
+                pass
             finally:
                 engine.dispose()
                 drop()
@@ -259,15 +269,17 @@ def main() -> None:
             migrate.upgrade(engine)
             factory = make_session_factory(engine)
             try:
-                print("  2. full refresh from the local fakes")
-                refresh_figures(factory)
+                if "2" in parts:
+                    print("  2. full refresh from the local fakes")
+                    refresh_figures(factory)
                 with factory() as s:
                     from sqlalchemy import func, select
 
                     from spotbroker.broker.models import PriceOffer
                     counts = dict(s.execute(select(PriceOffer.cloud, func.count()).group_by(PriceOffer.cloud)).all())
-                print("  3. history")
-                history_figures(factory, counts)
+                if "3" in parts:
+                    print("  3. history")
+                    history_figures(factory, counts or {"aws": 1271, "azure": 1488, "gcp": 643})
             finally:
                 engine.dispose()
                 drop()

@@ -198,6 +198,7 @@ class PriceOffer(Base):
         UniqueConstraint("cloud", "region", "place", "instance_type", name="uq_price_offers_key"),
         Index("ix_price_offers_shape", "accelerator", "accelerator_count", "listed", "spot_price"),
         Index("ix_price_offers_spot", "listed", "spot_price"),
+        Index("ix_price_offers_place", "cloud", "instance_type", "place"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

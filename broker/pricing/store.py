@@ -143,18 +143,34 @@ def prune_history(session: Session, now: datetime, retention_days: float) -> int
     return gone.rowcount or 0
 
 
+@dataclass(frozen=True)
+class Sample:
+    observed_at: datetime
+    spot_price: float | None
+    ondemand_price: float | None
+    source: str
+
+
+def _find(session: Session, cloud: str, zone: str, instance_type: str, region: str | None):
+    """The offer `zone` names: by its key's place (a zone id or zone), else
+    by zone name, else as a region-wide offer; each step an indexed look-up."""
+    base = select(PriceOffer.region, PriceOffer.zone, PriceOffer.zone_id).where(
+        PriceOffer.cloud == cloud, PriceOffer.instance_type == instance_type,
+        *([PriceOffer.region == region] if region is not None else []))
+    for cond in (PriceOffer.place == zone, PriceOffer.zone == zone,
+                 (PriceOffer.place == "") & (PriceOffer.region == zone)):
+        found = session.execute(base.where(cond).limit(1)).first()
+        if found is not None:
+            return found
+    return None
+
+
 def history(session: Session, cloud: str, zone: str, instance_type: str, *, region: str | None = None,
-            since: datetime | None = None, limit: int = 10_000) -> list[Offer]:
+            since: datetime | None = None, limit: int = 10_000) -> list[Sample]:
     """One offer's samples, oldest first; `zone` is a zone name, a zone id,
     or the region for region-wide offers (Azure). The offer is found first,
     so the samples are read by the history index's exact key."""
-    where = [PriceOffer.cloud == cloud, PriceOffer.instance_type == instance_type,
-             (PriceOffer.place == zone) | (PriceOffer.zone == zone)
-             | ((PriceOffer.place == "") & (PriceOffer.region == zone))]
-    if region is not None:
-        where.append(PriceOffer.region == region)
-    offer = session.execute(select(PriceOffer.region, PriceOffer.zone, PriceOffer.zone_id)
-                            .where(*where).limit(1)).first()
+    offer = _find(session, cloud, zone, instance_type, region)
     if offer is None:
         return []
     match = [Offer.cloud == cloud, Offer.instance_type == instance_type, Offer.region == offer.region]
@@ -164,4 +180,6 @@ def history(session: Session, cloud: str, zone: str, instance_type: str, *, regi
         match += [Offer.zone_id.is_(None), Offer.zone == offer.zone if offer.zone else Offer.zone.is_(None)]
     if since is not None:
         match.append(Offer.observed_at >= since)
-    return list(session.scalars(select(Offer).where(*match).order_by(Offer.observed_at, Offer.id).limit(limit)))
+    rows = session.execute(select(Offer.observed_at, Offer.spot_price, Offer.ondemand_price, Offer.source)
+                           .where(*match).order_by(Offer.observed_at, Offer.id).limit(limit))
+    return [Sample(*r) for r in rows]

@@ -45,6 +45,7 @@ def upgrade() -> None:
         batch_op.create_index('ix_price_offers_shape', ['accelerator', 'accelerator_count', 'listed', 'spot_price'],
                               unique=False)
         batch_op.create_index('ix_price_offers_spot', ['listed', 'spot_price'], unique=False)
+        batch_op.create_index('ix_price_offers_place', ['cloud', 'instance_type', 'place'], unique=False)
     op.create_table('price_source_leases',
     sa.Column('source', sa.String(length=32), nullable=False),
     sa.Column('owner', sa.String(length=64), nullable=True),
@@ -60,5 +61,6 @@ def downgrade() -> None:
     op.drop_table('price_source_leases')
     with op.batch_alter_table('price_offers', schema=None) as batch_op:
         batch_op.drop_index('ix_price_offers_spot')
+        batch_op.drop_index('ix_price_offers_place')
         batch_op.drop_index('ix_price_offers_shape')
     op.drop_table('price_offers')
