@@ -66,13 +66,14 @@ def seed_from_catalog(session: Session, clock: Clock = SYSTEM_CLOCK) -> int:
 
 
 def current_offers(session: Session, accelerator: str, count: float) -> list[PriceOffer]:
-    """The current, listed offers with exactly this accelerator shape."""
-    return list(session.scalars(
+    """The current, listed offers with exactly this accelerator shape, in the
+    order they were first listed (ties in price keep that order). Sorted
+    here: an ORDER BY id would lead SQLite off the shape index."""
+    rows = session.scalars(
         select(PriceOffer)
         .where(PriceOffer.accelerator == normalise.accelerator_name(accelerator),
-               PriceOffer.accelerator_count == count, PriceOffer.listed.is_(True))
-        .order_by(PriceOffer.spot_price, PriceOffer.id)  # (the shape index's order)
-    ))
+               PriceOffer.accelerator_count == count, PriceOffer.listed.is_(True)))
+    return sorted(rows, key=lambda o: o.id)
 
 
 def _fits(offer: PriceOffer, want: ResourceSet, infra: Infra | None) -> bool:
