@@ -185,3 +185,54 @@ class SpotProbe(Base):
     instance_type: Mapped[str | None] = mapped_column(String(64))
     available: Mapped[bool] = mapped_column(Boolean)
     at: Mapped[datetime]
+
+
+class PriceOffer(Base):
+    """The current offer of one machine shape in one place, as the price
+    sources last saw it. Its history is the `offers` samples (one written
+    each time a price changes); `listed` turns false when the source that
+    owns it stops listing it, and then nothing is placed on it."""
+
+    __tablename__ = "price_offers"
+    __table_args__ = (
+        UniqueConstraint("cloud", "region", "place", "instance_type", name="uq_price_offers_key"),
+        Index("ix_price_offers_shape", "accelerator", "accelerator_count", "listed", "spot_price"),
+        Index("ix_price_offers_spot", "listed", "spot_price"),
+        Index("ix_price_offers_place", "cloud", "instance_type", "place"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    cloud: Mapped[str] = mapped_column(String(16))
+    region: Mapped[str] = mapped_column(String(64))
+    place: Mapped[str] = mapped_column(String(64))            # zone, else zone id, else "" (region-wide)
+    zone: Mapped[str | None] = mapped_column(String(64))
+    zone_id: Mapped[str | None] = mapped_column(String(64))
+    instance_type: Mapped[str] = mapped_column(String(64))
+    accelerator: Mapped[str | None] = mapped_column(String(32))
+    accelerator_count: Mapped[float] = mapped_column(Float, default=0)
+    vcpus: Mapped[float | None] = mapped_column(Float)
+    memory_gib: Mapped[float | None] = mapped_column(Float)
+    spot_price: Mapped[float | None] = mapped_column(Float)
+    ondemand_price: Mapped[float | None] = mapped_column(Float)
+    observed_at: Mapped[datetime]                             # since when these prices hold
+    checked_at: Mapped[datetime]                              # when a source last confirmed them
+    source: Mapped[str] = mapped_column(String(32))
+    listed: Mapped[bool] = mapped_column(Boolean, default=True)
+    # Published interruption risk: fraction of spot VMs interrupted per month
+    # (AWS advisor band, placement score, Azure eviction band); None: unknown.
+    risk: Mapped[float | None] = mapped_column(Float)
+    risk_source: Mapped[str | None] = mapped_column(String(32))
+
+
+class PriceSourceLease(Base):
+    """Which broker process refreshes a price source, until when, and how
+    its last refresh went (one row per source)."""
+
+    __tablename__ = "price_source_leases"
+
+    source: Mapped[str] = mapped_column(String(32), primary_key=True)
+    owner: Mapped[str | None] = mapped_column(String(64))
+    expires_at: Mapped[datetime | None]
+    last_run_at: Mapped[datetime | None]
+    last_ok_at: Mapped[datetime | None]
+    last_error: Mapped[str | None] = mapped_column(Text)

@@ -1,8 +1,9 @@
 """Offers: price samples per machine shape and place, and the first
 placement rule — the cheapest feasible offer.
 
-History is kept: a source appends samples, and the newest sample per key
-(cloud, region, zone, instance type) is the offer.
+The price sources (broker/pricing/) keep one current row per offer
+(`price_offers`) and a history sample each time a price changes (`offers`);
+placement reads the current rows that their source still lists.
 """
 from __future__ import annotations
 
@@ -10,12 +11,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.models import Offer
-from spotbroker.broker.pricing import catalog
+from spotbroker.broker.models import PriceOffer
+from spotbroker.broker.pricing import catalog, normalise, store
 from spotbroker.broker.spec import Infra, JobSpec, ResourceSet, parse_amount
 
 OfferKey = tuple[str, str, str | None, str]  # cloud, region, zone name or id, instance type
@@ -47,10 +48,11 @@ LOCAL_PLACEMENT = Placement(cloud="local", region=None, zone=None, zone_id=None,
 
 def record_samples(session: Session, rows: Iterable[catalog.OfferRow], source: str,
                    observed_at: datetime) -> int:
-    values = [dict(vars(r), source=source, observed_at=observed_at) for r in rows]
-    if values:
-        session.execute(insert(Offer), values)
-    return len(values)
+    """Apply a source's complete answer for every cloud in it; the offers written."""
+    rows = list(rows)
+    scope: store.Scope = {r.cloud: None for r in rows}
+    result = store.apply_refresh(session, source, rows, observed_at, scope)
+    return result.new + result.changed
 
 
 def seed_from_catalog(session: Session, clock: Clock = SYSTEM_CLOCK) -> int:
@@ -58,25 +60,23 @@ def seed_from_catalog(session: Session, clock: Clock = SYSTEM_CLOCK) -> int:
     if session.get_bind().dialect.name == "postgresql":
         # Brokers starting together on one database must not all load it.
         session.execute(text("SELECT pg_advisory_xact_lock(7040)"))
-    if session.scalar(select(func.count()).select_from(Offer).where(Offer.source == catalog.SOURCE)):
+    if session.scalar(select(func.count()).select_from(PriceOffer).where(PriceOffer.source == catalog.SOURCE)):
         return 0
     return record_samples(session, catalog.snapshot_rows(), catalog.SOURCE, clock.now())
 
 
-def current_offers(session: Session, accelerator: str, count: float) -> list[Offer]:
-    """The newest sample of each offer with exactly this accelerator shape."""
+def current_offers(session: Session, accelerator: str, count: float) -> list[PriceOffer]:
+    """The current, listed offers with exactly this accelerator shape, in the
+    order they were first listed (ties in price keep that order). Sorted
+    here: an ORDER BY id would lead SQLite off the shape index."""
     rows = session.scalars(
-        select(Offer)
-        .where(func.lower(Offer.accelerator) == accelerator.lower(), Offer.accelerator_count == count)
-        .order_by(Offer.observed_at)
-    ).all()
-    newest: dict[OfferKey, Offer] = {}
-    for o in rows:
-        newest[(o.cloud, o.region, o.zone or o.zone_id, o.instance_type)] = o
-    return list(newest.values())
+        select(PriceOffer)
+        .where(PriceOffer.accelerator == normalise.accelerator_name(accelerator),
+               PriceOffer.accelerator_count == count, PriceOffer.listed.is_(True)))
+    return sorted(rows, key=lambda o: o.id)
 
 
-def _fits(offer: Offer, want: ResourceSet, infra: Infra | None) -> bool:
+def _fits(offer: PriceOffer, want: ResourceSet, infra: Infra | None) -> bool:
     if infra is not None:
         if infra.cloud and offer.cloud != infra.cloud:
             return False
@@ -92,14 +92,14 @@ def _fits(offer: Offer, want: ResourceSet, infra: Infra | None) -> bool:
     return True
 
 
-def feasible_offers(session: Session, spec: JobSpec) -> list[tuple[Offer, ResourceSet]]:
+def feasible_offers(session: Session, spec: JobSpec) -> list[tuple[PriceOffer, ResourceSet]]:
     """Every current offer that fits one of the job's resource sets, with the set.
 
     `any_of` alternatives all count; of `ordered` ones only the first that
     has a feasible offer does (a later one is taken only when every earlier
     one has none).
     """
-    groups: list[list[tuple[Offer, ResourceSet]]] = []
+    groups: list[list[tuple[PriceOffer, ResourceSet]]] = []
     for want in spec.resources.alternatives():
         shape = want.accelerator
         if shape is None:
@@ -111,7 +111,7 @@ def feasible_offers(session: Session, spec: JobSpec) -> list[tuple[Offer, Resour
     return [pair for g in groups for pair in g]
 
 
-def placement_of(offer: Offer, want: ResourceSet, use_spot: bool) -> Placement | None:
+def placement_of(offer: PriceOffer, want: ResourceSet, use_spot: bool) -> Placement | None:
     """The offer as a placement on spot or on-demand, if it has that price and
     the price is within the resource set's cap."""
     price = offer.spot_price if use_spot else offer.ondemand_price

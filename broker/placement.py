@@ -237,13 +237,15 @@ class Placer:
         now_s = now.timestamp()
         join_s = 1.5 * s.placement_interval
 
-        def state(key: str, region: str, spot_price: float, od_price: float) -> ZoneState:
+        def state(key: str, region: str, spot_price: float, od_price: float,
+                  risk: float | None = None) -> ZoneState:
             # one history object per place for the pass: what is learnt during it reaches every job
             history = self._histories.setdefault(key, ZoneHistory(join_within_s=join_s))
-            return ZoneState(key, region, spot_price, od_price, history)
+            return ZoneState(key, region, spot_price, od_price, history, risk)
 
         if shape not in self._states:
-            self._states[shape] = sorted((state(key, offer.region, spot.price_per_hour, od.price_per_hour)
+            self._states[shape] = sorted((state(key, offer.region, spot.price_per_hour, od.price_per_hour,
+                                                offer.risk)
                                           for key, (offer, spot, od) in zones.items()),
                                          key=lambda z: (z.spot_price, z.zone))[:MAX_ZONES]
         states = list(self._states[shape])
@@ -262,7 +264,8 @@ class Placer:
             if all(z.zone != current.zone for z in states):  # the policy weighs what runs now too
                 if current.zone in zones:
                     offer, spot, od = zones[current.zone]
-                    states.append(state(current.zone, offer.region, spot.price_per_hour, od.price_per_hour))
+                    states.append(state(current.zone, offer.region, spot.price_per_hour, od.price_per_hour,
+                                        offer.risk))
                 else:  # its offer is gone from the catalog: judge it as it was bought, never as on-demand
                     states.append(state(current.zone, running.region or "*", running.price_per_hour, math.inf))
         return Observation(

@@ -25,7 +25,8 @@ def test_upgrade_check_downgrade(empty_url):
     assert not migrate.is_current(engine)
     migrate.upgrade(engine)
     assert migrate.is_current(engine)
-    assert {"teams", "api_tokens", "offers", "jobs", "attempts", "events"} <= set(inspect(engine).get_table_names())
+    assert {"teams", "api_tokens", "offers", "price_offers", "price_source_leases", "jobs", "attempts",
+            "events"} <= set(inspect(engine).get_table_names())
     cfg = migrate.alembic_config(empty_url)
     with engine.connect() as conn:
         cfg.attributes["connection"] = conn

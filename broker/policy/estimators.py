@@ -9,6 +9,12 @@ good enough to be worth a try (the way bandit algorithms explore), and a
 few hours of watching outweigh it. Censored spells (still going) count
 through their time, which is what keeps the estimate unbiased for
 exponential spells.
+
+Where a cloud publishes a zone's interruption risk, the prior's up spell is
+scaled by it relative to a typical zone: a monthly band says how zones
+compare, not how long the spells of this model are, so the scale is
+relative and bounded, and a zone with no published risk keeps the neutral
+prior (the traces carry none, so their figures do not move).
 """
 from __future__ import annotations
 
@@ -21,6 +27,19 @@ from spotbroker.broker.policy.model import ZoneHistory
 PRIOR_UP_S = 4 * 3600.0
 PRIOR_DOWN_S = 0.5 * 3600.0
 PRIOR_SPELLS = 1.0
+# A typical zone's published risk (AWS's advisor puts the average spot
+# interruption rate under 10 % a month); the prior's scale is bounded to
+# [1/4, 4] of the neutral one.
+TYPICAL_RISK = 0.10
+RISK_SCALE_BOUNDS = (0.25, 4.0)
+
+
+def prior_up_s(risk: float | None) -> float:
+    """The prior's mean up spell for a zone with this published risk."""
+    if risk is None or risk <= 0:
+        return PRIOR_UP_S if risk is None else PRIOR_UP_S * RISK_SCALE_BOUNDS[1]
+    low, high = RISK_SCALE_BOUNDS
+    return PRIOR_UP_S * min(high, max(low, TYPICAL_RISK / risk))
 
 
 @dataclass(frozen=True)
@@ -29,8 +48,8 @@ class ZoneEstimate:
     down_mean_s: float  # D: expected length of an outage
 
 
-def estimate(history: ZoneHistory) -> ZoneEstimate:
-    up = (history.seconds_up + PRIOR_UP_S * PRIOR_SPELLS) / (history.ups_lost + PRIOR_SPELLS)
+def estimate(history: ZoneHistory, risk: float | None = None) -> ZoneEstimate:
+    up = (history.seconds_up + prior_up_s(risk) * PRIOR_SPELLS) / (history.ups_lost + PRIOR_SPELLS)
     down = (history.seconds_down + PRIOR_DOWN_S * PRIOR_SPELLS) / (history.downs_ended + PRIOR_SPELLS)
     return ZoneEstimate(up, down)
 

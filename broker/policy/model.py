@@ -189,6 +189,10 @@ class ZoneState:
     spot_price: float  # $/h now
     on_demand_price: float  # $/h now
     history: ZoneHistory
+    # Published interruption risk (fraction of spot VMs interrupted per month:
+    # AWS advisor band, placement score, Azure eviction band); None where no
+    # one publishes one (and in the traces). It sets the estimators' prior.
+    risk: float | None = None
 
 
 @dataclass(frozen=True)

@@ -154,7 +154,7 @@ class SpotBroker:
     def _home(obs: Observation, slack: float) -> _Step:
         zones, W, d = obs.zones, obs.work_left_s, obs.restart_overhead_s
         here = obs.last_zone if obs.running is None else obs.running.zone
-        est = [estimate(z.history) for z in zones]
+        est = [estimate(z.history, z.risk) for z in zones]
         cheapest_od = min(z.on_demand_price for z in zones)
         # P(zone j is out at a random moment), from its learned spells
         p_down = [e.down_mean_s / (e.up_mean_s + e.down_mean_s) for e in est]

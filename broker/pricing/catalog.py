@@ -30,6 +30,10 @@ class OfferRow:
     memory_gib: float | None
     spot_price: float | None
     ondemand_price: float | None
+    # Published interruption risk, a fraction of spot VMs interrupted per
+    # month (live sources only; see broker/pricing/risk.py).
+    risk: float | None = None
+    risk_source: str | None = None
 
 
 def _price(text: str) -> float | None:

@@ -1,0 +1,145 @@
+"""Prices: the ranked current offers across the clouds, and one offer's
+history. Any token reads them (prices are no team's secret). The router's
+lifespan runs the price tracker beside the app's reconciler."""
+from __future__ import annotations
+
+import logging
+import threading
+from contextlib import asynccontextmanager
+from datetime import datetime, timedelta
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from pydantic import BaseModel
+
+from spotbroker.api.deps import SessionDep, get_principal
+from spotbroker.api.errors import Problem
+from spotbroker.broker.pricing import store
+from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
+from spotbroker.broker.pricing.settings import get_pricing_settings
+from spotbroker.broker.pricing.sources import build_source
+from spotbroker.broker.pricing.tracker import PriceTracker
+
+log = logging.getLogger("spotbroker.pricing")
+
+
+@asynccontextmanager
+async def tracking(app: FastAPI):
+    """Refresh the configured sources in the background while the app runs."""
+    settings = get_pricing_settings()
+    sources = {}
+    for name in settings.sources:
+        try:
+            sources[name] = build_source(name, settings)
+        except Exception as exc:  # e.g. a cloud SDK not installed: the others still run
+            log.warning("prices: %s skipped (%s: %s)", name, type(exc).__name__, exc)
+    tracker = PriceTracker(app.state.session_factory, sources, settings, clock=app.state.clock)
+    stop = threading.Event()
+    # The snapshot was loaded when the app started: its next read is an interval away.
+    threads = tracker.start(stop, first_delay={"catalog": settings.catalog_interval})
+    app.state.price_tracker = tracker
+    try:
+        yield
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=settings.timeout + 5)
+
+
+router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_principal)], lifespan=tracking)
+
+
+class PriceOut(BaseModel):
+    cloud: str
+    region: str
+    zone: str | None
+    zone_id: str | None
+    instance_type: str
+    accelerator: str | None
+    accelerator_count: float
+    vcpus: float | None
+    memory_gib: float | None
+    spot_price: float | None
+    on_demand_price: float | None
+    saving: float | None          # 1 - spot / on-demand
+    observed_at: datetime          # since when this price holds
+    checked_at: datetime           # when its source last confirmed it
+    age_seconds: float
+    source: str
+    stale: bool
+    risk: float | None             # published interruption frequency, fraction per month
+    risk_source: str | None
+
+
+class PricesOut(BaseModel):
+    offers: list[PriceOut]
+    next_cursor: str | None
+
+
+class SampleOut(BaseModel):
+    observed_at: datetime
+    spot_price: float | None
+    on_demand_price: float | None
+    source: str
+
+
+class HistoryOut(BaseModel):
+    cloud: str
+    zone: str
+    instance_type: str
+    samples: list[SampleOut]
+
+
+def _invalid(field: str, message: str) -> Problem:
+    return Problem(422, "Invalid request", f"invalid field(s): {field}", errors=[{"field": field, "message": message}])
+
+
+@router.get("/prices", response_model=PricesOut)
+def list_prices(
+    request: Request, session: SessionDep,
+    cloud: Annotated[str | None, Query(pattern="^(aws|gcp|azure)$")] = None,
+    region: Annotated[str | None, Query(max_length=64)] = None,
+    accelerator: Annotated[str | None, Query(max_length=32)] = None,
+    count: Annotated[float | None, Query(gt=0, le=64)] = None,
+    spot: bool = True,
+    max_price: Annotated[float | None, Query(gt=0)] = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> PricesOut:
+    """Current offers, fresh ones cheapest first (by the spot price, or the
+    on-demand one with `spot=false`), then stale ones; `next_cursor` pages on."""
+    now = request.app.state.clock.now()
+    q = PriceQuery(cloud, region, accelerator, count, spot, max_price, limit, cursor)
+    try:
+        page, next_cursor = ranked_prices(session, q, get_pricing_settings(), now)
+    except BadCursor as exc:
+        raise _invalid("cursor", str(exc)) from None
+    offers = []
+    for p in page:
+        o = p.offer
+        saving = round(1 - o.spot_price / o.ondemand_price, 4) if o.spot_price and o.ondemand_price else None
+        offers.append(PriceOut(
+            cloud=o.cloud, region=o.region, zone=o.zone, zone_id=o.zone_id, instance_type=o.instance_type,
+            accelerator=o.accelerator, accelerator_count=o.accelerator_count, vcpus=o.vcpus,
+            memory_gib=o.memory_gib, spot_price=o.spot_price, on_demand_price=o.ondemand_price, saving=saving,
+            observed_at=o.observed_at, checked_at=o.checked_at,
+            age_seconds=round((now - o.checked_at).total_seconds(), 1), source=o.source, stale=p.stale,
+            risk=o.risk, risk_source=o.risk_source))
+    return PricesOut(offers=offers, next_cursor=next_cursor)
+
+
+@router.get("/prices/history", response_model=HistoryOut)
+def price_history(
+    request: Request, session: SessionDep,
+    cloud: Annotated[str, Query(pattern="^(aws|gcp|azure)$")],
+    zone: Annotated[str, Query(min_length=1, max_length=64, description="zone, zone id, or region")],
+    instance_type: Annotated[str, Query(min_length=1, max_length=64)],
+    region: Annotated[str | None, Query(max_length=64)] = None,
+    days: Annotated[float, Query(gt=0, le=3650)] = 90,
+) -> HistoryOut:
+    """One offer's price samples, oldest first (one each time a price changed)."""
+    since = request.app.state.clock.now() - timedelta(days=days)
+    rows = store.history(session, cloud, zone, instance_type, region=region, since=since)
+    return HistoryOut(cloud=cloud, zone=zone, instance_type=instance_type, samples=[
+        SampleOut(observed_at=r.observed_at, spot_price=r.spot_price, on_demand_price=r.ondemand_price,
+                  source=r.source) for r in rows])

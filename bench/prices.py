@@ -1,0 +1,289 @@
+"""Price tracking figures (issue 12).
+
+    .venv/bin/python bench/prices.py [--offers 50000] [--kinds sqlite,postgresql]
+
+Prints, per database:
+1. the ranked-offers query over >= 50,000 current offers: p50/p99 in-process
+   (`ranked_prices`, the `/v1/prices` query; `rank_offers`, the placement
+   path) and over HTTP (`GET /v1/prices` on a real server);
+2. a full refresh of each live source from the local fakes at a real API's
+   volume (AWS ~30 regions through moto's server, Azure's GPU meters in 64
+   regions, GCP's SKUs for 128 regions): seconds, rows written per second,
+   peak Python memory (tracemalloc) of the refresh;
+3. history growth: samples per day at the default intervals with the change
+   rates stated below, simulated through the real write path, and the
+   query time of one offer's 90-day series.
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import tempfile
+import time
+import tracemalloc
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _db import temporary_database  # noqa: E402
+
+from spotbroker.broker import migrate  # noqa: E402
+from spotbroker.broker.db import make_engine, make_session_factory, transaction  # noqa: E402
+from spotbroker.broker.offers import rank_offers  # noqa: E402
+from spotbroker.broker.pricing import catalog, fake_data, fakes, store  # noqa: E402
+from spotbroker.broker.pricing.query import PriceQuery, ranked_prices  # noqa: E402
+from spotbroker.broker.pricing.settings import PricingSettings  # noqa: E402
+from spotbroker.broker.pricing.tracker import PriceTracker  # noqa: E402
+from spotbroker.broker.spec import JobSpec  # noqa: E402
+
+NOW = datetime(2026, 11, 25, tzinfo=UTC)
+# Change rates assumed for the history figure (per offer): AWS spot prices
+# move a few times a day since the 2017 smoothing (one change per 8 h here),
+# Azure and GCP spot prices about monthly (GCP: at most once in 30 days),
+# on-demand list prices a few times a year.
+CHANGES_PER_DAY = {"aws": 3.0, "azure": 1 / 30, "gcp": 1 / 30}
+
+
+def pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+def timed(fn, n: int) -> tuple[float, float]:
+    fn()  # warm
+    samples = []
+    for _ in range(n):
+        t = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t) * 1000)
+    return statistics.median(samples), pct(samples, 0.99)
+
+
+def many_offers(n: int) -> list[catalog.OfferRow]:
+    """`n` offers: the snapshot's real rows, repeated over made-up region copies."""
+    base = catalog.snapshot_rows()
+    rows, copy = [], 0
+    while len(rows) < n:
+        rows += [replace(r, region=f"{r.region}-{copy}" if copy else r.region) for r in base]
+        copy += 1
+    return rows[:n]
+
+
+def load_offers(factory, rows) -> float:
+    t = time.perf_counter()
+    for cloud in ("aws", "gcp", "azure"):
+        with transaction(factory) as s:
+            store.apply_refresh(s, "catalog", [r for r in rows if r.cloud == cloud], NOW, {cloud: None})
+    return time.perf_counter() - t
+
+
+def query_figures(factory, settings: PricingSettings) -> None:
+    queries = {
+        "A100:8 spot (the issue's example)": PriceQuery(accelerator="A100", count=8),
+        "no filter, limit 50": PriceQuery(),
+        "H100:8 on-demand, aws, <= $60/h": PriceQuery(accelerator="H100", count=8, spot=False, cloud="aws",
+                                                      max_price=60),
+        "L4, limit 1000": PriceQuery(accelerator="L4", limit=1000),
+    }
+    with factory() as s:
+        for name, q in queries.items():
+            p50, p99 = timed(lambda q=q: ranked_prices(s, q, settings, NOW), 200)
+            print(f"    ranked_prices {name:38} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+        spec = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "A100:8"}})
+        p50, p99 = timed(lambda: rank_offers(s, spec), 200)
+        print(f"    rank_offers (placement) A100:8                 p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+
+
+def serve(url: str, data_dir: Path):
+    """The real app on a real socket; (client, stop)."""
+    import socket
+    import threading
+
+    import httpx
+    import uvicorn
+
+    from spotbroker.api.app import create_app
+    from spotbroker.broker import auth
+    from spotbroker.broker.settings import Settings
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    settings = Settings(database_url=url, data_dir=data_dir, admin_token="bench-admin", port=port,
+                        local_launcher=False, secret_key="bench", _env_file=None)
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, run_reconciler=False), host="127.0.0.1",
+                                           port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.02)
+    engine = make_engine(url)
+    with transaction(make_session_factory(engine)) as s:
+        _, token = auth.create_team(s, "bench")
+    engine.dispose()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {token}"})
+
+    def stop() -> None:
+        client.close()
+        server.should_exit = True
+        thread.join(10)
+
+    return client, stop
+
+
+def over_http(url: str, data_dir: Path) -> None:
+    client, stop = serve(url, data_dir)
+    try:
+        for name, params in (("A100:8 spot", {"accelerator": "A100", "count": 8}), ("no filter", {}),
+                             ("L4, limit 1000", {"accelerator": "L4", "limit": 1000})):
+            def get(params=params):
+                r = client.get("/v1/prices", params=params)
+                assert r.status_code == 200, r.text
+            p50, p99 = timed(get, 200)
+            print(f"    GET /v1/prices {name:37} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+    finally:
+        stop()
+
+
+def refresh_figures(factory) -> None:
+    import boto3
+    from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
+    from moto.server import ThreadedMotoServer
+
+    from spotbroker.broker.pricing.aws import AwsSource
+    from spotbroker.broker.pricing.azure import AzureSource
+    from spotbroker.broker.pricing.gcp import GcpSource
+
+    fake = fakes.FakeClouds(azure_items=fake_data.azure_items(scale=8), gcp_skus=fake_data.gcp_skus(scale=4),
+                            aws_products=fake_data.aws_products(), aws_advisor=fake_data.aws_advisor(),
+                            page_size=1000).start()
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    host, port = moto.get_host_and_port()
+    names = {z.zone_id: z.name for zones in RegionsAndZonesBackend.zones.values() for z in zones}
+    spot = {(names[zid], t): [(NOW - timedelta(minutes=5), p)] for (zid, t), p in fake_data.aws_spot_prices().items()
+            if zid in names}
+    settings = PricingSettings(_env_file=None, aws_endpoint_url=f"http://{host}:{port}", timeout=60,
+                               aws_pricing_endpoint_url=fake.url, aws_scores_endpoint_url=fake.url,
+                               aws_advisor_url=f"{fake.url}/spot-advisor-data.json", gcp_endpoint=fake.url)
+    session = boto3.session.Session(aws_access_key_id="bench", aws_secret_access_key="bench")
+    sources = {"aws": AwsSource(settings, session=session),
+               "azure": AzureSource(f"{fake.url}/api/retail/prices", regions=[], timeout=60),
+               "gcp": GcpSource.from_settings(settings)}
+    print(f"  inputs: Azure {len(fake.azure_items):,} meters, GCP {len(fake.gcp_skus):,} SKUs, "
+          f"AWS {len(fake.aws_products):,} products + moto's regions")
+    tracker = PriceTracker(factory, sources, settings)
+    total = 0.0
+    try:
+        with fakes.moto_spot_prices(spot):
+            for name in sources:
+                tracemalloc.start()
+                t = time.perf_counter()
+                result = tracker.refresh(name, force=True)
+                took = time.perf_counter() - t
+                peak = tracemalloc.get_traced_memory()[1] / 2**20
+                tracemalloc.stop()
+                total += took
+                written = result.new + result.changed + result.samples
+                print(f"    {name:6} {took:6.1f} s  {result.new:6,} offers  {written / took:8,.0f} rows/s  "
+                      f"peak {peak:6.1f} MB (Python heap)")
+    finally:
+        moto.stop()
+        fake.stop()
+    print(f"    all three: {total:.1f} s")
+
+
+def history_figures(factory, offers_by_cloud: dict[str, int]) -> None:
+    settings = PricingSettings(_env_file=None)
+    per_day = {c: n * CHANGES_PER_DAY[c] for c, n in offers_by_cloud.items()}
+    refreshes = {c: 86400 / settings.interval(c) for c in offers_by_cloud}
+    print("    samples per day (offers x changes a day): " + ", ".join(
+        f"{c} {per_day[c]:,.0f} ({offers_by_cloud[c]:,} offers, {refreshes[c]:.0f} refreshes)" for c in per_day)
+        + f"; total {sum(per_day.values()):,.0f}/day, {90 * sum(per_day.values()):,.0f} rows in 90 days")
+    # Through the real write path: one simulated day of AWS refreshes every
+    # 5 minutes, each offer changing with the stated probability per refresh.
+    rows = [r for r in catalog.snapshot_rows() if r.cloud == "aws"]
+    rng, p = random.Random(7), CHANGES_PER_DAY["aws"] / refreshes["aws"]
+    written = 0
+    for i in range(int(refreshes["aws"])):
+        rows = [replace(r, spot_price=round(r.spot_price * rng.uniform(0.95, 1.05), 6))
+                if r.spot_price and rng.random() < p else r for r in rows]
+        with transaction(factory) as s:
+            written += store.apply_refresh(s, "aws", rows, NOW + timedelta(seconds=300 * i), {"aws": None}).samples
+    print(f"    one simulated day of AWS refreshes ({len(rows):,} offers, every 5 min): {written:,} samples "
+          f"written (first refresh {len(rows):,} + changes)")
+    # One offer's 90-day series among the rest: an hourly change for 90 days.
+    key = rows[0]
+    with transaction(factory) as s:
+        for h in range(90 * 24):
+            store.apply_refresh(s, "aws", [replace(key, spot_price=round(1 + (h % 17) / 100, 4))],
+                                NOW + timedelta(days=2, hours=h), {"aws": frozenset()})
+    with factory() as s:
+        n = len(store.history(s, "aws", key.zone_id, key.instance_type))
+        p50, p99 = timed(lambda: store.history(s, "aws", key.zone_id, key.instance_type,
+                                               since=NOW + timedelta(days=2)), 100)
+    print(f"    90-day series of one offer ({n:,} samples): p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+
+
+class _Skip(Exception):
+    pass
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--offers", type=int, default=50_000)
+    ap.add_argument("--kinds", default="sqlite,postgresql")
+    ap.add_argument("--parts", default="1,2,3", help="which figures: 1 query, 2 refresh, 3 history")
+    args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    settings = PricingSettings(_env_file=None)
+    for kind in args.kinds.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            url, drop = temporary_database(kind, Path(tmp))
+            engine = make_engine(url)
+            migrate.upgrade(engine)
+            factory = make_session_factory(engine)
+            try:
+                print(f"\n== {kind} ==")
+                if "1" not in parts:
+                    raise _Skip
+                rows = many_offers(args.offers)
+                took = load_offers(factory, rows)
+                print(f"  1. ranked offers over {len(rows):,} current offers (loaded in {took:.1f} s, "
+                      f"{len(rows) / took:,.0f} rows/s)")
+                query_figures(factory, settings)
+                over_http(url, Path(tmp))
+            except _Skip:
+                pass
+            finally:
+                engine.dispose()
+                drop()
+            url, drop = temporary_database(kind, Path(tmp) / "r" if kind == "sqlite" else Path(tmp))
+            if kind == "sqlite":
+                (Path(tmp) / "r").mkdir()
+            engine = make_engine(url)
+            migrate.upgrade(engine)
+            factory = make_session_factory(engine)
+            try:
+                if "2" in parts:
+                    print("  2. full refresh from the local fakes")
+                    refresh_figures(factory)
+                with factory() as s:
+                    from sqlalchemy import func, select
+
+                    from spotbroker.broker.models import PriceOffer
+                    counts = dict(s.execute(select(PriceOffer.cloud, func.count()).group_by(PriceOffer.cloud)).all())
+                if "3" in parts:
+                    print("  3. history")
+                    history_figures(factory, counts or {"aws": 1271, "azure": 1488, "gcp": 643})
+            finally:
+                engine.dispose()
+                drop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""AWS through boto3 and the standard credential chain: spot prices per
+region (`describe_spot_price_history`, newest per AZ and type), GPU specs
+(`describe_instance_types`) and on-demand prices (the Pricing API's
+`get_products`) on the slower list interval, and the risk signals: spot
+placement scores per AZ and the Spot Instance Advisor's interruption band.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import httpx
+
+from spotbroker.broker.pricing import risk
+from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
+from spotbroker.broker.pricing.catalog import OfferRow
+from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
+from spotbroker.broker.pricing.settings import PricingSettings
+
+log = logging.getLogger("spotbroker.pricing")
+SOURCE = "aws"
+_LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
+
+
+@dataclass(frozen=True)
+class Spec:
+    accelerator: str
+    count: float
+    vcpus: float
+    memory_gib: float
+
+
+class AwsSource:
+    name = SOURCE
+
+    def __init__(self, settings: PricingSettings, session=None) -> None:
+        import boto3
+        from botocore.config import Config
+
+        self.settings = settings
+        self.session = session or boto3.session.Session()
+        self.config = Config(connect_timeout=settings.timeout, read_timeout=settings.timeout,
+                             retries={"max_attempts": 2, "mode": "standard"})
+        self._lists: tuple[float, dict[str, Spec], dict[tuple[str, str], float]] | None = None
+
+    @classmethod
+    def from_settings(cls, settings: PricingSettings) -> AwsSource:
+        return cls(settings)
+
+    def _client(self, service: str, region: str, endpoint: str | None):
+        return self.session.client(service, region_name=region, endpoint_url=endpoint, config=self.config)
+
+    def fetch(self) -> SourceAnswer:
+        from botocore.exceptions import EndpointConnectionError, NoCredentialsError, NoRegionError
+
+        report = QualityReport()
+        try:
+            ec2 = self._client("ec2", "us-east-1", self.settings.aws_endpoint_url)
+            regions = self.settings.aws_regions or sorted(
+                r["RegionName"] for r in ec2.describe_regions()["Regions"])
+        except (NoCredentialsError, NoRegionError) as exc:
+            raise SourceUnavailable(f"no AWS credentials ({type(exc).__name__})") from exc
+        except EndpointConnectionError as exc:
+            raise SourceUnavailable(f"AWS unreachable ({exc})") from exc
+        specs, ondemand = self._list_prices(ec2, regions, report)
+        advisor = self._advisor(report)
+        rows = []
+        for region in regions:
+            ec2r = self._client("ec2", region, self.settings.aws_endpoint_url)
+            zone_ids = {z["ZoneName"]: z["ZoneId"] for z in ec2r.describe_availability_zones()["AvailabilityZones"]}
+            scores = self._scores(region, list(specs), report)
+            for (zone, itype), price in self._spot_prices(ec2r, list(specs)).items():
+                spec, zone_id = specs[itype], zone_ids.get(zone)
+                band = advisor.get((region, itype))
+                rows.append(OfferRow(
+                    cloud="aws", region=region, zone=zone, zone_id=zone_id, instance_type=itype,
+                    accelerator=spec.accelerator, accelerator_count=spec.count, vcpus=spec.vcpus,
+                    memory_gib=spec.memory_gib, spot_price=price, ondemand_price=ondemand.get((region, itype)),
+                    risk=risk.combine(band, scores.get(zone_id)),
+                    risk_source="aws-advisor+score" if band is not None and zone_id in scores
+                    else "aws-advisor" if band is not None else "aws-score" if zone_id in scores else None))
+        scope = {"aws": frozenset(regions) if self.settings.aws_regions else None}
+        return SourceAnswer(rows, scope, report)
+
+    # --- specs and on-demand prices: on the list interval -------------------------------
+
+    def _list_prices(self, ec2, regions: list[str], report: QualityReport):
+        if self._lists is not None and time.monotonic() - self._lists[0] < self.settings.aws_list_interval:
+            return self._lists[1], self._lists[2]
+        specs: dict[str, Spec] = {}
+        for page in ec2.get_paginator("describe_instance_types").paginate():
+            for t in page["InstanceTypes"]:
+                gpus = (t.get("GpuInfo") or {}).get("Gpus") or []
+                if not gpus or gpus[0].get("Manufacturer") != "NVIDIA":
+                    continue
+                name = _aws_gpu_name(gpus[0])
+                specs[t["InstanceType"]] = Spec(name, float(sum(g["Count"] for g in gpus)),
+                                                float(t["VCpuInfo"]["DefaultVCpus"]),
+                                                t["MemoryInfo"]["SizeInMiB"] / 1024)
+        ondemand = self._ondemand(sorted(specs), set(regions), report)
+        self._lists = (time.monotonic(), specs, ondemand)
+        return specs, ondemand
+
+    def _ondemand(self, types: list[str], regions: set[str], report: QualityReport) -> dict[tuple[str, str], float]:
+        pricing = self._client("pricing", "us-east-1", self.settings.aws_pricing_endpoint_url)
+        out: dict[tuple[str, str], float] = {}
+        base = [("operatingSystem", "Linux"), ("tenancy", "Shared"), ("preInstalledSw", "NA"),
+                ("capacitystatus", "Used")]
+        for itype in types:
+            filters = [{"Type": "TERM_MATCH", "Field": f, "Value": v} for f, v in [*base, ("instanceType", itype)]]
+            for page in pricing.get_paginator("get_products").paginate(ServiceCode="AmazonEC2", Filters=filters):
+                for raw in page["PriceList"]:
+                    product = json.loads(raw) if isinstance(raw, str) else raw
+                    region = product["product"]["attributes"].get("regionCode")
+                    if region in regions:
+                        price = _hourly_usd(product, report)
+                        if price is not None:
+                            out[(region, itype)] = price
+        return out
+
+    # --- per region: spot prices and placement scores ----------------------------------
+
+    @staticmethod
+    def _spot_prices(ec2r, types: list[str]) -> dict[tuple[str, str], float]:
+        """The newest Linux spot price per (zone, type) of the last day."""
+        newest: dict[tuple[str, str], tuple[datetime, float]] = {}
+        since = datetime.now(UTC) - timedelta(days=1)
+        pages = ec2r.get_paginator("describe_spot_price_history").paginate(
+            InstanceTypes=types, ProductDescriptions=["Linux/UNIX"], StartTime=since)
+        for page in pages:
+            for p in page["SpotPriceHistory"]:
+                if p["ProductDescription"] not in _LINUX:
+                    continue
+                key, at = (p["AvailabilityZone"], p["InstanceType"]), p["Timestamp"]
+                if key not in newest or at > newest[key][0]:
+                    newest[key] = (at, float(p["SpotPrice"]))
+        return {k: price for k, (_, price) in newest.items()}
+
+    def _scores(self, region: str, types: list[str], report: QualityReport) -> dict[str, float]:
+        """zone id -> risk from the spot placement score of one GPU VM there."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        client = self._client("ec2", region, self.settings.aws_scores_endpoint_url or self.settings.aws_endpoint_url)
+        out: dict[str, float] = {}
+        try:
+            answer = client.get_spot_placement_scores(InstanceTypes=types[:10] or ["p4d.24xlarge"],
+                                                      TargetCapacity=1, SingleAvailabilityZone=True,
+                                                      RegionNames=[region])
+        except (BotoCoreError, ClientError) as exc:
+            report.note(f"no placement scores ({type(exc).__name__})")
+            return out
+        for s in answer.get("SpotPlacementScores", []):
+            value = risk.from_placement_score(int(s["Score"]))
+            if s.get("AvailabilityZoneId") and value is not None:
+                out[s["AvailabilityZoneId"]] = value
+        return out
+
+    def _advisor(self, report: QualityReport) -> dict[tuple[str, str], float]:
+        """(region, type) -> risk from the Spot Instance Advisor's band."""
+        try:
+            r = httpx.get(self.settings.aws_advisor_url, timeout=self.settings.timeout)
+            r.raise_for_status()
+            feed = r.json()["spot_advisor"]
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            report.note(f"no spot advisor feed ({type(exc).__name__})")
+            return {}
+        out = {}
+        for region, by_os in feed.items():
+            for itype, entry in (by_os.get("Linux") or {}).items():
+                value = risk.from_advisor_band(int(entry.get("r", -1)))
+                if value is not None:
+                    out[(region, itype)] = value
+        return out
+
+
+def _aws_gpu_name(gpu: dict[str, Any]) -> str:
+    """`A100` with 80 GiB is the A100-80GB; `V100` with 32 GiB the V100-32GB."""
+    name, mib = gpu.get("Name", ""), (gpu.get("MemoryInfo") or {}).get("SizeInMiB", 0)
+    if name in ("A100", "V100") and mib >= (81920 if name == "A100" else 32768):
+        name = f"{name}-{mib // 1024}GB"
+    return accelerator_name(name) or name
+
+
+def _hourly_usd(product: dict[str, Any], report: QualityReport) -> float | None:
+    for term in (product.get("terms", {}).get("OnDemand") or {}).values():
+        for dim in term.get("priceDimensions", {}).values():
+            if dim.get("unit") != "Hrs":
+                continue
+            usd = dim.get("pricePerUnit", {}).get("USD")
+            if usd is None:
+                report.note("not in USD")
+                return None
+            if float(usd) <= 0:
+                report.note("placeholder zero price")
+                return None
+            return float(usd)
+    return None

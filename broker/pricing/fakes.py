@@ -1,0 +1,182 @@
+"""Local HTTP fakes of the clouds' price APIs, with the real response shapes
+and paging, for the tests, the demo and bench/prices.py. Their prices come
+from the bundled snapshot (real catalog rows), so what a test reads back is
+what a cloud once charged.
+
+One server answers every API on its own path:
+- Azure Retail Prices: `GET /api/retail/prices` (`Items`, `NextPageLink`);
+- Azure management: `GET /subscriptions/{id}/providers/Microsoft.Compute/skus`;
+- GCP Cloud Billing Catalog: `GET /v1/services/{service}/skus` (`nextPageToken`);
+- AWS Pricing API: `POST /` with `X-Amz-Target: AWSPriceListService.GetProducts`,
+  and EC2 `GetSpotPlacementScores` (form-encoded, XML answer) on `/ec2`.
+A test can make a page fail (`fail_page`) to check that nothing half-written
+lands.
+"""
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlencode, urlparse
+
+
+@dataclass
+class FakeClouds:
+    azure_items: list[dict[str, Any]] = field(default_factory=list)
+    azure_skus: list[dict[str, Any]] = field(default_factory=list)
+    gcp_skus: list[dict[str, Any]] = field(default_factory=list)
+    aws_products: list[dict[str, Any]] = field(default_factory=list)
+    aws_scores: dict[str, tuple[str, int]] = field(default_factory=dict)  # zone id -> (region, score 1..10)
+    aws_advisor: dict[str, Any] = field(default_factory=dict)  # the Spot Instance Advisor feed
+    page_size: int = 100
+    fail_page: int | None = None        # this page (1-based) of any list answers 500
+    requests: list[str] = field(default_factory=list)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}"
+
+    def start(self) -> FakeClouds:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
+                fake._answer(self, "GET")
+
+            def do_POST(self) -> None:  # noqa: N802
+                fake._answer(self, "POST")
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True, name="fake-clouds").start()
+        return self
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    # --- dispatch ------------------------------------------------------------------------
+
+    def _answer(self, h: BaseHTTPRequestHandler, method: str) -> None:
+        url = urlparse(h.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query).items()}
+        body = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
+        self.requests.append(f"{method} {url.path}")
+        if url.path == "/spot-advisor-data.json":
+            self._send(h, 200, self.aws_advisor)
+        elif url.path == "/api/retail/prices":
+            self._azure_prices(h, query)
+        elif url.path.endswith("/providers/Microsoft.Compute/skus"):
+            self._send(h, 200, {"value": self.azure_skus})
+        elif url.path.startswith("/v1/services/") and url.path.endswith("/skus"):
+            self._gcp_skus(h, query)
+        elif method == "POST" and h.headers.get("X-Amz-Target", "").endswith("GetProducts"):
+            self._aws_products(h, json.loads(body or b"{}"))
+        elif method == "POST" and b"Action=GetSpotPlacementScores" in body:
+            self._aws_scores(h, {k: v[-1] for k, v in parse_qs(body.decode()).items()})
+        else:
+            self._send(h, 404, {"error": f"no fake for {method} {url.path}"})
+
+    def _page(self, items: list[Any], start: int) -> tuple[list[Any], int | None, bool]:
+        """(this page, the next start or None, whether this page fails)."""
+        page_no = start // self.page_size + 1
+        chunk = items[start:start + self.page_size]
+        nxt = start + self.page_size if start + self.page_size < len(items) else None
+        return chunk, nxt, self.fail_page == page_no
+
+    @staticmethod
+    def _send(h: BaseHTTPRequestHandler, status: int, body: Any, content_type: str = "application/json") -> None:
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        h.send_response(status)
+        h.send_header("Content-Type", content_type)
+        h.send_header("Content-Length", str(len(raw)))
+        h.end_headers()
+        h.wfile.write(raw)
+
+    # --- the APIs ------------------------------------------------------------------------
+
+    def _azure_prices(self, h: BaseHTTPRequestHandler, query: dict[str, str]) -> None:
+        items = self.azure_items
+        flt = query.get("$filter", "")
+        if "armRegionName eq '" in flt:
+            region = flt.split("armRegionName eq '")[1].split("'")[0]
+            items = [i for i in items if i["armRegionName"] == region]
+        chunk, nxt, fail = self._page(items, int(query.get("$skip", 0)))
+        if fail:
+            return self._send(h, 500, {"error": "internal"})
+        next_link = None
+        if nxt is not None:
+            host, port = h.server.server_address[:2]
+            next_link = f"http://{host}:{port}/api/retail/prices?" + urlencode(
+                {"api-version": query.get("api-version", ""), "$filter": flt, "$skip": nxt})
+        self._send(h, 200, {"BillingCurrency": "USD", "CustomerEntityId": "Default",
+                            "CustomerEntityType": "Retail", "Items": chunk, "NextPageLink": next_link,
+                            "Count": len(chunk)})
+
+    def _gcp_skus(self, h: BaseHTTPRequestHandler, query: dict[str, str]) -> None:
+        chunk, nxt, fail = self._page(self.gcp_skus, int(query.get("pageToken") or 0))
+        if fail:
+            return self._send(h, 500, {"error": {"code": 500, "message": "internal", "status": "INTERNAL"}})
+        self._send(h, 200, {"skus": chunk, "nextPageToken": "" if nxt is None else str(nxt)})
+
+    def _aws_products(self, h: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
+        wanted = {f["Field"]: f["Value"] for f in req.get("Filters", [])}
+        items = [p for p in self.aws_products
+                 if all(p["product"]["attributes"].get(k) == v for k, v in wanted.items())]
+        chunk, nxt, fail = self._page(items, int(req.get("NextToken") or 0))
+        if fail:
+            return self._send(h, 500, {"__type": "InternalErrorException", "Message": "internal"},
+                              "application/x-amz-json-1.1")
+        body: dict[str, Any] = {"FormatVersion": "aws_v1", "PriceList": [json.dumps(p) for p in chunk]}
+        if nxt is not None:
+            body["NextToken"] = str(nxt)
+        self._send(h, 200, body, "application/x-amz-json-1.1")
+
+    def _aws_scores(self, h: BaseHTTPRequestHandler, form: dict[str, str]) -> None:
+        regions = {v for k, v in form.items() if k.startswith("RegionName")}
+        rows = "".join(
+            f"<item><region>{region}</region><availabilityZoneId>{zone_id}</availabilityZoneId>"
+            f"<score>{score}</score></item>"
+            for zone_id, (region, score) in sorted(self.aws_scores.items())
+            if not regions or region in regions)
+        xml = (f'<?xml version="1.0" encoding="UTF-8"?><GetSpotPlacementScoresResponse '
+               f'xmlns="http://ec2.amazonaws.com/doc/2016-11-15/"><requestId>fake</requestId>'
+               f"<spotPlacementScoreSet>{rows}</spotPlacementScoreSet></GetSpotPlacementScoresResponse>")
+        self._send(h, 200, xml.encode(), "text/xml")
+
+
+@contextmanager
+def moto_spot_prices(prices: dict[tuple[str, str], list[tuple[datetime, float]]]) -> Iterator[None]:
+    """Make moto's EC2 (running in this process) answer
+    `describe_spot_price_history` with these samples, keyed by (zone name,
+    instance type), instead of its placeholder 0.00001 of 2006."""
+    from moto.core.responses import ActionResult
+    from moto.ec2.responses.spot_instances import SpotInstances
+
+    original = SpotInstances.describe_spot_price_history
+
+    def answer(self: Any) -> ActionResult:
+        types = set(self._get_param("InstanceTypes", []))
+        region = self.region
+        history = [{"InstanceType": itype, "ProductDescription": "Linux/UNIX", "SpotPrice": f"{price:.6f}",
+                    "AvailabilityZone": zone, "Timestamp": at.strftime("%Y-%m-%dT%H:%M:%S.000Z")}
+                   for (zone, itype), samples in prices.items()
+                   if zone.startswith(region) and (not types or itype in types) for at, price in samples]
+        return ActionResult({"SpotPriceHistory": history})
+
+    SpotInstances.describe_spot_price_history = answer
+    try:
+        yield
+    finally:
+        SpotInstances.describe_spot_price_history = original

@@ -1,0 +1,38 @@
+"""The price sources by name, built from the settings. Cloud SDKs are
+imported only when their source is turned on."""
+from __future__ import annotations
+
+from spotbroker.broker.pricing import catalog
+from spotbroker.broker.pricing.base import Source, SourceAnswer
+from spotbroker.broker.pricing.settings import PricingSettings
+
+
+class CatalogSource:
+    """The bundled snapshot: the fallback that never goes away."""
+
+    name = catalog.SOURCE
+
+    def fetch(self) -> SourceAnswer:
+        return SourceAnswer(catalog.snapshot_rows(), {"aws": None, "gcp": None, "azure": None})
+
+
+def build_source(name: str, settings: PricingSettings) -> Source:
+    if name == "catalog":
+        return CatalogSource()
+    if name == "azure":
+        from spotbroker.broker.pricing.azure import AzureSource
+
+        return AzureSource.from_settings(settings)
+    if name == "gcp":
+        from spotbroker.broker.pricing.gcp import GcpSource
+
+        return GcpSource.from_settings(settings)
+    if name == "aws":
+        from spotbroker.broker.pricing.aws import AwsSource
+
+        return AwsSource.from_settings(settings)
+    raise ValueError(f"unknown price source {name!r}")
+
+
+def build_sources(settings: PricingSettings, names: list[str] | None = None) -> dict[str, Source]:
+    return {name: build_source(name, settings) for name in (names or settings.sources)}

@@ -1,0 +1,137 @@
+"""The price tracker: each source refreshed on its own interval, in a
+background thread of its own, so a slow cloud never delays another, the API
+or the reconciler.
+
+Brokers sharing one database take turns through a lease row per source
+(`price_source_leases`): a refresher stamps itself owner until an expiry,
+and only when the source is due; the others skip it. The network calls run
+outside any transaction; the answer is then written in one.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.db import transaction
+from spotbroker.broker.models import PriceSourceLease
+from spotbroker.broker.pricing import store
+from spotbroker.broker.pricing.base import Source, SourceUnavailable
+from spotbroker.broker.pricing.settings import PricingSettings
+
+log = logging.getLogger("spotbroker.pricing")
+_PRUNE_EVERY = timedelta(hours=1)
+
+
+class PriceTracker:
+    def __init__(self, factory: sessionmaker[Session], sources: dict[str, Source], settings: PricingSettings,
+                 *, clock: Clock = SYSTEM_CLOCK, owner: str | None = None) -> None:
+        self.factory, self.sources, self.settings, self.clock = factory, sources, settings, clock
+        self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self._said: dict[str, str] = {}      # the last unavailability logged per source
+        self._pruned_at: datetime | None = None
+        self._prune_lock = threading.Lock()
+
+    # --- one refresh ---------------------------------------------------------------------
+
+    def refresh(self, name: str, *, force: bool = False) -> store.RefreshResult | None:
+        """Refresh one source if it is due (or `force`) and no other broker
+        holds it; what changed, or None when skipped or unavailable."""
+        now = self.clock.now()
+        if not self._claim(name, now, force):
+            return None
+        error: str | None = None
+        try:
+            answer = self.sources[name].fetch()
+            with transaction(self.factory) as session:
+                result = store.apply_refresh(session, name, answer.rows, self.clock.now(), answer.scope,
+                                             report=answer.report)
+            self._said.pop(name, None)
+            log.info("prices %s", result.summary())
+            return result
+        except SourceUnavailable as exc:
+            error = str(exc)
+            if self._said.get(name) != error:  # once, not every interval
+                log.warning("prices: %s skipped (%s); its offers keep their last prices", name, error)
+                self._said[name] = error
+            return None
+        except Exception as exc:  # a refresh must never take the broker down
+            error = f"{type(exc).__name__}: {exc}"
+            log.warning("prices: %s refresh failed, previous prices kept: %s", name, error)
+            return None
+        finally:
+            self._release(name, error)
+            self._prune_if_due()
+
+    def _claim(self, name: str, now: datetime, force: bool) -> bool:
+        with transaction(self.factory) as session:
+            if session.get(PriceSourceLease, name) is None:
+                try:
+                    with session.begin_nested():
+                        session.add(PriceSourceLease(source=name))
+                except IntegrityError:
+                    pass  # another broker added it first
+            due = now - timedelta(seconds=self.settings.interval(name) * 0.9)
+            where = [PriceSourceLease.source == name,
+                     or_(PriceSourceLease.expires_at.is_(None), PriceSourceLease.expires_at < now)]
+            if not force:
+                where.append(or_(PriceSourceLease.last_run_at.is_(None), PriceSourceLease.last_run_at <= due))
+            claimed = session.execute(update(PriceSourceLease).where(*where).values(
+                owner=self.owner, last_run_at=now,
+                expires_at=now + timedelta(seconds=self.settings.lease_seconds)))
+            return claimed.rowcount == 1
+
+    def _release(self, name: str, error: str | None) -> None:
+        now = self.clock.now()
+        values = {"owner": None, "expires_at": None, "last_error": error}
+        if error is None:
+            values["last_ok_at"] = now
+        with transaction(self.factory) as session:
+            session.execute(update(PriceSourceLease).where(PriceSourceLease.source == name,
+                                                           PriceSourceLease.owner == self.owner).values(**values))
+
+    def _prune_if_due(self) -> None:
+        now = self.clock.now()
+        with self._prune_lock:
+            if self._pruned_at is not None and now - self._pruned_at < _PRUNE_EVERY:
+                return
+            self._pruned_at = now
+        with transaction(self.factory) as session:
+            gone = store.prune_history(session, now, self.settings.retention_days)
+        if gone:
+            log.info("prices: %d history samples older than %g days removed", gone, self.settings.retention_days)
+
+    def status(self) -> list[PriceSourceLease]:
+        with self.factory() as session:
+            return list(session.scalars(select(PriceSourceLease).order_by(PriceSourceLease.source)))
+
+    # --- in the background ---------------------------------------------------------------
+
+    def start(self, stop: threading.Event, *, first_delay: dict[str, float] | None = None) -> list[threading.Thread]:
+        """One daemon thread per source; `first_delay` holds a source back at
+        start (the snapshot was just loaded by the seed)."""
+        threads = []
+        for name in self.sources:
+            t = threading.Thread(target=self._loop, args=(name, stop, (first_delay or {}).get(name, 0.0)),
+                                 name=f"prices-{name}", daemon=True)
+            t.start()
+            threads.append(t)
+        return threads
+
+    def _loop(self, name: str, stop: threading.Event, delay: float) -> None:
+        if stop.wait(delay):
+            return
+        # Wake a few times per interval: another broker may hold the lease, or
+        # have refreshed it a moment ago; `refresh` checks both.
+        tick = max(1.0, min(60.0, self.settings.interval(name) / 5))
+        while not stop.is_set():
+            self.refresh(name)
+            stop.wait(tick)

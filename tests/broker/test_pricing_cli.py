@@ -1,0 +1,55 @@
+"""`spotbroker prices`, run as a user runs it: a real process against a real server."""
+import json
+import os
+import subprocess
+import sys
+
+from spotbroker.broker import migrate
+from spotbroker.broker.db import make_engine
+
+
+def spotbroker(*args, env):
+    return subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "prices", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def user_env(**extra):
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    return {**clean, "COLUMNS": "200", **extra}
+
+
+def test_prices_lists_offers_and_history_from_the_broker(api, team_headers, settings):
+    token = team_headers()["Authorization"].split()[1]
+    env = user_env(SPOTBROKER_URL=f"http://127.0.0.1:{settings.port}", SPOTBROKER_TOKEN=token)
+    r = spotbroker("A100:8", "--limit", "5", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "SPOT $/h" in r.stdout and "catalog" in r.stdout and "A100:8" in r.stdout
+    r = spotbroker("H100:8", "--cloud", "gcp", "--on-demand", "--json", env=env)
+    offers = json.loads(r.stdout)["offers"]
+    assert offers and all(o["cloud"] == "gcp" for o in offers)
+    first = offers[0]
+    r = spotbroker("--history", "--cloud", "gcp", "--zone", first["zone"], "--instance-type",
+                   first["instance_type"], env=env)
+    assert r.returncode == 0 and "1 price changes" in r.stdout, r.stdout + r.stderr
+    r = spotbroker("A100:eight", env=env)
+    assert r.returncode == 2 and "NAME:COUNT" in r.stderr and "Traceback" not in r.stderr
+    r = spotbroker("--history", "--cloud", "aws", env=env)
+    assert r.returncode == 2 and "--zone" in r.stderr
+
+
+def test_refresh_runs_once_and_prints_what_changed(tmp_path):
+    url = f"sqlite:///{tmp_path / 'b.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    engine.dispose()
+    env = user_env(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_PRICES_SOURCES="catalog")
+    r = spotbroker("--refresh", env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("catalog: ") and " new, 0 changed" in r.stdout
+    changes = [line for line in r.stdout.splitlines()[1:] if line.startswith("  ")]
+    assert len(changes) == 50 and all("spot" in line and "on-demand" in line for line in changes)
+    again = spotbroker("--refresh", "--source", "catalog", "--json", env=env)
+    assert json.loads(again.stdout)["catalog"]["new"] == 0
+    assert json.loads(again.stdout)["catalog"]["changed"] == 0
+    r = spotbroker("--refresh", "--source", "ibm", env=env)
+    assert r.returncode == 2 and "unknown source" in r.stderr
