@@ -42,7 +42,7 @@ from spotbroker.broker.auth import digest
 from spotbroker.broker.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.models import Attempt, Checkpoint, Event, Job, Team
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
+from spotbroker.broker.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
 
 A, J = AttemptState, JobState
 AGENT_TOKEN_PREFIX = "sba_"
@@ -130,7 +130,8 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
 
 def is_move(job: Job) -> bool:
     """Is the job PREEMPTING because the broker moves it (not the cloud)?"""
-    return (job.reason or "").startswith(MOVING)
+    return job.state == J.PREEMPTING and any(
+        a.state in LIVE_ATTEMPT_STATES and a.end_reason == EndReason.MOVED for a in job.attempts)
 
 
 def _is_current(job: Job, attempt: Attempt) -> bool:
@@ -150,9 +151,11 @@ def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, cloc
         return False
     if kind == protocol.PREEMPTION_NOTICE and job.state == J.PREEMPTING and is_move(job) \
             and event.data.get("kind") != "drain":
-        job.reason = "preemption notice"  # the cloud reclaims the node we were moving off: it is a preemption
+        # the cloud reclaims the node we were moving off: it is a preemption
+        job.reason, attempt.end_reason = "preemption notice", EndReason.PREEMPTED
         return False
     if kind == protocol.PREEMPTION_NOTICE and job.state in (J.LAUNCHING, J.RUNNING):
+        attempt.end_reason = EndReason.PREEMPTED  # what it is ending for
         transition(session, job, J.PREEMPTING, reason="preemption notice",
                    data={"attempt_id": attempt.id, "deadline": event.data.get("deadline")}, clock=clock)
         return True
@@ -170,9 +173,10 @@ def preempted(session: Session, job: Job, attempt: Attempt, why: str, clock: Clo
     new one now, without waiting for the old node to die (the release phase
     stops what is left). A move is not counted as a preemption (placement
     reads the zone's spot history from these reasons)."""
-    move = is_move(job)
+    move = attempt.end_reason == EndReason.MOVED
     if attempt.state in LIVE_ATTEMPT_STATES:
-        transition(session, attempt, A.PREEMPTED, reason="moved" if move else "preempted", clock=clock)
+        end = EndReason.MOVED if move else EndReason.PREEMPTED
+        transition(session, attempt, A.PREEMPTED, reason=str(end), end=end, clock=clock)
         attempt.released = False
     if not move:
         job.recoveries += 1

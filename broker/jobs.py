@@ -18,7 +18,14 @@ from spotbroker.broker.checkpoints import (  # CheckpointUnverified: the API cat
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.models import Attempt, Checkpoint, Event, Job, Team
 from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, AttemptState, JobState, transition
+from spotbroker.broker.states import (
+    LIVE_ATTEMPT_STATES,
+    TERMINAL_JOB_STATES,
+    AttemptState,
+    EndReason,
+    JobState,
+    transition,
+)
 
 
 class JobNotFound(LookupError):
@@ -114,7 +121,8 @@ def cancel(session: Session, team_id: int, job_id: int, clock: Clock = SYSTEM_CL
         return job
     for attempt in job.attempts:
         if attempt.state in LIVE_ATTEMPT_STATES:
-            transition(session, attempt, AttemptState.CANCELLED, reason="cancelled", clock=clock)
+            transition(session, attempt, AttemptState.CANCELLED, reason="cancelled", end=EndReason.CANCELLED,
+                       clock=clock)
     transition(session, job, JobState.CANCELLED, reason="cancelled by request", clock=clock)
     return job
 

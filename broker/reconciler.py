@@ -56,7 +56,14 @@ from spotbroker.broker.placement import Placer
 from spotbroker.broker.policy import Action
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, JobState, transition
+from spotbroker.broker.states import (
+    LIVE_ATTEMPT_STATES,
+    LIVE_JOB_STATES,
+    AttemptState,
+    EndReason,
+    JobState,
+    transition,
+)
 
 log = logging.getLogger(__name__)
 
@@ -327,6 +334,7 @@ class Reconciler:
         choice = self.placer.choose(session, job, spec, now, running=attempt)
         if choice is None or choice.action is Action.KEEP:
             return
+        attempt.end_reason = EndReason.MOVED  # what it is ending for: the move, not a reclaim
         transition(session, job, J.PREEMPTING, reason=f"{MOVING}{choice.reason}",
                    data={"attempt_id": attempt.id,
                          "towards": [f"{p.place} {'spot' if p.use_spot else 'on-demand'}"
@@ -507,8 +515,8 @@ class Reconciler:
             job = session.get(Job, job_id)
             attempt = session.get(Attempt, attempt_id)
             if attempt.state in LIVE_ATTEMPT_STATES:
-                transition(session, attempt, A.FAILED, reason="no_capacity", data={"error": why},
-                           clock=self.clock)
+                transition(session, attempt, A.FAILED, reason="no_capacity", end=EndReason.NO_CAPACITY,
+                           data={"error": why}, clock=self.clock)
                 self.placer.capacity_error(attempt, self.clock.now())
             if job.state != J.LAUNCHING:
                 return None
@@ -526,8 +534,8 @@ class Reconciler:
             attempt = session.get(Attempt, attempt_id)
             job = session.get(Job, job_id)
             if attempt.state in LIVE_ATTEMPT_STATES:
-                transition(session, attempt, A.FAILED, reason="launch_error", data={"error": why},
-                           clock=self.clock)
+                transition(session, attempt, A.FAILED, reason="launch_error", end=EndReason.LAUNCH_ERROR,
+                           data={"error": why}, clock=self.clock)
             if job.state in LIVE_JOB_STATES:
                 transition(session, job, J.FAILED, reason=f"launch failed: {why}", clock=self.clock)
 
@@ -540,8 +548,8 @@ class Reconciler:
         state, exit_code = status.state, status.exit_code
         if status.error is not None:  # the node could not start the job: no restart helps
             attempt.released = False
-            transition(session, attempt, A.FAILED, reason="launch_error", data={"error": status.error},
-                       clock=self.clock)
+            transition(session, attempt, A.FAILED, reason="launch_error", end=EndReason.LAUNCH_ERROR,
+                       data={"error": status.error}, clock=self.clock)
             transition(session, job, J.FAILED, reason=f"launch failed: {status.error}", clock=self.clock)
             return
         if state == RunState.RUNNING:
@@ -559,11 +567,11 @@ class Reconciler:
             return
         if state == RunState.SUCCEEDED:
             attempt.released = True  # the processes have exited
-            transition(session, attempt, A.SUCCEEDED, reason="exit 0", clock=self.clock)
+            transition(session, attempt, A.SUCCEEDED, reason="exit 0", end=EndReason.SUCCEEDED, clock=self.clock)
             transition(session, job, J.SUCCEEDED, data={"attempt_id": attempt.id}, clock=self.clock)
         elif state == RunState.FAILED:
             attempt.released = True
-            transition(session, attempt, A.FAILED, reason=f"exit {exit_code}", clock=self.clock)
+            transition(session, attempt, A.FAILED, reason=f"exit {exit_code}", end=EndReason.FAILED, clock=self.clock)
             spec = JobSpec.model_validate(job.spec)
             if job.restarts < spec.max_restarts:
                 job.restarts += 1
@@ -572,7 +580,7 @@ class Reconciler:
                 transition(session, job, J.FAILED, reason=f"exit code {exit_code}",
                            data={"attempt_id": attempt.id}, clock=self.clock)
         elif state == RunState.GONE:
-            transition(session, attempt, A.PREEMPTED, reason="vanished", clock=self.clock)
+            transition(session, attempt, A.PREEMPTED, reason="vanished", end=EndReason.VANISHED, clock=self.clock)
             job.recoveries += 1
             self._recover(session, job, "node vanished without a notice")
 
