@@ -17,6 +17,10 @@ committed first (LAUNCHING, no handle), then the launcher is called (which is
 idempotent per attempt), then the handle is stored. A job found LAUNCHING
 without a handle after a crash is simply launched again: the launcher
 returns what is already running, so there is one attempt per launch.
+
+How an attempt ends and what its job does next (a preemption, a vanished
+node, a move's drain, an exit, a capacity refusal) is `broker/recovery.py`'s:
+the reconciler observes and launches, and hands each ending there.
 """
 from __future__ import annotations
 
@@ -35,8 +39,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.agent import protocol
-from spotbroker.broker import uploads
-from spotbroker.broker.agent_channel import MOVING, agent_token, is_move, newest_checkpoint, preempted
+from spotbroker.broker import recovery, uploads
+from spotbroker.broker.agent_channel import agent_token, newest_checkpoint
 from spotbroker.broker.auth import digest
 from spotbroker.broker.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -60,7 +64,6 @@ from spotbroker.broker.states import (
     LIVE_ATTEMPT_STATES,
     LIVE_JOB_STATES,
     AttemptState,
-    EndReason,
     JobState,
     transition,
 )
@@ -334,19 +337,8 @@ class Reconciler:
         choice = self.placer.choose(session, job, spec, now, running=attempt)
         if choice is None or choice.action is Action.KEEP:
             return
-        attempt.end_reason = EndReason.MOVED  # what it is ending for: the move, not a reclaim
-        transition(session, job, J.PREEMPTING, reason=f"{MOVING}{choice.reason}",
-                   data={"attempt_id": attempt.id,
-                         "towards": [f"{p.place} {'spot' if p.use_spot else 'on-demand'}"
-                                     for p in choice.placements]}, clock=self.clock)
-        job.next_check_at = now + timedelta(seconds=self.settings.drain_timeout)
-
-    def _drain_timed_out(self, session: Session, job: Job) -> None:
-        """A move whose agent never flushed (no agent, or no checkpoint library
-        answering): move on from the last committed checkpoint."""
-        attempt = next((a for a in job.attempts if a.state in LIVE_ATTEMPT_STATES), None)
-        if attempt is not None:
-            preempted(session, job, attempt, "no flush came in time", self.clock)
+        towards = [f"{p.place} {'spot' if p.use_spot else 'on-demand'}" for p in choice.placements]
+        recovery.start_move(session, job, attempt, choice.reason, towards, self.settings.drain_timeout, self.clock)
 
     def _launcher_for(self, placement: Placement) -> str:
         # Until a cloud launcher is configured, the local launcher stands in
@@ -400,8 +392,8 @@ class Reconciler:
         job.next_check_at = None
         if state == J.RUNNING:
             self._reconsider(session, job)
-        elif state == J.PREEMPTING and is_move(job):
-            self._drain_timed_out(session, job)
+        elif recovery.is_move(job):
+            recovery.drain_timed_out(session, job, self.clock)
         elif state == J.LAUNCHING:
             job.next_check_at = self._deadline_check(job)
 
@@ -502,7 +494,7 @@ class Reconciler:
             attempt.handle = handle
             attempt.released = False  # whatever it holds now must be released when it ends
             job = session.get(Job, job_id)
-            if job.state in (J.LAUNCHING, J.RUNNING) or (job.state == J.PREEMPTING and not is_move(job)):
+            if job.state in (J.LAUNCHING, J.RUNNING) or (job.state == J.PREEMPTING and not recovery.is_move(job)):
                 # The launch is recorded: nothing to redo, unless a deadline is watched.
                 job.next_check_at = self._deadline_check(job) if job.state != J.PREEMPTING else None
             if attempt.state not in LIVE_ATTEMPT_STATES:
@@ -511,18 +503,14 @@ class Reconciler:
             self._on_observed(session, job, attempt_id, status)
 
     def _failover(self, job_id: int, attempt_id: int, why: str, rest: tuple[Placement, ...]) -> int | None:
+        """The next place's attempt after a capacity refusal, or None when there is none (or the job moved on)."""
         with transaction(self.factory) as session:
             job = session.get(Job, job_id)
             attempt = session.get(Attempt, attempt_id)
-            if attempt.state in LIVE_ATTEMPT_STATES:
-                transition(session, attempt, A.FAILED, reason="no_capacity", end=EndReason.NO_CAPACITY,
-                           data={"error": why}, clock=self.clock)
+            if recovery.capacity_refused(session, job, attempt, why, self.clock, last=not rest,
+                                         retry_after_s=self.settings.placement_interval):
                 self.placer.capacity_error(attempt, self.clock.now())
-            if job.state != J.LAUNCHING:
-                return None
-            if not rest:  # every choice refused: decide again later, on what was learnt
-                job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
-                transition(session, job, J.RECOVERING, reason="no_capacity", clock=self.clock)
+            if job.state != J.LAUNCHING or not rest:
                 return None
             session.flush()
             spec = JobSpec.model_validate(job.spec)
@@ -531,61 +519,9 @@ class Reconciler:
 
     def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
         with transaction(self.factory) as session:
-            attempt = session.get(Attempt, attempt_id)
-            job = session.get(Job, job_id)
-            if attempt.state in LIVE_ATTEMPT_STATES:
-                transition(session, attempt, A.FAILED, reason="launch_error", end=EndReason.LAUNCH_ERROR,
-                           data={"error": why}, clock=self.clock)
-            if job.state in LIVE_JOB_STATES:
-                transition(session, job, J.FAILED, reason=f"launch failed: {why}", clock=self.clock)
-
-    # --- reacting to what a run did ------------------------------------------------------
+            recovery.launch_failed(session, session.get(Job, job_id), session.get(Attempt, attempt_id), why,
+                                   self.clock)
 
     def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> None:
-        attempt = session.get(Attempt, attempt_id)
-        if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES:
-            return
-        state, exit_code = status.state, status.exit_code
-        if status.error is not None:  # the node could not start the job: no restart helps
-            attempt.released = False
-            transition(session, attempt, A.FAILED, reason="launch_error", end=EndReason.LAUNCH_ERROR,
-                       data={"error": status.error}, clock=self.clock)
-            transition(session, job, J.FAILED, reason=f"launch failed: {status.error}", clock=self.clock)
-            return
-        if state == RunState.RUNNING:
-            if attempt.state == A.LAUNCHING:
-                transition(session, attempt, A.RUNNING, clock=self.clock)
-            if job.state == J.LAUNCHING:
-                transition(session, job, J.RUNNING, data={"attempt_id": attempt.id}, clock=self.clock)
-            return
-        attempt.exit_code = exit_code
-        if job.state == J.PREEMPTING and state != RunState.SUCCEEDED:
-            # The node was reclaimed (or the trainer stopped) before the
-            # agent reported a flush: recover from what is committed.
-            preempted(session, job, attempt, f"the attempt ended ({state.lower()})", self.clock)
+        if recovery.on_status(session, job, attempt_id, status, self.clock):
             self.hint()
-            return
-        if state == RunState.SUCCEEDED:
-            attempt.released = True  # the processes have exited
-            transition(session, attempt, A.SUCCEEDED, reason="exit 0", end=EndReason.SUCCEEDED, clock=self.clock)
-            transition(session, job, J.SUCCEEDED, data={"attempt_id": attempt.id}, clock=self.clock)
-        elif state == RunState.FAILED:
-            attempt.released = True
-            transition(session, attempt, A.FAILED, reason=f"exit {exit_code}", end=EndReason.FAILED, clock=self.clock)
-            spec = JobSpec.model_validate(job.spec)
-            if job.restarts < spec.max_restarts:
-                job.restarts += 1
-                self._recover(session, job, f"exit {exit_code}; restart {job.restarts} of {spec.max_restarts}")
-            else:
-                transition(session, job, J.FAILED, reason=f"exit code {exit_code}",
-                           data={"attempt_id": attempt.id}, clock=self.clock)
-        elif state == RunState.GONE:
-            transition(session, attempt, A.PREEMPTED, reason="vanished", end=EndReason.VANISHED, clock=self.clock)
-            job.recoveries += 1
-            self._recover(session, job, "node vanished without a notice")
-
-    def _recover(self, session: Session, job: Job, why: str) -> None:
-        transition(session, job, J.RECOVERING, reason=why, clock=self.clock)
-        job.next_check_at = self.clock.now()
-        session.add(Event(job_id=job.id, type="recovery_scheduled", at=self.clock.now(), data={"why": why}))
-        self.hint()
