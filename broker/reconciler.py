@@ -20,7 +20,11 @@ returns what is already running, so there is one attempt per launch.
 
 How an attempt ends and what its job does next (a preemption, a vanished
 node, a move's drain, an exit, a capacity refusal) is `broker/recovery.py`'s:
-the reconciler observes and launches, and hands each ending there.
+the reconciler observes and launches, and hands each ending there. What a
+node is given to run an attempt is `broker/launch/request.py`'s. (At about
+490 lines this module is still over the ~400 aimed at: its three phases and
+the decide-launch-fail-over loop share the lease, the placer and the clock;
+cutting the launch steps into a module of their own is the next split.)
 """
 from __future__ import annotations
 
@@ -38,23 +42,20 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from spotbroker.agent import protocol
-from spotbroker.broker import recovery, uploads
-from spotbroker.broker.agent_channel import agent_token, newest_checkpoint
+from spotbroker.broker import recovery
+from spotbroker.broker.agent_channel import agent_token
 from spotbroker.broker.auth import digest
-from spotbroker.broker.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.db import transaction
 from spotbroker.broker.launch.base import (
     CapacityError,
-    CodeRef,
     Launcher,
     LaunchError,
-    LaunchRequest,
     RunState,
     RunStatus,
 )
-from spotbroker.broker.models import Attempt, Event, Job, SpotProbe, Team
+from spotbroker.broker.launch.request import launch_request
+from spotbroker.broker.models import Attempt, Event, Job, SpotProbe
 from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.placement import Placer
 from spotbroker.broker.policy import Action
@@ -430,7 +431,7 @@ class Reconciler:
             try:
                 with self.factory() as session:
                     attempt = session.get(Attempt, attempt_id)
-                    request = self._request(session, attempt)
+                    request = launch_request(session, attempt, self.settings, self._key)
                     launcher = self.launchers[attempt.launcher]
                 handle = launcher.launch(request)
             except CapacityError as exc:
@@ -453,40 +454,6 @@ class Reconciler:
                 return
             self._store_handle(job_id, attempt_id, handle)
             return
-
-    def _request(self, session: Session, attempt: Attempt) -> LaunchRequest:
-        job = attempt.job
-        spec = JobSpec.model_validate(job.spec)
-        team = session.get(Team, job.team_id)
-        job_uri = job_prefix(self.settings.checkpoint_uri, team.name, job.id)
-        placement = Placement(cloud=attempt.cloud, region=attempt.region, zone=attempt.zone,
-                              zone_id=attempt.zone_id, instance_type=attempt.instance_type,
-                              accelerator=attempt.accelerator, accelerator_count=attempt.accelerator_count,
-                              use_spot=attempt.use_spot, price_per_hour=attempt.price_per_hour)
-        resume = newest_checkpoint(session, job.id)
-        extra = {
-            protocol.ENV_JOB_ID: str(job.id), protocol.ENV_ATTEMPT_ID: str(attempt.id),
-            protocol.ENV_CHECKPOINT_ROOT: job_uri,
-            protocol.ENV_CHECKPOINT_URI: attempt_prefix(self.settings.checkpoint_uri, team.name, job.id, attempt.id),
-            protocol.ENV_RESUME_FROM: resume.uri if resume else "",
-            protocol.ENV_BROKER_URL: self.settings.agent_url,
-            protocol.ENV_AGENT_TOKEN: agent_token(self._key, attempt.id),
-        }
-        return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, run=spec.run,
-                             setup=spec.setup, envs=spec.envs, num_nodes=spec.num_nodes, placement=placement,
-                             code=self._code(spec, team.name), extra_env=extra)
-
-    def _code(self, spec: JobSpec, team: str) -> CodeRef | None:
-        """The job's uploaded workdir, from the team's own storage prefix. A
-        path on the broker's host (accepted before uploads existed, refused at
-        submission since) is refused here too: a job may not run in, or ship,
-        the broker's own directories."""
-        if spec.workdir is None:
-            return None
-        if isinstance(spec.workdir, str):
-            raise LaunchError(f"workdir {spec.workdir!r} is a path on the broker's host, which jobs may not use: "
-                              "submit the job with `spotbroker submit FILE`, which uploads its workdir")
-        return uploads.code_ref(self.settings, team, spec.workdir.upload)
 
     def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
         with transaction(self.factory) as session:
