@@ -45,7 +45,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
                         "set SPOTBROKER_LOCAL_LAUNCHER=true to run jobs on this host")
         reconciler = Reconciler(factory, launchers, settings, clock=clock)
         app.state.settings, app.state.engine, app.state.session_factory = settings, engine, factory
-        app.state.clock, app.state.reconciler = clock, reconciler
+        app.state.clock, app.state.reconciler, app.state.launchers = clock, reconciler, launchers
         app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
         app.state.followers = Followers(factory, per_team=settings.max_followers_per_team)

@@ -51,17 +51,21 @@ def history(session, job_id: int, n: int, rng: random.Random) -> None:
                     price_per_hour=p.price_per_hour, created_at=start - timedelta(minutes=3),
                     updated_at=now, released=True, agent_seq=0, version=1)
         if fate < 0.2:
-            rows.append({**base, "state": "FAILED", "reason": "no_capacity", "ended_at": start})
+            rows.append({**base, "state": "FAILED", "reason": "no_capacity", "end_reason": "no_capacity",
+                         "ended_at": start})
         elif fate < 0.6 and start + life < now:
-            rows.append({**base, "state": "PREEMPTED", "reason": "preempted", "started_at": start,
+            rows.append({**base, "state": "PREEMPTED", "reason": "preempted", "end_reason": "preempted",
+                         "started_at": start,
                          "ended_at": start + life})
         elif start + life < now:
-            rows.append({**base, "state": "SUCCEEDED", "reason": "exit 0", "started_at": start,
+            rows.append({**base, "state": "SUCCEEDED", "reason": "exit 0", "end_reason": "succeeded",
+                         "started_at": start,
                          "ended_at": start + life})
         else:
             rows.append({**base, "state": "RUNNING", "started_at": start, "released": False})
     for row in rows:  # one shape for the executemany
         row.setdefault("reason", None)
+        row.setdefault("end_reason", None)
         row.setdefault("started_at", None)
         row.setdefault("ended_at", None)
     session.execute(insert(Attempt), rows)

@@ -3,18 +3,12 @@
 Each attempt gets its own agent token at launch (only its digest is kept),
 so an agent can post only for its own attempt. Events carry a sequence
 number per attempt; one already stored is ignored, so a buffered batch can
-be re-sent safely. State moves follow DESIGN.md:
-
-    RUNNING    --preemption_notice-->               PREEMPTING
-    PREEMPTING --checkpoint_committed / no_flush--> RECOVERING (the old attempt is PREEMPTED)
-
-The broker moves a job itself the same way (placement decided to leave the
-node): it sets PREEMPTING with a "moving: ..." reason, and answers the
-agent `drain: true` until the flush is in.
-
-and only for the job's current attempt: a late report from an attempt that
-was already replaced is recorded (its checkpoint too: it lives under that
-attempt's own prefix) but moves nothing.
+be re-sent safely. What a notice or a flush does to the job (PREEMPTING,
+then RECOVERING) is `broker/recovery.py`'s; the answer tells the agent
+`drain: true` while the broker moves the job. Only the job's current
+attempt moves anything: a late report from an attempt that was already
+replaced is recorded (its checkpoint too: it lives under that attempt's own
+prefix) but moves nothing.
 
 A reported checkpoint must be at that attempt's own place for its step
 (:mod:`spotbroker.broker.checkpoints`); a batch with one that is not is
@@ -38,6 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
+from spotbroker.broker import recovery
 from spotbroker.broker.auth import digest
 from spotbroker.broker.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -48,7 +43,6 @@ A, J = AttemptState, JobState
 AGENT_TOKEN_PREFIX = "sba_"
 # Heartbeats are frequent and carry nothing new: they update the attempt, not the event log.
 SILENT = {protocol.HEARTBEAT}
-MOVING = "moving: "  # the reason of a PREEMPTING the broker started (a move)
 CHECKPOINT_REFUSED = "checkpoint_refused"  # the broker's event: a reported checkpoint it did not accept
 MAX_BIG = 2**63 - 1
 MAX_REASON = 16  # the checkpoints.reason column
@@ -123,14 +117,9 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
         moved |= _apply(session, job, attempt, event, clock)
     live = attempt.state in LIVE_ATTEMPT_STATES
-    drain = live and job.state == J.PREEMPTING and is_move(job)
+    drain = live and recovery.is_move(job)
     return Outcome(accepted=accepted, last_seq=attempt.agent_seq, cancel=not live, drain=drain, moved=moved,
                    drain_until=job.next_check_at if drain else None)
-
-
-def is_move(job: Job) -> bool:
-    """Is the job PREEMPTING because the broker moves it (not the cloud)?"""
-    return (job.reason or "").startswith(MOVING)
 
 
 def _is_current(job: Job, attempt: Attempt) -> bool:
@@ -138,46 +127,18 @@ def _is_current(job: Job, attempt: Attempt) -> bool:
 
 
 def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, clock: Clock) -> bool:
-    kind = event.type
+    """What the event moves, for the job's current attempt only: the agent's
+    first word brings it up; a notice or a flush is recovery's."""
     if not _is_current(job, attempt):
         return False
-    if kind in (protocol.HEARTBEAT, protocol.TRAINER_STARTED):
+    if event.type in (protocol.HEARTBEAT, protocol.TRAINER_STARTED):
         attempt.last_heartbeat_at = clock.now()
         if attempt.state == A.LAUNCHING:  # the agent's first word: the node is up
             transition(session, attempt, A.RUNNING, clock=clock)
             transition(session, job, J.RUNNING, data={"attempt_id": attempt.id}, clock=clock)
             return True
         return False
-    if kind == protocol.PREEMPTION_NOTICE and job.state == J.PREEMPTING and is_move(job) \
-            and event.data.get("kind") != "drain":
-        job.reason = "preemption notice"  # the cloud reclaims the node we were moving off: it is a preemption
-        return False
-    if kind == protocol.PREEMPTION_NOTICE and job.state in (J.LAUNCHING, J.RUNNING):
-        transition(session, job, J.PREEMPTING, reason="preemption notice",
-                   data={"attempt_id": attempt.id, "deadline": event.data.get("deadline")}, clock=clock)
-        return True
-    if job.state == J.PREEMPTING and (
-            kind == protocol.NO_FLUSH
-            or (kind == protocol.CHECKPOINT_COMMITTED and event.data.get("reason") != "periodic")):
-        why = "checkpoint committed" if kind == protocol.CHECKPOINT_COMMITTED else "no flush will come"
-        preempted(session, job, attempt, why, clock)
-        return True
-    return False
-
-
-def preempted(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock) -> None:
-    """The attempt is lost to a preemption, or left for a move: recover on a
-    new one now, without waiting for the old node to die (the release phase
-    stops what is left). A move is not counted as a preemption (placement
-    reads the zone's spot history from these reasons)."""
-    move = is_move(job)
-    if attempt.state in LIVE_ATTEMPT_STATES:
-        transition(session, attempt, A.PREEMPTED, reason="moved" if move else "preempted", clock=clock)
-        attempt.released = False
-    if not move:
-        job.recoveries += 1
-    transition(session, job, J.RECOVERING, reason=f"{'moved' if move else 'preempted'}: {why}", clock=clock)
-    job.next_check_at = clock.now()
+    return recovery.on_agent_event(session, job, attempt, event.type, event.data, clock)
 
 
 def _checkpoint_uris(session: Session, job: Job, attempt: Attempt, events: list[AgentEvent], prefix: str,

@@ -3,12 +3,14 @@ take a session. Reads are scoped to a team; another team's job is "not
 found", never "forbidden"."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlalchemy import insert, select, tuple_
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
+from spotbroker.broker import logs
 from spotbroker.broker.checkpoints import (  # CheckpointUnverified: the API catches it from here
     CheckpointUnverified,
     attempt_prefix,
@@ -16,9 +18,17 @@ from spotbroker.broker.checkpoints import (  # CheckpointUnverified: the API cat
     verify_and_keep,
 )
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.launch.base import Launcher, LaunchError
 from spotbroker.broker.models import Attempt, Checkpoint, Event, Job, Team
 from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, AttemptState, JobState, transition
+from spotbroker.broker.states import (
+    LIVE_ATTEMPT_STATES,
+    TERMINAL_JOB_STATES,
+    AttemptState,
+    EndReason,
+    JobState,
+    transition,
+)
 
 
 class JobNotFound(LookupError):
@@ -114,7 +124,8 @@ def cancel(session: Session, team_id: int, job_id: int, clock: Clock = SYSTEM_CL
         return job
     for attempt in job.attempts:
         if attempt.state in LIVE_ATTEMPT_STATES:
-            transition(session, attempt, AttemptState.CANCELLED, reason="cancelled", clock=clock)
+            transition(session, attempt, AttemptState.CANCELLED, reason="cancelled", end=EndReason.CANCELLED,
+                       clock=clock)
     transition(session, job, JobState.CANCELLED, reason="cancelled by request", clock=clock)
     return job
 
@@ -153,3 +164,57 @@ def keep_checkpoint(session: Session, team_id: int, job_id: int, checkpoint_id: 
 def current_attempt(job: Job) -> Attempt | None:
     live = [a for a in job.attempts if a.state in LIVE_ATTEMPT_STATES]
     return live[-1] if live else None
+
+
+class AttemptNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class LogStart:
+    """An attempt's output so far: where it is, its last lines, and the offset after them."""
+
+    attempt_id: int
+    path: Path
+    head: bytes
+    offset: int
+
+
+def log_start(factory: sessionmaker[Session], data_dir: Path, team_id: int, job_id: int,
+              attempt_id: int | None = None, lines: int | None = None) -> LogStart | None:
+    """The output of the job's attempt `attempt_id` (default: the newest), its
+    last `lines` lines (all when None); None when the job has no attempt yet.
+    The session is a short one of its own: none is held while a client
+    follows the log."""
+    with factory() as session:
+        job = get(session, team_id, job_id)
+        if not job.attempts:
+            return None
+        chosen = next((a for a in job.attempts if a.id == attempt_id), None) if attempt_id else job.attempts[-1]
+        if chosen is None:
+            raise AttemptNotFound(f"job {job_id} has no attempt {attempt_id}")
+        chosen_id = chosen.id
+    path = logs.log_path(data_dir, job_id, chosen_id)
+    head, offset = logs.tail(path, lines)
+    return LogStart(chosen_id, path, head, offset)
+
+
+class NotPreemptible(RuntimeError):
+    """The job has no running attempt whose cloud can be made to send a notice."""
+
+
+def simulate_preemption(session: Session, team_id: int, job_id: int, launchers: Mapping[str, Launcher]) -> Job:
+    """Make the job's running attempt's simulated cloud send its preemption
+    notice: only a launcher that simulates a cloud (the local one) has
+    `simulate_preemption`; a real cloud's notice cannot be forged."""
+    job = get(session, team_id, job_id)
+    attempt = current_attempt(job)
+    launcher = launchers.get(attempt.launcher) if attempt else None
+    simulate = getattr(launcher, "simulate_preemption", None)
+    if attempt is None or attempt.handle is None or simulate is None:
+        raise NotPreemptible("only a running attempt on the local launcher can be preempted on request")
+    try:
+        simulate(attempt.handle)
+    except LaunchError as exc:
+        raise NotPreemptible(str(exc)) from None
+    return job

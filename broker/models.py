@@ -104,7 +104,10 @@ class Attempt(Base):
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     state: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str | None] = mapped_column(Text)
+    reason: Mapped[str | None] = mapped_column(Text)  # in words, for people
+    # Why it ended (or, while its job is PREEMPTING, why it is ending): an
+    # EndReason (states.py), which code reads instead of `reason`.
+    end_reason: Mapped[str | None] = mapped_column(String(16))
     launcher: Mapped[str] = mapped_column(String(16))
     cloud: Mapped[str] = mapped_column(String(16))
     region: Mapped[str | None] = mapped_column(String(64))

@@ -41,7 +41,7 @@ from spotbroker.broker.offers import Placement, feasible_offers, placement_of
 from spotbroker.broker.policy import Action, Capacity, Event, Observation, Running, SpotBroker, ZoneHistory, ZoneState
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, AttemptState
+from spotbroker.broker.states import LIVE_ATTEMPT_STATES, RECLAIMED, AttemptState, EndReason
 
 A = AttemptState
 POLICY = SpotBroker()
@@ -51,7 +51,6 @@ POLICY = SpotBroker()
 UNKNOWN_WORK_S = 3600.0
 # An estimate the job has outrun: this fraction of it is assumed to be left.
 OUTRUN_LEFT = 0.1
-ENDED_BY_RECLAIM = ("preempted", "vanished")
 # The cheapest this many places (by spot price) are weighed: a decision stays
 # well under a millisecond, and a place further down the list would need a
 # far better record than any zone has to win.
@@ -91,7 +90,7 @@ def load_histories(session: Session, now: datetime, settings: Settings) -> dict[
     since = now - timedelta(days=settings.placement_history_days)
     rows = session.execute(
         select(Attempt.cloud, Attempt.region, Attempt.zone, Attempt.zone_id, Attempt.instance_type,
-               Attempt.state, Attempt.reason, Attempt.started_at, Attempt.ended_at)
+               Attempt.state, Attempt.end_reason, Attempt.started_at, Attempt.ended_at)
         .where(Attempt.use_spot.is_(True), or_(Attempt.ended_at.is_(None), Attempt.ended_at >= since))).all()
     runs: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)  # (start, end, reclaimed)
     points: dict[str, list[tuple[float, Event]]] = defaultdict(list)
@@ -100,9 +99,9 @@ def load_histories(session: Session, now: datetime, settings: Settings) -> dict[
         if r.started_at is not None:
             live = r.state in LIVE_ATTEMPT_STATES or r.ended_at is None
             end = now if live else r.ended_at
-            reclaimed = not live and r.state == A.PREEMPTED and r.reason in ENDED_BY_RECLAIM
+            reclaimed = not live and r.end_reason in RECLAIMED
             runs[key].append((r.started_at.timestamp(), end.timestamp(), reclaimed))
-        elif r.state == A.FAILED and r.reason == "no_capacity" and r.ended_at is not None:
+        elif r.end_reason == EndReason.NO_CAPACITY and r.ended_at is not None:
             points[key].append((r.ended_at.timestamp(), Event.CAPACITY_FAILURE))
     probes = session.execute(
         select(SpotProbe.cloud, SpotProbe.region, SpotProbe.zone, SpotProbe.zone_id, SpotProbe.instance_type,

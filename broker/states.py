@@ -36,6 +36,27 @@ class AttemptState(StrEnum):
     CANCELLED = "CANCELLED"
 
 
+class EndReason(StrEnum):
+    """Why an attempt ended (`attempts.end_reason`), for the code that
+    reads it: placement replays each zone's reclaims and refusals from it,
+    and a move is told from a reclaim by it. `reason` keeps the words for
+    people. While its job is PREEMPTING, the live attempt already holds why
+    it is ending (a notice: PREEMPTED; the broker's own drain: MOVED)."""
+
+    SUCCEEDED = "succeeded"        # exit 0
+    FAILED = "failed"              # a non-zero exit
+    LAUNCH_ERROR = "launch_error"  # the launch, or the node's start of the job, failed
+    NO_CAPACITY = "no_capacity"    # the cloud refused the launch for capacity
+    PREEMPTED = "preempted"        # the cloud reclaimed the node (a notice came, or the run ended while PREEMPTING)
+    VANISHED = "vanished"          # the node went away, or its agent silent, without a notice
+    MOVED = "moved"                # the broker drained it to run the job elsewhere (not a reclaim)
+    CANCELLED = "cancelled"        # the job was cancelled
+
+
+# The ends that count as the cloud taking a spot instance back.
+RECLAIMED = frozenset({EndReason.PREEMPTED, EndReason.VANISHED})
+
+
 J = JobState
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # FAILED from PENDING/RECOVERING: no offer can ever fit the job.
@@ -77,10 +98,12 @@ def transition(
     to: JobState | AttemptState,
     *,
     reason: str | None = None,
+    end: EndReason | None = None,
     data: dict[str, Any] | None = None,
     clock: Clock = SYSTEM_CLOCK,
 ) -> None:
-    """Move a Job or an Attempt to `to` and record the event, in `session`."""
+    """Move a Job or an Attempt to `to` and record the event, in `session`.
+    An attempt that ends says why with `end` (stored in `end_reason`)."""
     from spotbroker.broker.models import Attempt, Event, Job
 
     if isinstance(obj, Job):
@@ -93,6 +116,8 @@ def transition(
         raise TypeError(f"transition() takes a Job or an Attempt, not {type(obj).__name__}")
     if to not in table[current]:
         raise IllegalTransition(f"{kind} {obj.id}: {current} -> {to} is not allowed")
+    if kind == "attempt" and to not in LIVE_ATTEMPT_STATES and end is None:
+        raise TypeError(f"attempt {obj.id} ends {to} without an end reason")
 
     now = clock.now()
     obj.state = str(to)
@@ -107,6 +132,7 @@ def transition(
         if to not in LIVE_ATTEMPT_STATES:
             obj.ended_at = now
             obj.reason = reason
+            obj.end_reason = str(end)
     else:
         if to in TERMINAL_JOB_STATES:
             obj.ended_at = now

@@ -58,3 +58,39 @@ def test_upgrade_keeps_rows_written_by_the_first_schema(empty_url):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT count(*) FROM attempts")).scalar() == 1
     engine.dispose()
+
+
+def test_upgrade_fills_each_attempts_end_reason_from_its_words(empty_url):
+    """0003 -> head: why each attempt ended (or, in a PREEMPTING job, is
+    ending) is read from the reason text of the rows written before."""
+    from sqlalchemy import text
+
+    engine = make_engine(empty_url)
+    migrate.upgrade(engine, "0003")
+    rows = [  # (attempt id, job id, attempt state, attempt reason, expected end_reason)
+        (1, 1, "PREEMPTED", "preempted", "preempted"), (2, 1, "PREEMPTED", "vanished", "vanished"),
+        (3, 1, "PREEMPTED", "moved", "moved"), (4, 1, "FAILED", "no_capacity", "no_capacity"),
+        (5, 1, "FAILED", "launch_error", "launch_error"), (6, 1, "FAILED", "exit 3", "failed"),
+        (7, 1, "SUCCEEDED", "exit 0", "succeeded"), (8, 1, "CANCELLED", "cancelled", "cancelled"),
+        (9, 1, "RUNNING", None, None), (10, 2, "RUNNING", None, "moved"), (11, 3, "RUNNING", None, "preempted"),
+    ]
+    jobs = [(1, "RUNNING", None), (2, "PREEMPTING", "moving: deadline"), (3, "PREEMPTING", "preemption notice")]
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO teams (id, name, created_at) VALUES (1, 'ml', CURRENT_TIMESTAMP)"))
+        for job_id, state, reason in jobs:
+            conn.execute(text("INSERT INTO jobs (id, team_id, name, state, reason, spec, restarts, recoveries, "
+                              "created_at, updated_at, version) VALUES (:id, 1, 'j', :state, :reason, '{}', 0, 0, "
+                              "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 1)"), {"id": job_id, "state": state,
+                                                                            "reason": reason})
+        for attempt_id, job_id, state, reason, _ in rows:
+            conn.execute(text("INSERT INTO attempts (id, job_id, state, reason, launcher, cloud, accelerator_count, "
+                              "use_spot, num_nodes, price_per_hour, released, agent_seq, created_at, updated_at, "
+                              "version) VALUES (:id, :job, :state, :reason, 'local', 'aws', 1, true, 1, 0.5, false, "
+                              "0, CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 1)"),
+                         {"id": attempt_id, "job": job_id, "state": state, "reason": reason})
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        got = dict(conn.execute(text("SELECT id, end_reason FROM attempts")).all())
+    assert got == {attempt_id: want for attempt_id, *_, want in rows}
+    migrate.downgrade(engine, "0003")
+    engine.dispose()

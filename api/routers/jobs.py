@@ -14,9 +14,8 @@ from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, Sessio
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
 from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
-from spotbroker.broker import jobs, logs, uploads
+from spotbroker.broker import jobs, uploads
 from spotbroker.broker.db import transaction
-from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
 from spotbroker.broker.states import JobState
 
@@ -133,31 +132,25 @@ async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
     """An attempt's output. Following holds no thread and no database
     connection, ends when the client goes, and is bounded per team (429)."""
     state = request.app.state
-
-    def look_up() -> int | None:  # a short session of its own: none is held while following
-        with state.session_factory() as session:
-            job = _get(session, team, job_id)
-            if not job.attempts:
-                return None
-            chosen = next((a for a in job.attempts if a.id == attempt), None) if attempt else job.attempts[-1]
-            if chosen is None:
-                raise Problem(404, "Not found", f"job {job_id} has no attempt {attempt}")
-            return chosen.id
-
-    attempt_id = await run_in_threadpool(look_up)
-    if attempt_id is None:
+    try:
+        start = await run_in_threadpool(jobs.log_start, state.session_factory, state.settings.data_dir,
+                                        team.team_id, job_id, attempt, tail)
+    except jobs.JobNotFound:
+        raise _not_found(job_id) from None
+    except jobs.AttemptNotFound as exc:
+        raise Problem(404, "Not found", str(exc)) from None
+    if start is None:
         return PlainTextResponse("")
-    path = logs.log_path(state.settings.data_dir, job_id, attempt_id)
-    head, offset = await run_in_threadpool(logs.tail, path, tail)
     if not follow:
-        return PlainTextResponse(head.decode("utf-8", "replace"))
+        return PlainTextResponse(start.head.decode("utf-8", "replace"))
     followers: Followers = state.followers
     try:
         followers.admit(team.team_id)
     except TooManyFollowers:
         raise Problem(429, "Too many requests", f"a team follows at most {followers.per_team} logs at once "
                       "on this server", headers={"Retry-After": "5"}) from None
-    return FollowResponse(followers, team.team_id, followers.stream(attempt_id, path, head, offset))
+    return FollowResponse(followers, team.team_id,
+                          followers.stream(start.attempt_id, start.path, start.head, start.offset))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=_READ)
@@ -207,15 +200,11 @@ def simulate_preemption(request: Request, job_id: JobId, session: SessionDep, te
     """Make the running attempt's simulated cloud send its preemption notice
     (local launcher only: a real cloud's notice cannot be forged)."""
     state = request.app.state
-    job = _get(session, team, job_id)
-    attempt = jobs.current_attempt(job)
-    launcher = state.reconciler.launchers.get(attempt.launcher) if attempt else None
-    if attempt is None or attempt.handle is None or not hasattr(launcher, "simulate_preemption"):
-        raise Problem(409, "Conflict", "only a running attempt on the local launcher can be preempted "
-                      "on request")
     try:
-        launcher.simulate_preemption(attempt.handle)
-    except LaunchError as exc:
+        job = jobs.simulate_preemption(session, team.team_id, job_id, state.launchers)
+    except jobs.JobNotFound:
+        raise _not_found(job_id) from None
+    except jobs.NotPreemptible as exc:
         raise Problem(409, "Conflict", str(exc)) from None
     return JobOut.of(job, team.team_name, state.clock.now())
 

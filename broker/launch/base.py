@@ -65,7 +65,9 @@ Handle = dict[str, Any]
 class Launcher(Protocol):
     """`probe(placement) -> bool` is optional: whether spot capacity is there
     now for that placement, asked without running a job (the placement policy
-    asks for probes to watch a zone's spell of capacity)."""
+    asks for probes to watch a zone's spell of capacity).
+    `simulate_preemption(handle)` is optional too: a launcher that simulates
+    the cloud (the local one) makes the run's cloud send its notice."""
 
     name: str
 

@@ -14,6 +14,7 @@ from spotbroker.broker.offers import rank_offers, seed_from_catalog
 from spotbroker.broker.placement import Placer, attempt_key, load_histories, zone_key
 from spotbroker.broker.policy import Action
 from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.states import EndReason
 
 T4 = {"accelerators": "T4:1"}
 
@@ -31,12 +32,13 @@ def submit(factory, team_id, **spec) -> int:
         return jobs.submit(s, team_id, JobSpec.model_validate({"run": "true", **spec})).id
 
 
-def add_attempt(s, job_id, place, *, state, reason=None, started=None, ended=None, use_spot=True):
+def add_attempt(s, job_id, place, *, state, end=None, started=None, ended=None, use_spot=True):
     """An attempt on `place` (a Placement); times are datetimes or None."""
     now = Clock().now()
     created = (started or ended or now) - timedelta(minutes=3)
-    a = Attempt(job_id=job_id, state=state, reason=reason, launcher="local", cloud=place.cloud,
-                region=place.region, zone=place.zone, zone_id=place.zone_id, instance_type=place.instance_type,
+    a = Attempt(job_id=job_id, state=state, reason=end and str(end), end_reason=end, launcher="local",
+                cloud=place.cloud, region=place.region, zone=place.zone, zone_id=place.zone_id,
+                instance_type=place.instance_type,
                 accelerator=place.accelerator, accelerator_count=place.accelerator_count, use_spot=use_spot,
                 num_nodes=1, price_per_hour=place.price_per_hour, created_at=created, updated_at=now,
                 started_at=started, ended_at=ended)
@@ -51,11 +53,12 @@ def test_each_place_history_is_replayed_from_every_teams_attempts(factory, setti
     with transaction(factory) as s:
         place = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": T4}), limit=1)[0]
         t0 = now - timedelta(hours=5)
-        ran = add_attempt(s, job_id, place, state="PREEMPTED", reason="preempted", started=t0,
+        ran = add_attempt(s, job_id, place, state="PREEMPTED", end=EndReason.PREEMPTED, started=t0,
                           ended=t0 + timedelta(hours=2))
-        add_attempt(s, job_id, place, state="FAILED", reason="no_capacity", ended=t0 + timedelta(hours=2, minutes=30))
+        add_attempt(s, job_id, place, state="FAILED", end=EndReason.NO_CAPACITY,
+                    ended=t0 + timedelta(hours=2, minutes=30))
         add_attempt(s, job_id, place, state="RUNNING", started=t0 + timedelta(hours=3))
-        add_attempt(s, job_id, place, state="PREEMPTED", reason="moved", started=t0 - timedelta(hours=1),
+        add_attempt(s, job_id, place, state="PREEMPTED", end=EndReason.MOVED, started=t0 - timedelta(hours=1),
                     ended=t0 - timedelta(minutes=10))
         key = attempt_key(ran)
         histories = load_histories(s, now, settings)
@@ -74,7 +77,7 @@ def test_a_place_that_keeps_reclaiming_loses_to_a_steadier_one_at_the_same_price
         cheapest = rank_offers(s, spec, limit=1)[0]
         for i in range(6):  # another job's spot runs there: ten minutes each, then reclaimed
             start = now - timedelta(hours=12 - i)
-            add_attempt(s, job_id, cheapest, state="PREEMPTED", reason="preempted", started=start,
+            add_attempt(s, job_id, cheapest, state="PREEMPTED", end=EndReason.PREEMPTED, started=start,
                         ended=start + timedelta(minutes=10))
     with factory() as s:
         job = s.get(Job, job_id)
@@ -91,7 +94,7 @@ def test_a_place_just_seen_reclaimed_is_tried_last(factory, settings, team):
     now = Clock().now()
     with transaction(factory) as s:
         cheapest = rank_offers(s, spec, limit=1)[0]
-        add_attempt(s, job_id, cheapest, state="PREEMPTED", reason="preempted", started=now - timedelta(hours=3),
+        add_attempt(s, job_id, cheapest, state="PREEMPTED", end=EndReason.PREEMPTED, started=now - timedelta(hours=3),
                     ended=now - timedelta(seconds=5))
     with factory() as s:
         choice = Placer(settings).choose(s, s.get(Job, job_id), spec, now)
@@ -166,11 +169,11 @@ def test_overlapping_runs_in_a_place_are_one_stretch_up(factory, settings, team)
     t0 = now - timedelta(hours=12)
     with transaction(factory) as s:
         place = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": T4}), limit=1)[0]
-        long_run = add_attempt(s, job_id, place, state="SUCCEEDED", reason="exit 0", started=t0,
+        long_run = add_attempt(s, job_id, place, state="SUCCEEDED", end=EndReason.SUCCEEDED, started=t0,
                                ended=t0 + timedelta(hours=10))
-        add_attempt(s, job_id, place, state="PREEMPTED", reason="preempted", started=t0 + timedelta(hours=1),
+        add_attempt(s, job_id, place, state="PREEMPTED", end=EndReason.PREEMPTED, started=t0 + timedelta(hours=1),
                     ended=t0 + timedelta(hours=2))
-        add_attempt(s, job_id, place, state="FAILED", reason="no_capacity", ended=t0 + timedelta(hours=3))
+        add_attempt(s, job_id, place, state="FAILED", end=EndReason.NO_CAPACITY, ended=t0 + timedelta(hours=3))
         history = load_histories(s, now, settings)[attempt_key(long_run)]
     assert history.seconds_up == pytest.approx(10 * 3600) and history.seconds_down == 0
     assert history.ups_lost == 0 and history.capacity_failures == 0
@@ -183,7 +186,7 @@ def test_a_refusal_reaches_the_jobs_placed_later_in_the_same_pass(factory, setti
     placer = Placer(settings)
     with transaction(factory) as s:
         choice = placer.choose(s, s.get(Job, first), spec, now)
-        refused = add_attempt(s, first, choice.placements[0], state="FAILED", reason="no_capacity", ended=now)
+        refused = add_attempt(s, first, choice.placements[0], state="FAILED", end=EndReason.NO_CAPACITY, ended=now)
         placer.capacity_error(refused, now)
         again = placer.choose(s, s.get(Job, second), spec, now)
     assert again.placements[0].place != choice.placements[0].place
@@ -241,7 +244,7 @@ def test_work_done_counts_productive_time_up_to_checkpoints_made_before_each_att
     with transaction(factory) as s:
         place = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": T4}), limit=1)[0]
         start = now - timedelta(hours=5)
-        old = add_attempt(s, job_id, place, state="PREEMPTED", reason="moved", started=start,
+        old = add_attempt(s, job_id, place, state="PREEMPTED", end=EndReason.MOVED, started=start,
                           ended=start + timedelta(hours=3))
         old.created_at = start  # launched when it came up: productive from start + d
         for at, step in ((start + timedelta(hours=2), 1), (start + timedelta(hours=3, minutes=5), 2)):

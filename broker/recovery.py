@@ -1,0 +1,215 @@
+"""Recovery: how an attempt ends, and what its job does next.
+
+Every way an attempt ends goes through here, and so does what follows:
+
+    notice:    RUNNING --preemption_notice--> PREEMPTING (the attempt is ending PREEMPTED)
+    move:      RUNNING --the policy moves it--> PREEMPTING "moving: ..." (ending MOVED);
+               the agent is told `drain: true` until the flush is in
+    flush:     PREEMPTING --checkpoint_committed / no_flush / the run ended--> RECOVERING,
+               the attempt PREEMPTED (or MOVED, which is not a reclaim)
+    drain timeout: a move whose flush never came --> RECOVERING all the same
+    vanished:  a node gone (or its agent silent) without a notice --> RECOVERING, the attempt VANISHED
+    exit:      exit 0 --> SUCCEEDED; a non-zero exit --> RECOVERING while restarts remain, else FAILED
+    launch:    a capacity refusal --> the attempt NO_CAPACITY, the next place or a wait;
+               a launch error --> FAILED
+
+The attempt's `end_reason` (an `EndReason`) is what code reads: placement
+replays each zone's record from it, and a move is told from a reclaim by
+it. While its job is PREEMPTING, the live attempt already holds why it is
+ending. The `reason` words are for people.
+
+RECOVERING starts as soon as the flush is committed, or none will come, or
+the run ended, whichever is first: the new attempt does not wait for the
+old node to die (the reconciler's release phase stops what is left of it).
+The functions take the caller's session and change nothing outside it; the
+ones that return a bool say whether the reconciler should look now.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from spotbroker.agent import protocol
+from spotbroker.broker.clock import Clock
+from spotbroker.broker.launch.base import RunState, RunStatus
+from spotbroker.broker.models import Attempt, Event, Job
+from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.states import (
+    LIVE_ATTEMPT_STATES,
+    LIVE_JOB_STATES,
+    AttemptState,
+    EndReason,
+    JobState,
+    transition,
+)
+
+A, J, E = AttemptState, JobState, EndReason
+MOVING = "moving: "  # the words of a PREEMPTING the broker started (a move), for people
+
+
+def live_attempt(job: Job) -> Attempt | None:
+    return next((a for a in job.attempts if a.state in LIVE_ATTEMPT_STATES), None)
+
+
+def is_move(job: Job) -> bool:
+    """Is the job PREEMPTING because the broker moves it (not the cloud)?"""
+    attempt = live_attempt(job) if job.state == J.PREEMPTING else None
+    return attempt is not None and attempt.end_reason == E.MOVED
+
+
+# --- a preemption, told by the agent ---------------------------------------------------
+
+def on_agent_event(session: Session, job: Job, attempt: Attempt, kind: str, data: dict[str, Any],
+                   clock: Clock) -> bool:
+    """What an agent's report of the job's current attempt changes of its end:
+    a notice starts PREEMPTING, a flush (or word that none will come) ends
+    it. Returns whether the job changed state."""
+    if kind == protocol.PREEMPTION_NOTICE and is_move(job) and data.get("kind") != "drain":
+        # the cloud reclaims the node we were moving off: it is a preemption
+        job.reason, attempt.end_reason = "preemption notice", E.PREEMPTED
+        return False
+    if kind == protocol.PREEMPTION_NOTICE and job.state in (J.LAUNCHING, J.RUNNING):
+        attempt.end_reason = E.PREEMPTED  # what it is ending for
+        transition(session, job, J.PREEMPTING, reason="preemption notice",
+                   data={"attempt_id": attempt.id, "deadline": data.get("deadline")}, clock=clock)
+        return True
+    if job.state == J.PREEMPTING and (
+            kind == protocol.NO_FLUSH
+            or (kind == protocol.CHECKPOINT_COMMITTED and data.get("reason") != "periodic")):
+        why = "checkpoint committed" if kind == protocol.CHECKPOINT_COMMITTED else "no flush will come"
+        preempted(session, job, attempt, why, clock)
+        return True
+    return False
+
+
+def preempted(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock) -> None:
+    """The attempt is lost to a preemption, or left for a move: recover on a
+    new one now, without waiting for the old node to die (the release phase
+    stops what is left). A move is not counted as a preemption: it ends
+    MOVED, which placement does not count against the zone."""
+    move = attempt.end_reason == E.MOVED
+    if attempt.state in LIVE_ATTEMPT_STATES:
+        end = E.MOVED if move else E.PREEMPTED
+        transition(session, attempt, A.PREEMPTED, reason=str(end), end=end, clock=clock)
+        attempt.released = False
+    if not move:
+        job.recoveries += 1
+    transition(session, job, J.RECOVERING, reason=f"{'moved' if move else 'preempted'}: {why}", clock=clock)
+    job.next_check_at = clock.now()
+
+
+# --- a move, started by the broker -----------------------------------------------------
+
+def start_move(session: Session, job: Job, attempt: Attempt, why: str, towards: Iterable[str],
+               drain_timeout_s: float, clock: Clock) -> None:
+    """Drain the running attempt to place the job again (the policy's "move"):
+    the agent is told to flush, and the job is placed again from that
+    checkpoint, or from the last one after `drain_timeout_s`."""
+    attempt.end_reason = E.MOVED  # what it is ending for: the move, not a reclaim
+    transition(session, job, J.PREEMPTING, reason=f"{MOVING}{why}",
+               data={"attempt_id": attempt.id, "towards": list(towards)}, clock=clock)
+    job.next_check_at = clock.now() + timedelta(seconds=drain_timeout_s)
+
+
+def drain_timed_out(session: Session, job: Job, clock: Clock) -> None:
+    """A move whose agent never flushed (no agent, or no checkpoint library
+    answering): move on from the last committed checkpoint."""
+    attempt = live_attempt(job)
+    if attempt is not None:
+        preempted(session, job, attempt, "no flush came in time", clock)
+
+
+# --- what the launcher saw the run do --------------------------------------------------
+
+def on_status(session: Session, job: Job, attempt_id: int, status: RunStatus, clock: Clock) -> bool:
+    """React to what the launcher says of the attempt's run: up, ended, or
+    gone. Returns whether the reconciler should look at the job now."""
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES:
+        return False
+    if status.error is not None:  # the node could not start the job: no restart helps
+        attempt.released = False
+        launch_failed(session, job, attempt, status.error, clock)
+        return False
+    if status.state == RunState.RUNNING:
+        if attempt.state == A.LAUNCHING:
+            transition(session, attempt, A.RUNNING, clock=clock)
+        if job.state == J.LAUNCHING:
+            transition(session, job, J.RUNNING, data={"attempt_id": attempt.id}, clock=clock)
+        return False
+    attempt.exit_code = status.exit_code
+    if job.state == J.PREEMPTING and status.state != RunState.SUCCEEDED:
+        # The node was reclaimed (or the trainer stopped) before the
+        # agent reported a flush: recover from what is committed.
+        preempted(session, job, attempt, f"the attempt ended ({status.state.lower()})", clock)
+        return True
+    if status.state == RunState.SUCCEEDED:
+        attempt.released = True  # the processes have exited
+        transition(session, attempt, A.SUCCEEDED, reason="exit 0", end=E.SUCCEEDED, clock=clock)
+        transition(session, job, J.SUCCEEDED, data={"attempt_id": attempt.id}, clock=clock)
+        return False
+    if status.state == RunState.FAILED:
+        attempt.released = True
+        return _exited(session, job, attempt, status.exit_code, clock)
+    if status.state == RunState.GONE:
+        vanished(session, job, attempt, clock)
+        return True
+    return False
+
+
+def _exited(session: Session, job: Job, attempt: Attempt, exit_code: int | None, clock: Clock) -> bool:
+    """A non-zero exit: restart while the job's restarts last, else the job fails."""
+    transition(session, attempt, A.FAILED, reason=f"exit {exit_code}", end=E.FAILED, clock=clock)
+    spec = JobSpec.model_validate(job.spec)
+    if job.restarts < spec.max_restarts:
+        job.restarts += 1
+        recover(session, job, f"exit {exit_code}; restart {job.restarts} of {spec.max_restarts}", clock)
+        return True
+    transition(session, job, J.FAILED, reason=f"exit code {exit_code}", data={"attempt_id": attempt.id},
+               clock=clock)
+    return False
+
+
+def vanished(session: Session, job: Job, attempt: Attempt, clock: Clock) -> None:
+    """The node went away without a notice (its launcher lost it, or its agent
+    went silent for a heartbeat timeout): a reclaim all the same."""
+    transition(session, attempt, A.PREEMPTED, reason="vanished", end=E.VANISHED, clock=clock)
+    job.recoveries += 1
+    recover(session, job, "node vanished without a notice", clock)
+
+
+def recover(session: Session, job: Job, why: str, clock: Clock) -> None:
+    """Place the job again now, from its newest committed checkpoint."""
+    transition(session, job, J.RECOVERING, reason=why, clock=clock)
+    job.next_check_at = clock.now()
+    session.add(Event(job_id=job.id, type="recovery_scheduled", at=clock.now(), data={"why": why}))
+
+
+# --- a launch that did not happen ------------------------------------------------------
+
+def capacity_refused(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock, *,
+                     last: bool, retry_after_s: float) -> bool:
+    """The cloud refused the launch for capacity: the attempt ends NO_CAPACITY
+    (placement counts it against the zone). When it was the `last` place the
+    decision offered, the job waits to be decided again on what was learnt.
+    Returns whether the attempt ended here (not cancelled meanwhile)."""
+    ended = attempt.state in LIVE_ATTEMPT_STATES
+    if ended:
+        transition(session, attempt, A.FAILED, reason="no_capacity", end=E.NO_CAPACITY, data={"error": why},
+                   clock=clock)
+    if last and job.state == J.LAUNCHING:  # every choice refused
+        job.next_check_at = clock.now() + timedelta(seconds=retry_after_s)
+        transition(session, job, J.RECOVERING, reason="no_capacity", clock=clock)
+    return ended
+
+
+def launch_failed(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock) -> None:
+    """A launch failed for a reason that another place will not fix: the job fails."""
+    if attempt.state in LIVE_ATTEMPT_STATES:
+        transition(session, attempt, A.FAILED, reason="launch_error", end=E.LAUNCH_ERROR, data={"error": why},
+                   clock=clock)
+    if job.state in LIVE_JOB_STATES:
+        transition(session, job, J.FAILED, reason=f"launch failed: {why}", clock=clock)
