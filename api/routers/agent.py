@@ -15,6 +15,7 @@ from fastapi import APIRouter, Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.agent import protocol
 from spotbroker.api.errors import Problem, responses
@@ -27,6 +28,7 @@ router = APIRouter(tags=["agent"])
 _bearer = HTTPBearer(auto_error=False, description="the attempt's agent token")
 MAX_LOG_CHUNK = 4 << 20
 MAX_EVENT_DATA = 64 << 10  # bytes of JSON in one event's data
+STORE_TRIES = 3
 DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the commit to reach us
 
 
@@ -91,7 +93,7 @@ CurrentAttempt = Annotated[AttemptRef, Depends(current_attempt)]
 _GONE = "The attempt ended longer ago than the grace window: stop delivering"
 
 
-@router.post(protocol.EVENTS_PATH, response_model=AgentAnswer, responses=responses(401, 410, 422, s410=_GONE))
+@router.post(protocol.EVENTS_PATH, response_model=AgentAnswer, responses=responses(401, 410, 422, 503, s410=_GONE))
 async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttempt) -> AgentAnswer:
     """Report events, in order; a re-sent event (same seq) is ignored. A batch
     with a checkpoint that is not at this attempt's own place for its step is
@@ -104,9 +106,18 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
     events = [agent_channel.AgentEvent(e.seq, e.type, e.at, e.data) for e in body.events]
 
     def store() -> agent_channel.Outcome:
-        with transaction(state.session_factory) as session:
-            return agent_channel.record(session, session.get(Attempt, attempt.id), events,
-                                        state.settings.checkpoint_uri, clock=state.clock)
+        # Another writer of the job (the reconciler, another broker) may win the
+        # race for its row: take the batch again on the new row (events are
+        # idempotent by seq) rather than answer a 500.
+        for tries_left in range(STORE_TRIES - 1, -1, -1):
+            try:
+                with transaction(state.session_factory) as session:
+                    return agent_channel.record(session, session.get(Attempt, attempt.id), events,
+                                                state.settings.checkpoint_uri, clock=state.clock)
+            except StaleDataError:
+                if not tries_left:
+                    raise Problem(503, "Unavailable", "the job changed under every try: send the batch again",
+                                  headers={"Retry-After": "1"}) from None
 
     outcome = await run_in_threadpool(store)
     if outcome.refused:

@@ -292,3 +292,36 @@ def test_odd_event_bodies_are_refused_never_a_server_error(api, team_headers, se
     assert r.status_code == 422, r.text
     assert api.get(f"/v1/jobs/{job['id']}/events", headers=h).status_code == 200
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_an_event_racing_another_writer_of_its_job_is_stored_not_a_server_error(
+        api, team_headers, settings, monkeypatch):
+    """The reconciler (or another broker) may write the job between the moment
+    the agent's batch read it and the moment it writes; the ORM's version
+    check then raises StaleDataError at the flush (seen as a 500 on
+    PostgreSQL). Here the first flush is made to lose that race: the batch is
+    taken again on the new row, never answered with a 500."""
+    from sqlalchemy.orm.exc import StaleDataError
+
+    from spotbroker.broker import agent_channel
+
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    real, raced = agent_channel.record, []
+
+    def record_losing_the_first_race(session, attempt, *args, **kwargs):
+        outcome = real(session, attempt, *args, **kwargs)
+        if not raced:
+            raced.append(True)
+            raise StaleDataError("UPDATE statement on table 'jobs' expected to update 1 row(s); 0 were matched.")
+        return outcome
+
+    monkeypatch.setattr(agent_channel, "record", record_losing_the_first_race)
+    r = post(api, token, ev(100, "preemption_notice"))
+    assert r.status_code == 200, r.text
+    assert raced and r.json()["accepted"] == 1
+    assert api.get(f"/v1/jobs/{job['id']}", headers=h).json()["state"] == "PREEMPTING"
+    notices = [e for e in api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+               if e["type"] == "preemption_notice"]
+    assert len(notices) == 1  # the lost try wrote nothing
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
