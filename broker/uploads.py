@@ -63,8 +63,9 @@ def store(settings: Settings, team: str, sha256: str, archive: Path) -> int:
 
 def _keep_from_jobs(team_uri: str) -> None:
     """On a local disk, the uploads are the broker's alone: the node fetches
-    them as the broker's user, and local jobs (all one user) never read
-    another team's code."""
+    them as the broker's user, and local jobs (all one user) cannot read
+    another team's stored uploads (a running job's unpacked copy is another
+    matter: see the README on what the local launcher does not isolate)."""
     parsed = urlparse(team_uri)
     if parsed.scheme == "file":
         os.chmod(Path(unquote(parsed.path)) / UPLOADS, 0o700)
