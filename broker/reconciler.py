@@ -200,7 +200,7 @@ class Reconciler:
         now = self.clock.now()
         with transaction(self.factory) as session:
             due = Job.next_check_at <= now
-            if "skypilot" not in self.launchers and not self._local_slot_free(session, lock=False):
+            if "skypilot" not in self.launchers and self._local_nodes_free(session, lock=False) <= 0:
                 # Every new attempt would run here and no slot is free: only
                 # jobs that already hold an attempt can move.
                 due = and_(due, Job.state.not_in([str(J.PENDING), str(J.RECOVERING)]))
@@ -287,7 +287,7 @@ class Reconciler:
         else:
             placements, why = (LOCAL_PLACEMENT,), "a CPU job runs on the broker's host"
         launcher = self._launcher_for(placements[0])
-        if launcher == "local" and not self._local_slot_free(session):
+        if launcher == "local" and self._local_nodes_free(session) < spec.num_nodes:
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
             return None, ()
         return self._new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
@@ -301,6 +301,10 @@ class Reconciler:
         if not spec.wants_gpu and "local" not in self.launchers:
             return ("no launcher can run it: a job without accelerators runs on the broker's host, and the local "
                     "launcher is off (SPOTBROKER_LOCAL_LAUNCHER=true turns it on)")
+        local_only = "local" in self.launchers and ("skypilot" not in self.launchers or not spec.wants_gpu)
+        if local_only and spec.num_nodes > self.settings.local_max_running:
+            return (f"it needs {spec.num_nodes} nodes, and the local launcher runs at most "
+                    f"{self.settings.local_max_running} at once (SPOTBROKER_LOCAL_MAX_RUNNING)")
         return None
 
     def _reconsider_hold(self, session: Session, job: Job) -> None:
@@ -346,15 +350,18 @@ class Reconciler:
         # for every offer and simulates the chosen cloud and price.
         return "local" if placement.cloud == "local" or "skypilot" not in self.launchers else "skypilot"
 
-    def _local_slot_free(self, session: Session, lock: bool = True) -> bool:
+    def _local_nodes_free(self, session: Session, lock: bool = True) -> int:
+        """Nodes the local launcher may still start: each node is processes on
+        this host, so nodes are counted, not attempts (a 1,024-node job must not
+        start 1,024 of them on one slot)."""
         if lock and self._dialect == "postgresql":
             # Serialise slot counting across broker processes (SQLite's
             # BEGIN IMMEDIATE already does).
             session.execute(text("SELECT pg_advisory_xact_lock(7041)"))
         running = session.scalar(
-            select(func.count()).select_from(Attempt)
+            select(func.coalesce(func.sum(Attempt.num_nodes), 0))
             .where(Attempt.launcher == "local", Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])))
-        return running < self.settings.local_max_running
+        return self.settings.local_max_running - running
 
     def _new_attempt(self, session: Session, job: Job, spec: JobSpec, placement: Placement,
                      launcher: str, why: str) -> Attempt:

@@ -156,9 +156,33 @@ def test_multi_node_runs_one_process_per_node_with_skypilot_variables(env, tmp_p
     out.mkdir()
     run = (f'echo "$SKYPILOT_NODE_RANK $SKYPILOT_NUM_NODES $(echo "$SKYPILOT_NODE_IPS" | wc -l)" '
            f'> {out}/$SKYPILOT_NODE_RANK')
+    settings.local_max_running = 3  # nodes on this host at once (the default is its CPU count)
     job_id = submit(factory, team, run=run, num_nodes=3)
     run_until(reconciler(factory, settings), factory, job_id, {"SUCCEEDED"})
     assert sorted(p.read_text().split() for p in out.iterdir()) == [["0", "3", "3"], ["1", "3", "3"], ["2", "3", "3"]]
+
+
+def test_the_local_cap_counts_nodes_and_holds_a_job_larger_than_it(env):
+    """Each local node is processes on the broker's host: two 2-node jobs under
+    a cap of 3 run one after the other, and a 4-node job is held, saying why."""
+    factory, settings, team = env
+    settings.local_max_running, settings.placement_interval = 3, 0.05
+    pair = [submit(factory, team, run="sleep 0.5", num_nodes=2) for _ in range(2)]
+    too_big = submit(factory, team, run="true", num_nodes=4)
+    rec = reconciler(factory, settings)
+    most, deadline = 0, time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rec.pass_once()
+        with factory() as s:
+            states = [s.get(Job, i).state for i in pair]
+            most = max(most, sum(a.num_nodes for a in s.scalars(select(Attempt).where(
+                Attempt.state.in_(["LAUNCHING", "RUNNING"])))))
+        if all(st == "SUCCEEDED" for st in states):
+            break
+        time.sleep(0.02)
+    assert states == ["SUCCEEDED", "SUCCEEDED"] and most == 2
+    held = run_until(rec, factory, too_big, {"HELD"})
+    assert "4 nodes" in held.reason and "SPOTBROKER_LOCAL_MAX_RUNNING" in held.reason
 
 
 class NoCapacityOnce(LocalLauncher):
