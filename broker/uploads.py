@@ -12,11 +12,12 @@ The same archive uploaded twice is stored once.
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
 from spotbroker.agent.checkpoint.storage import Storage
-from spotbroker.agent.code import CodeError, check_archive
+from spotbroker.agent.code import CodeError, check_archive, unpack
 from spotbroker.broker.launch.base import CodeRef
 from spotbroker.broker.settings import Settings
 
@@ -53,6 +54,11 @@ def store(settings: Settings, team: str, sha256: str, archive: Path) -> int:
     learns at launch that its code cannot be unpacked."""
     try:
         _, unpacked = check_archive(archive)
+        # Unpacked once here, as a node does: links that each stay inside on
+        # their own can still lead out through one another (d -> ., d/e -> ..),
+        # which only the filesystem tells; the node would refuse them at launch.
+        with tempfile.TemporaryDirectory(prefix="spotbroker-upload-check-") as trial:
+            unpack(archive, Path(trial) / "workdir")
     except CodeError as exc:
         raise UploadInvalid(str(exc)) from None
     team_store = _team_store(settings, team)

@@ -3,7 +3,9 @@ broker under the team's own prefix; and the job spec's `workdir` that names one.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import tarfile
 import time
 from pathlib import Path
 
@@ -118,3 +120,16 @@ def test_a_client_that_goes_mid_upload_leaves_no_traceback(server):
         time.sleep(0.5)
     out = server.output()
     assert "Traceback" not in out and "ClientDisconnect" not in out, out[-3000:]
+
+
+def test_links_that_lead_out_only_through_one_another_are_refused_at_upload(api, team_headers):
+    """Each link stays inside on its own (d -> ., d/e -> .., d/e/f -> ..), but
+    d/e/f resolves above the tree: refused now, not when a node unpacks it."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, target in (("d", "."), ("d/e", ".."), ("d/e/f", "..")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = tarfile.SYMTYPE, target
+            tar.addfile(info)
+    r = put(api, team_headers(), buf.getvalue())
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "body", r.text
