@@ -118,10 +118,15 @@ def _verify_and_keep(root: str, uri: str, step: int) -> None:
         _check_and_mark(Storage(uri), step)
         return
     with _pinned(root, uri) as pinned:
-        _check_and_mark(Storage(pinned), step)
+        _check_and_mark(Storage(pinned), step, local_dir=_local_path(pinned))
 
 
-def _check_and_mark(storage: Storage, step: int) -> None:
+def _check_and_mark(storage: Storage, step: int, local_dir: Path | None = None) -> None:
+    """`local_dir`: the checkpoint's directory on a local disk, whose files the
+    job owns: a link there would have the broker (root, maybe) read or size a
+    file of its choosing, so none is followed."""
+    if local_dir is not None:
+        _no_link(local_dir, protocol.MANIFEST)
     try:
         manifest = json.loads(storage.get(protocol.MANIFEST))
         objects = manifest["objects"]
@@ -135,11 +140,18 @@ def _check_and_mark(storage: Storage, step: int) -> None:
     for name, entry in objects.items():
         if not _OBJECT_NAME.fullmatch(str(name)) or name in (".", ".."):
             raise CheckpointUnverified(f"its manifest lists an odd object name {str(name)[:64]!r}")
+        if local_dir is not None:
+            _no_link(local_dir, name)
         info = storage.head(name)
         size = entry.get("size") if isinstance(entry, dict) else None
         if info is None or info.size != size:
             raise CheckpointUnverified(f"{name} is missing or not the size its manifest says")
     storage.put(KEEP_MARKER, b"")
+
+
+def _no_link(directory: Path, name: str) -> None:
+    if os.path.islink(directory / name):
+        raise CheckpointUnverified(f"{name} is a link, which a checkpoint never holds")
 
 
 @contextmanager

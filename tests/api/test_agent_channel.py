@@ -241,6 +241,16 @@ def test_keep_marks_only_a_checkpoint_its_manifest_confirms(api, team_headers, s
     (outside / "KEEP").unlink()
     os.symlink(outside, ckpt_dir)
     assert keep(4).status_code == 409 and not (outside / "KEEP").exists()
+    os.unlink(ckpt_dir)
+    os.rename(outside, ckpt_dir)
+    # Nor an object (or the manifest) swapped for a link to a file of the broker's of the same size.
+    secret = job_scratch / "brokers-own"
+    part = next(p for p in ckpt_dir.iterdir() if p.name.startswith("part-"))
+    secret.write_bytes(b"s" * part.stat().st_size)
+    part.unlink()
+    os.symlink(secret, part)
+    r = keep(4)
+    assert r.status_code == 409 and "link" in r.json()["detail"] and not (ckpt_dir / "KEEP").exists(), r.text
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
 
 
