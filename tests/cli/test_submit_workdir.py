@@ -131,7 +131,8 @@ def test_an_unreadable_file_or_directory_is_named(tmp_path):
         from spotbroker.broker.launch.local import job_python_default
 
         try:
-            user, python = pwd.getpwnam("spotbroker-job").pw_uid, job_python_default()
+            entry = pwd.getpwnam("spotbroker-job")
+            user, user_gid, python = entry.pw_uid, entry.pw_gid, job_python_default()
         except KeyError:
             pytest.skip("root reads every file, and there is no spotbroker-job user to run as")
     base = Path(tempfile.mkdtemp(prefix="spotbroker-unreadable-"))
@@ -144,8 +145,11 @@ def test_an_unreadable_file_or_directory_is_named(tmp_path):
             path.chmod(0o755 if path.is_dir() else 0o644)
         for hidden, name in ((proj / "secret.key", "secret.key"), (proj / "private", "private")):
             hide(hidden, user)
-            r = subprocess.run([python, "-c", _PACK, str(proj)], user=user, cwd="/", capture_output=True,
-                               text=True, timeout=60)
+            # As the job user wholly: with root's group kept, a checkout whose group is root and
+            # whose mode gives the group nothing (mktemp -d's 0700, then o+x) could not be entered.
+            as_user = {"user": user, "group": user_gid, "extra_groups": []} if user is not None else {}
+            r = subprocess.run([python, "-c", _PACK, str(proj)], cwd="/", capture_output=True,
+                               text=True, timeout=60, **as_user)
             assert r.returncode == 1 and f"workdir {proj}: cannot read {name}" in r.stderr, r.stderr
             shutil.rmtree(hidden) if hidden.is_dir() else hidden.unlink()
     finally:
