@@ -13,7 +13,7 @@ from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from pydantic import BaseModel
 
 from spotbroker.api.deps import SessionDep, get_principal
-from spotbroker.api.errors import Problem
+from spotbroker.api.errors import Problem, responses
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
 from spotbroker.broker.pricing.settings import get_pricing_settings
@@ -94,7 +94,7 @@ def _invalid(field: str, message: str) -> Problem:
     return Problem(422, "Invalid request", f"invalid field(s): {field}", errors=[{"field": field, "message": message}])
 
 
-@router.get("/prices", response_model=PricesOut)
+@router.get("/prices", response_model=PricesOut, responses=responses(401, 422))
 def list_prices(
     request: Request, session: SessionDep,
     cloud: Annotated[str | None, Query(pattern="^(aws|gcp|azure)$")] = None,
@@ -128,7 +128,7 @@ def list_prices(
     return PricesOut(offers=offers, next_cursor=next_cursor)
 
 
-@router.get("/prices/history", response_model=HistoryOut)
+@router.get("/prices/history", response_model=HistoryOut, responses=responses(401, 422))
 def price_history(
     request: Request, session: SessionDep,
     cloud: Annotated[str, Query(pattern="^(aws|gcp|azure)$")],

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from conftest import ADMIN_TOKEN
-from helpers import wait_state
+from helpers import wait_for, wait_state
 from sqlalchemy import update
 
 from spotbroker.broker.agent_channel import agent_token
@@ -64,6 +64,11 @@ def test_another_attempts_token_speaks_only_for_its_own_attempt(api, team_header
     h, other = team_headers("a"), team_headers("b")
     mine, my_token = job_with_attempt(api, h, settings, "sleep 60", {"RUNNING"})
     theirs, their_token = job_with_attempt(api, other, settings, "sleep 60", {"RUNNING"})
+    # The agent's own word that the trainer started may come after RUNNING: wait for it, so that
+    # `before` holds all that my job's own agent will say while it sleeps.
+    wait_for(lambda: any(e["type"] == "trainer_started" for e in
+                         api.get(f"/v1/jobs/{mine['id']}/events", headers=h).json()["events"]),
+             timeout=30, what="my trainer to start")
     before = api.get(f"/v1/jobs/{mine['id']}/events", headers=h).json()["events"]
     my_log = api.get(f"/v1/jobs/{mine['id']}/logs", headers=h).text
     # A notice and a checkpoint in my job's prefix, sent with the other attempt's token.
