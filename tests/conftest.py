@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database
+from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_local_nodes
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
@@ -164,6 +164,7 @@ def api(settings) -> Iterator:
     """The full app, reconciler included, and a client for it."""
     with served(settings) as client:
         yield client
+    stop_local_nodes(settings.data_dir)
 
 
 @pytest.fixture
@@ -172,6 +173,7 @@ def agent_endpoint(settings) -> Iterator:
     drives its own reconciler pass by pass."""
     with served(settings, run_reconciler=False) as client:
         yield client
+    stop_local_nodes(settings.data_dir)
 
 
 @pytest.fixture

@@ -3,13 +3,17 @@ from __future__ import annotations
 
 import io
 import os
+import signal
 import tarfile
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
+
+from spotbroker.agent.proctree import start_time
 
 PG_ADMIN_URL = os.environ.get("SPOTBROKER_TEST_PG_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -64,3 +68,16 @@ def tgz(**files: bytes) -> bytes:
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def stop_local_nodes(data_dir: Path) -> None:
+    """SIGTERM every node the local launcher started (they outlive the broker
+    by design, and an agent whose broker is gone keeps trying to deliver), so
+    that a test leaves no job running. Each node process ends its whole tree."""
+    for self_file in Path(data_dir).glob("runs/*/node-*.self"):
+        try:
+            pid, start = self_file.read_text().split()
+            if start_time(int(pid)) == start:  # the same process, not a reused pid
+                os.kill(int(pid), signal.SIGTERM)
+        except (ProcessLookupError, ValueError, IndexError, OSError):
+            pass

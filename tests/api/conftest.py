@@ -16,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from helpers import stop_local_nodes
 
 
 @dataclass
@@ -69,18 +70,6 @@ def _serve_process(db_url: str, data_dir: Path, admin_token: str, log_level: str
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-
-
-def stop_local_nodes(data_dir: Path) -> None:
-    """SIGTERM every node the local launcher started (they outlive the broker
-    by design), so that a test leaves no job running."""
-    import json
-
-    for node_file in (data_dir / "runs").glob("*/node-*.json"):
-        try:
-            os.kill(json.loads(node_file.read_text())["pid"], signal.SIGTERM)
-        except (ProcessLookupError, ValueError, KeyError, OSError):
-            pass
 
 
 @pytest.fixture
