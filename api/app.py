@@ -13,15 +13,15 @@ from spotbroker.api.batching import SubmissionBatcher
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
 from spotbroker.api.routers import agent, health, jobs, prices, teams, uploads
-from spotbroker.broker import migrate
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.offers import seed_from_catalog
+from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.settings import Settings, get_settings
-from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.store import migrate
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 
 log = logging.getLogger("spotbroker")
 

@@ -16,9 +16,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.api.schemas import JobOut
-from spotbroker.broker import jobs
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.db import transaction
+from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.store.db import transaction
 
 MAX_BATCH = 200
 

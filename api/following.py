@@ -26,9 +26,9 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.broker import logs
-from spotbroker.broker.models import Attempt
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES
+from spotbroker.broker.jobs import logs
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
+from spotbroker.broker.store.models import Attempt
 
 POLL_S = 0.25          # how often each followed log's size is looked at
 CHECK_S = 1.0          # how often the database is asked which attempts still run

@@ -7,9 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from spotbroker.broker import costs
-from spotbroker.broker.models import Attempt, Event, Job
-from spotbroker.broker.spec import SpecShapeError, check_shape
+from spotbroker.broker.jobs.spec import SpecShapeError, check_shape
+from spotbroker.broker.money import costs
+from spotbroker.broker.store.models import Attempt, Event, Job
 
 
 def _bounded(value: dict[str, Any]) -> dict[str, Any]:

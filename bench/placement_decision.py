@@ -23,14 +23,16 @@ from pathlib import Path
 from _db import temporary_database
 from sqlalchemy import insert
 
-from spotbroker.broker import auth, jobs, migrate
+from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.db import make_engine, make_session_factory, transaction
-from spotbroker.broker.models import Attempt, Job
-from spotbroker.broker.offers import rank_offers, seed_from_catalog
-from spotbroker.broker.placement import Placer, load_histories
+from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.placement.placer import Placer, load_histories
+from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.store import migrate
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.store.models import Attempt, Job
 
 T4 = {"accelerators": "T4:1"}
 

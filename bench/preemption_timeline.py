@@ -33,9 +33,9 @@ from datetime import datetime
 from pathlib import Path
 
 from spotbroker.agent.code import fetch_code
+from spotbroker.broker.cli.client import Client
 from spotbroker.broker.cli.demo import NOTICE_WINDOW, TRAIN, TRAIN_ARGS, _free_port, _wait_ready
-from spotbroker.broker.client import Client
-from spotbroker.broker.workdir import pack
+from spotbroker.broker.jobs.workdir import pack
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

@@ -31,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _db import temporary_database  # noqa: E402
 
-from spotbroker.broker import migrate  # noqa: E402
-from spotbroker.broker.db import make_engine, make_session_factory, transaction  # noqa: E402
-from spotbroker.broker.offers import rank_offers  # noqa: E402
+from spotbroker.broker.jobs.spec import JobSpec  # noqa: E402
 from spotbroker.broker.pricing import catalog, fake_data, fakes, store  # noqa: E402
+from spotbroker.broker.pricing.offers import rank_offers  # noqa: E402
 from spotbroker.broker.pricing.query import PriceQuery, ranked_prices  # noqa: E402
 from spotbroker.broker.pricing.settings import PricingSettings  # noqa: E402
 from spotbroker.broker.pricing.tracker import PriceTracker  # noqa: E402
-from spotbroker.broker.spec import JobSpec  # noqa: E402
+from spotbroker.broker.store import migrate  # noqa: E402
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction  # noqa: E402
 
 NOW = datetime(2026, 11, 25, tzinfo=UTC)
 # Change rates assumed for the history figure (per offer): AWS spot prices
@@ -275,7 +275,7 @@ def main() -> None:
                 with factory() as s:
                     from sqlalchemy import func, select
 
-                    from spotbroker.broker.models import PriceOffer
+                    from spotbroker.broker.store.models import PriceOffer
                     counts = dict(s.execute(select(PriceOffer.cloud, func.count()).group_by(PriceOffer.cloud)).all())
                 if "3" in parts:
                     print("  3. history")

@@ -19,14 +19,16 @@ from pathlib import Path
 from _db import temporary_database
 from sqlalchemy import func, select
 
-from spotbroker.broker import auth, jobs, migrate
-from spotbroker.broker.db import make_engine, make_session_factory, transaction
+from spotbroker.broker import auth
+from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.models import Attempt, Job
-from spotbroker.broker.offers import seed_from_catalog
+from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.store import migrate
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.store.models import Attempt, Job
 
 
 def bench(kind: str, n_jobs: int, passes: int) -> None:

@@ -18,9 +18,9 @@ import statistics
 import time
 from pathlib import Path
 
-from spotbroker.broker.policy.egress import region_of
-from spotbroker.broker.policy.model import Event, Observation, ZoneHistory, ZoneState
-from spotbroker.broker.policy.spotbroker import SpotBroker
+from spotbroker.broker.placement.policy.egress import region_of
+from spotbroker.broker.placement.policy.model import Event, Observation, ZoneHistory, ZoneState
+from spotbroker.broker.placement.policy.spotbroker import SpotBroker
 from spotbroker.broker.sim.runner import job_from_hours, run_arm
 from spotbroker.broker.sim.traces import load_traces
 

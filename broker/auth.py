@@ -15,7 +15,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.models import ApiToken, Team
+from spotbroker.broker.store.models import ApiToken, Team
 
 TOKEN_PREFIX = "sbt_"
 TEAM_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")

@@ -19,7 +19,7 @@ without a handle after a crash is simply launched again: the launcher
 returns what is already running, so there is one attempt per launch.
 
 How an attempt ends and what its job does next (a preemption, a vanished
-node, a move's drain, an exit, a capacity refusal) is `broker/recovery.py`'s:
+node, a move's drain, an exit, a capacity refusal) is `broker/recovery/attempts.py`'s:
 the reconciler observes and launches, and hands each ending there. What a
 node is given to run an attempt is `broker/launch/request.py`'s. (At about
 490 lines this module is still over the ~400 aimed at: its three phases and
@@ -42,11 +42,16 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from spotbroker.broker import recovery
-from spotbroker.broker.agent_channel import agent_token
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.db import transaction
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.states import (
+    LIVE_ATTEMPT_STATES,
+    LIVE_JOB_STATES,
+    AttemptState,
+    JobState,
+    transition,
+)
 from spotbroker.broker.launch.base import (
     CapacityError,
     Launcher,
@@ -55,19 +60,14 @@ from spotbroker.broker.launch.base import (
     RunStatus,
 )
 from spotbroker.broker.launch.request import launch_request
-from spotbroker.broker.models import Attempt, Event, Job, SpotProbe
-from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement
-from spotbroker.broker.placement import Placer
-from spotbroker.broker.policy import Action
+from spotbroker.broker.placement.placer import Placer
+from spotbroker.broker.placement.policy import Action
+from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
+from spotbroker.broker.recovery import attempts as recovery
+from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import (
-    LIVE_ATTEMPT_STATES,
-    LIVE_JOB_STATES,
-    AttemptState,
-    JobState,
-    transition,
-)
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Attempt, Event, Job, SpotProbe
 
 log = logging.getLogger(__name__)
 

@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     # Simulated notice window of local runs (None: the cloud's own, 120/30/30 s).
     local_notice_window: float | None = None
 
-    # Placement (see broker/placement.py): how often the policy looks again at a
+    # Placement (see broker/placement/placer.py): how often the policy looks again at a
     # job that waits for spot or runs against a deadline; the time a launch
     # loses before training resumes (boot, set-up, loading the checkpoint);
     # how far back each place's spot history reaches; how long a job being
@@ -97,7 +97,7 @@ class Settings(BaseSettings):
 
     def egress_prices(self):
         """The table as the placement policy takes it (`broker.policy.egress`)."""
-        from spotbroker.broker.policy.egress import EgressPrices
+        from spotbroker.broker.placement.policy.egress import EgressPrices
 
         table = dict(self.egress_usd_per_gb)
         default = table.pop("default", EgressPrices().default_usd_per_gb)

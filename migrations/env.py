@@ -1,12 +1,12 @@
-"""Alembic environment. The URL comes from the caller (`broker/migrate.py`)
+"""Alembic environment. The URL comes from the caller (`broker/store/migrate.py`)
 or, for the alembic command line, from SPOTBROKER_DATABASE_URL."""
 from __future__ import annotations
 
 from alembic import context
 
-from spotbroker.broker import models  # noqa: F401  (registers the tables)
-from spotbroker.broker.db import Base, make_engine
 from spotbroker.broker.settings import get_settings
+from spotbroker.broker.store import models  # noqa: F401  (registers the tables)
+from spotbroker.broker.store.db import Base, make_engine
 
 config = context.config
 target_metadata = Base.metadata

@@ -18,8 +18,8 @@ from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_loc
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
-from spotbroker.broker import migrate
-from spotbroker.broker.db import make_engine, make_session_factory
+from spotbroker.broker.store import migrate
+from spotbroker.broker.store.db import make_engine, make_session_factory
 
 ADMIN_TOKEN = "admin-token-for-tests"
 
@@ -56,7 +56,7 @@ def pg_database(pg_server: str) -> Iterator[str]:
 
 
 def _truncate_all(engine: Engine) -> None:
-    from spotbroker.broker.db import Base
+    from spotbroker.broker.store.db import Base
 
     names = ", ".join(t.name for t in Base.metadata.sorted_tables)
     with engine.begin() as conn:

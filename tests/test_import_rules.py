@@ -51,6 +51,6 @@ def test_no_module_crosses_the_import_rule(package, forbidden, allowed):
 
 
 def test_the_rule_catches_a_crossing():
-    tree = ast.parse("def f():\n    from spotbroker.api.app import create_app\nimport spotbroker.broker.db\n")
+    tree = ast.parse("def f():\n    from spotbroker.api.app import create_app\nimport spotbroker.broker.store.db\n")
     assert list(imports(tree)) == [("spotbroker.api.app", "f", 2), ("spotbroker.api.app.create_app", "f", 2),
-                                   ("spotbroker.broker.db", None, 3)]
+                                   ("spotbroker.broker.store.db", None, 3)]

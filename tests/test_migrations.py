@@ -5,8 +5,8 @@ from alembic import command
 from helpers import create_pg_database, drop_pg_database
 from sqlalchemy import inspect
 
-from spotbroker.broker import migrate
-from spotbroker.broker.db import make_engine
+from spotbroker.broker.store import migrate
+from spotbroker.broker.store.db import make_engine
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -20,9 +20,10 @@ from sqlalchemy.orm.exc import StaleDataError
 from spotbroker.agent import protocol
 from spotbroker.api.errors import Problem, responses
 from spotbroker.api.schemas import BoundedData
-from spotbroker.broker import agent_channel, logs
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import Attempt
+from spotbroker.broker.jobs import logs
+from spotbroker.broker.recovery import agent_channel
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Attempt
 
 router = APIRouter(tags=["agent"])
 _bearer = HTTPBearer(auto_error=False, description="the attempt's agent token")

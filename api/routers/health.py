@@ -6,7 +6,7 @@ from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
 from spotbroker.api.schemas import Health
-from spotbroker.broker import migrate
+from spotbroker.broker.store import migrate
 
 router = APIRouter(tags=["health"])
 

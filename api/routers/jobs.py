@@ -14,10 +14,11 @@ from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, Sessio
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
 from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
-from spotbroker.broker import jobs, uploads
-from spotbroker.broker.db import transaction
-from spotbroker.broker.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
-from spotbroker.broker.states import JobState
+from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs import uploads
+from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
+from spotbroker.broker.jobs.states import JobState
+from spotbroker.broker.store.db import transaction
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

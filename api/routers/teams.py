@@ -10,8 +10,8 @@ from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
 from spotbroker.api.errors import Problem, responses
 from spotbroker.api.schemas import TeamCreate, TeamOut, TokenOut
 from spotbroker.broker import auth
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import Team
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Team
 
 router = APIRouter(prefix="/v1", tags=["teams"])
 

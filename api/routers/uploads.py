@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 from spotbroker.agent.code import MAX_ARCHIVE_BYTES, MAX_FILES_BYTES
 from spotbroker.api.deps import CurrentTeam
 from spotbroker.api.errors import Problem, invalid, responses
-from spotbroker.broker import uploads
+from spotbroker.broker.jobs import uploads
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 

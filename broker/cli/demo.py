@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 
-from spotbroker.broker.client import ApiError, Client
+from spotbroker.broker.cli.client import ApiError, Client
 from spotbroker.broker.settings import get_settings
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from spotbroker.broker.client import ApiError, Client
+from spotbroker.broker.cli.client import ApiError, Client
 from spotbroker.broker.settings import get_settings
 
 _STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan",
@@ -45,7 +45,7 @@ def _where(a: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True)
 def submit(file: Path, as_json: bool) -> None:
     """Submit a job from a JSON or YAML file (SkyPilot task shape); '-' reads stdin."""
-    from spotbroker.broker.spec import SpecSyntaxError, load_document
+    from spotbroker.broker.jobs.spec import SpecSyntaxError, load_document
 
     data = sys.stdin.buffer.read() if str(file) == "-" else _read(file)
     fmt = "json" if file.suffix == ".json" else "yaml" if file.suffix in (".yaml", ".yml") else "auto"
@@ -74,7 +74,7 @@ def upload_workdir(c: Client, workdir: Path) -> str:
     directory are the user's to fix: a message naming it, no traceback."""
     import tempfile
 
-    from spotbroker.broker.workdir import WorkdirError, pack
+    from spotbroker.broker.jobs.workdir import WorkdirError, pack
 
     with tempfile.TemporaryFile() as archive:
         try:

@@ -104,12 +104,12 @@ def _print_history(body: dict[str, Any], as_json: bool) -> None:
 
 
 def _refresh(names: list[str], as_json: bool) -> None:
-    from spotbroker.broker import migrate
-    from spotbroker.broker.db import make_engine, make_session_factory
     from spotbroker.broker.pricing.settings import KNOWN_SOURCES, get_pricing_settings
     from spotbroker.broker.pricing.sources import build_sources
     from spotbroker.broker.pricing.tracker import PriceTracker
     from spotbroker.broker.settings import get_settings
+    from spotbroker.broker.store import migrate
+    from spotbroker.broker.store.db import make_engine, make_session_factory
 
     unknown = [n for n in names if n not in KNOWN_SOURCES]
     if unknown:

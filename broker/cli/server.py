@@ -9,14 +9,14 @@ from spotbroker.broker.settings import get_settings
 
 
 def _engine():
-    from spotbroker.broker.db import make_engine
+    from spotbroker.broker.store.db import make_engine
 
     return make_engine(get_settings().sqlalchemy_url)
 
 
 def _ready_engine():
     """An engine whose schema is current (SQLite is migrated on the spot)."""
-    from spotbroker.broker.migrate import SchemaBehind, prepare
+    from spotbroker.broker.store.migrate import SchemaBehind, prepare
 
     engine = _engine()
     try:
@@ -65,7 +65,7 @@ def db() -> None:
 @db.command()
 def upgrade() -> None:
     """Migrate the database to the newest schema."""
-    from spotbroker.broker import migrate
+    from spotbroker.broker.store import migrate
 
     engine = _engine()
     if engine.dialect.name == "sqlite":
@@ -77,7 +77,7 @@ def upgrade() -> None:
 @db.command()
 def current() -> None:
     """Print the schema revision of the database and of this code."""
-    from spotbroker.broker import migrate
+    from spotbroker.broker.store import migrate
 
     engine = _engine()
     click.echo(f"database: {migrate.current_revision(engine) or 'empty'}; "
@@ -95,7 +95,7 @@ def teams() -> None:
 def teams_create(name: str, as_json: bool) -> None:
     """Create a team; its token is printed alone on the last line."""
     from spotbroker.broker import auth
-    from spotbroker.broker.db import make_session_factory, transaction
+    from spotbroker.broker.store.db import make_session_factory, transaction
 
     engine = _ready_engine()
     try:

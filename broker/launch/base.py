@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
-from spotbroker.broker.offers import Placement
+from spotbroker.broker.pricing.offers import Placement
 
 
 class LaunchError(Exception):

@@ -41,10 +41,10 @@ import httpx
 
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
+from spotbroker.broker.jobs.logs import log_path
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.launch.local_node import NodeSpec
-from spotbroker.broker.logs import log_path
-from spotbroker.broker.offers import Placement
+from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
-from spotbroker.broker import uploads
-from spotbroker.broker.agent_channel import agent_token, newest_checkpoint
-from spotbroker.broker.checkpoints import attempt_prefix, job_prefix
+from spotbroker.broker.jobs import uploads
+from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import CodeRef, LaunchError, LaunchRequest
-from spotbroker.broker.models import Attempt, Team
-from spotbroker.broker.offers import Placement
+from spotbroker.broker.pricing.offers import Placement
+from spotbroker.broker.recovery.agent_channel import agent_token, newest_checkpoint
+from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.store.models import Attempt, Team
 
 
 def launch_request(session: Session, attempt: Attempt, settings: Settings, key: bytes) -> LaunchRequest:

@@ -15,9 +15,9 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
-from spotbroker.broker.models import PriceOffer
 from spotbroker.broker.pricing.normalise import accelerator_name
 from spotbroker.broker.pricing.settings import KNOWN_SOURCES, PricingSettings
+from spotbroker.broker.store.models import PriceOffer
 
 MAX_LIMIT = 1000
 

@@ -1,5 +1,5 @@
 """Published spot interruption signals, as one number: the fraction of spot
-VMs interrupted per month. It is a prior (broker/policy/), never a fact: the
+VMs interrupted per month. It is a prior (broker/placement/policy/), never a fact: the
 policy's own observations of a zone update it.
 
 - AWS Spot Instance Advisor: band `r` 0..4 = <5 %, 5-10 %, 10-15 %, 15-20 %,

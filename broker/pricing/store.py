@@ -16,10 +16,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, delete, exists, func, insert, select, update
 from sqlalchemy.orm import Session, aliased
 
-from spotbroker.broker.models import Offer, PriceOffer
 from spotbroker.broker.pricing.catalog import SOURCE as CATALOG
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.normalise import QualityReport, clean
+from spotbroker.broker.store.models import Offer, PriceOffer
 
 Key = tuple[str, str, str, str]  # cloud, region, place, instance type
 # cloud -> the regions a refresh covered (None: every region of that cloud)

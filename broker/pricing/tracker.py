@@ -21,11 +21,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import PriceSourceLease
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.base import Source, SourceUnavailable
 from spotbroker.broker.pricing.settings import PricingSettings
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import PriceSourceLease
 
 log = logging.getLogger("spotbroker.pricing")
 _PRUNE_EVERY = timedelta(hours=1)

@@ -9,8 +9,8 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from spotbroker.broker.policy.egress import region_of
-from spotbroker.broker.policy.model import (
+from spotbroker.broker.placement.policy.egress import region_of
+from spotbroker.broker.placement.policy.model import (
     Action,
     Capacity,
     Decision,

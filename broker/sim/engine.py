@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from spotbroker.broker.policy.egress import EgressPrices
-from spotbroker.broker.policy.model import (
+from spotbroker.broker.placement.policy.egress import EgressPrices
+from spotbroker.broker.placement.policy.model import (
     Action,
     Capacity,
     Decision,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from spotbroker.broker.policy.egress import EgressPrices, region_of
-from spotbroker.broker.policy.model import Capacity, Decision, Observation, Offer
+from spotbroker.broker.placement.policy.egress import EgressPrices, region_of
+from spotbroker.broker.placement.policy.model import Capacity, Decision, Observation, Offer
 from spotbroker.broker.sim.engine import Job
 from spotbroker.broker.sim.traces import TraceSet
 

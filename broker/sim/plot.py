@@ -1,7 +1,7 @@
 """Timeline plots of simulated runs (matplotlib is imported only here, lazily)."""
 from __future__ import annotations
 
-from spotbroker.broker.policy.model import Capacity
+from spotbroker.broker.placement.policy.model import Capacity
 from spotbroker.broker.sim.engine import Job
 from spotbroker.broker.sim.runner import WindowRun
 

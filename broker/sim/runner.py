@@ -5,7 +5,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from spotbroker.broker.policy.model import Policy
+from spotbroker.broker.placement.policy.model import Policy
 from spotbroker.broker.sim.baselines import (
     Greedy,
     UniformProgress,
@@ -41,7 +41,7 @@ def job_from_hours(job_hours: float, deadline_hours: float, restart_hours: float
 
 def policy_factory(name: str) -> Callable[[], Policy]:
     if name == "spotbroker":
-        from spotbroker.broker.policy.spotbroker import SpotBroker
+        from spotbroker.broker.placement.policy.spotbroker import SpotBroker
 
         return SpotBroker
     if name == "up-s":

@@ -29,7 +29,7 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from spotbroker.broker.policy.model import (
+from spotbroker.broker.placement.policy.model import (
     Action,
     Capacity,
     Decision,

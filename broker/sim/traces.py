@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spotbroker.broker.policy.egress import region_of
+from spotbroker.broker.placement.policy.egress import region_of
 
 
 class TraceError(ValueError):

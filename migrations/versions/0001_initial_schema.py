@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import spotbroker.broker.db
+import spotbroker.broker.store.db
 
 revision = '0001'
 down_revision = None
@@ -31,7 +31,7 @@ def upgrade() -> None:
     sa.Column('memory_gib', sa.Float(), nullable=True),
     sa.Column('spot_price', sa.Float(), nullable=True),
     sa.Column('ondemand_price', sa.Float(), nullable=True),
-    sa.Column('observed_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('observed_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
     sa.Column('source', sa.String(length=32), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_offers'))
     )
@@ -42,7 +42,7 @@ def upgrade() -> None:
     op.create_table('teams',
     sa.Column('id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('name', sa.String(length=64), nullable=False),
-    sa.Column('created_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('created_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_teams')),
     sa.UniqueConstraint('name', name=op.f('uq_teams_name'))
     )
@@ -51,8 +51,8 @@ def upgrade() -> None:
     sa.Column('team_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('digest', sa.String(length=64), nullable=False),
     sa.Column('name', sa.String(length=64), nullable=False),
-    sa.Column('created_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('revoked_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('created_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('revoked_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
     sa.ForeignKeyConstraint(['team_id'], ['teams.id'], name=op.f('fk_api_tokens_team_id_teams'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_api_tokens')),
     sa.UniqueConstraint('digest', name=op.f('uq_api_tokens_digest'))
@@ -70,12 +70,12 @@ def upgrade() -> None:
     sa.Column('idempotency_key', sa.String(length=128), nullable=True),
     sa.Column('restarts', sa.Integer(), nullable=False),
     sa.Column('recoveries', sa.Integer(), nullable=False),
-    sa.Column('created_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('updated_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('ended_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('next_check_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('created_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('updated_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('ended_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('next_check_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
     sa.Column('lease_owner', sa.String(length=64), nullable=True),
-    sa.Column('lease_expires_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('lease_expires_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
     sa.Column('version', sa.Integer(), nullable=False),
     sa.ForeignKeyConstraint(['team_id'], ['teams.id'], name=op.f('fk_jobs_team_id_teams'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_jobs')),
@@ -104,10 +104,10 @@ def upgrade() -> None:
     sa.Column('handle', sa.JSON(), nullable=True),
     sa.Column('exit_code', sa.Integer(), nullable=True),
     sa.Column('released', sa.Boolean(), nullable=False),
-    sa.Column('created_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('updated_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('started_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('ended_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('created_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('updated_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('started_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('ended_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
     sa.Column('version', sa.Integer(), nullable=False),
     sa.ForeignKeyConstraint(['job_id'], ['jobs.id'], name=op.f('fk_attempts_job_id_jobs'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_attempts'))
@@ -120,7 +120,7 @@ def upgrade() -> None:
     sa.Column('job_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
     sa.Column('attempt_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=True),
     sa.Column('type', sa.String(length=32), nullable=False),
-    sa.Column('at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
     sa.Column('data', sa.JSON(), nullable=False),
     sa.ForeignKeyConstraint(['attempt_id'], ['attempts.id'], name=op.f('fk_events_attempt_id_attempts'), ondelete='CASCADE'),
     sa.ForeignKeyConstraint(['job_id'], ['jobs.id'], name=op.f('fk_events_job_id_jobs'), ondelete='CASCADE'),

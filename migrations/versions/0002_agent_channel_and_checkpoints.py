@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import spotbroker.broker.db
+import spotbroker.broker.store.db
 
 revision = '0002'
 down_revision = '0001'
@@ -28,7 +28,7 @@ def upgrade() -> None:
     sa.Column('seconds', sa.Float(), nullable=True),
     sa.Column('reason', sa.String(length=16), nullable=True),
     sa.Column('keep', sa.Boolean(), nullable=False),
-    sa.Column('committed_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('committed_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
     sa.ForeignKeyConstraint(['attempt_id'], ['attempts.id'], name=op.f('fk_checkpoints_attempt_id_attempts'), ondelete='CASCADE'),
     sa.ForeignKeyConstraint(['job_id'], ['jobs.id'], name=op.f('fk_checkpoints_job_id_jobs'), ondelete='CASCADE'),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_checkpoints')),
@@ -40,7 +40,7 @@ def upgrade() -> None:
     with op.batch_alter_table('attempts', schema=None) as batch_op:
         batch_op.add_column(sa.Column('agent_token_digest', sa.String(length=64), nullable=True))
         batch_op.add_column(sa.Column('agent_seq', sa.Integer(), server_default='0', nullable=False))
-        batch_op.add_column(sa.Column('last_heartbeat_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True))
+        batch_op.add_column(sa.Column('last_heartbeat_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True))
         batch_op.create_unique_constraint(batch_op.f('uq_attempts_agent_token_digest'), ['agent_token_digest'])
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import spotbroker.broker.db
+import spotbroker.broker.store.db
 
 revision = '0003'
 down_revision = '0002'
@@ -26,7 +26,7 @@ def upgrade() -> None:
     sa.Column('zone_id', sa.String(length=64), nullable=True),
     sa.Column('instance_type', sa.String(length=64), nullable=True),
     sa.Column('available', sa.Boolean(), nullable=False),
-    sa.Column('at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
     sa.PrimaryKeyConstraint('id', name=op.f('pk_spot_probes'))
     )
     with op.batch_alter_table('spot_probes', schema=None) as batch_op:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-import spotbroker.broker.db
+import spotbroker.broker.store.db
 
 revision = '0004'
 down_revision = '0003'
@@ -32,8 +32,8 @@ def upgrade() -> None:
     sa.Column('memory_gib', sa.Float(), nullable=True),
     sa.Column('spot_price', sa.Float(), nullable=True),
     sa.Column('ondemand_price', sa.Float(), nullable=True),
-    sa.Column('observed_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
-    sa.Column('checked_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('observed_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('checked_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
     sa.Column('source', sa.String(length=32), nullable=False),
     sa.Column('listed', sa.Boolean(), nullable=False),
     sa.Column('risk', sa.Float(), nullable=True),
@@ -49,9 +49,9 @@ def upgrade() -> None:
     op.create_table('price_source_leases',
     sa.Column('source', sa.String(length=32), nullable=False),
     sa.Column('owner', sa.String(length=64), nullable=True),
-    sa.Column('expires_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('last_run_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
-    sa.Column('last_ok_at', spotbroker.broker.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('expires_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('last_run_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
+    sa.Column('last_ok_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
     sa.Column('last_error', sa.Text(), nullable=True),
     sa.PrimaryKeyConstraint('source', name=op.f('pk_price_source_leases'))
     )

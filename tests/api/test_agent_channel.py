@@ -11,9 +11,9 @@ from urllib.parse import urlparse
 import pytest
 from helpers import wait_state
 
-from spotbroker.broker.agent_channel import agent_token
-from spotbroker.broker.db import make_engine, make_session_factory, transaction
-from spotbroker.broker.models import Checkpoint
+from spotbroker.broker.recovery.agent_channel import agent_token
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.store.models import Checkpoint
 
 
 def ev(seq: int, event_type: str, **data) -> dict:
@@ -313,7 +313,7 @@ def test_an_event_racing_another_writer_of_its_job_is_stored_not_a_server_error(
     taken again on the new row, never answered with a 500."""
     from sqlalchemy.orm.exc import StaleDataError
 
-    from spotbroker.broker import agent_channel
+    from spotbroker.broker.recovery import agent_channel
 
     h = team_headers()
     job, token = running_job(api, h, settings)

@@ -14,9 +14,9 @@ from conftest import ADMIN_TOKEN
 from helpers import wait_for, wait_state
 from sqlalchemy import update
 
-from spotbroker.broker.agent_channel import agent_token
-from spotbroker.broker.db import make_engine, make_session_factory, transaction
-from spotbroker.broker.models import Attempt
+from spotbroker.broker.recovery.agent_channel import agent_token
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.store.models import Attempt
 
 EVENTS, LOGS = "/v1/agent/events", "/v1/agent/logs"
 

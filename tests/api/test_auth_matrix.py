@@ -12,9 +12,9 @@ from conftest import ADMIN_TOKEN
 from helpers import tgz, wait_state
 from sqlalchemy import MetaData, select
 
-from spotbroker.broker.agent_channel import agent_token
-from spotbroker.broker.db import make_engine
-from spotbroker.broker.models import Checkpoint
+from spotbroker.broker.recovery.agent_channel import agent_token
+from spotbroker.broker.store.db import make_engine
+from spotbroker.broker.store.models import Checkpoint
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 WRONG = [{}, {"Authorization": "Bearer sbt_not-a-token"}, {"Authorization": "Bearer"},

@@ -11,8 +11,8 @@ import pytest
 from conftest import ADMIN_TOKEN
 from sqlalchemy import func, select
 
-from spotbroker.broker.db import make_engine
-from spotbroker.broker.models import Event, Job
+from spotbroker.broker.store.db import make_engine
+from spotbroker.broker.store.models import Event, Job
 
 JSON, YAML = "application/json", "application/yaml"
 BIG = "74557315999538612273152"  # > 2^63 - 1

@@ -5,8 +5,8 @@ import pytest
 from helpers import wait_for, wait_state
 from sqlalchemy import func, select
 
-from spotbroker.broker.db import make_engine
-from spotbroker.broker.models import Event, Job
+from spotbroker.broker.store.db import make_engine
+from spotbroker.broker.store.models import Event, Job
 
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
 

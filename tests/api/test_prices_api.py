@@ -4,9 +4,9 @@ from datetime import timedelta
 from conftest import ADMIN_TOKEN
 
 from spotbroker.broker.clock import SYSTEM_CLOCK
-from spotbroker.broker.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.catalog import OfferRow
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 
 FIELDS = {"cloud", "region", "zone", "zone_id", "instance_type", "accelerator", "accelerator_count", "vcpus",
           "memory_gib", "spot_price", "on_demand_price", "observed_at", "source", "stale", "risk"}

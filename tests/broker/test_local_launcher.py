@@ -7,7 +7,7 @@ import time
 from spotbroker.agent.proctree import start_time
 from spotbroker.broker.launch.base import LaunchRequest, RunState
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.offers import LOCAL_PLACEMENT
+from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT
 
 
 def request(tmp_path, run: str) -> LaunchRequest:

@@ -1,10 +1,10 @@
 """The list-price ranking (`rank_offers`): on-demand-only jobs, and the feasible offers the policy weighs."""
 import pytest
 
-from spotbroker.broker.db import transaction
-from spotbroker.broker.offers import rank_offers, seed_from_catalog
+from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.pricing.catalog import snapshot_rows
-from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
+from spotbroker.broker.store.db import transaction
 
 
 @pytest.fixture

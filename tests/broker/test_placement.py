@@ -6,15 +6,16 @@ from datetime import timedelta
 
 import pytest
 
-from spotbroker.broker import auth, jobs
+from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import Attempt, Job
-from spotbroker.broker.offers import rank_offers, seed_from_catalog
-from spotbroker.broker.placement import Placer, attempt_key, load_histories, zone_key
-from spotbroker.broker.policy import Action
-from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import EndReason
+from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.states import EndReason
+from spotbroker.broker.placement.placer import Placer, attempt_key, load_histories, zone_key
+from spotbroker.broker.placement.policy import Action
+from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Attempt, Job
 
 T4 = {"accelerators": "T4:1"}
 
@@ -235,8 +236,8 @@ def test_failover_is_bounded_but_keeps_the_on_demand_safety_net(factory, setting
 
 
 def test_work_done_counts_productive_time_up_to_checkpoints_made_before_each_attempt_ended(factory, settings, team):
-    from spotbroker.broker.models import Checkpoint
-    from spotbroker.broker.placement import _work_done
+    from spotbroker.broker.placement.placer import _work_done
+    from spotbroker.broker.store.models import Checkpoint
 
     job_id = submit(factory, team, resources=T4)
     now = Clock().now()

@@ -8,14 +8,14 @@ import pytest
 from azure.core.credentials import AccessToken
 from sqlalchemy import select
 
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import PriceOffer
-from spotbroker.broker.offers import seed_from_catalog
 from spotbroker.broker.pricing import fake_data, fakes
 from spotbroker.broker.pricing.azure import AzureSource, ResourceSkus
 from spotbroker.broker.pricing.base import SourceUnavailable
+from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.pricing.settings import PricingSettings
 from spotbroker.broker.pricing.tracker import PriceTracker
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import PriceOffer
 
 
 class Token:

@@ -4,8 +4,8 @@ import os
 import subprocess
 import sys
 
-from spotbroker.broker import migrate
-from spotbroker.broker.db import make_engine
+from spotbroker.broker.store import migrate
+from spotbroker.broker.store.db import make_engine
 
 
 def spotbroker(*args, env):

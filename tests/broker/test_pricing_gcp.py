@@ -6,14 +6,14 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import PriceOffer
-from spotbroker.broker.offers import seed_from_catalog
 from spotbroker.broker.pricing import fake_data, fakes
 from spotbroker.broker.pricing.base import SourceUnavailable
 from spotbroker.broker.pricing.gcp import GcpSource
+from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.pricing.settings import PricingSettings
 from spotbroker.broker.pricing.tracker import PriceTracker
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import PriceOffer
 
 
 @pytest.fixture

@@ -5,16 +5,16 @@ from datetime import UTC, datetime
 
 import pytest
 
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import Job, Team
-from spotbroker.broker.placement import Placer
-from spotbroker.broker.policy import Action, Event, Observation, SpotBroker, ZoneHistory, ZoneState
-from spotbroker.broker.policy.egress import region_of
-from spotbroker.broker.policy.estimators import PRIOR_UP_S, estimate, prior_up_s
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.placement.placer import Placer
+from spotbroker.broker.placement.policy import Action, Event, Observation, SpotBroker, ZoneHistory, ZoneState
+from spotbroker.broker.placement.policy.egress import region_of
+from spotbroker.broker.placement.policy.estimators import PRIOR_UP_S, estimate, prior_up_s
 from spotbroker.broker.pricing import risk, store
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Job, Team
 
 
 def zone(name, price, published=None):

@@ -7,15 +7,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import func, select
 
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import Offer, PriceOffer
-from spotbroker.broker.offers import current_offers, rank_offers, seed_from_catalog
+from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name, clean
+from spotbroker.broker.pricing.offers import current_offers, rank_offers, seed_from_catalog
 from spotbroker.broker.pricing.query import PriceQuery, ranked_prices
 from spotbroker.broker.pricing.settings import PricingSettings
-from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Offer, PriceOffer
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 

@@ -7,13 +7,13 @@ from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import select
 
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import PriceOffer, PriceSourceLease, Team
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.query import is_fresh
 from spotbroker.broker.pricing.settings import PricingSettings
 from spotbroker.broker.pricing.tracker import PriceTracker
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import PriceOffer, PriceSourceLease, Team
 
 T0 = datetime(2026, 11, 1, tzinfo=UTC)
 ROW = OfferRow(cloud="aws", region="us-east-1", zone="us-east-1a", zone_id="use1-az6", instance_type="p4d.24xlarge",

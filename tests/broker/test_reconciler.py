@@ -10,16 +10,17 @@ from datetime import timedelta
 import pytest
 from sqlalchemy import select
 
-from spotbroker.broker import auth, jobs
-from spotbroker.broker.checkpoints import attempt_prefix, checkpoint_uri
+from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.db import transaction
+from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import CapacityError
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.models import Attempt, Event, Job, Team
-from spotbroker.broker.offers import seed_from_catalog
+from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
-from spotbroker.broker.spec import JobSpec
+from spotbroker.broker.recovery.checkpoints import attempt_prefix, checkpoint_uri
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Attempt, Event, Job, Team
 
 
 class ShiftedClock(Clock):
@@ -230,7 +231,7 @@ def test_a_launch_whose_handle_was_lost_is_found_even_after_the_agent_said_runni
     The handle must still be recovered, and the run observed to its end."""
     from datetime import UTC, datetime
 
-    from spotbroker.broker import agent_channel
+    from spotbroker.broker.recovery import agent_channel
 
     factory, settings, team = env
     marker = tmp_path / "runs.txt"
@@ -271,7 +272,7 @@ def _deadline_job_running_on_spot(factory, settings, team, rec):
 def test_a_running_job_short_of_slack_is_drained_then_moved_to_on_demand(env):
     from datetime import UTC, datetime
 
-    from spotbroker.broker import agent_channel
+    from spotbroker.broker.recovery import agent_channel
 
     factory, settings, team = env
     rec = reconciler(factory, settings, LocalLauncher(settings.data_dir, 1, agent=False))
@@ -318,8 +319,8 @@ def _cancel(factory, rec, job_id):
 
 
 def test_a_job_told_to_wait_says_why_once_and_is_looked_at_again_each_interval(env):
-    from spotbroker.broker.placement import Choice
-    from spotbroker.broker.policy import Action
+    from spotbroker.broker.placement.placer import Choice
+    from spotbroker.broker.placement.policy import Action
 
     factory, settings, team = env
     clock = ShiftedClock()

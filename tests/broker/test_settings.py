@@ -2,7 +2,7 @@
 import pytest
 from pydantic import ValidationError
 
-from spotbroker.broker.policy.egress import EgressPrices
+from spotbroker.broker.placement.policy.egress import EgressPrices
 from spotbroker.broker.settings import Settings
 
 

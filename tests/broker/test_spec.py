@@ -2,7 +2,7 @@
 import pytest
 from pydantic import ValidationError
 
-from spotbroker.broker.spec import JobSpec, SpecSyntaxError, load_document
+from spotbroker.broker.jobs.spec import JobSpec, SpecSyntaxError, load_document
 
 
 def fields(body: dict) -> list[str]:

@@ -2,11 +2,10 @@
 import pytest
 from sqlalchemy import select
 
-from spotbroker.broker import auth, jobs
-from spotbroker.broker.db import transaction
-from spotbroker.broker.models import Event, Job
-from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import (
+from spotbroker.broker import auth
+from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.states import (
     ATTEMPT_TRANSITIONS,
     JOB_TRANSITIONS,
     TERMINAL_JOB_STATES,
@@ -14,6 +13,8 @@ from spotbroker.broker.states import (
     JobState,
     transition,
 )
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Event, Job
 
 
 def make_job(factory) -> int:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers import create_pg_database, drop_pg_database
 
-from spotbroker.broker import migrate
+from spotbroker.broker.store import migrate
 
 REPO = Path(__file__).resolve().parents[2]
 

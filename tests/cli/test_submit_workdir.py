@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from spotbroker.broker.workdir import WorkdirError, pack
+from spotbroker.broker.jobs.workdir import WorkdirError, pack
 
 
 def packed_names(root: Path) -> set[str]:
@@ -70,7 +70,7 @@ def test_the_same_files_make_the_same_archive(tmp_path):
 
 
 def test_too_much_is_refused_naming_the_workdir(tmp_path, monkeypatch):
-    monkeypatch.setattr("spotbroker.broker.workdir.MAX_FILES_BYTES", 1000)
+    monkeypatch.setattr("spotbroker.broker.jobs.workdir.MAX_FILES_BYTES", 1000)
     root = tree(tmp_path / "proj", {"a.bin": "x" * 600, "b.bin": "x" * 600})
     with pytest.raises(WorkdirError, match=f"workdir {root} holds more than"):
         pack(root, io.BytesIO())
@@ -111,7 +111,7 @@ def hide(path: Path, user: int | None) -> None:
 
 _PACK = """
 import io, sys
-from spotbroker.broker.workdir import WorkdirError, pack
+from spotbroker.broker.jobs.workdir import WorkdirError, pack
 try:
     pack(sys.argv[1], io.BytesIO())
 except WorkdirError as exc:

@@ -18,8 +18,8 @@ from conftest import ADMIN_TOKEN
 from helpers import wait_for
 from sqlalchemy import select
 
-from spotbroker.broker.db import make_engine, make_session_factory
-from spotbroker.broker.models import Event
+from spotbroker.broker.store.db import make_engine, make_session_factory
+from spotbroker.broker.store.models import Event
 
 pytestmark = pytest.mark.slow
 OUTAGE_AFTER_EXIT = 28.0  # seconds the broker stays down after the trainer exited (the old limit: 20)

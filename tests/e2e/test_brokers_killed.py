@@ -22,9 +22,10 @@ import pytest
 from helpers import create_pg_database, drop_pg_database
 from sqlalchemy import select
 
-from spotbroker.broker import auth, migrate
-from spotbroker.broker.db import make_engine, make_session_factory, transaction
-from spotbroker.broker.models import Attempt, Event, Job
+from spotbroker.broker import auth
+from spotbroker.broker.store import migrate
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.store.models import Attempt, Event, Job
 
 pytestmark = pytest.mark.slow
 

@@ -177,7 +177,7 @@ def project():
 
 def upload_over_rest(api, h, root: Path) -> str:
     """What a REST client does: pack, PUT /v1/uploads/{sha256}."""
-    from spotbroker.broker.workdir import pack
+    from spotbroker.broker.jobs.workdir import pack
 
     with tempfile.TemporaryFile() as archive:
         sha = pack(root, archive).sha256

@@ -94,8 +94,8 @@ def test_a_run_short_of_slack_is_drained_and_resumes_on_demand(api, team_headers
 
     from sqlalchemy import update
 
-    from spotbroker.broker.db import make_engine
-    from spotbroker.broker.models import Job
+    from spotbroker.broker.store.db import make_engine
+    from spotbroker.broker.store.models import Job
 
     h = team_headers()
     run = " ".join(JOB_TRAIN + ["--step-seconds", "0.15"])

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spotbroker.broker.policy.egress import region_of
-from spotbroker.broker.policy.model import Capacity
+from spotbroker.broker.placement.policy.egress import region_of
+from spotbroker.broker.placement.policy.model import Capacity
 from spotbroker.broker.sim.baselines import Greedy
 from spotbroker.broker.sim.engine import Job, run_window
 from spotbroker.broker.sim.traces import TraceSet, ZoneTrace

@@ -4,9 +4,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spotbroker.broker.policy import planner
-from spotbroker.broker.policy.estimators import estimate, spell_outlook
-from spotbroker.broker.policy.model import Event, ZoneHistory
+from spotbroker.broker.placement.policy import planner
+from spotbroker.broker.placement.policy.estimators import estimate, spell_outlook
+from spotbroker.broker.placement.policy.model import Event, ZoneHistory
 
 
 def test_spell_means_are_learned_from_samples():
@@ -77,8 +77,8 @@ def test_plan_waits_with_slack_and_goes_on_demand_without():
 
 
 def test_outages_another_zone_covers_count_as_a_bridge_not_a_wait():
-    from spotbroker.broker.policy.estimators import ZoneEstimate
-    from spotbroker.broker.policy.spotbroker import _outages_covered
+    from spotbroker.broker.placement.policy.estimators import ZoneEstimate
+    from spotbroker.broker.placement.policy.spotbroker import _outages_covered
 
     hours = 3600.0
     flaky = ZoneEstimate(up_mean_s=2 * hours, down_mean_s=4 * hours)

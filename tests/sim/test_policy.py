@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spotbroker.broker.policy.egress import region_of
-from spotbroker.broker.policy.model import (
+from spotbroker.broker.placement.policy.egress import region_of
+from spotbroker.broker.placement.policy.model import (
     Action,
     Capacity,
     Event,
@@ -16,7 +16,7 @@ from spotbroker.broker.policy.model import (
     ZoneHistory,
     ZoneState,
 )
-from spotbroker.broker.policy.spotbroker import SpotBroker
+from spotbroker.broker.placement.policy.spotbroker import SpotBroker
 from spotbroker.broker.sim.engine import Job, run_window
 from spotbroker.broker.sim.runner import policy_factory
 from spotbroker.broker.sim.traces import TraceSet, ZoneTrace

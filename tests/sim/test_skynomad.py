@@ -10,8 +10,8 @@ import statistics
 import numpy as np
 import pytest
 
-from spotbroker.broker.policy.egress import region_of
-from spotbroker.broker.policy.model import (
+from spotbroker.broker.placement.policy.egress import region_of
+from spotbroker.broker.placement.policy.model import (
     Action,
     Capacity,
     Observation,

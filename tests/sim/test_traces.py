@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from spotbroker.broker.policy.egress import EgressPrices, region_of
+from spotbroker.broker.placement.policy.egress import EgressPrices, region_of
 from spotbroker.broker.sim.runner import check_windows, job_from_hours
 from spotbroker.broker.sim.traces import TraceError, load_traces
 

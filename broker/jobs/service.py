@@ -10,18 +10,10 @@ from pathlib import Path
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.broker import logs
-from spotbroker.broker.checkpoints import (  # CheckpointUnverified: the API catches it from here
-    CheckpointUnverified,
-    attempt_prefix,
-    checkpoint_uri,
-    verify_and_keep,
-)
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.launch.base import Launcher, LaunchError
-from spotbroker.broker.models import Attempt, Checkpoint, Event, Job, Team
-from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import (
+from spotbroker.broker.jobs import logs
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
     TERMINAL_JOB_STATES,
     AttemptState,
@@ -29,6 +21,14 @@ from spotbroker.broker.states import (
     JobState,
     transition,
 )
+from spotbroker.broker.launch.base import Launcher, LaunchError
+from spotbroker.broker.recovery.checkpoints import (  # CheckpointUnverified: the API catches it from here
+    CheckpointUnverified,
+    attempt_prefix,
+    checkpoint_uri,
+    verify_and_keep,
+)
+from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, Team
 
 
 class JobNotFound(LookupError):

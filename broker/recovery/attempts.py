@@ -34,10 +34,8 @@ from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.launch.base import RunState, RunStatus
-from spotbroker.broker.models import Attempt, Event, Job
-from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import (
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
     LIVE_JOB_STATES,
     AttemptState,
@@ -45,6 +43,8 @@ from spotbroker.broker.states import (
     JobState,
     transition,
 )
+from spotbroker.broker.launch.base import RunState, RunStatus
+from spotbroker.broker.store.models import Attempt, Event, Job
 
 A, J, E = AttemptState, JobState, EndReason
 MOVING = "moving: "  # the words of a PREEMPTING the broker started (a move), for people

@@ -104,7 +104,7 @@ def transition(
 ) -> None:
     """Move a Job or an Attempt to `to` and record the event, in `session`.
     An attempt that ends says why with `end` (stored in `end_reason`)."""
-    from spotbroker.broker.models import Attempt, Event, Job
+    from spotbroker.broker.store.models import Attempt, Event, Job
 
     if isinstance(obj, Job):
         table, kind, job_id, attempt_id = JOB_TRANSITIONS, "job", obj.id, None

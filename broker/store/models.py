@@ -7,7 +7,7 @@ from typing import Any
 from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from spotbroker.broker.db import Base
+from spotbroker.broker.store.db import Base
 
 # BIGINT on PostgreSQL, INTEGER (the rowid alias) on SQLite.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -175,7 +175,7 @@ class Checkpoint(Base):
 
 class SpotProbe(Base):
     """One ask for spot capacity in a place, made without running a job (the
-    policy asks for probes to watch a zone's spell; see broker/placement.py)."""
+    policy asks for probes to watch a zone's spell; see broker/placement/placer.py)."""
 
     __tablename__ = "spot_probes"
     __table_args__ = (Index("ix_spot_probes_at", "at"),)

@@ -4,14 +4,14 @@ Each attempt gets its own agent token at launch (only its digest is kept),
 so an agent can post only for its own attempt. Events carry a sequence
 number per attempt; one already stored is ignored, so a buffered batch can
 be re-sent safely. What a notice or a flush does to the job (PREEMPTING,
-then RECOVERING) is `broker/recovery.py`'s; the answer tells the agent
+then RECOVERING) is `broker/recovery/attempts.py`'s; the answer tells the agent
 `drain: true` while the broker moves the job. Only the job's current
 attempt moves anything: a late report from an attempt that was already
 replaced is recorded (its checkpoint too: it lives under that attempt's own
 prefix) but moves nothing.
 
 A reported checkpoint must be at that attempt's own place for its step
-(:mod:`spotbroker.broker.checkpoints`); a batch with one that is not is
+(:mod:`spotbroker.broker.recovery.checkpoints`); a batch with one that is not is
 refused whole (nothing of it is stored), a `checkpoint_refused` event says so
 on the job, and the agent re-sends the rest one by one. An attempt's token
 works while it runs and for `agent_token_grace` seconds after it ended (the
@@ -32,12 +32,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
-from spotbroker.broker import recovery
 from spotbroker.broker.auth import digest
-from spotbroker.broker.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.models import Attempt, Checkpoint, Event, Job, Team
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
+from spotbroker.broker.recovery import attempts as recovery
+from spotbroker.broker.recovery.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
+from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, Team
 
 A, J = AttemptState, JobState
 AGENT_TOKEN_PREFIX = "sba_"

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spotbroker.broker.policy.model import ZoneHistory
+from spotbroker.broker.placement.policy.model import ZoneHistory
 
 # One pseudo-spell each: round numbers, not fitted to any trace.
 PRIOR_UP_S = 4 * 3600.0

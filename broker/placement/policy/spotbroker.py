@@ -38,9 +38,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from spotbroker.broker.policy import planner
-from spotbroker.broker.policy.estimators import MIN_SPELLS, ZoneEstimate, estimate, spell_outlook, survival
-from spotbroker.broker.policy.model import Action, Capacity, Decision, Observation, Offer, ZoneState
+from spotbroker.broker.placement.policy import planner
+from spotbroker.broker.placement.policy.estimators import MIN_SPELLS, ZoneEstimate, estimate, spell_outlook, survival
+from spotbroker.broker.placement.policy.model import Action, Capacity, Decision, Observation, Offer, ZoneState
 
 PROBE_S = 60.0  # a successful probe bills about a minute of spot
 

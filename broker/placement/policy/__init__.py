@@ -3,7 +3,7 @@
 The interface (all plain dataclasses, `model.py`; times in seconds on the
 caller's clock, prices in $/h, sizes in GB):
 
-    from spotbroker.broker.policy import SpotBroker, Observation, ZoneState, ZoneHistory, Event
+    from spotbroker.broker.placement.policy import SpotBroker, Observation, ZoneState, ZoneHistory, Event
 
     policy = SpotBroker()                       # one per job; it only caches solved plans
     history = {z: ZoneHistory(join_within_s=1.5 * pass_s) for z in zones}
@@ -28,8 +28,8 @@ and record the results. With a deadline the policy never misses it on its
 own (on-demand is its safety net); without one it waits for spot. See
 `model.py` for the fields and `spotbroker.py` for how it decides.
 """
-from spotbroker.broker.policy.egress import EgressPrices, region_of
-from spotbroker.broker.policy.model import (
+from spotbroker.broker.placement.policy.egress import EgressPrices, region_of
+from spotbroker.broker.placement.policy.model import (
     Action,
     Capacity,
     Decision,
@@ -41,7 +41,7 @@ from spotbroker.broker.policy.model import (
     ZoneHistory,
     ZoneState,
 )
-from spotbroker.broker.policy.spotbroker import SpotBroker
+from spotbroker.broker.placement.policy.spotbroker import SpotBroker
 
 __all__ = [
     "Action",

@@ -1,4 +1,4 @@
-"""Placement: the reconciler's side of the policy (`broker/policy/`).
+"""Placement: the reconciler's side of the policy (`broker/placement/policy/`).
 
 For one job it builds what the policy observes from the database, asks the
 same `SpotBroker.decide` the simulator measures, and turns the decision
@@ -35,13 +35,22 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
-from spotbroker.broker.agent_channel import newest_checkpoint
-from spotbroker.broker.models import Attempt, Checkpoint, Job, Offer, SpotProbe
-from spotbroker.broker.offers import Placement, feasible_offers, placement_of
-from spotbroker.broker.policy import Action, Capacity, Event, Observation, Running, SpotBroker, ZoneHistory, ZoneState
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, AttemptState, EndReason
+from spotbroker.broker.placement.policy import (
+    Action,
+    Capacity,
+    Event,
+    Observation,
+    Running,
+    SpotBroker,
+    ZoneHistory,
+    ZoneState,
+)
+from spotbroker.broker.pricing.offers import Placement, feasible_offers, placement_of
+from spotbroker.broker.recovery.agent_channel import newest_checkpoint
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.spec import JobSpec
-from spotbroker.broker.states import LIVE_ATTEMPT_STATES, RECLAIMED, AttemptState, EndReason
+from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Offer, SpotProbe
 
 A = AttemptState
 POLICY = SpotBroker()

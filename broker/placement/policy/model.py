@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Protocol
 
-from spotbroker.broker.policy.egress import EgressPrices
+from spotbroker.broker.placement.policy.egress import EgressPrices
 
 
 class Capacity(str, Enum):

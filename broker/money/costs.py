@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from spotbroker.broker.models import Attempt, Job
+from spotbroker.broker.store.models import Attempt, Job
 
 
 def attempt_hours(attempt: Attempt, now: datetime) -> float:

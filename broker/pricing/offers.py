@@ -15,9 +15,9 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.models import PriceOffer
+from spotbroker.broker.jobs.spec import Infra, JobSpec, ResourceSet, parse_amount
 from spotbroker.broker.pricing import catalog, normalise, store
-from spotbroker.broker.spec import Infra, JobSpec, ResourceSet, parse_amount
+from spotbroker.broker.store.models import PriceOffer
 
 OfferKey = tuple[str, str, str | None, str]  # cloud, region, zone name or id, instance type
 
