@@ -12,19 +12,14 @@ killed at any line. A pass has three phases:
 3. advance: claim the jobs that need a decision with a row lease
    (`FOR UPDATE SKIP LOCKED` on PostgreSQL) and step each of them.
 
-Launching is split so that a crash at any point is safe: the attempt row is
-committed first (LAUNCHING, no handle), then the launcher is called (which is
-idempotent per attempt), then the handle is stored. A job found LAUNCHING
-without a handle after a crash is simply launched again: the launcher
-returns what is already running, so there is one attempt per launch.
+Turning a decision into a launched attempt (the attempt row, the launch, the
+fail-over, the handle, safe against a crash at any line) is
+`broker/launch/launching.py`'s.
 
 How an attempt ends and what its job does next (a preemption, a vanished
 node, a move's drain, an exit, a capacity refusal) is `broker/recovery/attempts.py`'s:
 the reconciler observes and launches, and hands each ending there. What a
-node is given to run an attempt is `broker/launch/request.py`'s. (At about
-490 lines this module is still over the ~400 aimed at: its three phases and
-the decide-launch-fail-over loop share the lease, the placer and the clock;
-cutting the launch steps into a module of their own is the next split.)
+node is given to run an attempt is `broker/launch/request.py`'s.
 """
 from __future__ import annotations
 
@@ -35,14 +30,12 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import timedelta
 
-from sqlalchemy import and_, func, or_, select, text, update
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
-from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
@@ -53,18 +46,15 @@ from spotbroker.broker.jobs.states import (
     transition,
 )
 from spotbroker.broker.launch.base import (
-    CapacityError,
     Launcher,
-    LaunchError,
     RunState,
     RunStatus,
 )
-from spotbroker.broker.launch.request import launch_request
+from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.recovery import attempts as recovery
-from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job, SpotProbe
@@ -96,9 +86,8 @@ class Reconciler:
         self.clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._wake = threading.Event()
-        self._dialect = factory.kw["bind"].dialect.name
-        self._key = settings.signing_key()
         self.placer = Placer(settings)
+        self.launching = Launching(factory, launchers, settings, clock, self.placer, self._on_observed)
         # No agent could reach this process before it started (a broker that
         # was down): it judges a node silent only after a whole heartbeat
         # timeout of its own, or a node still delivering its last events
@@ -200,7 +189,7 @@ class Reconciler:
         now = self.clock.now()
         with transaction(self.factory) as session:
             due = Job.next_check_at <= now
-            if "skypilot" not in self.launchers and self._local_nodes_free(session, lock=False) <= 0:
+            if "skypilot" not in self.launchers and self.launching.local_nodes_free(session, lock=False) <= 0:
                 # Every new attempt would run here and no slot is free: only
                 # jobs that already hold an attempt can move.
                 due = and_(due, Job.state.not_in([str(J.PENDING), str(J.RECOVERING)]))
@@ -256,7 +245,7 @@ class Reconciler:
                 self._reconsider_hold(session, job)
                 return
         if attempt is not None:
-            self._launch(job_id, attempt.id, rest)
+            self.launching.launch(job_id, attempt.id, rest)
 
     # --- deciding where to run -----------------------------------------------------------
 
@@ -283,14 +272,14 @@ class Reconciler:
                     job.reason = why
                     session.add(Event(job_id=job.id, type="waiting", at=now, data={"reason": choice.reason}))
                 return None, ()
-            placements, why = self._bounded(choice.placements), choice.reason
+            placements, why = self.launching.bounded(choice.placements), choice.reason
         else:
             placements, why = (LOCAL_PLACEMENT,), "a CPU job runs on the broker's host"
-        launcher = self._launcher_for(placements[0])
-        if launcher == "local" and self._local_nodes_free(session) < spec.num_nodes:
+        launcher = self.launching.launcher_for(placements[0])
+        if launcher == "local" and self.launching.local_nodes_free(session) < spec.num_nodes:
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
             return None, ()
-        return self._new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
+        return self.launching.new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
 
     def _hold_reason(self, spec: JobSpec) -> str | None:
         """Why the job cannot be launched by this broker now, if it cannot."""
@@ -317,22 +306,13 @@ class Reconciler:
         transition(session, job, back, reason="a launcher can run it now", clock=self.clock)
         job.next_check_at = self.clock.now()
 
-    def _bounded(self, placements: tuple[Placement, ...]) -> tuple[Placement, ...]:
-        """At most launch_failover_limit placements, keeping an on-demand one the
-        decision ends with (the deadline's safety net) if it would be cut."""
-        limit = self.settings.launch_failover_limit
-        if len(placements) <= limit:
-            return placements
-        od = next((p for p in placements[limit - 1:] if not p.use_spot), None)
-        return placements[:limit] if od is None or od in placements[:limit] else (*placements[:limit - 1], od)
-
     def _reconsider(self, session: Session, job: Job) -> None:
         """A running job with a deadline: ask the policy again whether to stay, or
         to move (to on-demand before the slack runs out, or to a cheaper zone).
         A move drains the attempt (the agent flushes a checkpoint) and then
         places the job again, so what replaces it is decided on what is known
         then (break before make: one attempt per job at a time)."""
-        job.next_check_at = self._deadline_check(job)
+        job.next_check_at = self.launching.deadline_check(job)
         if job.next_check_at is None:  # no deadline: nothing to watch
             return
         spec, now = JobSpec.model_validate(job.spec), self.clock.now()
@@ -344,46 +324,6 @@ class Reconciler:
             return
         towards = [f"{p.place} {'spot' if p.use_spot else 'on-demand'}" for p in choice.placements]
         recovery.start_move(session, job, attempt, choice.reason, towards, self.settings.drain_timeout, self.clock)
-
-    def _launcher_for(self, placement: Placement) -> str:
-        # Until a cloud launcher is configured, the local launcher stands in
-        # for every offer and simulates the chosen cloud and price.
-        return "local" if placement.cloud == "local" or "skypilot" not in self.launchers else "skypilot"
-
-    def _local_nodes_free(self, session: Session, lock: bool = True) -> int:
-        """Nodes the local launcher may still start: each node is processes on
-        this host, so nodes are counted, not attempts (a 1,024-node job must not
-        start 1,024 of them on one slot)."""
-        if lock and self._dialect == "postgresql":
-            # Serialise slot counting across broker processes (SQLite's
-            # BEGIN IMMEDIATE already does).
-            session.execute(text("SELECT pg_advisory_xact_lock(7041)"))
-        running = session.scalar(
-            select(func.coalesce(func.sum(Attempt.num_nodes), 0))
-            .where(Attempt.launcher == "local", Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])))
-        return self.settings.local_max_running - running
-
-    def _new_attempt(self, session: Session, job: Job, spec: JobSpec, placement: Placement,
-                     launcher: str, why: str) -> Attempt:
-        now = self.clock.now()
-        attempt = Attempt(job_id=job.id, state=A.LAUNCHING, launcher=launcher, cloud=placement.cloud,
-                          region=placement.region, zone=placement.zone, zone_id=placement.zone_id,
-                          instance_type=placement.instance_type, accelerator=placement.accelerator,
-                          accelerator_count=placement.accelerator_count, use_spot=placement.use_spot,
-                          num_nodes=spec.num_nodes, price_per_hour=placement.price_per_hour,
-                          created_at=now, updated_at=now)
-        session.add(attempt)
-        session.flush()
-        attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))
-        if (job.reason or "").startswith("waiting: "):
-            job.reason = None  # it waits no more
-        transition(session, job, J.LAUNCHING, clock=self.clock, data={
-            "attempt_id": attempt.id, "cloud": placement.cloud, "region": placement.region,
-            "zone": placement.zone or placement.zone_id, "instance_type": placement.instance_type,
-            "use_spot": placement.use_spot, "price_per_hour": placement.price_per_hour, "why": why})
-        # Due again only if we die before the launch is recorded.
-        job.next_check_at = now + timedelta(seconds=self.settings.lease_seconds)
-        return attempt
 
     def _unlaunched(self, job: Job) -> Attempt | None:
         """After a crash between creating an attempt and storing its handle.
@@ -403,20 +343,14 @@ class Reconciler:
         elif recovery.is_move(job):
             recovery.drain_timed_out(session, job, self.clock)
         elif state == J.LAUNCHING:
-            job.next_check_at = self._deadline_check(job)
-
-    def _deadline_check(self, job: Job) -> datetime | None:
-        """When to ask the policy again about a launched job: each interval if it has a deadline."""
-        if job.spec.get("deadline") is None:
-            return None
-        return self.clock.now() + timedelta(seconds=self.settings.placement_interval)
+            job.next_check_at = self.launching.deadline_check(job)
 
     def _probe(self, placements: list[Placement]) -> None:
         """Ask for spot capacity where the policy wants to watch a zone's spell;
         record each answer (launchers without `probe` are not asked)."""
         rows = []
         for p in placements:
-            probe = getattr(self.launchers.get(self._launcher_for(p)), "probe", None)
+            probe = getattr(self.launchers.get(self.launching.launcher_for(p)), "probe", None)
             if probe is None:
                 continue
             try:
@@ -429,72 +363,6 @@ class Reconciler:
         if rows:
             with transaction(self.factory) as session:
                 session.add_all(rows)
-
-    # --- launching -----------------------------------------------------------------------
-
-    def _launch(self, job_id: int, attempt_id: int, rest: tuple[Placement, ...] = ()) -> None:
-        """Launch the attempt; on a capacity error, fail over to `rest` in order."""
-        for _ in range(self.settings.launch_failover_limit):
-            try:
-                with self.factory() as session:
-                    attempt = session.get(Attempt, attempt_id)
-                    request = launch_request(session, attempt, self.settings, self._key)
-                    launcher = self.launchers[attempt.launcher]
-                handle = launcher.launch(request)
-            except CapacityError as exc:
-                next_attempt = self._failover(job_id, attempt_id, str(exc), rest)
-                if next_attempt is None:
-                    return
-                attempt_id, rest = next_attempt, rest[1:]
-                continue
-            except LaunchError as exc:
-                self._launch_failed(job_id, attempt_id, str(exc))
-                return
-            except SQLAlchemyError:
-                raise  # the database's trouble, not the launch's: the step is retried
-            except Exception as exc:
-                # Whatever broke inside a launcher ends the attempt (and frees its
-                # slot): an attempt must never stay LAUNCHING on an error that
-                # every retry would meet again.
-                log.exception("launching attempt %d failed", attempt_id)
-                self._launch_failed(job_id, attempt_id, f"{type(exc).__name__}: {exc}")
-                return
-            self._store_handle(job_id, attempt_id, handle)
-            return
-
-    def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
-        with transaction(self.factory) as session:
-            attempt = session.get(Attempt, attempt_id)
-            attempt.handle = handle
-            attempt.released = False  # whatever it holds now must be released when it ends
-            job = session.get(Job, job_id)
-            if job.state in (J.LAUNCHING, J.RUNNING) or (job.state == J.PREEMPTING and not recovery.is_move(job)):
-                # The launch is recorded: nothing to redo, unless a deadline is watched.
-                job.next_check_at = self._deadline_check(job) if job.state != J.PREEMPTING else None
-            if attempt.state not in LIVE_ATTEMPT_STATES:
-                return  # cancelled meanwhile: the release phase stops it
-            status = self.launchers[attempt.launcher].status(handle)
-            self._on_observed(session, job, attempt_id, status)
-
-    def _failover(self, job_id: int, attempt_id: int, why: str, rest: tuple[Placement, ...]) -> int | None:
-        """The next place's attempt after a capacity refusal, or None when there is none (or the job moved on)."""
-        with transaction(self.factory) as session:
-            job = session.get(Job, job_id)
-            attempt = session.get(Attempt, attempt_id)
-            if recovery.capacity_refused(session, job, attempt, why, self.clock, last=not rest,
-                                         retry_after_s=self.settings.placement_interval):
-                self.placer.capacity_error(attempt, self.clock.now())
-            if job.state != J.LAUNCHING or not rest:
-                return None
-            session.flush()
-            spec = JobSpec.model_validate(job.spec)
-            return self._new_attempt(session, job, spec, rest[0], self._launcher_for(rest[0]),
-                                     "the previous choice had no capacity").id
-
-    def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
-        with transaction(self.factory) as session:
-            recovery.launch_failed(session, session.get(Job, job_id), session.get(Attempt, attempt_id), why,
-                                   self.clock)
 
     def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> None:
         if recovery.on_status(session, job, attempt_id, status, self.clock):

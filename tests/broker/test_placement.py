@@ -230,9 +230,9 @@ def test_failover_is_bounded_but_keeps_the_on_demand_safety_net(factory, setting
         spots = rank_offers(s, JobSpec.model_validate({"run": "x", "resources": T4}), limit=8)
     od = replace(spots[0], use_spot=False, price_per_hour=0.5)
     rec = Reconciler(factory, {}, settings)
-    bounded = rec._bounded((*spots, od))
+    bounded = rec.launching.bounded((*spots, od))
     assert len(bounded) == settings.launch_failover_limit and bounded[-1] == od
-    assert rec._bounded(tuple(spots)) == tuple(spots[:settings.launch_failover_limit])
+    assert rec.launching.bounded(tuple(spots)) == tuple(spots[:settings.launch_failover_limit])
 
 
 def test_work_done_counts_productive_time_up_to_checkpoints_made_before_each_attempt_ended(factory, settings, team):

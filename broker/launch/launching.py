@@ -1,0 +1,172 @@
+"""From a decision to a running attempt: the attempt row, the launch, the
+fail-over on a capacity refusal, and the handle.
+
+Launching is split so that a crash at any point is safe: the attempt row is
+committed first (LAUNCHING, no handle), then the launcher is called (which is
+idempotent per attempt), then the handle is stored. A job found LAUNCHING
+without a handle after a crash is simply launched again: the launcher
+returns what is already running, so there is one attempt per launch. The
+reconciler decides when; this module does it.
+"""
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select, text
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from spotbroker.broker.auth import digest
+from spotbroker.broker.clock import Clock
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
+from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, RunStatus
+from spotbroker.broker.launch.request import launch_request
+from spotbroker.broker.placement.placer import Placer
+from spotbroker.broker.pricing.offers import Placement
+from spotbroker.broker.recovery import attempts as recovery
+from spotbroker.broker.recovery.agent_channel import agent_token
+from spotbroker.broker.settings import Settings
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Attempt, Job
+
+log = logging.getLogger(__name__)
+
+A, J = AttemptState, JobState
+
+
+class Launching:
+    """Owned by a reconciler, sharing its launchers, placer and clock; `on_status`
+    hands what a launcher says of a fresh launch back to it."""
+
+    def __init__(self, factory: sessionmaker[Session], launchers: dict[str, Launcher], settings: Settings,
+                 clock: Clock, placer: Placer, on_status: Callable[[Session, Job, int, RunStatus], None]) -> None:
+        self.factory = factory
+        self.launchers = launchers
+        self.settings = settings
+        self.clock = clock
+        self.placer = placer
+        self.on_observed = on_status
+        self._dialect = factory.kw["bind"].dialect.name
+        self._key = settings.signing_key()
+
+    def bounded(self, placements: tuple[Placement, ...]) -> tuple[Placement, ...]:
+        """At most launch_failover_limit placements, keeping an on-demand one the
+        decision ends with (the deadline's safety net) if it would be cut."""
+        limit = self.settings.launch_failover_limit
+        if len(placements) <= limit:
+            return placements
+        od = next((p for p in placements[limit - 1:] if not p.use_spot), None)
+        return placements[:limit] if od is None or od in placements[:limit] else (*placements[:limit - 1], od)
+
+    def launcher_for(self, placement: Placement) -> str:
+        # Until a cloud launcher is configured, the local launcher stands in
+        # for every offer and simulates the chosen cloud and price.
+        return "local" if placement.cloud == "local" or "skypilot" not in self.launchers else "skypilot"
+
+    def local_nodes_free(self, session: Session, lock: bool = True) -> int:
+        """Nodes the local launcher may still start: each node is processes on
+        this host, so nodes are counted, not attempts (a 1,024-node job must not
+        start 1,024 of them on one slot)."""
+        if lock and self._dialect == "postgresql":
+            # Serialise slot counting across broker processes (SQLite's
+            # BEGIN IMMEDIATE already does).
+            session.execute(text("SELECT pg_advisory_xact_lock(7041)"))
+        running = session.scalar(
+            select(func.coalesce(func.sum(Attempt.num_nodes), 0))
+            .where(Attempt.launcher == "local", Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])))
+        return self.settings.local_max_running - running
+
+    def new_attempt(self, session: Session, job: Job, spec: JobSpec, placement: Placement,
+                     launcher: str, why: str) -> Attempt:
+        now = self.clock.now()
+        attempt = Attempt(job_id=job.id, state=A.LAUNCHING, launcher=launcher, cloud=placement.cloud,
+                          region=placement.region, zone=placement.zone, zone_id=placement.zone_id,
+                          instance_type=placement.instance_type, accelerator=placement.accelerator,
+                          accelerator_count=placement.accelerator_count, use_spot=placement.use_spot,
+                          num_nodes=spec.num_nodes, price_per_hour=placement.price_per_hour,
+                          created_at=now, updated_at=now)
+        session.add(attempt)
+        session.flush()
+        attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))
+        if (job.reason or "").startswith("waiting: "):
+            job.reason = None  # it waits no more
+        transition(session, job, J.LAUNCHING, clock=self.clock, data={
+            "attempt_id": attempt.id, "cloud": placement.cloud, "region": placement.region,
+            "zone": placement.zone or placement.zone_id, "instance_type": placement.instance_type,
+            "use_spot": placement.use_spot, "price_per_hour": placement.price_per_hour, "why": why})
+        # Due again only if we die before the launch is recorded.
+        job.next_check_at = now + timedelta(seconds=self.settings.lease_seconds)
+        return attempt
+
+    def launch(self, job_id: int, attempt_id: int, rest: tuple[Placement, ...] = ()) -> None:
+        """Launch the attempt; on a capacity error, fail over to `rest` in order."""
+        for _ in range(self.settings.launch_failover_limit):
+            try:
+                with self.factory() as session:
+                    attempt = session.get(Attempt, attempt_id)
+                    request = launch_request(session, attempt, self.settings, self._key)
+                    launcher = self.launchers[attempt.launcher]
+                handle = launcher.launch(request)
+            except CapacityError as exc:
+                next_attempt = self._failover(job_id, attempt_id, str(exc), rest)
+                if next_attempt is None:
+                    return
+                attempt_id, rest = next_attempt, rest[1:]
+                continue
+            except LaunchError as exc:
+                self._launch_failed(job_id, attempt_id, str(exc))
+                return
+            except SQLAlchemyError:
+                raise  # the database's trouble, not the launch's: the step is retried
+            except Exception as exc:
+                # Whatever broke inside a launcher ends the attempt (and frees its
+                # slot): an attempt must never stay LAUNCHING on an error that
+                # every retry would meet again.
+                log.exception("launching attempt %d failed", attempt_id)
+                self._launch_failed(job_id, attempt_id, f"{type(exc).__name__}: {exc}")
+                return
+            self._store_handle(job_id, attempt_id, handle)
+            return
+
+    def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
+        with transaction(self.factory) as session:
+            attempt = session.get(Attempt, attempt_id)
+            attempt.handle = handle
+            attempt.released = False  # whatever it holds now must be released when it ends
+            job = session.get(Job, job_id)
+            if job.state in (J.LAUNCHING, J.RUNNING) or (job.state == J.PREEMPTING and not recovery.is_move(job)):
+                # The launch is recorded: nothing to redo, unless a deadline is watched.
+                job.next_check_at = self.deadline_check(job) if job.state != J.PREEMPTING else None
+            if attempt.state not in LIVE_ATTEMPT_STATES:
+                return  # cancelled meanwhile: the release phase stops it
+            status = self.launchers[attempt.launcher].status(handle)
+            self.on_observed(session, job, attempt_id, status)
+
+    def _failover(self, job_id: int, attempt_id: int, why: str, rest: tuple[Placement, ...]) -> int | None:
+        """The next place's attempt after a capacity refusal, or None when there is none (or the job moved on)."""
+        with transaction(self.factory) as session:
+            job = session.get(Job, job_id)
+            attempt = session.get(Attempt, attempt_id)
+            if recovery.capacity_refused(session, job, attempt, why, self.clock, last=not rest,
+                                         retry_after_s=self.settings.placement_interval):
+                self.placer.capacity_error(attempt, self.clock.now())
+            if job.state != J.LAUNCHING or not rest:
+                return None
+            session.flush()
+            spec = JobSpec.model_validate(job.spec)
+            return self.new_attempt(session, job, spec, rest[0], self.launcher_for(rest[0]),
+                                     "the previous choice had no capacity").id
+
+    def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
+        with transaction(self.factory) as session:
+            recovery.launch_failed(session, session.get(Job, job_id), session.get(Attempt, attempt_id), why,
+                                   self.clock)
+
+    def deadline_check(self, job: Job) -> datetime | None:
+        """When to ask the policy again about a launched job: each interval if it has a deadline."""
+        if job.spec.get("deadline") is None:
+            return None
+        return self.clock.now() + timedelta(seconds=self.settings.placement_interval)
