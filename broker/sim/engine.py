@@ -98,156 +98,183 @@ def run_window(
     `safety_net=False` and `bill_last_interval=True` are the single-zone UP arm's
     rules (§4, §2 "Reported cost"); every other arm uses the defaults.
     """
-    egress = egress or EgressPrices()
-    gap = traces.gap_s
-    zones = traces.zones
-    n = len(zones)
-    L = job.window_ticks(gap)
+    L = job.window_ticks(traces.gap_s)
     if traces.n_ticks < L + 1:
         raise TraceError(f"the window needs {L + 1} ticks of trace but only {traces.n_ticks} remain")
-    P, d, deadline = job.work_s, job.restart_s, job.deadline_s
-    histories = [ZoneHistory(join_within_s=1.5 * gap) for _ in zones]
+    run = _Window(traces, policy, job, L, egress or EgressPrices(), keep_timeline)
+    return run.run(safety_net, bill_last_interval)
 
-    def available(z: int, t: int) -> bool:
-        return t < L and not zones[z].unavailable[t]
 
-    def price(z: int, cap: Capacity, t: int) -> float:
-        return float(zones[z].spot_price[t]) if cap is Capacity.SPOT else zones[z].on_demand_price
+class _Window:
+    """One run of §2's tick loop; each method is one numbered step of a tick."""
 
-    p = 0.0  # progress
-    O = 0.0  # restart overhead left
-    leader: int | None = None
-    inst: _Instance | None = None
-    billed: list[float] = []  # cost of each closed interval
-    egress_total = 0.0
-    probes_ok: list[int] = []  # zones probed successfully in the current tick
-    latched = False
-    result = RunResult(0.0, False, None, 0.0, 0, 0, 0, 0)
-    index = {z.zone: i for i, z in enumerate(zones)}
+    def __init__(self, traces: TraceSet, policy: Policy, job: Job, L: int, egress: EgressPrices,
+                 keep_timeline: bool) -> None:
+        self.policy, self.job, self.L, self.egress = policy, job, L, egress
+        self.keep_timeline = keep_timeline
+        self.gap = traces.gap_s
+        self.zones = traces.zones
+        self.index = {z.zone: i for i, z in enumerate(self.zones)}
+        self.histories = [ZoneHistory(join_within_s=1.5 * self.gap) for _ in self.zones]
+        self.p = 0.0  # progress
+        self.O = 0.0  # restart overhead left
+        self.leader: int | None = None
+        self.inst: _Instance | None = None
+        self.billed: list[float] = []  # cost of each closed interval
+        self.egress_total = 0.0
+        self.probes_ok: list[int] = []  # zones probed successfully in the current tick
+        self.latched = False
+        self.result = RunResult(0.0, False, None, 0.0, 0, 0, 0, 0)
 
-    def launch(z: int, cap: Capacity, t: int) -> bool:
-        nonlocal inst
+    def available(self, z: int, t: int) -> bool:
+        return t < self.L and not self.zones[z].unavailable[t]
+
+    def price(self, z: int, cap: Capacity, t: int) -> float:
+        return float(self.zones[z].spot_price[t]) if cap is Capacity.SPOT else self.zones[z].on_demand_price
+
+    def launch(self, z: int, cap: Capacity, t: int) -> bool:
         if cap is Capacity.SPOT:
-            ok = available(z, t)
-            histories[z].record(Event.LAUNCH_OK if ok else Event.CAPACITY_FAILURE, t * gap)
+            ok = self.available(z, t)
+            self.histories[z].record(Event.LAUNCH_OK if ok else Event.CAPACITY_FAILURE, t * self.gap)
             if not ok:
                 return False
-        stop_current()
-        inst = _Instance(z, cap, t)
-        result.launches += 1
+        self.stop_current()
+        self.inst = _Instance(z, cap, t)
+        self.result.launches += 1
         return True
 
-    def stop_current() -> None:
-        nonlocal inst
-        if inst is not None and inst.capacity is Capacity.SPOT:
-            histories[inst.zone].spot_stopped()
-        inst = None
+    def stop_current(self) -> None:
+        if self.inst is not None and self.inst.capacity is Capacity.SPOT:
+            self.histories[self.inst.zone].spot_stopped()
+        self.inst = None
 
-    t = 0
-    while True:
-        preempted = False
-        ran: _Instance | None = None  # the instance that ran in t-1
-        if t > 0:
-            ran = inst
-            # 1. close interval t-1
-            cost = sum(float(zones[z].spot_price[t - 1]) * PROBE_SECONDS / 3600 for z in probes_ok)
-            if inst is not None:
-                cost += price(inst.zone, inst.capacity, t - 1) * gap / 3600
-                if inst.capacity is Capacity.SPOT:
-                    result.spot_ticks += 1
-                else:
-                    result.on_demand_ticks += 1
-                if inst.launched_tick == t - 1:
-                    O = d
-                    if leader is not None and leader != inst.zone:
-                        egress_total += egress.fee(zones[leader].zone, zones[inst.zone].zone, job.checkpoint_gb)
-                p += min(max(gap - O, 0.0), P - p)
-                O = max(O - gap, 0.0)
-                leader = inst.zone
-            billed.append(cost)
-            if inst is not None and inst.capacity is Capacity.SPOT:
-                if available(inst.zone, t):
-                    histories[inst.zone].record(Event.RUNNING, t * gap)
-                else:
-                    histories[inst.zone].record(Event.PREEMPTED, t * gap)
-                    result.preemptions += 1
-                    preempted = True
-                    inst = None
-        probes_ok = []
-        # 2. done or failed
-        if P - p <= DONE_EPS_S:
+    def run(self, safety_net: bool, bill_last_interval: bool) -> RunResult:
+        t = 0
+        while True:
+            ran, preempted = self.close_interval(t) if t > 0 else (None, False)
+            self.probes_ok = []
+            if self.ended(t, ran, bill_last_interval):
+                break
+            if safety_net and not self.latched:
+                self.apply_safety_net(t)
+            if not self.latched:
+                self.ask_policy(t)
+            if self.keep_timeline:
+                inst = self.inst
+                self.result.timeline.append(Step(t, None if inst is None else inst.zone,
+                                                 None if inst is None else inst.capacity, self.p, preempted,
+                                                 self.latched))
+            t += 1
+        self.result.egress = self.egress_total
+        self.result.cost = sum(self.billed) + self.egress_total
+        return self.result
+
+    def close_interval(self, t: int) -> tuple[_Instance | None, bool]:
+        """1. Bill interval t-1, credit its progress, apply a preemption at t;
+        (the instance that ran in t-1, whether it was reclaimed)."""
+        ran, inst, zones, gap = self.inst, self.inst, self.zones, self.gap
+        cost = sum(float(zones[z].spot_price[t - 1]) * PROBE_SECONDS / 3600 for z in self.probes_ok)
+        if inst is not None:
+            cost += self.price(inst.zone, inst.capacity, t - 1) * gap / 3600
+            if inst.capacity is Capacity.SPOT:
+                self.result.spot_ticks += 1
+            else:
+                self.result.on_demand_ticks += 1
+            if inst.launched_tick == t - 1:
+                self.O = self.job.restart_s
+                if self.leader is not None and self.leader != inst.zone:
+                    self.egress_total += self.egress.fee(zones[self.leader].zone, zones[inst.zone].zone,
+                                                         self.job.checkpoint_gb)
+            self.p += min(max(gap - self.O, 0.0), self.job.work_s - self.p)
+            self.O = max(self.O - gap, 0.0)
+            self.leader = inst.zone
+        self.billed.append(cost)
+        if inst is not None and inst.capacity is Capacity.SPOT:
+            if self.available(inst.zone, t):
+                self.histories[inst.zone].record(Event.RUNNING, t * gap)
+            else:
+                self.histories[inst.zone].record(Event.PREEMPTED, t * gap)
+                self.result.preemptions += 1
+                self.inst = None
+                return ran, True
+        return ran, False
+
+    def ended(self, t: int, ran: _Instance | None, bill_last_interval: bool) -> bool:
+        """2. Done (the work is complete) or failed (the deadline has passed)."""
+        gap, result = self.gap, self.result
+        if self.job.work_s - self.p <= DONE_EPS_S:
             if bill_last_interval:
                 # UP: the completing interval is billed too, at the following tick's price
-                if ran is not None and billed:
-                    billed[-1] += (price(ran.zone, ran.capacity, t) - price(ran.zone, ran.capacity, t - 1)) * gap / 3600
+                if ran is not None and self.billed:
+                    self.billed[-1] += (self.price(ran.zone, ran.capacity, t)
+                                        - self.price(ran.zone, ran.capacity, t - 1)) * gap / 3600
             else:
-                billed = billed[:-1]
+                self.billed = self.billed[:-1]
             result.finish_s = t * gap
-            result.deadline_met = t * gap <= deadline
-            break
-        if t * gap >= deadline:
+            result.deadline_met = t * gap <= self.job.deadline_s
+            return True
+        if t * gap >= self.job.deadline_s:
             result.deadline_met = False
-            break
-        # 3. the environment's safety net
-        if safety_net and not latched:
-            rem = P - p
-            t_left = math.floor((deadline - t * gap) / gap) * gap
-            need = math.ceil((rem + d) / gap) * gap
-            if need >= t_left:
-                latched = True
-                if inst is not None:
-                    if inst.capacity is Capacity.SPOT:
-                        launch(inst.zone, Capacity.ON_DEMAND, t)
-                else:
-                    best = min(
-                        range(n),
-                        key=lambda z: (
-                            zones[z].on_demand_price * rem / 3600
-                            + egress.fee(zones[leader].zone if leader is not None else None, zones[z].zone,
-                                         job.checkpoint_gb),
-                            z,
-                        ),
-                    )
-                    launch(best, Capacity.ON_DEMAND, t)
-        # 4. the policy
-        if not latched:
-            obs = Observation(
-                now_s=float(t * gap),
-                step_s=float(gap),
-                work_left_s=P - p,
-                work_total_s=P,
-                started_s=0.0,
-                deadline_s=deadline,
-                restart_overhead_s=d,
-                checkpoint_gb=job.checkpoint_gb,
-                zones=tuple(
-                    ZoneState(z.zone, z.region, float(z.spot_price[t]), z.on_demand_price, histories[i])
-                    for i, z in enumerate(zones)
-                ),
-                running=None if inst is None else Running(
-                    zones[inst.zone].zone, inst.capacity, O, inst.launched_tick * gap),
-                last_zone=None if leader is None else zones[leader].zone,
-                egress=egress,
-            )
-            decision = policy.decide(obs)
-            if keep_timeline:
-                result.decisions.append(decision)
-            launching = decision.action is Action.LAUNCH
-            all_failed = launching and not any(launch(index[o.zone], o.capacity, t) for o in decision.offers)
-            if decision.action is Action.WAIT or (all_failed and decision.otherwise is Action.WAIT):
-                stop_current()
-            for zone in decision.probe:
-                z = index[zone]
-                if inst is not None and inst.zone == z and inst.capacity is Capacity.SPOT:
-                    continue  # our own instance already tells us
-                ok = available(z, t)
-                histories[z].record(Event.PROBE_OK if ok else Event.PROBE_FAILED, t * gap)
-                if ok:
-                    probes_ok.append(z)
-        if keep_timeline:
-            result.timeline.append(Step(t, None if inst is None else inst.zone,
-                                        None if inst is None else inst.capacity, p, preempted, latched))
-        t += 1
-    result.egress = egress_total
-    result.cost = sum(billed) + egress_total
-    return result
+            return True
+        return False
+
+    def apply_safety_net(self, t: int) -> None:
+        """3. The environment's safety net: on-demand once the slack is gone."""
+        gap, job, zones, leader = self.gap, self.job, self.zones, self.leader
+        rem = job.work_s - self.p
+        t_left = math.floor((job.deadline_s - t * gap) / gap) * gap
+        need = math.ceil((rem + job.restart_s) / gap) * gap
+        if need < t_left:
+            return
+        self.latched = True
+        if self.inst is not None:
+            if self.inst.capacity is Capacity.SPOT:
+                self.launch(self.inst.zone, Capacity.ON_DEMAND, t)
+            return
+        best = min(
+            range(len(zones)),
+            key=lambda z: (
+                zones[z].on_demand_price * rem / 3600
+                + self.egress.fee(zones[leader].zone if leader is not None else None, zones[z].zone,
+                                  job.checkpoint_gb),
+                z,
+            ),
+        )
+        self.launch(best, Capacity.ON_DEMAND, t)
+
+    def ask_policy(self, t: int) -> None:
+        """4. The policy, with what has been observed so far; carry out its decision."""
+        gap, job, inst = self.gap, self.job, self.inst
+        obs = Observation(
+            now_s=float(t * gap),
+            step_s=float(gap),
+            work_left_s=job.work_s - self.p,
+            work_total_s=job.work_s,
+            started_s=0.0,
+            deadline_s=job.deadline_s,
+            restart_overhead_s=job.restart_s,
+            checkpoint_gb=job.checkpoint_gb,
+            zones=tuple(
+                ZoneState(z.zone, z.region, float(z.spot_price[t]), z.on_demand_price, self.histories[i])
+                for i, z in enumerate(self.zones)
+            ),
+            running=None if inst is None else Running(
+                self.zones[inst.zone].zone, inst.capacity, self.O, inst.launched_tick * gap),
+            last_zone=None if self.leader is None else self.zones[self.leader].zone,
+            egress=self.egress,
+        )
+        decision = self.policy.decide(obs)
+        if self.keep_timeline:
+            self.result.decisions.append(decision)
+        launching = decision.action is Action.LAUNCH
+        all_failed = launching and not any(self.launch(self.index[o.zone], o.capacity, t) for o in decision.offers)
+        if decision.action is Action.WAIT or (all_failed and decision.otherwise is Action.WAIT):
+            self.stop_current()
+        for zone in decision.probe:
+            z = self.index[zone]
+            if self.inst is not None and self.inst.zone == z and self.inst.capacity is Capacity.SPOT:
+                continue  # our own instance already tells us
+            ok = self.available(z, t)
+            self.histories[z].record(Event.PROBE_OK if ok else Event.PROBE_FAILED, t * gap)
+            if ok:
+                self.probes_ok.append(z)
