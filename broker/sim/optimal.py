@@ -47,6 +47,11 @@ class Plan:
 
 
 def solve(traces: TraceSet, job: Job, egress: EgressPrices | None = None) -> Plan:
+    """The hindsight optimum of §3 as one dynamic program over (tick, mode,
+    restart ticks left, work done). Kept as one function (about 120 lines) on
+    purpose: the switch tables, the forward pass and the backtrack share a
+    dozen index arrays, and cut apart they would be passed between functions
+    that mean nothing on their own."""
     egress = egress or EgressPrices()
     gap = traces.gap_s
     R = len(traces.zones)

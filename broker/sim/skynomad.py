@@ -155,6 +155,10 @@ class SkyNomad:
     _next_probe: int = 0
 
     def decide(self, obs: Observation) -> Decision:
+        """One decision, in the published algorithm's order (observe, burst
+        multiplier, value per zone, then launch, probe or wait). Kept whole (about
+        100 lines) so it reads against the paper step by step; the numbered
+        comments are its steps."""
         assert obs.deadline_s is not None, "SkyNomad needs a deadline"
         now_s = obs.now_s - obs.started_s
         now_h = now_s / 3600
