@@ -86,6 +86,11 @@ async def submit_job(request: Request, team: CurrentTeam,
             raise invalid([problem])
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
                                                  team.team_name)
+    if idempotency_key is not None and not jobs.same_spec(out.spec, spec):
+        # The key named another request: answering with its job would tell the
+        # caller that this one was submitted.
+        raise invalid([{"field": "Idempotency-Key", "message": f"already used for job {out.id}, whose spec "
+                        "differs from this one; a retry must send the same body, a new job a new key"}])
     # Already a JobOut: send it as it is, without validating it a second time.
     return Response(out.model_dump_json(), status_code=201, media_type="application/json")
 

@@ -3,6 +3,7 @@ take a session. Reads are scoped to a team; another team's job is "not
 found", never "forbidden"."""
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,6 +85,13 @@ def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYS
         key = (s.team_id, s.idempotency_key)
         out.append(made.get(i) or known.get(key) or made[first_of_key[key]])
     return out
+
+
+def same_spec(stored: dict, spec: JobSpec) -> bool:
+    """Whether a job stored as `stored` is what `spec` asks for (a retried
+    submission), compared as the database keeps them."""
+    canonical = lambda d: json.dumps(d, sort_keys=True, default=str)  # noqa: E731
+    return canonical(stored) == canonical(spec.stored())
 
 
 def by_key(session: Session, team_id: int, idempotency_key: str) -> Job | None:

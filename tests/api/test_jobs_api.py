@@ -232,6 +232,19 @@ def test_idempotency_key_makes_a_retry_return_the_same_job(api, team_headers):
     assert len(api.get("/v1/jobs", headers=alice).json()["jobs"]) == 1
 
 
+def test_an_idempotency_key_reused_for_another_job_is_refused(api, team_headers):
+    """A key names one request: sent again with another body, it must not
+    silently answer with the first job (the caller would think the second
+    one was submitted)."""
+    h = team_headers()
+    first = api.post("/v1/jobs", json={"name": "a", "run": "true"}, headers={**h, "Idempotency-Key": "k2"})
+    other = api.post("/v1/jobs", json={"name": "b", "run": "true"}, headers={**h, "Idempotency-Key": "k2"})
+    assert first.status_code == 201
+    assert other.status_code == 422, other.text
+    assert other.json()["errors"][0]["field"] == "Idempotency-Key"
+    assert [j["name"] for j in api.get("/v1/jobs", headers=h).json()["jobs"]] == ["a"]
+
+
 def test_concurrent_submissions_are_written_together_each_with_its_own_job(api, team_headers, settings):
     """Group commit: many submissions at once, some retried under one key."""
     import asyncio
@@ -244,7 +257,8 @@ def test_concurrent_submissions_are_written_together_each_with_its_own_job(api, 
         async with httpx.AsyncClient(base_url=str(api.base_url), headers=h, timeout=30) as c:
             async def one(i: int) -> dict:
                 key = {"Idempotency-Key": f"k{i % 20}"} if i % 2 else {}
-                r = await c.post("/v1/jobs", json={"name": f"b{i}", "run": "true"}, headers=key)
+                name = f"k{i % 20}" if i % 2 else f"b{i}"  # a retry sends the same body
+                r = await c.post("/v1/jobs", json={"name": name, "run": "true"}, headers=key)
                 assert r.status_code == 201, r.text
                 return r.json()
 
