@@ -2,8 +2,9 @@
 savings, waste) over a time range, optionally grouped by day, job, cloud,
 GPU or zone. A team's token reads its own team; the admin's, any team's.
 
-The router's lifespan runs the ledger's accrual in the background (one
-broker of several at a time: a lease), beside the app's reconciler."""
+The router's lifespan runs the money's background loop (accrual, alerts,
+hard cap, notifications; each duty in one broker of several at a time, by a
+lease), beside the app's reconciler."""
 from __future__ import annotations
 
 import threading
@@ -19,7 +20,7 @@ from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
 from spotbroker.broker.money import service, views
-from spotbroker.broker.money.accrual import Accruer
+from spotbroker.broker.money.loop import MoneyLoop
 from spotbroker.broker.money.settings import get_money_settings
 
 MAX_DAYS = 400
@@ -27,15 +28,18 @@ MAX_DAYS = 400
 
 @asynccontextmanager
 async def accruing(app: FastAPI):
+    """Accrual, alerts, the hard cap's stops and notifications, in the background."""
     settings = get_money_settings()
-    accruer = Accruer(app.state.session_factory, settings, clock=app.state.clock)
+    loop = MoneyLoop(app.state.session_factory, settings, clock=app.state.clock,
+                     on_stopped=app.state.reconciler.hint)
     stop = threading.Event()
-    thread = accruer.start(stop)
-    app.state.accruer = accruer
+    thread = loop.start(stop)
+    app.state.money = loop
     try:
         yield
     finally:
         stop.set()
+        loop.hint()
         thread.join(timeout=30)
 
 

@@ -5,8 +5,10 @@ broker (a lease in `money_leases`) appends, for every attempt that ran since
 the last pass, the entries from how far it was accrued (`ledger_cursors`)
 to now, or to its end; an attempt that ended is closed with its waste. So a
 running attempt's entries are at most one interval (plus one pass) behind:
-one usage row per running attempt per pass (1,440 a day at 60 s), more
-only where its spot price changed within the pass.
+one usage row per running attempt per interval (1,440 a day at 60 s),
+cut on the interval's grid (so a catch-up after downtime is cut alike and
+burn windows stay exact to one interval), one more where its spot price
+changed within one.
 
 Each attempt's entries and its cursor move in one transaction, the cursor
 only from the value read (a compare-and-set), so two brokers that both
@@ -101,7 +103,8 @@ class Accruer:
 
     def _one(self, session: Session, attempt: Attempt, team_id: int, accrued_to: datetime | None,
              now: datetime, stats: AccrualStats) -> None:
-        drafts, reached, closing = ledger.pending(session, attempt, accrued_to, now)
+        drafts, reached, closing = ledger.pending(session, attempt, accrued_to, now,
+                                                  step_s=self.settings.accrual_interval)
         if reached is None:
             return
         if drafts:

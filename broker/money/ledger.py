@@ -111,15 +111,31 @@ def ondemand_price(session: Session, attempt: Attempt) -> float:
     return found if found is not None else attempt.price_per_hour
 
 
-def usage(session: Session, attempt: Attempt, start: datetime, end: datetime,
-          od_price: float | None = None) -> list[Draft]:
-    """The usage entries of [start, end): one per price in force."""
+def _grid(start: datetime, end: datetime, step_s: float | None) -> list[tuple[datetime, datetime]]:
+    """[start, end) cut at multiples of `step_s` since the epoch (whole
+    minutes, whole days stay whole)."""
+    if not step_s:
+        return [(start, end)]
+    out, at = [], start
+    while at < end:
+        edge = datetime.fromtimestamp((at.timestamp() // step_s + 1) * step_s, tz=at.tzinfo)
+        out.append((at, min(edge, end)))
+        at = min(edge, end)
+    return out
+
+
+def usage(session: Session, attempt: Attempt, start: datetime, end: datetime, od_price: float | None = None,
+          step_s: float | None = None) -> list[Draft]:
+    """The usage entries of [start, end): one per price in force, each cut
+    into pieces of at most `step_s` seconds (so a burn window counts them
+    to within one piece, however long a catch-up after downtime is)."""
     od = ondemand_price(session, attempt) if od_price is None else od_price
     out = []
     for s in segments(session, attempt, start, end):
-        node_hours = attempt.num_nodes * (s.end - s.start).total_seconds() / 3600
-        out.append(Draft(USAGE, s.start, s.end, node_hours, s.price, s.price * node_hours,
-                         max(od, s.price) * node_hours, 0.0))
+        for a, b in _grid(s.start, s.end, step_s):
+            node_hours = attempt.num_nodes * (b - a).total_seconds() / 3600
+            out.append(Draft(USAGE, a, b, node_hours, s.price, s.price * node_hours,
+                             max(od, s.price) * node_hours, 0.0))
     return out
 
 
@@ -147,8 +163,8 @@ def waste(session: Session, attempt: Attempt) -> Draft | None:
     return Draft(WASTE, since, attempt.ended_at, node_hours, parts[-1].price, 0.0, 0.0, lost)
 
 
-def pending(session: Session, attempt: Attempt, accrued_to: datetime | None,
-            now: datetime) -> tuple[list[Draft], datetime | None, bool]:
+def pending(session: Session, attempt: Attempt, accrued_to: datetime | None, now: datetime,
+            step_s: float | None = None) -> tuple[list[Draft], datetime | None, bool]:
     """What the next accrual writes for the attempt, from `accrued_to` (None:
     nothing written yet): (entries, how far it then reaches, whether that
     closes the attempt). Usage to now, or to its end; once ended, its waste.
@@ -161,10 +177,10 @@ def pending(session: Session, attempt: Attempt, accrued_to: datetime | None,
     start = accrued_to or attempt.started_at
     closing = attempt.ended_at is not None and attempt.ended_at <= now
     if end >= start:
-        drafts = usage(session, attempt, start, end)
+        drafts = usage(session, attempt, start, end, step_s=step_s)
     else:
         drafts = [Draft(CORRECTION, d.start_at, d.end_at, -d.node_hours, d.price_per_hour, -d.amount,
-                        -d.ondemand_amount, 0.0) for d in usage(session, attempt, end, start)]
+                        -d.ondemand_amount, 0.0) for d in usage(session, attempt, end, start, step_s=step_s)]
     if closing:
         lost = waste(session, attempt)
         if lost is not None:
