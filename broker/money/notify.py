@@ -41,7 +41,9 @@ def apprise_url(target: budgets.Target) -> str:
     if u.username:
         auth = quote(u.username, safe="") + (f":{quote(u.password, safe='')}" if u.password else "") + "@"
     port = f":{u.port}" if u.port else ""
-    params = {"from": target.sender or f"spotbroker@{u.hostname}", "to": ",".join(target.to),
+    # A server named by its address gives no mail domain: say "localhost".
+    domain = u.hostname if any(c.isalpha() for c in u.hostname) else "localhost"
+    params = {"from": target.sender or f"spotbroker@{domain}", "to": ",".join(target.to),
               "mode": "ssl" if u.scheme == "smtps" else "insecure"}
     return f"{'mailtos' if u.scheme == 'smtps' else 'mailto'}://{auth}{u.hostname}{port}?{urlencode(params)}"
 
