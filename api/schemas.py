@@ -46,11 +46,11 @@ class AttemptOut(BaseModel):
     ended_at: datetime | None
 
     @classmethod
-    def of(cls, a: Attempt, now: datetime) -> AttemptOut:
+    def of(cls, a: Attempt, cost: float) -> AttemptOut:
         return cls(id=a.id, state=a.state, reason=a.reason, cloud=a.cloud, region=a.region, zone=a.zone,
                    zone_id=a.zone_id, instance_type=a.instance_type, accelerator=a.accelerator,
                    accelerator_count=a.accelerator_count, use_spot=a.use_spot, num_nodes=a.num_nodes,
-                   price_per_hour=a.price_per_hour, cost=round(costs.attempt_cost(a, now), 6),
+                   price_per_hour=a.price_per_hour, cost=round(cost, 6),
                    exit_code=a.exit_code, created_at=a.created_at, started_at=a.started_at,
                    ended_at=a.ended_at)
 
@@ -72,10 +72,11 @@ class JobOut(BaseModel):
 
     @classmethod
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
-        attempts = [AttemptOut.of(a, now) for a in job.attempts]
+        money = costs.job_costs(job, now)  # from the ledger (broker/money/)
+        attempts = [AttemptOut.of(a, money.get(a.id, 0.0)) for a in job.attempts]
         return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team, spec=job.spec,
                    restarts=job.restarts, recoveries=job.recoveries,
-                   cost=round(costs.job_cost(job, now), 6), created_at=job.created_at,
+                   cost=round(sum(money.values()), 6), created_at=job.created_at,
                    updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
 
 

@@ -51,6 +51,7 @@ from spotbroker.broker.launch.base import (
     RunStatus,
 )
 from spotbroker.broker.launch.launching import Launching
+from spotbroker.broker.money import hardcap
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
@@ -254,7 +255,7 @@ class Reconciler:
         fail over to; (None, ()) when it is to wait, or cannot run at all."""
         spec = JobSpec.model_validate(job.spec)
         now = self.clock.now()
-        hold = self._hold_reason(spec)
+        hold = self._hold_reason(spec) or hardcap.budget_hold(session, job, self.clock)
         if hold is not None:
             transition(session, job, J.HELD, reason=hold, clock=self.clock)
             job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
@@ -299,11 +300,11 @@ class Reconciler:
     def _reconsider_hold(self, session: Session, job: Job) -> None:
         """A HELD job goes back to being placed once what held it is gone; it is
         looked at again every placement interval until then."""
-        if self._hold_reason(JobSpec.model_validate(job.spec)) is not None:
+        if (self._hold_reason(JobSpec.model_validate(job.spec)) or hardcap.budget_hold(session, job, self.clock)):
             job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
             return
         back = J.RECOVERING if job.attempts else J.PENDING
-        transition(session, job, back, reason="a launcher can run it now", clock=self.clock)
+        transition(session, job, back, reason="nothing holds it now", clock=self.clock)
         job.next_check_at = self.clock.now()
 
     def _reconsider(self, session: Session, job: Job) -> None:

@@ -23,6 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "checkpoints": ("spotbroker.broker.cli.jobs:checkpoints", "List a job's committed checkpoints."),
     "simulate-preemption": ("spotbroker.broker.cli.jobs:simulate_preemption",
                             "Send a simulated preemption notice (local launcher)."),
+    "costs": ("spotbroker.broker.cli.money:costs", "A team's spend from the ledger; --group-by day|job|..."),
+    "budget": ("spotbroker.broker.cli.money:budget", "Read or set a team's budget."),
     "prices": ("spotbroker.broker.cli.prices:prices", "GPU prices across the clouds; --history, --refresh."),
     "demo": ("spotbroker.broker.cli.demo:demo", "Run the local demo end to end."),
     "simulate": ("spotbroker.broker.sim.cli:simulate", "Replay a placement policy over spot traces."),

@@ -126,3 +126,20 @@ class Client:
 
     def create_team(self, name: str) -> dict[str, Any]:
         return self._request("POST", "/v1/teams", json={"name": name}).json()
+
+    def whoami(self) -> dict[str, Any]:
+        return self._request("GET", "/v1/whoami").json()
+
+    def costs(self, team: str, since: str | None = None, until: str | None = None,
+              group_by: str | None = None) -> dict[str, Any]:
+        params = {k: v for k, v in {"since": since, "until": until, "group_by": group_by}.items() if v}
+        return self._request("GET", f"/v1/teams/{team}/costs", params=params).json()
+
+    def budget(self, team: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/teams/{team}/budget").json()
+
+    def set_budget(self, team: str, body: dict[str, Any]) -> dict[str, Any]:
+        return self._request("PUT", f"/v1/teams/{team}/budget", json=body).json()
+
+    def alerts(self, **params: Any) -> dict[str, Any]:
+        return self._request("GET", "/v1/alerts", params={k: v for k, v in params.items() if v is not None}).json()

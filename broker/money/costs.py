@@ -1,22 +1,23 @@
-"""What runs cost. An attempt's price is the one stored at launch, so a later
-catalog change never rewrites history; a running attempt accrues to now."""
+"""What runs cost, as the ledger says (broker/money/): the entries written
+so far plus what the next accrual will write, so a job's cost is exact to
+now and equals what the team's view and budgets count."""
 from __future__ import annotations
 
 from datetime import datetime
 
-from spotbroker.broker.store.models import Attempt, Job
+from sqlalchemy.orm import Session, object_session
+
+from spotbroker.broker.money import views
+from spotbroker.broker.store.models import Job
 
 
-def attempt_hours(attempt: Attempt, now: datetime) -> float:
-    if attempt.started_at is None:
-        return 0.0
-    end = attempt.ended_at or now
-    return max((end - attempt.started_at).total_seconds(), 0.0) / 3600
-
-
-def attempt_cost(attempt: Attempt, now: datetime) -> float:
-    return attempt.price_per_hour * attempt.num_nodes * attempt_hours(attempt, now)
-
-
-def job_cost(job: Job, now: datetime) -> float:
-    return sum(attempt_cost(a, now) for a in job.attempts)
+def job_costs(job: Job, now: datetime, session: Session | None = None) -> dict[int, float]:
+    """attempt id -> dollars to now, for the job's attempts (read through the
+    session the job was loaded in, unless one is given)."""
+    started = [a for a in job.attempts if a.started_at is not None]
+    if not started:
+        return {}
+    session = session or object_session(job)
+    if session is None:
+        raise RuntimeError(f"job {job.id}: its cost is read from the ledger, which needs a session")
+    return views.attempt_costs(session, started, now)

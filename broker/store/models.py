@@ -239,3 +239,7 @@ class PriceSourceLease(Base):
     last_run_at: Mapped[datetime | None]
     last_ok_at: Mapped[datetime | None]
     last_error: Mapped[str | None] = mapped_column(Text)
+
+
+# The money tables register on the same metadata wherever the models are loaded.
+from spotbroker.broker.money import models as _money_models  # noqa: E402, F401

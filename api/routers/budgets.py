@@ -1,0 +1,147 @@
+"""A team's budget (the admin sets it; the team reads it, its notification
+targets redacted) and the alerts it raises (a team reads its own; a rule
+can be silenced for a while)."""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotbroker.api.deps import Admin, SessionDep
+from spotbroker.api.errors import Problem, invalid, responses
+from spotbroker.api.routers.costs import Caller, TeamName, may_read
+from spotbroker.broker.money import budgets, service
+from spotbroker.broker.money.alerts import RULES
+from spotbroker.broker.store.db import transaction
+
+router = APIRouter(prefix="/v1", tags=["budgets"])
+
+
+class TargetOut(BaseModel):
+    name: str
+    kind: str
+    hint: str | None = Field(None, description="admin only: where it goes (the secret itself is never shown)")
+
+
+class BudgetOut(BaseModel):
+    team: str
+    amount: float
+    period: str
+    hard_cap_action: str
+    recoveries: str
+    rules: budgets.Rules
+    targets: list[TargetOut]
+    period_start: datetime
+    period_end: datetime
+    spent: float = Field(description="dollars spent this period, from the ledger")
+    remaining: float
+    over: bool = Field(description="the hard cap is in effect")
+
+
+def _out(name: str, row, standing: budgets.Standing, admin: bool) -> BudgetOut:
+    targets = [TargetOut(name=t.name, kind=t.kind, hint=t.hint() if admin else None) for t in budgets.targets(row)]
+    return BudgetOut(team=name, amount=row.amount, period=row.period, hard_cap_action=row.hard_cap_action,
+                     recoveries=row.recoveries, rules=budgets.Rules.model_validate(row.rules), targets=targets,
+                     period_start=standing.period.start, period_end=standing.period.end,
+                     spent=round(standing.spent, 6), remaining=round(standing.remaining, 6), over=standing.over)
+
+
+@router.get("/teams/{name}/budget", response_model=BudgetOut, responses=responses(
+    401, 403, 404, 422, s403="A team's token asking for another team", s404="No such team, or no budget"))
+def get_budget(request: Request, session: SessionDep, principal: Caller, name: TeamName) -> BudgetOut:
+    """The team's budget and where it stands this period."""
+    may_read(principal, name)
+    try:
+        row, standing = service.read_budget(session, name, request.app.state.clock.now())
+    except (service.TeamNotFound, service.NoBudget) as exc:
+        raise Problem(404, "Not found", str(exc)) from None
+    return _out(name, row, standing, principal.is_admin)
+
+
+@router.put("/teams/{name}/budget", response_model=BudgetOut, responses=responses(
+    401, 403, 404, 422, s403="Only the admin sets budgets"))
+def put_budget(request: Request, body: budgets.BudgetIn, name: TeamName, _: Admin) -> BudgetOut:
+    """Set a team's budget (replacing the previous one). Targets' URLs are
+    secrets: stored, never answered back. Raising it releases held jobs."""
+    for i, target in enumerate(body.targets):
+        problem = target.problem()
+        if problem:
+            raise invalid([{"field": f"targets.{i}.{problem[0]}", "message": problem[1]}])
+    state = request.app.state
+    with transaction(state.session_factory) as session:
+        try:
+            row, standing = service.set_budget(session, name, body, state.clock)
+        except service.TeamNotFound as exc:
+            raise Problem(404, "Not found", str(exc)) from None
+        out = _out(name, row, standing, True)
+    state.reconciler.hint()
+    return out
+
+
+class AlertOut(BaseModel):
+    id: int
+    team: str
+    rule: str
+    state: Literal["open", "resolved"]
+    severity: str
+    summary: str
+    advice: str = Field(description="what to do")
+    value: float | None
+    threshold: float | None
+    fired_at: datetime
+    resolved_at: datetime | None
+
+
+class AlertList(BaseModel):
+    alerts: list[AlertOut]
+
+
+@router.get("/alerts", response_model=AlertList, responses=responses(401, 403, 404, 422))
+def list_alerts(session: SessionDep, principal: Caller,
+                team: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$",
+                                                  description="default: the token's team (admin: all)")] = None,
+                state: Literal["open", "resolved", "all"] = "all",
+                limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> AlertList:
+    """Budget alerts, newest first."""
+    team = team or principal.team_name
+    if team is not None:
+        may_read(principal, team)
+    try:
+        team_id = service.team_id(session, team) if team is not None else None
+    except service.TeamNotFound as exc:
+        raise Problem(404, "Not found", str(exc)) from None
+    found = service.list_alerts(session, team_id, state, limit)
+    return AlertList(alerts=[AlertOut(
+        id=a.id, team=n, rule=a.rule, state="open" if a.open_key else "resolved", severity=a.severity,
+        summary=a.summary, advice=a.advice, value=a.value, threshold=a.threshold, fired_at=a.fired_at,
+        resolved_at=a.resolved_at) for a, n in found])
+
+
+class SilenceIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    team: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
+    rule: str = Field(description=f"one of {', '.join(RULES)} (spend_N: every threshold), spend_50 etc., or *",
+                      pattern=r"^(\*|fast_burn|slow_burn|forecast|committed|hard_cap|spend_N|spend_[0-9.]{1,8})$")
+    minutes: float = Field(gt=0, le=60 * 24 * 90)
+
+
+class SilenceOut(BaseModel):
+    id: int
+    team: str
+    rule: str
+    until: datetime
+
+
+@router.post("/alerts/silences", status_code=201, response_model=SilenceOut, responses=responses(401, 403, 404, 422))
+def silence(request: Request, body: SilenceIn, principal: Caller) -> SilenceOut:
+    """Send nothing for a rule of a team's budget for a while (alerts still open and show)."""
+    may_read(principal, body.team)
+    state = request.app.state
+    with transaction(state.session_factory) as session:
+        try:
+            row = service.silence(session, body.team, body.rule, body.minutes, state.clock.now())
+        except service.TeamNotFound as exc:
+            raise Problem(404, "Not found", str(exc)) from None
+        return SilenceOut(id=row.id, team=body.team, rule=row.rule, until=row.until)

@@ -1,0 +1,122 @@
+"""A team's costs, from the ledger: totals (paid, on-demand equivalent,
+savings, waste) over a time range, optionally grouped by day, job, cloud,
+GPU or zone. A team's token reads its own team; the admin's, any team's.
+
+The router's lifespan runs the money's background loop (accrual, alerts,
+hard cap, notifications; each duty in one broker of several at a time, by a
+lease), beside the app's reconciler."""
+from __future__ import annotations
+
+import threading
+from contextlib import asynccontextmanager
+from datetime import UTC, datetime, timedelta
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from pydantic import BaseModel, Field
+
+from spotbroker.api.deps import SessionDep, get_principal
+from spotbroker.api.errors import Problem, invalid, responses
+from spotbroker.broker import auth
+from spotbroker.broker.auth import Principal
+from spotbroker.broker.money import service, views
+from spotbroker.broker.money.loop import MoneyLoop
+from spotbroker.broker.money.settings import get_money_settings
+
+MAX_DAYS = 400
+
+
+@asynccontextmanager
+async def accruing(app: FastAPI):
+    """Accrual, alerts, the hard cap's stops and notifications, in the background."""
+    settings = get_money_settings()
+    loop = MoneyLoop(app.state.session_factory, settings, clock=app.state.clock,
+                     on_stopped=app.state.reconciler.hint)
+    stop = threading.Event()
+    thread = loop.start(stop)
+    app.state.money = loop
+    try:
+        yield
+    finally:
+        stop.set()
+        loop.hint()
+        thread.join(timeout=30)
+
+
+router = APIRouter(prefix="/v1", tags=["costs"], lifespan=accruing)
+
+TeamName = Annotated[str, Path(pattern=auth.TEAM_NAME_RE.pattern, description="the team's name")]
+Caller = Annotated[Principal, Depends(get_principal)]
+When = Annotated[datetime | None, Query(description="ISO 8601; without a zone, UTC")]
+
+
+class Money(BaseModel):
+    cost: float = Field(description="dollars paid")
+    on_demand_cost: float = Field(description="the same node-hours at the on-demand price")
+    savings: float = Field(description="on_demand_cost - cost")
+    wasted: float = Field(description="dollars of work lost to reclaims (since the last checkpoint)")
+    node_hours: float
+
+    @classmethod
+    def of(cls, m: views.Money) -> Money:
+        return cls(cost=round(m.cost, 6), on_demand_cost=round(m.on_demand_cost, 6), savings=round(m.savings, 6),
+                   wasted=round(m.wasted, 6), node_hours=round(m.node_hours, 6))
+
+
+class CostGroup(Money):
+    key: str = Field(description="the day (YYYY-MM-DD, UTC), job id, cloud, GPU ('none': CPU) or "
+                                 "cloud/region/zone")
+    name: str | None = Field(None, description="the job's name, grouping by job")
+
+
+class CostReport(BaseModel):
+    team: str
+    since: datetime
+    until: datetime
+    group_by: str | None
+    currency: str = "USD"
+    total: Money
+    groups: list[CostGroup]
+
+
+def may_read(principal: Principal, name: str) -> None:
+    """The admin reads every team; a team only itself (another team's name,
+    whether it exists or not, is refused alike)."""
+    if not principal.is_admin and principal.team_name != name:
+        raise Problem(403, "Forbidden", "a team's token reads its own team only")
+
+
+def time_range(since: datetime | None, until: datetime | None, now: datetime) -> tuple[datetime, datetime]:
+    def utc(field: str, value: datetime) -> datetime:
+        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        if not 2000 <= value.year <= 2999:
+            raise invalid([{"field": field, "message": "a time between the years 2000 and 2999"}])
+        return value
+
+    until = utc("until", until) if until is not None else now
+    since = utc("since", since) if since is not None else until - timedelta(days=30)
+    if since >= until:
+        raise invalid([{"field": "until", "message": "must be after since"}])
+    if until - since > timedelta(days=MAX_DAYS):
+        raise invalid([{"field": "since", "message": f"a range of at most {MAX_DAYS} days"}])
+    return since, until
+
+
+@router.get("/teams/{name}/costs", response_model=CostReport, responses=responses(
+    401, 403, 404, 422, s403="A team's token asking for another team", s404="No such team (admin)"))
+def team_costs(request: Request, session: SessionDep, principal: Caller,
+               name: TeamName, since: When = None, until: When = None,
+               group_by: Annotated[Literal["day", "job", "cloud", "gpu", "zone"] | None, Query()] = None,
+               ) -> CostReport:
+    """A team's spend with ledger entries starting in [since, until)
+    (default: the last 30 days), exact to now."""
+    may_read(principal, name)
+    now = request.app.state.clock.now()
+    since, until = time_range(since, until, now)
+    try:
+        report = service.costs(session, name, since, until, group_by, now)
+    except service.TeamNotFound as exc:
+        raise Problem(404, "Not found", str(exc)) from None
+    return CostReport(team=name, since=since, until=until, group_by=group_by, total=Money.of(report.total),
+                      groups=[CostGroup(key=k, name=report.names.get(k), **Money.of(m).model_dump())
+                              for k, m in report.groups.items()])

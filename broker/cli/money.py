@@ -1,0 +1,93 @@
+"""Commands about money, over HTTP: costs (a team's token, or the admin's
+with --team) and budgets (the admin's token sets them)."""
+from __future__ import annotations
+
+import json
+
+import click
+
+from spotbroker.broker.cli.client import Client
+from spotbroker.broker.cli.jobs import call
+from spotbroker.broker.settings import get_settings
+
+GROUPS = ("day", "job", "cloud", "gpu", "zone")
+
+
+def _client() -> Client:
+    settings = get_settings()
+    token = settings.token or settings.admin_token
+    if token is None:
+        raise click.ClickException("set SPOTBROKER_TOKEN to a team token (or SPOTBROKER_ADMIN_TOKEN)")
+    return Client(settings.url, token.get_secret_value())
+
+
+def _team(c: Client, team: str | None) -> str:
+    if team:
+        return team
+    return call(c.whoami)["name"]
+
+
+@click.command()
+@click.option("--team", default=None, help="the team (default: the token's own)")
+@click.option("--since", default=None, help="ISO 8601 time or date (default: 30 days ago)")
+@click.option("--until", default=None, help="ISO 8601 time or date (default: now)")
+@click.option("--group-by", "group_by", type=click.Choice(GROUPS), default=None)
+@click.option("--json", "as_json", is_flag=True)
+def costs(team: str | None, since: str | None, until: str | None, group_by: str | None, as_json: bool) -> None:
+    """A team's spend from the ledger: paid, on-demand equivalent, savings, waste."""
+    c = _client()
+    report = call(c.costs, _team(c, team), since, until, group_by)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = report["total"]
+    title = (f"team {report['team']}: ${t['cost']:.2f} from {report['since'][:16]} to {report['until'][:16]}; "
+             f"saved ${t['savings']:.2f} against on-demand, ${t['wasted']:.2f} of work lost")
+    table = Table(group_by.upper() if group_by else "", "COST $", "ON-DEMAND $", "SAVED $", "WASTED $",
+                  "NODE-HOURS", title=title)
+    for g in report["groups"]:
+        key = f"{g['key']} {g['name']}" if g.get("name") else g["key"]
+        table.add_row(key, f"{g['cost']:.2f}", f"{g['on_demand_cost']:.2f}", f"{g['savings']:.2f}",
+                      f"{g['wasted']:.2f}", f"{g['node_hours']:.1f}")
+    table.add_row("total", f"{t['cost']:.2f}", f"{t['on_demand_cost']:.2f}", f"{t['savings']:.2f}",
+                  f"{t['wasted']:.2f}", f"{t['node_hours']:.1f}", style="bold")
+    Console().print(table)
+
+
+@click.group(invoke_without_command=True)
+@click.pass_context
+def budget(ctx: click.Context) -> None:
+    """A team's budget: `budget show [TEAM]`, `budget set TEAM AMOUNT` (admin)."""
+    if ctx.invoked_subcommand is None:
+        click.echo(ctx.get_help())
+
+
+@budget.command("show")
+@click.argument("team", required=False)
+def budget_show(team: str | None) -> None:
+    """Print a team's budget (targets redacted)."""
+    c = _client()
+    click.echo(json.dumps(call(c.budget, _team(c, team)), indent=2))
+
+
+@budget.command("set")
+@click.argument("team")
+@click.argument("amount", type=click.FloatRange(min=0, min_open=True))
+@click.option("--period", type=click.Choice(["day", "week", "month"]), default="month", show_default=True)
+@click.option("--hard-cap", "hard_cap", type=click.Choice(["hold_new", "stop_running"]), default=None,
+              help="over budget: hold new jobs (default), or also stop running ones")
+def budget_set(team: str, amount: float, period: str, hard_cap: str | None) -> None:
+    """Set a team's budget (the admin's token); other settings are kept."""
+    c = _client()
+    try:
+        body = {k: v for k, v in call(c.budget, team).items() if k in ("rules", "recoveries", "hard_cap_action")}
+    except click.ClickException:
+        body = {}
+    body.update(amount=amount, period=period)
+    if hard_cap:
+        body["hard_cap_action"] = hard_cap
+    out = call(c.set_budget, team, body)
+    click.echo(f"team {team}: budget ${out['amount']:.2f} per {out['period']}, over it: {out['hard_cap_action']}")

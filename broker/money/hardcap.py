@@ -1,0 +1,75 @@
+"""The hard cap: a team over its budget gets new jobs HELD with the reason
+(recoveries too, when the budget says so), and, when the budget says
+`stop_running`, its running jobs stopped and HELD (their checkpoints stay;
+a released job recovers from the newest). Raising the budget releases them:
+the reconciler looks at HELD jobs again, and a budget change makes it look
+now. Every hold and stop is a state change with its event, and the
+`hard_cap` alert (alerts.py) says so to the team's targets."""
+from __future__ import annotations
+
+import logging
+from datetime import datetime, timedelta
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
+
+from spotbroker.broker.clock import Clock
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
+from spotbroker.broker.money import budgets
+from spotbroker.broker.money.models import Budget
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Job
+
+log = logging.getLogger("spotbroker.money")
+RECHECK = timedelta(seconds=60)
+
+
+def budget_hold(session: Session, job: Job, clock: Clock) -> str | None:
+    """The reconciler's question before it places a job: does the team's
+    budget hold it? (A job with attempts behind it is a recovery.)"""
+    return budgets.hold_reason(session, job.team_id, bool(job.attempts), clock.now())
+
+
+def release_held(session: Session, team_id: int, now: datetime) -> int:
+    """A budget changed: the team's HELD jobs are looked at on the next pass."""
+    moved = session.execute(update(Job).where(Job.team_id == team_id, Job.state == str(JobState.HELD))
+                            .values(next_check_at=now))
+    return moved.rowcount or 0
+
+
+def stop_running(factory: sessionmaker[Session], clock: Clock) -> int:
+    """Stop the running jobs of teams over a `stop_running` budget; how many."""
+    now = clock.now()
+    with factory() as session:
+        over = []
+        for b in session.scalars(select(Budget).where(Budget.hard_cap_action == "stop_running")):
+            reason = budgets.hold_reason(session, b.team_id, False, now)
+            if reason is not None:
+                over.append((b.team_id, reason))
+        running = {team: list(session.scalars(select(Job.id).where(Job.team_id == team,
+                                                                   Job.state == str(JobState.RUNNING))))
+                   for team, _ in over}
+    stopped = 0
+    for team, reason in over:
+        for job_id in running[team]:
+            try:
+                with transaction(factory) as session:
+                    stopped += _stop(session, session.get(Job, job_id), reason, clock)
+            except StaleDataError:
+                pass  # the job moved meanwhile (an exit, a cancel): the next pass looks again
+    return stopped
+
+
+def _stop(session: Session, job: Job | None, reason: str, clock: Clock) -> bool:
+    if job is None or job.state != JobState.RUNNING:
+        return False
+    for attempt in job.attempts:
+        if attempt.state in LIVE_ATTEMPT_STATES:
+            transition(session, attempt, AttemptState.CANCELLED, reason="stopped: over budget",
+                       end=EndReason.CANCELLED, clock=clock)
+    transition(session, job, JobState.HELD, reason=f"stopped, {reason}", clock=clock,
+               data={"checkpoints": "kept"})
+    job.next_check_at = clock.now() + RECHECK
+    log.info("job %d stopped and held: %s", job.id, reason)
+    return True

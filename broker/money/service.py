@@ -1,0 +1,78 @@
+"""What the API's money routes do, as plain functions taking a session.
+Who may see a team's money is the router's to decide; here a team is found
+by name or is not found."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from spotbroker.broker.clock import Clock
+from spotbroker.broker.money import budgets, hardcap, views
+from spotbroker.broker.money.models import Alert, AlertSilence, Budget
+from spotbroker.broker.store.models import Team
+
+
+class TeamNotFound(LookupError):
+    pass
+
+
+def team_id(session: Session, name: str) -> int:
+    found = session.scalar(select(Team.id).where(Team.name == name))
+    if found is None:
+        raise TeamNotFound(f"no team {name!r}")
+    return found
+
+
+def costs(session: Session, name: str, since: datetime, until: datetime, group_by: str | None,
+          now: datetime) -> views.Report:
+    """A team's spend with entries starting in [since, until), grouped."""
+    return views.team_costs(session, team_id(session, name), since, until, group_by, now)
+
+
+# --- budgets ---------------------------------------------------------------------------
+
+
+class NoBudget(LookupError):
+    pass
+
+
+def read_budget(session: Session, name: str, now: datetime) -> tuple[Budget, budgets.Standing]:
+    row = budgets.get(session, team_id(session, name))
+    if row is None:
+        raise NoBudget(f"team {name!r} has no budget")
+    return row, budgets.standing(session, row, now)
+
+
+def set_budget(session: Session, name: str, body: budgets.BudgetIn,
+               clock: Clock) -> tuple[Budget, budgets.Standing]:
+    """Set a team's budget; its HELD jobs are looked at again at once (a
+    raised budget releases them)."""
+    team = team_id(session, name)
+    row = budgets.put(session, team, body, clock)
+    hardcap.release_held(session, team, clock.now())
+    return row, budgets.standing(session, row, clock.now())
+
+
+# --- alerts ----------------------------------------------------------------------------
+
+
+def list_alerts(session: Session, team: int | None, state: str, limit: int) -> list[tuple[Alert, str]]:
+    """Alerts newest first, each with its team's name; `state` open, resolved or all."""
+    query = select(Alert, Team.name).join(Team, Team.id == Alert.team_id)
+    if team is not None:
+        query = query.where(Alert.team_id == team)
+    if state == "open":
+        query = query.where(Alert.open_key.is_not(None))
+    elif state == "resolved":
+        query = query.where(Alert.open_key.is_(None))
+    return [tuple(r) for r in session.execute(query.order_by(Alert.id.desc()).limit(limit))]
+
+
+def silence(session: Session, name: str, rule: str, minutes: float, now: datetime) -> AlertSilence:
+    row = AlertSilence(team_id=team_id(session, name), rule=rule, until=now + timedelta(minutes=minutes),
+                       created_at=now)
+    session.add(row)
+    session.flush()
+    return row

@@ -1,0 +1,29 @@
+"""Money settings, from `SPOTBROKER_MONEY_*` environment variables."""
+from __future__ import annotations
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class MoneySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SPOTBROKER_MONEY_", env_file=".env", extra="ignore")
+
+    # Seconds between accrual passes: the ledger is at most this (plus one
+    # pass) behind for a running attempt; readers add the unwritten tail.
+    accrual_interval: float = Field(60.0, gt=0, le=60)
+    # Seconds between alert evaluations (and outbox deliveries).
+    alert_interval: float = Field(60.0, gt=0)
+    # A background duty's hold, so that one broker of several does it at a time.
+    lease_seconds: float = Field(120.0, gt=0)
+    # Outbox: tries before a notification is given up (it stays listed), and
+    # the first retry's delay (doubling up to an hour).
+    notify_max_tries: int = Field(20, ge=1)
+    notify_retry_seconds: float = Field(5.0, gt=0)
+    notify_timeout: float = Field(10.0, gt=0)
+    # Bearer token that may scrape /metrics (the admin token may too):
+    # SPOTBROKER_METRICS_TOKEN, named as operators expect it.
+    metrics_token: SecretStr | None = Field(None, validation_alias="SPOTBROKER_METRICS_TOKEN")
+
+
+def get_money_settings() -> MoneySettings:
+    return MoneySettings()

@@ -1,0 +1,72 @@
+"""Budgets over the API: the admin sets one (targets are write-only
+secrets), the team reads it redacted and cannot change it; over budget a
+new job is HELD with the reason, and raising the budget releases it."""
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from conftest import ADMIN_TOKEN
+from helpers import wait_state
+from sqlalchemy import select
+
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.store.models import Attempt, Job, Team
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+SECRET = "http://127.0.0.1:9/services/T000/B000/very-secret-part"
+
+
+def spend_today(settings, team: str, dollars: float) -> None:
+    """A job of the team that ran one minute ago for a minute, costing `dollars`."""
+    engine = make_engine(settings.sqlalchemy_url)
+    end = datetime.now(UTC) - timedelta(seconds=30)
+    start = end - timedelta(minutes=1)
+    with transaction(make_session_factory(engine)) as s:
+        job = Job(team_id=s.scalar(select(Team.id).where(Team.name == team)), name="spent", state="SUCCEEDED",
+                  spec={"name": "spent", "run": "true"}, restarts=0, recoveries=0, created_at=start, updated_at=end,
+                  ended_at=end)
+        s.add(job)
+        s.flush()
+        s.add(Attempt(job_id=job.id, state="SUCCEEDED", launcher="local", cloud="aws", region="us-east-1",
+                      use_spot=False, num_nodes=1, price_per_hour=dollars * 60, created_at=start, updated_at=end,
+                      started_at=start, ended_at=end, end_reason="succeeded", released=True, accelerator_count=0))
+    engine.dispose()
+
+
+def test_admin_sets_a_budget_the_team_reads_it_redacted_and_cannot_change_it(api, team_headers):
+    a = team_headers("a")
+    body = {"amount": 5000, "period": "month", "targets": [{"name": "slack", "kind": "webhook", "url": SECRET}]}
+    assert api.put("/v1/teams/a/budget", json=body, headers=a).status_code == 403
+    bad = api.put("/v1/teams/a/budget", json={"amount": 5, "targets": [{"name": "x", "kind": "webhook"}]},
+                  headers=ADMIN)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "targets.0.url"
+    bad = api.put("/v1/teams/a/budget", json={"amount": -1}, headers=ADMIN)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "amount"
+    assert api.put("/v1/teams/nobody/budget", json=body, headers=ADMIN).status_code == 404
+    r = api.put("/v1/teams/a/budget", json=body, headers=ADMIN)
+    assert r.status_code == 200 and SECRET not in r.text and "very-secret" not in r.text
+    assert r.json()["targets"] == [{"name": "slack", "kind": "webhook", "hint": "127.0.0.1 …part"}]
+    assert r.json()["hard_cap_action"] == "hold_new" and r.json()["rules"]["committed_hours"] == 24
+    mine = api.get("/v1/teams/a/budget", headers=a)
+    assert mine.status_code == 200 and mine.json()["targets"] == [{"name": "slack", "kind": "webhook", "hint": None}]
+    assert mine.json()["amount"] == 5000 and mine.json()["over"] is False
+    assert api.get("/v1/teams/b/budget", headers=a).status_code == 403
+    assert api.get("/v1/alerts", headers=a).json() == {"alerts": []}
+    assert api.get("/v1/alerts", params={"team": "b"}, headers=a).status_code == 403
+
+
+def test_over_budget_a_new_job_is_held_and_raising_the_budget_releases_it(api, team_headers, settings):
+    a = team_headers("a")
+    spend_today(settings, "a", 10.0)
+    r = api.put("/v1/teams/a/budget", json={"amount": 5, "period": "day"}, headers=ADMIN)
+    assert r.json()["over"] is True and r.json()["spent"] >= 10.0
+    job = api.post("/v1/jobs", json={"name": "next", "run": "echo ran"}, headers=a).json()
+    held = wait_state(api, a, job["id"], {"HELD"})
+    assert held["reason"].startswith("over budget: $10.00 spent of $5.00 this day")
+    api.put("/v1/teams/a/budget", json={"amount": 500, "period": "day"}, headers=ADMIN)
+    done = wait_state(api, a, job["id"], {"SUCCEEDED", "FAILED"}, timeout=30)
+    assert done["state"] == "SUCCEEDED"
+    moves = [(e["data"]["from"], e["data"]["to"]) for e in api.get(f"/v1/jobs/{job['id']}/events",
+                                                                     headers=a).json()["events"]
+             if e["type"] == "job_state"]
+    assert moves[:2] == [("PENDING", "HELD"), ("HELD", "PENDING")]

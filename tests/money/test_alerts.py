@@ -1,0 +1,103 @@
+"""Burn-rate alerts on an injected clock: both windows of a pair must burn
+over the threshold; forecast, spend thresholds, committed rate and the hard
+cap; each opened once, resolved when it clears, silenced on request; and
+the hard cap's stop_running keeps checkpoints."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+from money.world import T0
+from sqlalchemy import select
+
+from spotbroker.broker.money import alerts, budgets, hardcap
+from spotbroker.broker.money.accrual import Accruer
+from spotbroker.broker.money.models import Alert, AlertSilence, Notification
+from spotbroker.broker.money.settings import MoneySettings
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Attempt, Checkpoint, Job
+
+HOOK = {"name": "ops", "kind": "webhook", "url": "http://127.0.0.1:9/hook"}
+
+
+def set_budget(factory, clock, team, **kw):
+    body = budgets.BudgetIn.model_validate({"amount": 24.0, "period": "day", "targets": [HOOK], **kw})
+    with transaction(factory) as s:
+        budgets.put(s, team, body, clock)
+
+
+def evaluate(factory, clock):
+    Accruer(factory, MoneySettings(_env_file=None), clock=clock).accrue(clock.now())
+    with transaction(factory) as s:
+        return alerts.evaluate(s, clock.now())
+
+
+def open_rules(factory) -> set[str]:
+    with factory() as s:
+        return set(s.scalars(select(Alert.rule).where(Alert.open_key.is_not(None))))
+
+
+def test_a_fast_burn_fires_once_with_its_neighbours_and_everything_resolves(factory, world, clock):
+    team = world.team()
+    set_budget(factory, clock, team)                         # $24 a day: $1/h even
+    job = world.job(team)
+    a = world.attempt(job, price=20.0, spot=False)          # 20x
+    clock.advance(minutes=4)
+    evaluate(factory, clock)
+    assert "fast_burn" not in open_rules(factory)           # the 5 min window is hot, the hour is not yet
+    clock.advance(minutes=56)
+    assert evaluate(factory, clock)[0] >= 1
+    rules = open_rules(factory)
+    assert {"fast_burn", "spend_50", "spend_80", "forecast", "committed"} <= rules
+    assert "slow_burn" not in rules and "hard_cap" not in rules and "spend_100" not in rules
+    assert evaluate(factory, clock) == (0, 0)               # deduplicated
+    world.end(a, clock.now())
+    clock.advance(minutes=10)
+    evaluate(factory, clock)
+    assert "fast_burn" not in open_rules(factory)           # 5 min window cold: resolved
+    clock.advance(days=1)
+    evaluate(factory, clock)
+    assert open_rules(factory) == set()                     # a new day, a new budget
+    with factory() as s:
+        sent = s.execute(select(Notification.kind, Alert.rule).join(Alert, Alert.id == Notification.alert_id)).all()
+        fast = s.scalar(select(Alert).where(Alert.rule == "fast_burn"))
+    assert sorted(k for k, r in sent if r == "fast_burn") == ["fire", "resolve"]
+    assert "20.0x" in fast.summary and "raise the budget" in fast.advice
+
+
+def test_the_slow_pair_needs_both_windows_and_a_silence_keeps_it_quiet(factory, world, clock):
+    team = world.team()
+    set_budget(factory, clock, team, amount=240.0, rules={"thresholds": [], "forecast": False})  # $10/h even
+    job = world.job(team)
+    with transaction(factory) as s:
+        s.add(AlertSilence(team_id=team, rule="slow_burn", until=T0 + timedelta(days=1), created_at=T0))
+    world.attempt(job, price=70.0, spot=False)              # 7x: slow, not fast
+    for _ in range(12):
+        clock.advance(minutes=30)
+        evaluate(factory, clock)
+    assert open_rules(factory) >= {"slow_burn"} and "fast_burn" not in open_rules(factory)
+    with factory() as s:
+        assert s.scalars(select(Notification.id).join(Alert, Alert.id == Notification.alert_id)
+                         .where(Alert.rule == "slow_burn")).all() == []
+
+
+def test_over_budget_holds_new_jobs_and_stop_running_keeps_checkpoints(factory, world, clock):
+    team = world.team()
+    set_budget(factory, clock, team, amount=5.0, hard_cap_action="stop_running", recoveries="hold")
+    job = world.job(team)
+    a = world.attempt(job, price=10.0, spot=False)
+    world.checkpoint(job, a, T0 + timedelta(minutes=20))
+    clock.advance(minutes=40)
+    evaluate(factory, clock)
+    assert "hard_cap" in open_rules(factory)
+    with factory() as s:
+        reason = budgets.hold_reason(s, team, False, clock.now())
+        assert reason.startswith("over budget: $6.67 spent of $5.00")
+        assert budgets.hold_reason(s, team, True, clock.now()) is not None   # recoveries: hold
+    assert hardcap.stop_running(factory, clock) == 1
+    with factory() as s:
+        assert s.get(Job, job).state == "HELD" and "over budget" in s.get(Job, job).reason
+        assert s.get(Attempt, a).state == "CANCELLED"
+        assert s.scalar(select(Checkpoint.step).where(Checkpoint.job_id == job)) == 1
+    set_budget(factory, clock, team, amount=500.0)
+    with factory() as s:
+        assert budgets.hold_reason(s, team, True, clock.now()) is None
