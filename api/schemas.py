@@ -9,7 +9,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from spotbroker.broker import costs
 from spotbroker.broker.models import Attempt, Event, Job
-from spotbroker.broker.spec import SpecShapeError, check_shape
+from spotbroker.broker.spec import SpecShapeError, check_shape, public
 
 
 def _bounded(value: dict[str, Any]) -> dict[str, Any]:
@@ -73,7 +73,7 @@ class JobOut(BaseModel):
     @classmethod
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
         attempts = [AttemptOut.of(a, now) for a in job.attempts]
-        return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team, spec=job.spec,
+        return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team, spec=public(job.spec),
                    restarts=job.restarts, recoveries=job.recoveries,
                    cost=round(costs.job_cost(job, now), 6), created_at=job.created_at,
                    updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
