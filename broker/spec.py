@@ -11,7 +11,7 @@ import re
 from datetime import datetime, timedelta
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, SecretStr, StringConstraints, field_validator, model_validator
 
 from spotbroker.broker.specdoc import (  # noqa: F401  (the API and the CLI read documents through here)
     MAX_DEPTH,
@@ -222,8 +222,10 @@ FileMount = WorkdirUpload | StorageMount | str
 
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] = "job"
-    run: Annotated[str, Field(min_length=1)]
-    setup: str | None = None
+    # Commands are kept as written (a file's `run: |` ends in a newline, and
+    # the Task must equal what SkyPilot reads from the file).
+    run: Annotated[str, StringConstraints(strip_whitespace=False, min_length=1)]
+    setup: Annotated[str, StringConstraints(strip_whitespace=False)] | None = None
     envs: dict[str, str] = Field(default_factory=dict)
     # An upload. A path (SkyPilot's `workdir: .`) is the client's to pack and
     # upload; one left here would name the broker's host and is refused at submission.
@@ -257,6 +259,13 @@ class JobSpec(_Strict):
                 raise ValueError(f"{key}: value must be a string or a number")
             out[key] = str(val).lower() if isinstance(val, bool) else str(val)
         return out
+
+    @field_validator("run")
+    @classmethod
+    def _run(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("give a command to run")
+        return value
 
     @field_validator("secrets", mode="before")
     @classmethod
