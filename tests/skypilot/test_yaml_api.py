@@ -56,7 +56,8 @@ def test_secrets_are_shown_by_name_only(api, team_headers, caplog):
 
 def test_a_file_without_use_spot_runs_on_demand(api, team_headers):
     h = team_headers()
-    r = post(api, h, b"run: x\nresources:\n  any_of:\n    - {accelerators: A10G:1}\n    - {accelerators: L4:1, use_spot: true}\n")
+    r = post(api, h, b"run: x\nresources:\n  any_of:\n    - {accelerators: A10G:1}\n"
+                     b"    - {accelerators: L4:1, use_spot: true}\n")
     assert r.status_code == 201, r.text
     alts = JobSpec.model_validate(r.json()["spec"]).resources.alternatives()
     assert [a.use_spot for a in alts] == [False, True]
