@@ -104,3 +104,35 @@ def test_cloud_region_zone_become_infra():
     spec = JobSpec.model_validate(taskyaml.to_spec(doc))
     assert spec.resources.infra == "gcp/*/us-central1-a" and spec.resources.memory == "64.0+"
     assert resources_of(task_from_spec(spec)) == resources_of(sky.Task.from_yaml_config(doc))
+
+
+@pytest.fixture
+def catalog_session(tmp_path):
+    from spotbroker.broker import migrate
+    from spotbroker.broker.db import make_engine, make_session_factory
+    from spotbroker.broker.offers import seed_from_catalog
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    migrate.upgrade(engine)
+    with make_session_factory(engine)() as session:
+        seed_from_catalog(session)
+        session.commit()
+        yield session
+    engine.dispose()
+
+
+def test_placement_honours_the_files_constraints(catalog_session):
+    from spotbroker.broker.offers import rank_offers
+
+    def places(doc):
+        return rank_offers(catalog_session, JobSpec.model_validate(taskyaml.to_spec(doc)), limit=1000)
+
+    typed = places({"run": "x", "resources": {"instance_type": "g5.xlarge", "use_spot": True}})
+    assert typed and {p.instance_type for p in typed} == {"g5.xlarge"}
+    imaged = places({"run": "x", "resources": {"infra": "aws", "accelerators": "A10G:1", "use_spot": True,
+                                               "image_id": {"us-west-2": "ami-1", "eu-west-1": "ami-2"}}})
+    assert imaged and {p.region for p in imaged} == {"us-west-2", "eu-west-1"}
+    ordered = places({"run": "x", "resources": {"accelerators": ["H100:8", "A10G:1"], "use_spot": True}})
+    assert ordered and {p.accelerator for p in ordered} == {"H100"}  # the first that has offers wins
+    on_demand = places({"run": "x", "resources": {"accelerators": "A10G:1", "cpus": "16+"}})
+    assert on_demand and not any(p.use_spot for p in on_demand)
