@@ -14,8 +14,8 @@ from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, Sessio
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
 from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
+from spotbroker.broker.jobs import mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
-from spotbroker.broker.jobs import uploads
 from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
 from spotbroker.broker.jobs.states import JobState
 from spotbroker.broker.store.db import transaction
@@ -47,7 +47,9 @@ async def _read_spec(request: Request) -> JobSpec:
     if ctype not in _YAML_TYPES and ctype not in ("application/json", ""):
         raise Problem(415, "Unsupported media type", f"send application/json or application/yaml, not {ctype}")
     try:
-        doc = load_document(body, fmt)
+        # A task file is read by SkyPilot's own schema (seconds for the first
+        # one a process reads: `import sky`), off the event loop.
+        doc = await run_in_threadpool(taskyaml.parse, body) if fmt == "yaml" else load_document(body, fmt)
     except SpecShapeError as exc:
         raise invalid([{"field": exc.field, "message": exc.detail}]) from None
     except SpecSyntaxError as exc:
@@ -55,10 +57,18 @@ async def _read_spec(request: Request) -> JobSpec:
         if exc.line:
             err["line"] = exc.line
         raise invalid([err]) from None
+    except taskyaml.TaskFileError as exc:
+        raise invalid(exc.errors) from None
     try:
         spec = JobSpec.model_validate(doc)
     except ValidationError as exc:
-        raise invalid(field_errors(exc.errors())) from None
+        errors = field_errors(exc.errors())
+        if fmt == "yaml":
+            text = body.decode("utf-8")
+            for err in errors:
+                if line := taskyaml.line_of(text, err["field"]):
+                    err["line"] = line
+        raise invalid(errors) from None
     if len(json.dumps(spec.stored())) > MAX_SPEC_BYTES:
         raise invalid([{"field": "body", "message": f"the stored spec would be over {MAX_SPEC_BYTES} bytes"}])
     return spec
@@ -72,8 +82,10 @@ async def submit_job(request: Request, team: CurrentTeam,
                      idempotency_key: Annotated[str | None, Header(
                          max_length=128, description="retries with the same key return the same job")] = None,
                      ) -> JobOut:
-    """Submit a job: a JSON job spec, or a SkyPilot-style task YAML
-    (`Content-Type: application/yaml`)."""
+    """Submit a job: a JSON job spec, or a SkyPilot task YAML
+    (`Content-Type: application/yaml`), read with SkyPilot's own schema. A
+    task file without `use_spot` runs on on-demand, as in SkyPilot; a JSON
+    spec without it on spot."""
     spec = await _read_spec(request)
     state = request.app.state
     problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds
@@ -84,6 +96,10 @@ async def submit_job(request: Request, team: CurrentTeam,
         problem = await run_in_threadpool(uploads.workdir_error, state.settings, team.team_name, spec.workdir)
         if problem:
             raise invalid([problem])
+    if spec.file_mounts:
+        problems = await run_in_threadpool(mounts.mount_errors, state.settings, team.team_name, spec)
+        if problems:
+            raise invalid(problems)
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
                                                  team.team_name)
     if idempotency_key is not None and not jobs.same_spec(out.spec, spec):

@@ -44,28 +44,85 @@ def _where(a: dict[str, Any]) -> str:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
 @click.option("--json", "as_json", is_flag=True)
 def submit(file: Path, as_json: bool) -> None:
-    """Submit a job from a JSON or YAML file (SkyPilot task shape); '-' reads stdin."""
-    from spotbroker.broker.jobs.spec import SpecSyntaxError, load_document
+    """Submit a job from a JSON spec or a SkyPilot task YAML; '-' reads stdin.
+
+    A YAML file is read by the broker with SkyPilot's own schema; its
+    `workdir` and local `file_mounts` directories are uploaded first."""
+    from spotbroker.broker.jobs.spec import SpecSyntaxError, load_document, load_raw
 
     data = sys.stdin.buffer.read() if str(file) == "-" else _read(file)
     fmt = "json" if file.suffix == ".json" else "yaml" if file.suffix in (".yaml", ".yml") else "auto"
+    if fmt == "auto":
+        fmt = "json" if data.lstrip().startswith(b"{") else "yaml"
     try:
-        doc = load_document(data, fmt)
+        doc = load_raw(data, fmt) if fmt == "yaml" else load_document(data, fmt)
     except SpecSyntaxError as exc:
         where = f"{file}:{exc.line}" if exc.line else str(file)
         raise click.ClickException(f"{where}: {exc.message}") from None
     base = Path.cwd() if str(file) == "-" else file.resolve().parent
     c = client()
     try:
-        if isinstance(doc.get("workdir"), str):
-            doc = {**doc, "workdir": {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser())}}
-        job = c.submit(doc)
+        doc, uploaded = _upload_local(c, doc, base)
+        if fmt == "json":
+            job = c.submit(doc)
+        else:
+            if not _says_use_spot(doc.get("resources")):
+                click.echo(f"{file}: no use_spot: runs on on-demand, as in SkyPilot (add `use_spot: true` "
+                           "under resources for spot)", err=True)
+            import yaml
+
+            job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if uploaded else data)
     except ApiError as exc:
-        raise click.ClickException(f"{file}: {exc}") from None
+        raise click.ClickException(f"{file}: {_located(exc, data if fmt == 'yaml' else None)}") from None
     if as_json:
         _echo_json(job)
     else:
         click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}")
+
+
+def _says_use_spot(res: Any) -> bool:
+    if not isinstance(res, dict):
+        return False
+    alts = [a for k in ("any_of", "ordered") for a in (res.get(k) or []) if isinstance(a, dict)]
+    return "use_spot" in res or (bool(alts) and all("use_spot" in a for a in alts))
+
+
+def _upload_local(c: Client, doc: dict[str, Any], base: Path) -> tuple[dict[str, Any], bool]:
+    """The document with its local directories (workdir, file mount sources:
+    paths relative to the file, as SkyPilot reads them) uploaded and named
+    by their sha256; and whether anything was."""
+    doc, uploaded = dict(doc), False
+    if isinstance(doc.get("workdir"), str):
+        doc["workdir"] = {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser())}
+        uploaded = True
+    mounts = doc.get("file_mounts")
+    if isinstance(mounts, dict):
+        mounts = dict(mounts)
+        for remote, source in mounts.items():
+            if isinstance(source, str) and "://" not in source:
+                local = base / Path(source).expanduser()
+                if not local.is_dir():
+                    raise click.ClickException(f"file_mounts.{remote}: {local} is not a directory: the broker "
+                                               "mounts a directory (uploaded) or a storage URI")
+                mounts[remote] = {"upload": upload_workdir(c, local)}
+                uploaded = True
+        doc["file_mounts"] = mounts
+    return doc, uploaded
+
+
+def _located(exc: ApiError, text: bytes | None) -> str:
+    """The API's message, each field error with its line in the user's file
+    (the broker may have read a re-written copy, with uploads in it)."""
+    errors = exc.body.get("errors") or []
+    if not errors or text is None:
+        return str(exc)
+    from spotbroker.broker.jobs.taskyaml import line_of
+
+    lines = [exc.body.get("detail") or str(exc.status)]
+    for err in errors:
+        line = line_of(text.decode("utf-8", "replace"), str(err.get("field")))
+        lines.append(f"  {f'line {line}: ' if line else ''}{err.get('field')}: {err.get('message')}")
+    return "\n".join(lines)
 
 
 def upload_workdir(c: Client, workdir: Path) -> str:

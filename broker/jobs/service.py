@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import logs
-from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.spec import JobSpec, public
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
     TERMINAL_JOB_STATES,
@@ -87,11 +87,11 @@ def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYS
     return out
 
 
-def same_spec(stored: dict, spec: JobSpec) -> bool:
-    """Whether a job stored as `stored` is what `spec` asks for (a retried
-    submission), compared as the database keeps them."""
+def same_spec(shown: dict, spec: JobSpec) -> bool:
+    """Whether a job the API shows as `shown` is what `spec` asks for (a
+    retried submission); secrets are compared by name, as the API shows them."""
     canonical = lambda d: json.dumps(d, sort_keys=True, default=str)  # noqa: E731
-    return canonical(stored) == canonical(spec.stored())
+    return canonical(public(shown)) == canonical(public(spec.stored()))
 
 
 def by_key(session: Session, team_id: int, idempotency_key: str) -> Job | None:

@@ -7,13 +7,30 @@ than a silently ignored option.
 """
 from __future__ import annotations
 
-import itertools
-import math
 import re
 from datetime import datetime, timedelta
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI read documents through here)
+    MAX_DEPTH,
+    MAX_SPEC_BYTES,
+    SpecShapeError,
+    SpecSyntaxError,
+    check_shape,
+    load_document,
+    load_raw,
+)
 
 CLOUDS = ("aws", "gcp", "azure", "local")
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?$")
@@ -26,12 +43,8 @@ MAX_ACCELERATORS = 1024        # per node
 MAX_NODES = 1024
 MAX_PRICE_PER_HOUR = 1000.0    # dollars, per node
 MAX_AMOUNT = 1_000_000         # cpus, memory (GB)
+MAX_DISK_GB = 65_536
 MAX_DEADLINE_AHEAD = timedelta(days=365)
-# A document's shape: how deep, and how large once YAML aliases are expanded
-# (a small YAML can name one large string a thousand times). A stored spec is
-# at most MAX_SPEC_BYTES too.
-MAX_DEPTH = 16
-MAX_SPEC_BYTES = 1 << 20
 
 
 class _Strict(BaseModel):
@@ -86,8 +99,17 @@ class ResourceSet(_Strict):
     infra: str | None = None
     cpus: str | None = None
     memory: str | None = None
+    # A JSON spec asks for spot unless it says otherwise; a SkyPilot task
+    # file asks for on-demand (SkyPilot's meaning): its parser sets this.
     use_spot: bool = True
     max_price_per_hour: Annotated[float, Field(gt=0, le=MAX_PRICE_PER_HOUR, allow_inf_nan=False)] | None = None
+    disk_size: Annotated[int, Field(ge=1, le=MAX_DISK_GB, description="the OS disk, in GB")] | None = None
+    instance_type: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] \
+        | None = None
+    # One image, or one per region (`{us-east-1: ami-..., us-west-2: ami-...}`):
+    # the regions named are then the only ones the job may run in.
+    image_id: Annotated[str, Field(min_length=1, max_length=512)] \
+        | Annotated[dict[str, Annotated[str, Field(min_length=1, max_length=512)]], Field(min_length=1)] | None = None
 
     @field_validator("accelerators", mode="before")
     @classmethod
@@ -124,6 +146,13 @@ class ResourceSet(_Strict):
     def accelerator(self) -> tuple[str, float] | None:
         return parse_accelerator(self.accelerators) if self.accelerators else None
 
+    @property
+    def image_regions(self) -> frozenset[str] | None:
+        """The regions a per-region `image_id` limits the job to (None: any)."""
+        if isinstance(self.image_id, dict):
+            return frozenset(self.image_id)
+        return None
+
 
 class Resources(ResourceSet):
     """One set of resources, or alternatives: `any_of` (cheapest wins) or
@@ -139,6 +168,16 @@ class Resources(ResourceSet):
         alternatives = self.any_of if self.any_of is not None else self.ordered
         if alternatives is not None and not alternatives:
             raise ValueError("any_of/ordered needs at least one resource set")
+        if alternatives:
+            # Each alternative carries what it inherits, so the stored spec
+            # means what was submitted: `use_spot: false` above an alternative
+            # once came back, after storage, as the alternative's default (spot).
+            own = {k: getattr(self, k) for k in self.model_fields_set if k not in ("any_of", "ordered")}
+            for alt in alternatives:
+                for key, value in own.items():
+                    if key not in alt.model_fields_set:
+                        setattr(alt, key, value)
+                        alt.model_fields_set.add(key)
         return self
 
     def alternatives(self) -> list[ResourceSet]:
@@ -161,10 +200,41 @@ class WorkdirUpload(_Strict):
     upload: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="the sha256 of the uploaded archive")]
 
 
+_MOUNT_URI_RE = re.compile(r"^(s3|gs|az|r2|cos|oci)://[^/?#]+(/[^?#]*)?$")
+
+
+def storage_uri(value: str) -> str:
+    """A file mount's source: a storage URI, never a path on the broker's host."""
+    if not _MOUNT_URI_RE.match(value):
+        raise ValueError(f"{value!r} is not a storage URI (s3://BUCKET/PATH, gs://, az://): a path would name the "
+                         "broker's host; upload the directory (`spotbroker submit FILE` does it for you)")
+    if "$" in value or any(part in (".", "..") for part in value.split("://", 1)[1].split("/")):
+        raise ValueError(f"{value!r}: give the URI itself, without '.', '..' or '$'")
+    return value
+
+
+class StorageMount(_Strict):
+    """A bucket path mounted (or copied) on the node: SkyPilot's
+    `file_mounts: {/data: {source: s3://..., mode: MOUNT}}`."""
+
+    source: str
+    mode: Literal["MOUNT", "COPY", "MOUNT_CACHED"] = "MOUNT"
+
+    @field_validator("source")
+    @classmethod
+    def _source(cls, value: str) -> str:
+        return storage_uri(value)
+
+
+FileMount = WorkdirUpload | StorageMount | str
+
+
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] = "job"
-    run: Annotated[str, Field(min_length=1)]
-    setup: str | None = None
+    # Commands are kept as written (a file's `run: |` ends in a newline, and
+    # the Task must equal what SkyPilot reads from the file).
+    run: Annotated[str, StringConstraints(strip_whitespace=False, min_length=1)]
+    setup: Annotated[str, StringConstraints(strip_whitespace=False)] | None = None
     envs: dict[str, str] = Field(default_factory=dict)
     # An upload. A path (SkyPilot's `workdir: .`) is the client's to pack and
     # upload; one left here would name the broker's host and is refused at submission.
@@ -178,6 +248,12 @@ class JobSpec(_Strict):
     estimated_hours: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     deadline: AwareDatetime | None = None
     resources: Resources = Field(default_factory=Resources)
+    # Values go to the job's process as environment variables, like `envs`,
+    # but are never shown by the API (`public()`) nor logged.
+    secrets: dict[str, SecretStr] = Field(default_factory=dict)
+    file_mounts: Annotated[dict[str, FileMount], Field(description=(
+        "Remote path -> a storage URI under your team's prefix, {source: URI, mode: MOUNT|COPY}, "
+        "or {upload: SHA256} after PUT /v1/uploads/{sha256}"))] = Field(default_factory=dict)
 
     @field_validator("envs", mode="before")
     @classmethod
@@ -192,6 +268,48 @@ class JobSpec(_Strict):
                 raise ValueError(f"{key}: value must be a string or a number")
             out[key] = str(val).lower() if isinstance(val, bool) else str(val)
         return out
+
+    @field_validator("run")
+    @classmethod
+    def _run(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("give a command to run")
+        return value
+
+    @field_validator("secrets", mode="before")
+    @classmethod
+    def _secrets(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        for key, val in value.items():
+            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if val is None or isinstance(val, dict | list | bool):
+                # never the value itself in the message: it is a secret
+                raise ValueError(f"{key}: give the secret's value as a string")
+        return {k: v if isinstance(v, SecretStr) else str(v) for k, v in value.items()}
+
+    @field_validator("file_mounts", mode="before")
+    @classmethod
+    def _file_mounts(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for remote in value:
+                if not isinstance(remote, str) or not (remote.startswith("/") or remote.startswith("~/")):
+                    raise ValueError(f"{remote!r}: a remote path is absolute or starts with ~/")
+                if remote.rstrip("/") != remote or "$" in remote or "/../" in f"{remote}/":
+                    raise ValueError(f"{remote!r}: give the path itself, without a trailing '/', '..' or '$'")
+        return value
+
+    @field_validator("file_mounts")
+    @classmethod
+    def _mount_sources(cls, value: dict[str, Any]) -> dict[str, Any]:
+        for remote, source in value.items():
+            if isinstance(source, str):
+                try:
+                    storage_uri(source)
+                except ValueError as exc:
+                    raise ValueError(f"{remote}: {exc}") from None
+        return value
 
     def deadline_error(self, now: datetime, overhead_s: float) -> str | None:
         """Why a deadline cannot be kept, if it cannot: no estimate of the work
@@ -212,146 +330,27 @@ class JobSpec(_Strict):
 
     @property
     def wants_gpu(self) -> bool:
-        return any(alt.accelerators for alt in self.resources.alternatives())
+        """Placed on a cloud offer: it names accelerators or an instance type."""
+        return any(alt.accelerators or alt.instance_type for alt in self.resources.alternatives())
+
+    def secret_values(self) -> dict[str, str]:
+        return {k: v.get_secret_value() for k, v in self.secrets.items()}
 
     def stored(self) -> dict[str, Any]:
-        return self.model_dump(mode="json", exclude_none=True)
+        """What the database keeps: everything, secrets' values included
+        (the launcher gives them to the job's process)."""
+        out = self.model_dump(mode="json", exclude_none=True)
+        if self.secrets:
+            out["secrets"] = self.secret_values()
+        elif "secrets" in out:
+            del out["secrets"]
+        if not out.get("file_mounts"):
+            out.pop("file_mounts", None)
+        return out
 
 
-class SpecSyntaxError(ValueError):
-    """A job document that is not valid JSON/YAML; `line` is 1-based."""
-
-    def __init__(self, message: str, line: int | None = None, column: int | None = None) -> None:
-        where = f"line {line}" + (f", column {column}" if column else "") + ": " if line else ""
-        super().__init__(where + message)
-        self.line, self.column, self.message = line, column, message
-
-
-class SpecShapeError(SpecSyntaxError):
-    """A document nested too deeply, too large once its YAML aliases are
-    expanded, or with a NUL byte in a string; `field` says where, `detail`
-    what (`message` says both)."""
-
-    def __init__(self, field: str, detail: str) -> None:
-        super().__init__(f"{field}: {detail}")
-        self.field, self.detail = field, detail
-
-
-def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
-    """Parse a job document (JSON, or a SkyPilot-style YAML) into a dict.
-
-    `fmt` is "json", "yaml" or "auto" (JSON if it starts with '{').
-    """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecSyntaxError(f"not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
-    if fmt == "auto":
-        fmt = "json" if text.lstrip().startswith("{") else "yaml"
-    if fmt == "json":
-        import json
-
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecSyntaxError(exc.msg, exc.lineno, exc.colno) from None
-        except RecursionError:
-            raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels") from None
-        except ValueError as exc:  # a number of more digits than Python converts
-            raise SpecSyntaxError(str(exc)) from None
-    else:
-        import yaml
-
-        try:
-            _refuse_deep_yaml(text)
-            doc = yaml.safe_load(text)
-        except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark
-            raise SpecSyntaxError(str(exc.problem or exc), mark.line + 1 if mark else None,
-                                  mark.column + 1 if mark else None) from None
-        except yaml.YAMLError as exc:
-            raise SpecSyntaxError(str(exc)) from None
-        except RecursionError:
-            raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels") from None
-        except SpecShapeError:
-            raise
-        except (ValueError, OverflowError) as exc:  # a number or date out of range
-            raise SpecSyntaxError(str(exc)) from None
-    if not isinstance(doc, dict):
-        raise SpecSyntaxError("the document must be a mapping of fields (name, run, resources, ...)")
-    check_shape(doc)
-    return _accelerator_alternatives(doc)
-
-
-_YAML_QUOTED_RE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"")
-_BRACKET_RE = re.compile(r"[\[\]{}]")
-_BRACKET_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
-_YAML_FLOW_DEPTH = 256
-
-
-def _refuse_deep_yaml(text: str) -> None:
-    """Refuse YAML whose flow collections (`[[[...`) open far more levels than
-    MAX_DEPTH, before PyYAML reads it: its scanner holds every token of a
-    deep flow collection before the first event (200,000 levels took 0.7 s
-    and left the server 10 % larger). Brackets in quoted strings are not
-    counted; past MAX_DEPTH but not this far, `check_shape` names the field."""
-    if text.count("[") + text.count("{") <= _YAML_FLOW_DEPTH:
-        return
-    steps = map(_BRACKET_STEP.__getitem__, _BRACKET_RE.findall(_YAML_QUOTED_RE.sub("", text)))
-    if max(itertools.accumulate(steps), default=0) > _YAML_FLOW_DEPTH:
-        raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels")
-
-
-def check_shape(doc: Any) -> None:
-    """Walk the document as a JSON encoder would, each YAML alias expanded,
-    and stop at the first string holding a NUL byte (no process can take it:
-    the launch would fail), the first level past MAX_DEPTH, or once past
-    MAX_SPEC_BYTES. Without recursion, and in time bounded by the size limit
-    whatever the aliases multiply."""
-    budget = MAX_SPEC_BYTES
-    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
-    while stack:
-        path, node = stack.pop()
-        if len(path) > MAX_DEPTH:
-            raise SpecShapeError(_dotted(path[:MAX_DEPTH + 1]), f"nested more than {MAX_DEPTH} levels")
-        if isinstance(node, dict):
-            budget -= 2
-            for key, value in node.items():
-                _no_nul(path + (key,), key)
-                budget -= len(str(key)) + 4
-                stack.append((path + (key,), value))
-        elif isinstance(node, list):
-            budget -= 2 + len(node)
-            stack.extend((path + (i,), value) for i, value in enumerate(node))
-        elif isinstance(node, str):
-            _no_nul(path, node)
-            budget -= len(node) + 2
-        elif isinstance(node, float) and not math.isfinite(node):
-            raise SpecShapeError(_dotted(path), "must be a finite number")
-        else:
-            budget -= 8
-        if budget < 0:
-            raise SpecShapeError("body", f"larger than {MAX_SPEC_BYTES} bytes once YAML aliases are expanded")
-
-
-def _no_nul(path: tuple[Any, ...], value: Any) -> None:
-    if isinstance(value, str) and "\x00" in value:
-        raise SpecShapeError(_dotted(path), "contains a NUL byte")
-
-
-def _dotted(path: tuple[Any, ...]) -> str:
-    return ".".join(str(p) for p in path) or "body"
-
-
-def _accelerator_alternatives(doc: dict[str, Any]) -> dict[str, Any]:
-    """SkyPilot's `accelerators: {A10G: 1, L4: 1}` (or a list) means "any of"."""
-    res = doc.get("resources")
-    if isinstance(res, dict):
-        acc = res.get("accelerators")
-        many = (isinstance(acc, dict) and len(acc) > 1) or isinstance(acc, list)
-        if many and "any_of" not in res and "ordered" not in res:
-            items = acc.items() if isinstance(acc, dict) else ((a, None) for a in acc)
-            rest = {k: v for k, v in res.items() if k != "accelerators"}
-            doc = {**doc, "resources": {**rest, "any_of": [
-                {"accelerators": name if count is None else f"{name}:{count}"} for name, count in items]}}
-    return doc
+def public(stored: dict[str, Any]) -> dict[str, Any]:
+    """A stored spec as the API shows it: the secrets' names, never their values."""
+    if "secrets" not in stored:
+        return stored
+    return {**stored, "secrets": sorted(stored["secrets"])}

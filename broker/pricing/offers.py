@@ -84,6 +84,11 @@ def _fits(offer: PriceOffer, want: ResourceSet, infra: Infra | None) -> bool:
             return False
         if infra.zone and infra.zone not in (offer.zone, offer.zone_id):
             return False
+    if want.instance_type is not None and offer.instance_type != want.instance_type:
+        return False
+    regions = want.image_regions  # an image per region: only those regions have the job's image
+    if regions is not None and offer.region not in regions:
+        return False
     for wanted, have in ((want.cpus, offer.vcpus), (want.memory, offer.memory_gib)):
         if wanted is not None:
             amount, at_least = parse_amount(wanted)
@@ -102,10 +107,15 @@ def feasible_offers(session: Session, spec: JobSpec) -> list[tuple[PriceOffer, R
     groups: list[list[tuple[PriceOffer, ResourceSet]]] = []
     for want in spec.resources.alternatives():
         shape = want.accelerator
-        if shape is None:
+        if shape is not None:
+            offers = current_offers(session, *shape)
+        elif want.instance_type is not None:  # the type says what it carries
+            offers = sorted(session.scalars(select(PriceOffer).where(
+                PriceOffer.instance_type == want.instance_type, PriceOffer.listed.is_(True))), key=lambda o: o.id)
+        else:
             continue
         infra = Infra(want.infra) if want.infra else None
-        groups.append([(o, want) for o in current_offers(session, *shape) if _fits(o, want, infra)])
+        groups.append([(o, want) for o in offers if _fits(o, want, infra)])
     if spec.resources.is_ordered:
         return next((g for g in groups if g), [])
     return [pair for g in groups for pair in g]

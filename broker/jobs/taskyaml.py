@@ -1,0 +1,275 @@
+"""A SkyPilot task file in: read with SkyPilot's own schema, so that its
+messages ("Instead of 'acceleratorz', did you mean 'accelerators'?") reach
+the user, then turned into a job spec.
+
+The keys spotbroker adds (`estimated_hours`, `deadline`, `max_restarts`,
+`resources.max_price_per_hour`) and the uploads that stand for local
+directories are taken out first and checked by `JobSpec`; everything else
+goes through `sky.Task.from_yaml_config`. What SkyPilot accepts but the
+broker cannot honour (`service`, `resources.ports`, a managed secret, a
+bucket SkyPilot would create...) is refused naming the field. SkyPilot's
+meaning is kept: a file without `use_spot` asks for on-demand.
+
+Parsing needs no credentials and no network (see
+`broker.launch.skypilot.catalogs`). `import sky` takes seconds: it happens
+on the first task file a process reads, never at start-up.
+"""
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+from pydantic import ValidationError
+
+from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw
+
+OURS = ("estimated_hours", "deadline", "max_restarts")
+HONOURED = frozenset({"name", "resources", "num_nodes", "envs", "secrets", "setup", "run", "workdir",
+                      "file_mounts", *OURS})
+HONOURED_RESOURCES = frozenset({"accelerators", "any_of", "ordered", "use_spot", "infra", "cloud", "region",
+                                "zone", "cpus", "memory", "disk_size", "instance_type", "image_id"})
+_ALTERNATIVES = ("any_of", "ordered")
+_MOUNT_KEYS = frozenset({"source", "mode"})
+
+
+class TaskFileError(ValueError):
+    """The file is not a task the broker can run: [{"field", "message", "line"?}]."""
+
+    def __init__(self, errors: list[dict[str, Any]]) -> None:
+        super().__init__("; ".join(f"{e['field']}: {e['message']}" for e in errors))
+        self.errors = errors
+
+
+def parse(data: bytes) -> dict[str, Any]:
+    """The job spec document a task file means (validate it with `JobSpec`).
+    Raises SpecSyntaxError/SpecShapeError for what is not a YAML mapping,
+    TaskFileError for a task SkyPilot refuses or the broker cannot run."""
+    doc = load_raw(data, "yaml")
+    try:
+        return to_spec(doc)
+    except TaskFileError as exc:
+        text = data.decode("utf-8")
+        for err in exc.errors:
+            if "line" not in err and (line := line_of(text, err["field"])):
+                err["line"] = line
+        raise
+
+
+def to_spec(doc: dict[str, Any]) -> dict[str, Any]:
+    """A task document (as loaded from YAML) -> a job spec document."""
+    doc = copy.deepcopy(doc)
+    ours = {k: doc.pop(k) for k in OURS if k in doc}
+    res, prices = _take_prices(doc.get("resources"))
+    if res is not None:
+        doc["resources"] = res
+    workdir = doc.pop("workdir", None)
+    uploads = _take_uploads(doc)
+    task = _skypilot(doc, ours)
+    _refuse_unhonoured(doc)
+    out: dict[str, Any] = {**ours}
+    for key in ("name", "run", "setup", "num_nodes"):
+        if doc.get(key) is not None:
+            out[key] = doc[key]
+    if task.envs:
+        out["envs"] = dict(task.envs)
+    if task.secrets:
+        out["secrets"] = {k: v.get_secret_value() for k, v in task.secrets.items()}
+    if workdir is not None:
+        out["workdir"] = workdir
+    mounts = _mounts(doc.get("file_mounts") or {}, task)
+    if mounts or uploads:
+        out["file_mounts"] = {**mounts, **uploads}
+    out["resources"] = _resources(res or {}, prices)
+    return out
+
+
+def _take_prices(res: Any) -> tuple[Any, dict[str, Any]]:
+    """Take `max_price_per_hour` out of the resources and each alternative."""
+    if not isinstance(res, dict):
+        return res, {}
+    res, prices = dict(res), {}
+    if "max_price_per_hour" in res:
+        prices[""] = res.pop("max_price_per_hour")
+    for key in _ALTERNATIVES:
+        if isinstance(res.get(key), list):
+            res[key] = [dict(alt) for alt in res[key]]
+            for i, alt in enumerate(res[key]):
+                if isinstance(alt, dict) and "max_price_per_hour" in alt:
+                    prices[f"{key}.{i}"] = alt.pop("max_price_per_hour")
+    return res, prices
+
+
+def _take_uploads(doc: dict[str, Any]) -> dict[str, Any]:
+    """File mounts that are uploads ({upload: SHA256}); a host path is refused
+    here, before SkyPilot would look at the broker's own disk."""
+    mounts = doc.get("file_mounts")
+    if not isinstance(mounts, dict):
+        return {}
+    uploads, errors = {}, []
+    for remote, source in list(mounts.items()):
+        if isinstance(source, dict) and "upload" in source:
+            uploads[remote] = mounts.pop(remote)
+            continue
+        where = source.get("source") if isinstance(source, dict) else source
+        if isinstance(where, str) and "://" not in where:
+            errors.append({"field": f"file_mounts.{remote}", "message": (
+                f"{where!r} would be a path on the broker's host: upload the directory (`spotbroker submit FILE` "
+                "does it for you) or give a storage URI under your team's prefix")})
+    if errors:
+        raise TaskFileError(errors)
+    return uploads
+
+
+def _skypilot(doc: dict[str, Any], ours: dict[str, Any]):
+    """SkyPilot's Task for the document, or its message as a TaskFileError."""
+    import sky
+
+    from spotbroker.broker.launch.skypilot import catalogs
+
+    catalogs.ensure()
+    try:
+        return sky.Task.from_yaml_config(copy.deepcopy(doc))
+    except Exception as exc:  # SkyPilot raises ValueError and its own kinds alike: all are the file's fault
+        message = str(exc).strip() or type(exc).__name__
+        field = _field_of(message, doc)
+        raise TaskFileError([{"field": field, "message": _with_ours(message, field, doc, ours)}]) from None
+
+
+_PATH_RE = re.compile(r"Check problematic field\(s\): \$\.?(\S*)")
+_KEY_RE = re.compile(r"(?:Instead of|unsupported field) '([^']+)'")
+
+
+def _field_of(message: str, doc: dict[str, Any]) -> str:
+    """The field a SkyPilot message is about, as a dotted path of the file."""
+    section = "resources" if "resources YAML" in message[:60] else ""
+    if m := _PATH_RE.search(message):
+        path = re.sub(r"\[(\d+)\]", r".\1", m[1]).strip(".")
+        return ".".join(p for p in (section, path) if p) or "body"
+    if m := _KEY_RE.search(message):
+        return _find_key(doc, m[1]) or m[1]
+    if m := re.search(r"Environment variable '([^']+)'", message):
+        return f"envs.{m[1]}"
+    return section or "body"
+
+
+def _find_key(doc: dict[str, Any], key: str) -> str | None:
+    """Where `key` is: the top, the resources, an alternative, a file mount."""
+    places: list[tuple[str, Any]] = [("", doc)]
+    res = doc.get("resources")
+    if isinstance(res, dict):
+        places.append(("resources", res))
+        for alt_key in _ALTERNATIVES:
+            alts = res.get(alt_key)
+            if isinstance(alts, list):
+                places += [(f"resources.{alt_key}.{i}", alt) for i, alt in enumerate(alts)]
+    if isinstance(doc.get("file_mounts"), dict):
+        places += [(f"file_mounts.{r}", m) for r, m in doc["file_mounts"].items()]
+    for prefix, node in places:
+        if isinstance(node, dict) and key in node:
+            return f"{prefix}.{key}" if prefix else key
+    return None
+
+
+def _with_ours(message: str, field: str, doc: dict[str, Any], ours: dict[str, Any]) -> str:
+    """SkyPilot's message, and the broker's own about the same field (a bound
+    SkyPilot does not know, such as at most 1024 accelerators)."""
+    from spotbroker.broker.jobs.spec import JobSpec
+
+    try:
+        JobSpec.model_validate(_accelerator_alternatives({**doc, **ours}))
+    except ValidationError as exc:
+        for err in exc.errors():
+            ours_field = ".".join(str(p) for p in err["loc"])
+            if ours_field and (field.startswith(ours_field) or ours_field.startswith(field)) \
+                    and err["type"] != "extra_forbidden":
+                return f"{message} ({str(err['msg']).removeprefix('Value error, ')})"
+    return message
+
+
+def _refuse_unhonoured(doc: dict[str, Any]) -> None:
+    """What SkyPilot accepts and the broker would otherwise drop: refused."""
+    errors = [(key, "SkyPilot knows it, but spotbroker cannot honour it") for key in doc if key not in HONOURED]
+    res = doc.get("resources") or {}
+    levels = [("resources", res)] + [(f"resources.{k}.{i}", alt) for k in _ALTERNATIVES
+                                      for i, alt in enumerate(res.get(k) or [])]
+    for prefix, level in levels:
+        errors += [(f"{prefix}.{key}", "SkyPilot knows it, but spotbroker cannot honour it")
+                   for key in level if key not in HONOURED_RESOURCES]
+    secrets = doc.get("secrets")
+    if isinstance(secrets, list) or (isinstance(secrets, dict) and any(v is None for v in secrets.values())):
+        errors.append(("secrets", "give each secret's value (NAME: VALUE): spotbroker has no managed secrets"))
+    for remote, source in (doc.get("file_mounts") or {}).items():
+        if isinstance(source, dict):
+            errors += [(f"file_mounts.{remote}.{key}", "spotbroker mounts a storage URI of your team's "
+                        "({source: URI, mode: MOUNT|COPY}); it creates no bucket") for key in source
+                       if key not in _MOUNT_KEYS]
+            if "source" not in source:
+                errors.append((f"file_mounts.{remote}", "give its source: a storage URI under your team's prefix"))
+    if errors:
+        raise TaskFileError([{"field": f, "message": m} for f, m in errors])
+
+
+def _mounts(mounts: dict[str, Any], task) -> dict[str, Any]:
+    """The file mounts as SkyPilot read them (its `${ENV}` substitution done)."""
+    out: dict[str, Any] = {}
+    for remote, source in mounts.items():
+        if isinstance(source, str):
+            out[remote] = (task.file_mounts or {}).get(remote, source)
+        else:
+            storage = task.storage_mounts.get(remote)
+            out[remote] = {"source": storage.source if storage is not None else source.get("source"),
+                           "mode": str(source.get("mode", "MOUNT")).upper()}
+    return out
+
+
+def _resources(res: dict[str, Any], prices: dict[str, Any]) -> dict[str, Any]:
+    """SkyPilot's resources in the job spec's shape: `infra` for cloud/region/
+    zone, sizes in GB, several accelerators as alternatives, and `use_spot`
+    said (SkyPilot's default: on-demand)."""
+    out = _level(res, prices.get(""))
+    for key in _ALTERNATIVES:
+        if isinstance(out.get(key), list):
+            out[key] = [_level(alt, prices.get(f"{key}.{i}")) if isinstance(alt, dict) else alt
+                        for i, alt in enumerate(out[key])]
+    out.setdefault("use_spot", False)
+    return _accelerator_alternatives({"resources": out})["resources"]
+
+
+def _level(level: dict[str, Any], price: Any) -> dict[str, Any]:
+    from sky.utils import infra_utils, resources_utils
+
+    out = {k: v for k, v in level.items() if k not in ("cloud", "region", "zone")}
+    if any(level.get(k) is not None for k in ("cloud", "region", "zone")):
+        out["infra"] = infra_utils.InfraInfo(level.get("cloud"), level.get("region"), level.get("zone")).to_str()
+    if isinstance(out.get("memory"), str) and not re.fullmatch(r"\d+(\.\d+)?\+?", out["memory"]):
+        out["memory"] = resources_utils.parse_memory_resource(out["memory"], "memory", ret_type=float,
+                                                              allow_plus=True)
+    if isinstance(out.get("disk_size"), str):
+        out["disk_size"] = int(resources_utils.parse_memory_resource(out["disk_size"], "disk_size"))
+    if price is not None:
+        out["max_price_per_hour"] = price
+    return out
+
+
+def line_of(text: str, field: str) -> int | None:
+    """The 1-based line of a dotted field in a YAML text, if it is there."""
+    import yaml
+
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in field.split(".") if field and field != "body" else []:
+        if isinstance(node, yaml.MappingNode):
+            match = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
+            if match is None:
+                break
+            line, node = match[0].start_mark.line + 1, match[1]
+        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+            node = node.value[int(part)]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line

@@ -1,0 +1,123 @@
+"""A SkyPilot task file over the API: SkyPilot's messages in the 422 with the
+field and line, what the broker cannot honour refused by name, secrets shown
+by name only, SkyPilot's on-demand default kept; and the catalog files the
+broker gives SkyPilot."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from spotbroker.broker.jobs.mounts import mount_errors
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.launch.skypilot import catalogs
+from spotbroker.broker.settings import Settings
+
+pytest.importorskip("sky", reason="SkyPilot (the broker extra) is not installed")
+YAML = {"Content-Type": "application/yaml"}
+
+
+def post(api, headers, body: bytes):
+    return api.post("/v1/jobs", content=body, headers={**headers, **YAML})
+
+
+def test_skypilots_own_message_names_the_field_and_line(api, team_headers):
+    r = post(api, team_headers(), b"name: t\nrun: x\nresources:\n  use_spot: true\n  acceleratorz: A100:1\n")
+    assert r.status_code == 422, r.text
+    err = r.json()["errors"][0]
+    assert err["field"] == "resources.acceleratorz" and err["line"] == 5
+    assert "Instead of 'acceleratorz', did you mean 'accelerators'?" in err["message"]
+
+
+@pytest.mark.parametrize("body, field", [
+    (b"run: x\nservice: {readiness_probe: /}\n", "service"),
+    (b"run: x\nresources: {ports: 8080}\n", "resources.ports"),
+    (b"run: x\nsecrets: {HF_TOKEN: null}\n", "secrets"),
+    (b"run: x\nfile_mounts: {/data: /etc}\n", "file_mounts./data"),
+    (b"run: x\nfile_mounts: {/data: {name: new-bucket, mode: MOUNT}}\n", "file_mounts./data.name"),
+    (b"run: x\nresources: {infra: k8s, accelerators: H100}\n", "resources.infra"),
+])
+def test_what_the_broker_cannot_honour_is_refused_by_name(api, team_headers, body, field):
+    r = post(api, team_headers(), body)
+    assert r.status_code == 422, r.text
+    assert field in [e["field"] for e in r.json()["errors"]], r.json()
+
+
+def test_secrets_are_shown_by_name_only(api, team_headers, caplog):
+    h = team_headers()
+    r = post(api, h, b"run: x\nsecrets: {HF_TOKEN: hf-s3cr3t-value}\nenvs: {A: 1}\n")
+    assert r.status_code == 201, r.text
+    job = api.get(f"/v1/jobs/{r.json()['id']}", headers=h)
+    assert job.json()["spec"]["secrets"] == ["HF_TOKEN"] and job.json()["spec"]["envs"] == {"A": "1"}
+    assert "hf-s3cr3t-value" not in job.text + r.text + caplog.text
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
+def test_a_file_without_use_spot_runs_on_demand(api, team_headers):
+    h = team_headers()
+    r = post(api, h, b"run: x\nresources:\n  any_of:\n    - {accelerators: A10G:1}\n"
+                     b"    - {accelerators: L4:1, use_spot: true}\n")
+    assert r.status_code == 201, r.text
+    alts = JobSpec.model_validate(r.json()["spec"]).resources.alternatives()
+    assert [a.use_spot for a in alts] == [False, True]
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
+def test_a_stored_spec_keeps_its_meaning():
+    # as the broker stored a task file without use_spot before (spot), read back today
+    old = {"name": "job", "run": "x", "resources": {"use_spot": True, "any_of": [
+        {"accelerators": "A10G:1", "use_spot": True}, {"accelerators": "L4:1", "use_spot": True}]}}
+    assert all(a.use_spot for a in JobSpec.model_validate(old).resources.alternatives())
+
+
+def test_mounts_must_lie_under_the_teams_prefix(tmp_path):
+    settings = Settings(data_dir=tmp_path, checkpoint_root="s3://bucket/root")
+    spec = JobSpec.model_validate({"run": "x", "file_mounts": {
+        "/mine": "s3://bucket/root/alice/data", "/theirs": "s3://bucket/root/bob/data",
+        "/other": {"source": "s3://elsewhere/x", "mode": "COPY"}}})
+    fields = [e["field"] for e in mount_errors(settings, "alice", spec)]
+    assert fields == ["file_mounts./theirs", "file_mounts./other.source"]
+
+
+def test_catalogs_are_placed_as_skypilots_own_and_left_alone_once_replaced(tmp_path, monkeypatch):
+    placed = catalogs.place_missing(tmp_path)
+    assert set(placed) == set(catalogs.BUNDLED)
+    data = (tmp_path / "aws/vms.csv").read_bytes()
+    # SkyPilot counts it as fetched (its md5 in .meta), so refetches it after its interval
+    assert (tmp_path / ".meta/aws/vms.csv.md5").read_text() == hashlib.md5(data).hexdigest()
+    assert catalogs.place_missing(tmp_path) == [] and catalogs.still_placed(tmp_path, "aws/vms.csv")
+    (tmp_path / "gcp/vms.csv").write_text("replaced by hand\n")
+    assert not catalogs.still_placed(tmp_path, "gcp/vms.csv")
+
+    import requests
+
+    def offline(*args, **kwargs):
+        assert kwargs["timeout"] == catalogs.DOWNLOAD_TIMEOUT
+        raise requests.ConnectionError("offline")
+
+    monkeypatch.setattr(requests, "get", offline)
+    assert catalogs.refresh_placed(tmp_path) == [] and (tmp_path / "aws/vms.csv").read_bytes() == data
+
+
+def test_skypilots_catalog_downloads_are_bounded(monkeypatch):
+    import requests
+    from sky.catalog import common
+
+    catalogs.bound_downloads()
+    seen = {}
+    monkeypatch.setattr(requests, "get", lambda *a, **kw: seen.update(kw) or (_ for _ in ()).throw(
+        requests.ConnectionError("offline")))
+    with pytest.raises(requests.ConnectionError):
+        common.requests.get("https://example.invalid/x.csv")
+    assert seen["timeout"] == catalogs.DOWNLOAD_TIMEOUT
+
+
+def test_importing_the_cli_does_not_import_skypilot():
+    import subprocess
+    import sys
+
+    code = "import sys, spotbroker.broker.cli, spotbroker.agent; print('sky' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ}, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,49 @@
+"""`spotbroker submit task.yaml`: says once that a file without use_spot runs
+on-demand; uploads local file mount directories; names file, line and field
+of what the broker refuses."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def submit(task: Path, tmp_path: Path, url: str = "http://127.0.0.1:9", token: str = "sbt_x"):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    env.update(HOME=str(tmp_path / "home"), SPOTBROKER_TOKEN=token, SPOTBROKER_URL=url)
+    return subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", str(task)], env=env,
+                          cwd="/", capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("run: x\nresources: {accelerators: A10G:1}\n", True),
+    ("run: x\nresources: {accelerators: A10G:1, use_spot: true}\n", False),
+    ("run: x\nresources: {any_of: [{accelerators: L4, use_spot: true}, {accelerators: T4, use_spot: false}]}\n",
+     False),
+])
+def test_a_file_without_use_spot_is_said_to_run_on_demand_once(tmp_path, text, says):
+    task = tmp_path / "task.yaml"
+    task.write_text(text)
+    r = submit(task, tmp_path)
+    assert r.returncode == 1 and "cannot reach the broker" in r.stderr and "Traceback" not in r.stderr
+    assert r.stderr.count("runs on on-demand") == (1 if says else 0), r.stderr
+
+
+def test_a_local_mount_that_is_no_directory_is_named(tmp_path):
+    task = tmp_path / "task.yaml"
+    task.write_text("run: x\nresources: {use_spot: true}\nfile_mounts:\n  /data: ./missing\n")
+    r = submit(task, tmp_path)
+    assert r.returncode == 1 and "file_mounts./data" in r.stderr and str(tmp_path / "missing") in r.stderr
+
+
+def test_the_refusal_names_file_line_and_field(api, team_headers, tmp_path):
+    url, token = str(api.base_url), team_headers()["Authorization"].removeprefix("Bearer ")
+    task = tmp_path / "task.yaml"
+    task.write_text("name: t\nrun: x\nresources:\n  use_spot: true\n  acceleratorz: A100:1\n")
+    r = submit(task, tmp_path, url, token)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert f"{task}:" in r.stderr and "line 5: resources.acceleratorz" in r.stderr
+    assert "did you mean 'accelerators'?" in r.stderr
