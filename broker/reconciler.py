@@ -55,6 +55,7 @@ from spotbroker.broker.launch.base import (
     RunStatus,
 )
 from spotbroker.broker.launch.request import launch_request
+from spotbroker.broker.launch.skypilot import outcome as launch_outcome
 from spotbroker.broker.models import Attempt, Event, Job, SpotProbe
 from spotbroker.broker.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.placement import Placer
@@ -163,7 +164,7 @@ class Reconciler:
             if (status.state == RunState.RUNNING and silent_since and row.last_heartbeat_at
                     and row.last_heartbeat_at < silent_since):
                 status = RunStatus(RunState.GONE)  # its agent went silent: the node is lost
-            if status.state == RunState.RUNNING and row.state == A.RUNNING:
+            if status.state == RunState.PENDING or (status.state == RunState.RUNNING and row.state == A.RUNNING):
                 continue
             changed[row.job_id] = (row.id, status)
         stats.changed = len(changed)
@@ -497,5 +498,8 @@ class Reconciler:
                                    self.clock)
 
     def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> None:
-        if recovery.on_status(session, job, attempt_id, status, self.clock):
+        look = launch_outcome.observed(session, job, attempt_id, status, self.placer, self.clock)  # SkyPilot's
+        if look is None:
+            look = recovery.on_status(session, job, attempt_id, status, self.clock)
+        if look:
             self.hint()
