@@ -32,6 +32,7 @@ import socket
 import sys
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -97,6 +98,38 @@ class SkyAws:
         for page in self.ec2().describe_instances()["Reservations"]:
             found += [i for i in page["Instances"] if i["State"]["Name"] in states]
         return found
+
+
+def _zone_of(backend, kwargs: dict) -> str:
+    """The zone a RunInstances call asks for: named, or its subnet's (SkyPilot names a subnet)."""
+    if kwargs.get("placement"):
+        return kwargs["placement"]
+    nics = kwargs.get("nics") or []
+    subnet = kwargs.get("subnet_id") or next((n.get("SubnetId") for n in nics if isinstance(n, dict)), None)
+    return backend.get_subnet(subnet).availability_zone if subnet else ""
+
+
+@contextmanager
+def refuse_capacity(*zones: str) -> Iterator[None]:
+    """moto's EC2 answers RunInstances in `zones` as AWS does when a zone has
+    no room (InsufficientInstanceCapacity)."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.models.instances import InstanceBackend
+
+    original = InstanceBackend.run_instances
+
+    def run_instances(self, image_id, count, user_data, security_group_names, **kwargs):
+        zone = _zone_of(self, kwargs)
+        if zone in zones:
+            raise EC2ClientError("InsufficientInstanceCapacity",
+                                 f"We currently do not have sufficient capacity in the Availability Zone ({zone}).")
+        return original(self, image_id, count, user_data, security_group_names, **kwargs)
+
+    InstanceBackend.run_instances = run_instances
+    try:
+        yield
+    finally:
+        InstanceBackend.run_instances = original
 
 
 def _prepare_aws(endpoint: str) -> None:
