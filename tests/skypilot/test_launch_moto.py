@@ -8,12 +8,11 @@ cancel the launch; what the node runs after SSH is test_node_program.py's.
 """
 from __future__ import annotations
 
-import threading
 import time
 
 import pytest
+from skypilot.skyenv import SkyAws
 
-from skypilot.skyenv import SkyAws, sky_aws  # noqa: F401  (the fixture)
 from spotbroker.broker.launch.base import LaunchRequest, RunState
 from spotbroker.broker.offers import Placement
 

@@ -92,13 +92,13 @@ class Follower:
             self.on_change()
         return changed
 
-    def _update(self, cluster: str, **values: Any) -> bool:
+    def _update(self, name: str, /, **values: Any) -> bool:
         with self._lock:
-            old = self._seen.get(cluster)
+            old = self._seen.get(name)
             if old is None:
                 return False
             new = replace(old, **values)
-            self._seen[cluster] = new
+            self._seen[name] = new
             return new != old
 
     def _follow_requests(self) -> bool:
