@@ -17,6 +17,7 @@ from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
+from spotbroker.broker.launch.skypilot import service as skypilot
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.settings import Settings, get_settings
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.followers = Followers(factory, per_team=settings.max_followers_per_team)
         restore_signals = on_shutdown_signal(app.state.followers)
         stop = threading.Event()
+        skypilot.start(settings, factory, launchers, reconciler.hint, stop)  # SPOTBROKER_LAUNCHER=skypilot
         worker = threading.Thread(target=reconciler.run_forever, args=(stop,), name="reconciler", daemon=True)
         if run_reconciler:
             worker.start()

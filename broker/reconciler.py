@@ -153,7 +153,7 @@ class Reconciler:
             if (status.state == RunState.RUNNING and silent_since and row.last_heartbeat_at
                     and row.last_heartbeat_at < silent_since):
                 status = RunStatus(RunState.GONE)  # its agent went silent: the node is lost
-            if status.state == RunState.RUNNING and row.state == A.RUNNING:
+            if status.state == RunState.PENDING or (status.state == RunState.RUNNING and row.state == A.RUNNING):
                 continue
             changed[row.job_id] = (row.id, status)
         stats.changed = len(changed)
@@ -366,5 +366,13 @@ class Reconciler:
                 session.add_all(rows)
 
     def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> None:
-        if recovery.on_status(session, job, attempt_id, status, self.clock):
+        if status.state == RunState.PENDING:  # a launch still in flight
+            return
+        if status.capacity:
+            refused = recovery.refused_after_launch(session, job, attempt_id, status.error or "no capacity",
+                                                    self.clock)
+            if refused is not None:
+                self.placer.capacity_error(refused, self.clock.now())
+            self.hint()
+        elif recovery.on_status(session, job, attempt_id, status, self.clock):
             self.hint()

@@ -10,6 +10,7 @@ import secrets
 import time
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,6 +38,13 @@ class Settings(BaseSettings):
     local_run_as: str | None = None
     # The jobs' interpreter, first on their PATH (default: the broker's own).
     local_job_python: str | None = None
+
+    # Which launcher runs jobs placed in a cloud: `local` simulates the place
+    # on this host; `skypilot` launches there (broker/launch/skypilot/).
+    launcher: Literal["local", "skypilot"] = "local"
+    skypilot_cluster_prefix: str = "spotbroker"  # cluster names: {prefix}-{attempt id}
+    skypilot_launch_timeout: float = Field(900.0, gt=0)  # a launch waiting longer is cancelled: next place
+    skypilot_janitor_interval: float = Field(300.0, gt=0)  # how often clusters no live attempt owns are downed
 
     reconcile_interval: float = 2.0             # seconds between passes when nothing hints
     lease_seconds: float = 30.0                 # a claimed job is another process's after this

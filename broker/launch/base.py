@@ -50,6 +50,7 @@ class RunState(StrEnum):
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
     GONE = "GONE"        # the node vanished without an exit code
+    PENDING = "PENDING"  # a launch still in flight (SkyPilot): nothing to do yet
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class RunStatus:
     state: RunState
     exit_code: int | None = None
     error: str | None = None  # FAILED before the job's command ran (provisioning): why
+    capacity: bool = False    # with `error`: the place had no room (try the next one), not a broken launch
 
 
 Handle = dict[str, Any]

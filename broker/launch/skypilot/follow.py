@@ -1,0 +1,153 @@
+"""Following SkyPilot requests and clusters without the reconciler waiting.
+
+Every SkyPilot call is an HTTP round trip to its API server, and a launch
+takes minutes: the reconciler must never wait on either. A `Follower` keeps
+what SkyPilot last said of each cluster the launcher watches, and one
+thread of its own asks again: every `poll_s` for the launch requests still
+in flight (one `api_status` call for all of them, then `sky.get` for each
+that finished, which returns at once), and every `cluster_poll_s` for the
+clusters that are up (one `sky.status` for all, then each one's job).
+`on_change` is called when anything changed, so the reconciler looks now.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from spotbroker.broker.launch.skypilot.errors import LaunchFailure, classify
+
+log = logging.getLogger(__name__)
+
+IN_FLIGHT = ("PENDING", "WAITING", "RUNNING")
+GONE = "GONE"  # the cluster is not in SkyPilot's table any more
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What SkyPilot last said of one cluster's launch and run."""
+
+    request_id: str | None
+    request: str = "PENDING"             # the launch request's status
+    failure: LaunchFailure | None = None  # why it failed, when it did
+    job_id: int | None = None             # SkyPilot's job on the cluster, once launched
+    cluster: str | None = None            # INIT, UP, STOPPED or GONE
+    job: str | None = None                # SkyPilot's JobStatus name
+
+
+@dataclass
+class Follower:
+    sky: Any                              # the `sky` module
+    poll_s: float = 1.0
+    cluster_poll_s: float = 15.0
+    on_change: Callable[[], None] | None = None
+    _seen: dict[str, Seen] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _thread: threading.Thread | None = None
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _clusters_at: float = 0.0
+
+    def watch(self, cluster: str, request_id: str | None) -> None:
+        with self._lock:
+            if cluster not in self._seen or self._seen[cluster].request_id != request_id:
+                self._seen[cluster] = Seen(request_id)
+        self._start()
+
+    def forget(self, cluster: str) -> None:
+        with self._lock:
+            self._seen.pop(cluster, None)
+
+    def seen(self, cluster: str) -> Seen | None:
+        with self._lock:
+            return self._seen.get(cluster)
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._loop, name="skypilot-follower", daemon=True)
+                self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            try:
+                self.poll_once()
+            except Exception:  # the API server restarting, say: ask again next time
+                log.warning("following SkyPilot failed", exc_info=True)
+
+    # --- one look ----------------------------------------------------------------------
+
+    def poll_once(self) -> bool:
+        """Ask SkyPilot once; returns whether anything changed."""
+        changed = self._follow_requests()
+        if time.monotonic() - self._clusters_at >= self.cluster_poll_s:
+            self._clusters_at = time.monotonic()
+            changed = self._follow_clusters() or changed
+        if changed and self.on_change is not None:
+            self.on_change()
+        return changed
+
+    def _update(self, name: str, /, **values: Any) -> bool:
+        with self._lock:
+            old = self._seen.get(name)
+            if old is None:
+                return False
+            new = replace(old, **values)
+            self._seen[name] = new
+            return new != old
+
+    def _follow_requests(self) -> bool:
+        with self._lock:
+            flying = {s.request_id: c for c, s in self._seen.items() if s.request_id and s.request in IN_FLIGHT}
+        if not flying:
+            return False
+        changed = False
+        for payload in self.sky.api_status(request_ids=list(flying)):
+            cluster = flying.get(payload.request_id)
+            if cluster is None:
+                continue
+            if payload.status in IN_FLIGHT:
+                changed = self._update(cluster, request=payload.status) or changed
+                continue
+            changed = self._finished(cluster, payload.request_id) or changed
+        return changed
+
+    def _finished(self, cluster: str, request_id: str) -> bool:
+        try:
+            job_id, _ = self.sky.get(request_id)
+        except Exception as exc:
+            failure = classify(exc)
+            return self._update(cluster, request="FAILED", failure=failure)
+        # Launched: the node's state is the next cluster look's, soon.
+        self._clusters_at = 0.0
+        return self._update(cluster, request="SUCCEEDED", job_id=job_id, cluster="UP")
+
+    def _follow_clusters(self) -> bool:
+        with self._lock:
+            up = {c: s for c, s in self._seen.items() if s.request == "SUCCEEDED"}
+        if not up:
+            return False
+        records = {r["name"]: r for r in self.sky.get(self.sky.status(cluster_names=list(up)))}
+        changed = False
+        for cluster, seen in up.items():
+            record = records.get(cluster)
+            state = GONE if record is None else str(getattr(record["status"], "value", record["status"]))
+            job = seen.job
+            if state == "UP" and seen.job_id is not None:
+                job = self._job_state(cluster, seen.job_id) or job
+            changed = self._update(cluster, cluster=state, job=job) or changed
+        return changed
+
+    def _job_state(self, cluster: str, job_id: int) -> str | None:
+        try:
+            states = self.sky.get(self.sky.job_status(cluster, [job_id]))
+        except Exception as exc:  # not up after all: the next cluster look says so
+            log.info("job status of %s: %s", cluster, exc)
+            return None
+        state = states.get(job_id)
+        return None if state is None else str(getattr(state, "value", state))

@@ -1,0 +1,183 @@
+"""The SkyPilot launcher: one SkyPilot cluster per attempt, in the place the
+policy chose (SkyPilot's Python SDK, 0.14: client and API server).
+
+The reconciler never waits on SkyPilot. `launch` sends the launch request
+and returns at once with a handle that holds its request id; `status`
+reads what the launcher's `Follower` last heard (a thread of its own asks
+SkyPilot); `terminate` sends `sky.down` (after cancelling a launch still in
+flight) without waiting for it.
+
+A cluster is named from the broker's prefix and the attempt's id, so a
+broker that died between sending a launch and storing its handle finds it
+again by name (`api_status(cluster_name=...)`) rather than launching twice.
+
+While a launch is in flight `status` says PENDING; a refusal for capacity
+(or a launch still waiting after `launch_timeout_s`) says FAILED with
+`capacity=True`, which the reconciler turns into the next place at once;
+a credentials or configuration error says FAILED with SkyPilot's message.
+Once launched, the agent's heartbeat brings the attempt up; SkyPilot's own
+view is the fallback: a cluster gone or stopped is GONE, its job's end is
+the attempt's end.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
+from spotbroker.broker.launch.skypilot.errors import Outcome
+from spotbroker.broker.launch.skypilot.follow import GONE, IN_FLIGHT, Follower
+from spotbroker.broker.launch.skypilot.node import node_program
+from spotbroker.broker.pricing.offers import Placement
+
+log = logging.getLogger(__name__)
+
+NAME_OK = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+JOB_FAILED = ("FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED")
+
+
+def cluster_name(prefix: str, attempt_id: int) -> str:
+    return f"{prefix}-{attempt_id}"
+
+
+def check_prefix(prefix: str) -> str:
+    """A prefix SkyPilot accepts in cluster names, and that no attempt id can extend into another's."""
+    if not NAME_OK.match(prefix) or len(prefix) > 24:
+        raise ValueError(f"{prefix!r}: a cluster prefix is lowercase letters, digits and '-', starts with a letter "
+                         "and has at most 24 characters")
+    return prefix
+
+
+class SkyPilotLauncher:
+    name = "skypilot"
+
+    def __init__(self, wheelhouse: Path, prefix: str = "spotbroker", launch_timeout_s: float = 900.0,
+                 poll_s: float = 1.0, cluster_poll_s: float = 15.0, sky: Any = None) -> None:
+        if sky is None:
+            import sky  # 1.5-3 s: only a broker that launches through SkyPilot pays it
+        self.sky = sky
+        self.prefix = check_prefix(prefix)
+        self.wheelhouse = wheelhouse
+        self.launch_timeout_s = launch_timeout_s
+        self.follower = Follower(sky, poll_s=poll_s, cluster_poll_s=cluster_poll_s)
+
+    @classmethod
+    def from_settings(cls, settings) -> SkyPilotLauncher:
+        from spotbroker.broker.launch.skypilot.wheel import wheelhouse
+
+        return cls(wheelhouse(settings.data_dir / "wheels"), prefix=settings.skypilot_cluster_prefix,
+                   launch_timeout_s=settings.skypilot_launch_timeout)
+
+    def set_on_change(self, callback) -> None:
+        """Called (from the follower's thread) whenever SkyPilot said something new."""
+        self.follower.on_change = callback
+
+    # --- launching -----------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> Handle:
+        cluster = cluster_name(self.prefix, request.attempt_id)
+        found = self._reattach(cluster)
+        if found is not None:
+            return found
+        task = self.task(request)
+        try:
+            request_id = self.sky.launch(task, cluster_name=cluster, retry_until_up=False, down=False)
+        except Exception as exc:  # refused before it was queued: the task itself (the server checks it again)
+            raise LaunchError(f"SkyPilot refused the launch: {type(exc).__name__}: {exc}") from None
+        handle = {"cluster": cluster, "request_id": str(request_id), "submitted_at": time.time()}
+        self.follower.watch(cluster, handle["request_id"])
+        return handle
+
+    def _reattach(self, cluster: str) -> Handle | None:
+        """The launch of an earlier broker process for this cluster, if any
+        (it died before storing the handle): follow it, never launch twice."""
+        requests = [r for r in self.sky.api_status(cluster_name=cluster, all_status=True)
+                    if r.name.endswith("launch") and r.cluster_name == cluster]
+        if not requests:
+            return None
+        newest = max(requests, key=lambda r: r.created_at)
+        log.info("cluster %s: re-attached to launch request %s (%s)", cluster, newest.request_id, newest.status)
+        self.follower.watch(cluster, newest.request_id)
+        return {"cluster": cluster, "request_id": newest.request_id, "submitted_at": newest.created_at}
+
+    def task(self, request: LaunchRequest):
+        """The SkyPilot task for `request`, pinned to its placement."""
+        program = node_program(request, str(self.wheelhouse))
+        task = _base_task(self.sky, request, program)
+        task.set_resources(pinned_resources(self.sky, request.placement))
+        return task
+
+    # --- observing and stopping ----------------------------------------------------------
+
+    def status(self, handle: Handle) -> RunStatus:
+        cluster = handle["cluster"]
+        seen = self.follower.seen(cluster)
+        if seen is None:  # a handle of an earlier broker process: follow it from now on
+            self.follower.watch(cluster, handle.get("request_id"))
+            return RunStatus(RunState.PENDING)
+        if seen.request in IN_FLIGHT:
+            waited = time.time() - float(handle.get("submitted_at") or time.time())
+            if waited > self.launch_timeout_s:
+                return RunStatus(RunState.FAILED, capacity=True,
+                                 error=f"no node in {self.launch_timeout_s:g} s (launch still waiting): "
+                                       "cancelled, trying the next place")
+            return RunStatus(RunState.PENDING)
+        if seen.request == "FAILED":
+            failure = seen.failure
+            capacity = failure.outcome != Outcome.BROKEN
+            return RunStatus(RunState.FAILED, error=failure.message, capacity=capacity)
+        return _run_status(seen.cluster, seen.job)
+
+    def terminate(self, handle: Handle) -> None:
+        """`sky.down`, sent and not waited for (also after a failed launch,
+        which leaves its cluster INIT and its instance running). A launch
+        still in flight is cancelled first. What a failed `down` leaves
+        behind, the janitor finds."""
+        cluster = handle["cluster"]
+        seen = self.follower.seen(cluster)
+        request_id = handle.get("request_id")
+        if request_id and (seen is None or seen.request in IN_FLIGHT):
+            try:
+                self.sky.api_cancel(request_id, silent=True)
+            except Exception as exc:
+                log.warning("cancelling the launch of %s failed: %s", cluster, exc)
+        self.sky.down(cluster)
+        self.follower.forget(cluster)
+
+    def close(self) -> None:
+        self.follower.close()
+
+
+def _run_status(cluster: str | None, job: str | None) -> RunStatus:
+    """A launched cluster's run: its job's end, or the cluster gone."""
+    if job == "SUCCEEDED":
+        return RunStatus(RunState.SUCCEEDED, 0)
+    if job in JOB_FAILED:
+        return RunStatus(RunState.FAILED, 1)
+    if cluster in (GONE, "STOPPED"):
+        return RunStatus(RunState.GONE)
+    return RunStatus(RunState.RUNNING)
+
+
+def _base_task(sky, request: LaunchRequest, program):
+    """The node's Task from the launch request. Not yet carried from the job's
+    file: `disk_size`, `image_id` and the user's `secrets` (see
+    `task.task_from_spec`, which holds them; the launch request does not)."""
+    return sky.Task(name=f"attempt-{request.attempt_id}", setup=program.setup, run=program.run,
+                    envs=program.envs, secrets=program.secrets, num_nodes=request.num_nodes,
+                    file_mounts=program.file_mounts)
+
+
+def pinned_resources(sky, p: Placement):
+    """Resources pinned to the place the policy chose: one cloud, region and
+    zone, one instance type, the spot market or not."""
+    count = int(p.accelerator_count) if float(p.accelerator_count).is_integer() else p.accelerator_count
+    accelerators = {p.accelerator: count} if p.accelerator and count else None
+    if p.cloud in ("k8s", "kubernetes"):
+        return sky.Resources(infra="k8s" + (f"/{p.region}" if p.region else ""), accelerators=accelerators)
+    infra = "/".join(part for part in (p.cloud, p.region, p.zone) if part)
+    return sky.Resources(infra=infra, instance_type=p.instance_type, accelerators=accelerators,
+                         use_spot=p.use_spot)

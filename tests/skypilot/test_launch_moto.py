@@ -1,0 +1,159 @@
+"""The SkyPilot launcher through real SkyPilot (its API server, its AWS
+provisioner) against moto's EC2 in this process (see skyenv.py).
+
+moto starts no machine: SkyPilot's launch would wait 600 s (hard-coded) for
+SSH. These tests stop at what SkyPilot does before SSH (the EC2 instance
+with the pinned type, zone and market), and use the launcher's bound to
+cancel the launch; what the node runs after SSH is test_node_program.py's.
+"""
+from __future__ import annotations
+
+import time
+
+import pytest
+from skypilot.skyenv import SkyAws
+
+from spotbroker.broker.launch.base import LaunchRequest, RunState
+from spotbroker.broker.pricing.offers import Placement
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def placement(zone: str = "us-east-1b", spot: bool = True) -> Placement:
+    return Placement(cloud="aws", region="us-east-1", zone=zone, zone_id=None, instance_type="g4dn.xlarge",
+                     accelerator="T4", accelerator_count=1, use_spot=spot, price_per_hour=0.2)
+
+
+def request(attempt_id: int, where: Placement) -> LaunchRequest:
+    return LaunchRequest(attempt_id=attempt_id, job_id=1, team="t", run="python train.py", setup="echo hi",
+                         envs={"EPOCHS": "3"}, num_nodes=1, placement=where,
+                         extra_env={"SPOTBROKER_AGENT_TOKEN": "secret-token", "SPOTBROKER_ATTEMPT_ID": str(attempt_id)})
+
+
+@pytest.fixture(scope="module")
+def launcher(sky_aws: SkyAws, tmp_path_factory):
+    from spotbroker.broker.launch.skypilot.launcher import SkyPilotLauncher
+
+    wheels = tmp_path_factory.mktemp("wheels")
+    (wheels / "spotbroker-0.1.0-py3-none-any.whl").write_bytes(b"")
+    launcher = SkyPilotLauncher(wheels, prefix=f"sbt{int(time.time()) % 100000}", launch_timeout_s=60,
+                                poll_s=0.2, cluster_poll_s=1.0)
+    yield launcher
+    launcher.close()
+
+
+def wait_for(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_the_task_passes_validation_and_a_dry_run(sky_aws: SkyAws, launcher) -> None:
+    import sky
+
+    task = launcher.task(request(1, placement()))
+    task.validate()
+    (resources,) = task.resources
+    assert (resources.instance_type, resources.zone, resources.use_spot) == ("g4dn.xlarge", "us-east-1b", True)
+    assert "secret-token" not in str(task.envs)
+    assert sky.get(sky.launch(task, cluster_name=f"{launcher.prefix}-1", dryrun=True)) == (None, None)
+
+
+def test_a_launch_creates_the_pinned_instance_and_down_removes_it(sky_aws: SkyAws, launcher) -> None:
+    started = time.monotonic()
+    handle = launcher.launch(request(2, placement("us-east-1c")))
+    assert time.monotonic() - started < 5, "launch waits for nothing but the request"
+    assert launcher.status(handle).state == RunState.PENDING
+    (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
+    assert instance["InstanceType"] == "g4dn.xlarge"
+    assert instance["Placement"]["AvailabilityZone"] == "us-east-1c"
+    assert instance.get("InstanceLifecycle") == "spot"
+    launcher.terminate(handle)
+    wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+
+
+def test_a_capacity_refusal_is_seen_and_the_next_place_launches(sky_aws: SkyAws, launcher) -> None:
+    from skypilot.skyenv import refuse_capacity
+
+    with refuse_capacity("us-east-1a"):
+        handle = launcher.launch(request(3, placement("us-east-1a")))
+        status = wait_for(lambda: (s := launcher.status(handle)).state != RunState.PENDING and s, 120,
+                          "the capacity refusal")
+        seen = time.monotonic()
+        assert status.state == RunState.FAILED and status.capacity, status
+        assert "us-east-1a" in status.error or "capacity" in status.error.lower()
+        assert not sky_aws.instances()
+        launcher.terminate(handle)  # the failed launch's cluster (INIT) goes too
+        nxt = launcher.launch(request(4, placement("us-east-1b")))
+        assert time.monotonic() - seen < 5
+    (instance,) = wait_for(sky_aws.instances, 90, "the instance in the next zone")
+    assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
+    launcher.terminate(nxt)
+    wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+
+
+def test_a_launch_past_its_bound_is_cancelled_and_downed(sky_aws: SkyAws, launcher, monkeypatch) -> None:
+    import sky
+
+    handle = launcher.launch(request(5, placement("us-east-1c", spot=False)))
+    (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
+    assert "InstanceLifecycle" not in instance  # on-demand, as pinned
+    monkeypatch.setattr(launcher, "launch_timeout_s", 1.0)
+    status = launcher.status(handle)  # the launch waits for SSH that moto never answers
+    assert status.state == RunState.FAILED and status.capacity and "no node in 1 s" in status.error
+    launcher.terminate(handle)
+    wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+    with pytest.raises(sky.exceptions.RequestCancelled):
+        sky.get(handle["request_id"])
+    assert sky.get(sky.status(cluster_names=[handle["cluster"]])) == []
+
+
+def test_a_broker_killed_mid_launch_reattaches_without_a_second_instance(sky_aws: SkyAws, launcher,
+                                                                           tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from spotbroker.broker.launch.skypilot.launcher import SkyPilotLauncher
+
+    # A broker process that sends the launch and dies before storing its handle.
+    script = (
+        "import os, signal, sys; sys.path.insert(0, 'tests')\n"
+        "from pathlib import Path\n"
+        "from spotbroker.broker.launch.skypilot.launcher import SkyPilotLauncher\n"
+        "from skypilot.test_launch_moto import placement, request\n"
+        f"l = SkyPilotLauncher(Path({str(launcher.wheelhouse)!r}), prefix={launcher.prefix!r})\n"
+        "l.launch(request(6, placement('us-east-1b')))\n"
+        "os.kill(os.getpid(), signal.SIGKILL)\n")
+    died = subprocess.run([sys.executable, "-c", script], timeout=120)
+    assert died.returncode == -9
+    again = SkyPilotLauncher(launcher.wheelhouse, prefix=launcher.prefix, poll_s=0.2, cluster_poll_s=1.0)
+    try:
+        handle = again.launch(request(6, placement("us-east-1b")))
+        wait_for(sky_aws.instances, 90, "the instance in moto")
+        time.sleep(3)
+        assert len(sky_aws.instances()) == 1, "launched once"
+        assert again.status(handle).state == RunState.PENDING
+        again.terminate(handle)
+        wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+    finally:
+        again.close()
+
+
+def test_the_janitor_downs_a_cluster_no_live_attempt_owns(sky_aws: SkyAws, launcher, tmp_path) -> None:
+    from spotbroker.broker.launch.skypilot.janitor import sweep
+    from spotbroker.broker.store import migrate
+    from spotbroker.broker.store.db import make_engine, make_session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'broker.db'}")
+    migrate.prepare(engine, tmp_path)
+    orphan = launcher.launch(request(7, placement("us-east-1b")))  # attempt 7 is in no broker's table
+    wait_for(sky_aws.instances, 90, "the instance in moto")
+    try:
+        assert sweep(launcher, make_session_factory(engine)) == [orphan["cluster"]]
+        wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+    finally:
+        engine.dispose()
