@@ -33,8 +33,8 @@ class NoticePath:
         Every later answer still says drain; only the first counts. The broker
         stops the trainer itself afterwards (a cancel).
         """
-        if self._drain_requested or self._flush_requested:  # a drain for this node's own notice adds nothing
-            return
+        if self._drain_requested or self._flush_requested or self._library_flushed:
+            return  # this node's own notice, or the ranks' agreement, has flushed already
         self._drain_requested = True
         if self._stopping.is_set():  # the notice handler is gone: say so at once, or the broker waits in vain
             self.outbox.add(NO_FLUSH, {"reason": "the trainer had already exited"})

@@ -148,6 +148,7 @@ class Supervisor(NoticePath):
         self._flush_over = False
         self._cancelled = False
         self._drain_requested = False
+        self._library_flushed = False
         self._watchers_lock = threading.Lock()
         self._forward_lock = threading.Lock()
 
@@ -322,6 +323,8 @@ class Supervisor(NoticePath):
             data = event_data(event)
             at = event.get("at") if isinstance(event.get("at"), str) else None
             self.outbox.add(event_type, data, at)
+            if event_type == CHECKPOINT_COMMITTED and data.get("reason") == "flush":
+                self._library_flushed = True  # (the ranks may flush for another node's notice)
             if event_type == CHECKPOINT_COMMITTED and self._flush_requested and data.get("reason") != "periodic":
                 self._committed.set()
 
