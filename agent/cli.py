@@ -57,12 +57,16 @@ def agent() -> None:
 @click.option("--final-flush-seconds", type=float, default=None,
               help="At exit, the most seconds to keep delivering to the broker (default: until it has "
                    "every event and log byte, or answers 410 Gone).")
+@click.option("--node-rank", envvar="SKYPILOT_NODE_RANK", show_envvar=True, type=click.IntRange(min=0), default=0,
+              help="This node's rank in a multi-node job: the agents of nodes above 0 tag their events with "
+                   "it and leave the log to node 0's.")
 @click.option("-v", "--verbose", is_flag=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job_id: str | None,
         attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
         heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
-        log_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, verbose: bool) -> None:
+        log_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, node_rank: int,
+        verbose: bool) -> None:
     """Run CMD under the agent: spotbroker agent run -- python train.py ..."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="spotbroker-agent %(asctime)s %(levelname)s %(message)s")
@@ -77,7 +81,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job
         attempt_id=attempt_id or None, cloud=cloud or None, metadata_url=metadata_url or None,
         work_dir=work_dir, heartbeat_interval=heartbeat_seconds, poll_interval=poll_seconds,
         metadata_timeout=metadata_timeout, notice_window=notice_window, log_interval=log_seconds,
-        retry_max=retry_max_seconds, final_flush_timeout=final_flush_seconds,
+        retry_max=retry_max_seconds, final_flush_timeout=final_flush_seconds, node_rank=node_rank,
     )
     sys.exit(supervise(config))
 

@@ -26,6 +26,7 @@ from spotbroker.agent.protocol import (
     ANSWER_CANCEL,
     ANSWER_DRAIN,
     ANSWER_DRAIN_SECONDS,
+    EVENT_NODE,
     EVENTS_PATH,
     LOG_OFFSET_HEADER,
     LOGS_PATH,
@@ -170,8 +171,9 @@ class EventSender(Delivery):
 
     def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
                  on_cancel: Callable[[], None], on_drain: Callable[[float | None], None] | None = None,
-                 on_gone: Callable[[], None] | None = None) -> None:
+                 on_gone: Callable[[], None] | None = None, node: int = 0) -> None:
         super().__init__("event-sender", config, on_gone)
+        self.node = node  # > 0: a multi-node job's other node; its events say which
         self.outbox = outbox
         self.client = client
         self.on_cancel = on_cancel
@@ -210,6 +212,8 @@ class EventSender(Delivery):
     def _post(self, batch: list[dict[str, Any]]) -> dict[str, Any]:
         """Post a batch; if the broker rejects it, post one by one and drop only what it rejects."""
         try:
+            if self.node:
+                return self.client.post_events([{**e, "data": {**e["data"], EVENT_NODE: self.node}} for e in batch])
             return self.client.post_events(batch)
         except BrokerRejected as exc:
             if len(batch) == 1:

@@ -77,6 +77,23 @@ def signal_tree(pid: int, sig: int, include_root: bool = True, spare: tuple[int,
     return sum(_send(p, sig) for p in targets if p not in spare and p != os.getpid())
 
 
+def signal_group_and_tree(pid: int, sig: int) -> int:
+    """Send `sig` once to every process of `pid`'s group and of its tree (a
+    process in both is signalled once); how many besides the group's."""
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    outside = []
+    for p in descendants(pid):
+        try:
+            if os.getpgid(p) != pid:
+                outside.append(p)
+        except ProcessLookupError:
+            continue
+    return sum(_send(p, sig) for p in outside if p != os.getpid())
+
+
 def kill_tree(pid: int, spare: tuple[int, ...] = ()) -> int:
     """SIGKILL `pid` and every process below it, none escaping: the tree is
     frozen first (SIGSTOP, round after round until no new process appears, as

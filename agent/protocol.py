@@ -32,10 +32,17 @@ ENV_RESUME_FROM = "RESUME_FROM"              # a committed checkpoint's URI, or 
 ENV_CONTROL_DIR = "SPOTBROKER_CONTROL_DIR"   # trainer <-> agent files, private to the attempt; always absolute
 
 # --- Trainer <-> agent, through files in the control directory.
-LIBRARY_FILE = "library.json"  # the library writes it at start: {"pid": int, "version": 1}
+# Each process of the library announces itself at start in its own
+# library-{pid}.json: {"pid": int, "start": str (the kernel's start time of
+# the pid, /proc/PID/stat field 22), "rank": int, "local_rank": int,
+# "version": 2}; the agent signals every one of them that is alive and in its
+# trainer's process tree. The first rank of the node also writes
+# library.json ({"pid": int, "version": 1}), which is all an older agent reads.
+LIBRARY_FILE = "library.json"
+LIBRARY_PREFIX, LIBRARY_SUFFIX = "library-", ".json"
 FLUSH_FILE = "flush.json"      # the agent writes it on a notice: {"deadline": iso8601, "reason": str}
 EVENTS_FILE = "events.jsonl"   # the library appends one JSON object per line (types below)
-FLUSH_SIGNAL = "SIGUSR1"       # sent to the library's pid (never the process group) with FLUSH_FILE
+FLUSH_SIGNAL = "SIGUSR1"       # sent to each announced pid (never a process group) with FLUSH_FILE
 
 # --- Event types (trainer -> agent -> broker, and agent -> broker).
 HEARTBEAT = "heartbeat"
@@ -43,6 +50,9 @@ PREEMPTION_NOTICE = "preemption_notice"        # data: cloud, kind, deadline (is
 REBALANCE_RECOMMENDATION = "rebalance_recommendation"
 CHECKPOINT_COMMITTED = "checkpoint_committed"  # data: step, uri, bytes, seconds, reason
 NO_FLUSH = "no_flush"                          # data: reason (no library, deadline passed, trainer gone)
+# Every event of a multi-node job's agent on node N > 0 carries data "node": N
+# and its own seq (counted per node); the broker keeps one seq per node.
+EVENT_NODE = "node"
 RESUMED = "resumed"                            # data: step, uri
 TRAINER_STARTED = "trainer_started"            # data: pid, library (bool)
 TRAINER_EXITED = "trainer_exited"              # data: exit_code

@@ -11,13 +11,18 @@ environment and a fresh control directory, and then, until the trainer exits:
   no_flush, trainer_exited) through an on-disk outbox, in seq order, so that
   a broker that is down gets everything, once, when it is back;
 * on a preemption notice: reports it at once; if the trainer uses the
-  checkpoint library (`library.json`), writes `flush.json` and sends SIGUSR1
-  to the library's pid only, then waits for `checkpoint_committed` until the
-  cloud's deadline (else reports `no_flush` with the reason); then
-  acknowledges the notice where the cloud wants it (Azure);
-* on a drain (the broker's answer says ``drain``: it is moving the job):
-  does the same, once, as for a notice of kind ``drain`` whose deadline is
-  the notice window from now; the broker then cancels the attempt.
+  checkpoint library, writes `flush.json` and sends SIGUSR1 to every process
+  that announced the library within the trainer's process tree, whatever its
+  session (torchrun's workers), never a process outside it (the ranks then
+  agree on one step); waits for `checkpoint_committed` until the cloud's
+  deadline (else reports `no_flush` with the reason); then acknowledges the
+  notice where the cloud wants it (Azure);
+* on a drain (the broker's answer says ``drain``: it is moving the job, or
+  another node of this job had a notice): does the same, once, as for a
+  notice of kind ``drain`` whose deadline is the notice window from now.
+
+On node N > 0 of a multi-node job (``--node-rank``) every event carries
+``node: N`` and the trainer's output stays in the node's own log.
 
 It exits with the trainer's exit code (128 + N when the trainer died of
 signal N; 127, reported as trainer_exited too, when the command cannot be
@@ -26,33 +31,34 @@ after the trainer is running.
 
 This module is the orchestration; the outbox is :mod:`spotbroker.agent.outbox`,
 the threads that deliver it and the trainer's log are in
-:mod:`spotbroker.agent.delivery`, and the helpers that read the trainer's
-events and vet its pids are in :mod:`spotbroker.agent.trainer_process`.
+:mod:`spotbroker.agent.delivery`, the notice path in
+:mod:`spotbroker.agent.notice_path` (which processes to ask to flush:
+:mod:`spotbroker.agent.flush`), and the helpers that read the trainer's
+events and output in :mod:`spotbroker.agent.trainer_process`.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 import queue
 import signal
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from spotbroker.agent import proctree
 from spotbroker.agent.delivery import (
     BrokerClient,
     Delivery,
     EventSender,
     LogShipper,
 )
+from spotbroker.agent.notice_path import NoticePath
 from spotbroker.agent.outbox import OUTBOX_FILE, Outbox
 from spotbroker.agent.protocol import (
     CHECKPOINT_COMMITTED,
@@ -62,11 +68,7 @@ from spotbroker.agent.protocol import (
     ENV_CONTROL_DIR,
     ENV_JOB_ID,
     EVENTS_FILE,
-    FLUSH_FILE,
-    FLUSH_SIGNAL,
     HEARTBEAT,
-    LIBRARY_FILE,
-    NO_FLUSH,
     TRAINER_EXITED,
     TRAINER_STARTED,
 )
@@ -74,7 +76,7 @@ from spotbroker.agent.trainer_process import (
     TRAINER_EVENT_TYPES,
     EventTail,
     event_data,
-    pid_alive,
+    pump_output,
     signal_name,
     terminate_with,
 )
@@ -113,9 +115,10 @@ class RunnerConfig:
     # everything (through any outage) or answers 410 Gone.
     final_flush_timeout: float | None = None
     kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
+    node_rank: int = 0                  # > 0: events carry it; the trainer's log is node 0's to ship
 
 
-class Supervisor:
+class Supervisor(NoticePath):
     def __init__(self, config: RunnerConfig) -> None:
         if not config.command:
             raise ValueError("no trainer command given (spotbroker agent run -- CMD...)")
@@ -145,6 +148,7 @@ class Supervisor:
         self._flush_over = False
         self._cancelled = False
         self._drain_requested = False
+        self._library_flushed = False
         self._watchers_lock = threading.Lock()
         self._forward_lock = threading.Lock()
 
@@ -167,7 +171,7 @@ class Supervisor:
             log.error("the control channel is not set up (%s): preemption notices cannot be flushed",
                       self.control_error)
             self.outbox.add(CONTROL_UNAVAILABLE, {"reason": self.control_error})
-        self.outbox.add(TRAINER_STARTED, {"pid": self.proc.pid, "library": self._library_pid() is not None})
+        self.outbox.add(TRAINER_STARTED, {"pid": self.proc.pid, "library": bool(self._library_pids())})
         self._heartbeat()  # the first at once: the broker counts the attempt as running from it
         self._start_threads()
         returncode = self.proc.wait()
@@ -203,9 +207,11 @@ class Supervisor:
         if self.config.broker_url:
             self.client = BrokerClient(self.config.broker_url, self.config.token, self.config.request_timeout)
             self._deliveries = [
-                EventSender(self.outbox, self.client, self.config, self.cancel, self.drain, on_gone=self.gone),
-                LogShipper(self.log_path, self.client, self.config, on_gone=self.gone),
+                EventSender(self.outbox, self.client, self.config, self.cancel, self.drain, on_gone=self.gone,
+                            node=self.config.node_rank),
             ]
+            if not self.config.node_rank:  # one log per attempt: node 0's (others stay in their node's file)
+                self._deliveries.append(LogShipper(self.log_path, self.client, self.config, on_gone=self.gone))
             for delivery in self._deliveries:
                 delivery.start()
         else:
@@ -275,12 +281,10 @@ class Supervisor:
             self.cancel()
 
     def _signal_group(self, signum: int) -> None:
+        """The trainer's group and its whole tree (torchrun's workers run in sessions of their own)."""
         if self.proc is None or self.proc.poll() is not None:
             return
-        try:
-            os.killpg(self.proc.pid, signum)
-        except ProcessLookupError:
-            pass
+        proctree.signal_group_and_tree(self.proc.pid, signum)
 
     def cancel(self) -> None:
         """The broker cancelled the attempt: SIGTERM the trainer, SIGKILL it after a grace."""
@@ -293,51 +297,11 @@ class Supervisor:
         timer.daemon = True
         timer.start()
 
-    def drain(self, seconds: float | None = None) -> None:
-        """The broker is moving the attempt: checkpoint within `seconds` (the
-        broker's own wait; else the notice window) as on a notice, once per attempt.
-
-        Every later answer still says drain; only the first counts. The broker
-        stops the trainer itself afterwards (a cancel).
-        """
-        if self._drain_requested:
-            return
-        self._drain_requested = True
-        if self._stopping.is_set():  # the notice handler is gone: say so at once, or the broker waits in vain
-            self.outbox.add(NO_FLUSH, {"reason": "the trainer had already exited"})
-            return
-        from spotbroker.agent.notices import drain_notice
-
-        window = seconds or self.config.notice_window
-        log.warning("the broker asked this attempt to drain: checkpointing within %.0f s", window)
-        self._notices.put(drain_notice(window))  # the one notice path does the rest
-
     # --- the trainer's output and events --------------------------------------------
 
     def _pump_output(self) -> None:
-        """Copy the trainer's output to our stdout and to the log file the shipper reads.
-
-        The pipe is drained whatever fails downstream: a trainer blocked on a full
-        pipe would stop training.
-        """
         assert self.proc is not None and self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        sinks: dict[str, Any] = {}
-        try:
-            sinks["log"] = open(self.log_path, "ab")  # noqa: SIM115 - closed below, when the pipe ends
-        except OSError as exc:
-            log.error("trainer output: cannot open %s (%s): it is not shipped to the broker", self.log_path, exc)
-        sinks["stdout"] = sys.stdout.buffer
-        while chunk := os.read(fd, 65536):
-            for name, sink in list(sinks.items()):
-                try:
-                    sink.write(chunk)
-                    sink.flush()
-                except (OSError, ValueError) as exc:
-                    log.warning("trainer output: %s no longer writable (%s)", name, exc)
-                    del sinks[name]
-        if "log" in sinks:
-            sinks["log"].close()
+        pump_output(self.proc.stdout.fileno(), self.log_path)
 
     def _tail_events(self) -> None:
         while not self._stopping.is_set():
@@ -359,6 +323,8 @@ class Supervisor:
             data = event_data(event)
             at = event.get("at") if isinstance(event.get("at"), str) else None
             self.outbox.add(event_type, data, at)
+            if event_type == CHECKPOINT_COMMITTED and data.get("reason") == "flush":
+                self._library_flushed = True  # (the ranks may flush for another node's notice)
             if event_type == CHECKPOINT_COMMITTED and self._flush_requested and data.get("reason") != "periodic":
                 self._committed.set()
 
@@ -370,123 +336,7 @@ class Supervisor:
         if self.outbox.has_pending(HEARTBEAT):
             return  # the broker has not had the last one: one pending heartbeat says enough
         self.outbox.add(HEARTBEAT, {"pid": self.proc.pid if self.proc else None,
-                                    "library": self._library_pid() is not None})
-
-    # --- notices and the flush ---------------------------------------------------
-
-    def _start_watchers(self) -> None:
-        from spotbroker.agent.notices import WatchConfig, build_watchers, resolve_cloud
-
-        try:
-            cloud = resolve_cloud(self.config.cloud, self.config.metadata_url)
-        except ValueError as exc:
-            log.error("not watching for preemption notices: %s", exc)
-            return
-        if cloud is None:
-            log.info("no cloud metadata service found: not watching for preemption notices")
-            return
-        config = WatchConfig(
-            poll_interval=self.config.poll_interval, request_timeout=self.config.metadata_timeout,
-            gcp_preempt_window=self.config.notice_window, azure_default_window=self.config.notice_window,
-        )
-        with self._watchers_lock:
-            if self._stopping.is_set():
-                return
-            self.watchers = build_watchers(cloud, self._notices.put, self.config.metadata_url, config)
-            self.watchers.start()
-        log.info("watching %s preemption notices at %s", cloud, self.config.metadata_url or "the cloud's endpoint")
-
-    def _stop_watchers(self) -> None:
-        with self._watchers_lock:
-            if self.watchers is not None:
-                self.watchers.stop()
-
-    def _handle_notices(self) -> None:
-        while (notice := self._notices.get()) is not None:
-            try:
-                self._handle_notice(notice)
-            except Exception:  # one bad notice must not stop the next one
-                log.exception("handling a %s notice failed", notice.kind)
-
-    def _handle_notice(self, notice: Notice) -> None:
-        self.outbox.add(notice.event_type, notice.event_data())  # first, at once
-        if not notice.ends_node:
-            return
-        if self._flush_requested:
-            log.info("another notice (%s) while the flush is under way: reported", notice.source)
-            if self._flush_over:
-                self._acknowledge(notice)
-            return
-        self._flush_requested = True
-        deadline = notice.deadline or datetime.now(UTC) + timedelta(seconds=self.config.notice_window)
-        reason = self._request_flush(notice, deadline)
-        if reason is None:
-            reason = self._wait_for_commit(deadline)
-        if reason is not None:
-            log.warning("no flush: %s", reason)
-            self.outbox.add(NO_FLUSH, {"reason": reason, "deadline": deadline.isoformat()})
-        self._flush_over = True
-        self._acknowledge(notice)
-
-    def _request_flush(self, notice: Notice, deadline: datetime) -> str | None:
-        """Write flush.json and signal the library; the reason when no flush can come."""
-        if self._trainer_done.is_set():
-            return "the trainer had already exited"
-        if self.control_dir is None:
-            return f"the agent could not set up its control channel ({self.control_error})"
-        pid = self._library_pid()
-        if pid is None:
-            return "the trainer does not use the checkpoint library"
-        flush = {"deadline": deadline.isoformat(), "reason": notice.kind}
-        tmp = self.control_dir / (FLUSH_FILE + ".tmp")
-        tmp.write_text(json.dumps(flush))
-        os.replace(tmp, self.control_dir / FLUSH_FILE)  # the library never reads half a file
-        try:
-            os.kill(pid, getattr(signal, FLUSH_SIGNAL))
-        except ProcessLookupError:
-            return f"the library's process {pid} is gone"
-        log.info("asked the library (pid %d) to flush by %s", pid, deadline.isoformat())
-        return None
-
-    def _wait_for_commit(self, deadline: datetime) -> str | None:
-        while not self._committed.is_set():
-            left = (deadline - datetime.now(UTC)).total_seconds()
-            if self._trainer_done.is_set():
-                self._forward_trainer_events()  # the commit may be its very last line
-                if self._committed.is_set():
-                    break
-                return "the trainer exited before the checkpoint was committed"
-            if left <= 0:
-                return "the deadline passed before the checkpoint was committed"
-            self._committed.wait(min(left, 0.05))
-        log.info("flush committed before the deadline")
-        return None
-
-    def _acknowledge(self, notice: Notice) -> None:
-        if self.watchers is not None and self.watchers.acknowledge(notice):
-            log.info("acknowledged the %s notice", notice.cloud)
-
-    def _library_pid(self) -> int | None:
-        """The library's pid from library.json, if it is alive and one of the trainer's processes."""
-        if self.control_dir is None:
-            return None
-        try:
-            info = json.loads((self.control_dir / LIBRARY_FILE).read_text())
-            pid = int(info["pid"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
-        if pid <= 1 or self.proc is None or not pid_alive(pid):
-            return None
-        try:
-            # Never signal a process outside the trainer's group or session (a stale or forged pid).
-            ours = self.proc.pid in (os.getpgid(pid), os.getsid(pid))
-        except ProcessLookupError:
-            return None
-        if not ours:
-            log.warning("library.json names pid %d, which is not one of the trainer's processes", pid)
-            return None
-        return pid
-
+                                    "library": bool(self._library_pids())})
 
 def run(config: RunnerConfig, install_signal_handlers: bool = True) -> int:
     """Supervise one trainer; return its exit code."""

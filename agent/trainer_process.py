@@ -108,3 +108,27 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def pump_output(fd: int, log_path: Path) -> None:
+    """Copy the trainer's output to our stdout and to the log file the shipper reads.
+
+    The pipe is drained whatever fails downstream: a trainer blocked on a full
+    pipe would stop training.
+    """
+    sinks: dict[str, Any] = {}
+    try:
+        sinks["log"] = open(log_path, "ab")  # noqa: SIM115 - closed below, when the pipe ends
+    except OSError as exc:
+        log.error("trainer output: cannot open %s (%s): it is not shipped to the broker", log_path, exc)
+    sinks["stdout"] = sys.stdout.buffer
+    while chunk := os.read(fd, 65536):
+        for name, sink in list(sinks.items()):
+            try:
+                sink.write(chunk)
+                sink.flush()
+            except (OSError, ValueError) as exc:
+                log.warning("trainer output: %s no longer writable (%s)", name, exc)
+                del sinks[name]
+    if "log" in sinks:
+        sinks["log"].close()

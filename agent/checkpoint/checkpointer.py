@@ -73,7 +73,6 @@ import re
 import time
 from collections.abc import Mapping
 from dataclasses import fields, replace
-from datetime import UTC, datetime
 from typing import Any
 
 from spotbroker.agent import protocol
@@ -83,51 +82,16 @@ from spotbroker.agent import protocol
 # the RNG states), upload (the Uploader: part uploads, commit, pruning), hostbuffer
 # (the snapshot's host memory), control (the agent's control directory) and storage.
 from spotbroker.agent.checkpoint.control import ControlChannel, control_dir_from
-from spotbroker.agent.checkpoint.format import (
-    FORMAT,
-    KEEP_MARKER,
-    CheckpointInfo,
-    CheckpointInvalid,
-    load_checkpoint,
-)
+from spotbroker.agent.checkpoint.distributed import RankedSaves
+from spotbroker.agent.checkpoint.format import FORMAT, CheckpointInfo, CheckpointInvalid, load_checkpoint
+from spotbroker.agent.checkpoint.listing import list_checkpoints
 from spotbroker.agent.checkpoint.options import CheckpointOptions
+from spotbroker.agent.checkpoint.ranks import Agreement, Ranks
 from spotbroker.agent.checkpoint.state import rng_state, set_rng_state
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.checkpoint.upload import Uploader
 
 log = logging.getLogger("spotbroker.checkpoint")
-
-_STEP_MANIFEST_RE = re.compile(r"(?:^|/)step-(\d{12})/" + re.escape(protocol.MANIFEST) + r"$")
-
-
-def list_checkpoints(uri: str) -> list[CheckpointInfo]:
-    """Committed checkpoints anywhere under ``uri`` (a job or attempt prefix), newest first.
-
-    Committed means the manifest exists; the objects are not verified here
-    (:meth:`Checkpointer.restore` does that). ``bytes`` sums the step's objects.
-    """
-    storage = Storage(uri)
-    sizes: dict[str, int] = {}
-    manifests: dict[str, tuple[int, datetime | None]] = {}
-    for obj in storage.iter():
-        directory, _, name = obj.key.rpartition("/")
-        sizes[directory] = sizes.get(directory, 0) + obj.size
-        match = _STEP_MANIFEST_RE.search(obj.key)
-        if match:
-            manifests[directory] = (int(match.group(1)), obj.last_modified)
-    found = [
-        CheckpointInfo(step=step, uri=storage.url(directory), bytes=sizes[directory], created_at=created)
-        for directory, (step, created) in manifests.items()
-    ]
-    oldest = datetime.min.replace(tzinfo=UTC)
-    found.sort(key=lambda c: (c.step, c.created_at or oldest), reverse=True)
-    return found
-
-
-def mark_keep(checkpoint_uri: str) -> None:
-    """Mark a checkpoint (its ``.../step-N`` URI) so that ``keep_last`` never deletes it."""
-    Storage(checkpoint_uri).put(KEEP_MARKER, b"")
-
 
 class Checkpointer:
     """Saves and restores a training loop's state; see the module's docstring.
@@ -178,23 +142,29 @@ class Checkpointer:
         self.job_uri = options.job_uri or env.get(protocol.ENV_CHECKPOINT_ROOT) or None
         self.resume_from = options.resume_from or env.get(protocol.ENV_RESUME_FROM) or None
         self.control_dir = control_dir_from(options.control_dir)
-        self._uploader: Uploader | None = None  # None: checkpoints are off
-        if self.uri:
+        self.ranks = Ranks.from_env()
+        self.sharded = options.sharded
+        self._uploader: Uploader | None = None  # None: checkpoints are off, or another rank writes them
+        self._ranked: RankedSaves | None = None  # None: one process, as without torch.distributed
+        if self.uri and (self.ranks.distributed or self.sharded):
+            self._ranked = RankedSaves(self, Agreement(self.ranks) if self.ranks.distributed else None)
+        if self.uri and self.ranks.writer and not self.sharded:
             self._uploader = Uploader(Storage(self.uri, max_concurrency=self.max_workers), state=self._state,
                                       on_commit=self._committed, half=self.half, part_bytes=self.part_bytes,
                                       max_workers=self.max_workers, keep_last=self.keep_last)
-        else:
+        if not self.uri:
             log.warning("no checkpoint URI (pass uri= or set %s): checkpoints are off",
                         protocol.ENV_CHECKPOINT_URI)
         self._last_committed: CheckpointInfo | None = None
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
+        self._last_step: int | None = None
 
         self._control = ControlChannel(self.control_dir, options.handle_signal)
         # Only now that a flush request can be taken does the agent learn we are here;
         # and only with checkpoints on: otherwise it must not wait for a flush.
-        if self._uploader is not None:
-            self._control.announce()
+        if self.uri:
+            self._control.announce(self.ranks.rank, self.ranks.local_rank)
 
     # --- context manager ------------------------------------------------------
 
@@ -219,6 +189,9 @@ class Checkpointer:
         ``uri``. A checkpoint that fails verification is skipped, with a
         warning, and reported in the ``resumed`` event.
         """
+        if self._ranked is not None:
+            step, uri, skipped = self._ranked.restore(self._candidates() if self.ranks.writer else [])
+            return self._restored(step, uri, skipped)
         skipped: list[dict[str, str]] = []
         for candidate in self._candidates():
             try:
@@ -228,23 +201,30 @@ class Checkpointer:
                 log.warning("checkpoint %s is unusable (%s); falling back to the previous one", candidate, exc)
                 skipped.append({"uri": candidate, "reason": str(exc)})
                 continue
-            step = int(manifest["step"])
             self._apply(state)
             total = sum(int(o["size"]) for o in manifest["objects"].values())
-            self._last_committed = CheckpointInfo(step=step, uri=candidate, bytes=total, reason="restored")
-            self._last_save_step = step
-            self._last_save_time = time.monotonic()
-            log.info("restored step %d from %s%s", step, candidate,
-                     f" (skipped {len(skipped)} unusable)" if skipped else "")
-            data: dict[str, Any] = {"step": step, "uri": candidate}
+            self._last_committed = CheckpointInfo(step=manifest["step"], uri=candidate, bytes=total,
+                                                  reason="restored")
+            return self._restored(manifest["step"], candidate, skipped)
+        return self._restored(0, None, skipped)
+
+    def _restored(self, step: int, uri: str | None, skipped: list[dict[str, str]]) -> int:
+        """Tell the agent (rank 0 does, for all ranks) where the run goes on from."""
+        if uri is None:
             if skipped:
-                data["skipped"] = skipped
-            self._control.emit(protocol.RESUMED, data)
-            return step
+                log.error("no usable checkpoint (%d skipped): starting from step 0", len(skipped))
+                if self.ranks.writer:
+                    self._control.emit(protocol.RESUMED, {"step": 0, "uri": None, "skipped": skipped})
+            return 0
+        self._last_save_step = step
+        self._last_save_time = time.monotonic()
+        log.info("restored step %d from %s%s", step, uri, f" (skipped {len(skipped)} unusable)" if skipped else "")
+        data: dict[str, Any] = {"step": step, "uri": uri}
         if skipped:
-            log.error("no usable checkpoint (%d skipped): starting from step 0", len(skipped))
-            self._control.emit(protocol.RESUMED, {"step": 0, "uri": None, "skipped": skipped})
-        return 0
+            data["skipped"] = skipped
+        if self.ranks.writer:
+            self._control.emit(protocol.RESUMED, data)
+        return step
 
     def step(self, step: int) -> None:
         """Call at each step boundary with the number of steps done so far.
@@ -252,10 +232,15 @@ class Checkpointer:
         Persists at once when the agent asked for a flush, otherwise starts a
         periodic save when one is due. Cheap when nothing is due.
         """
+        self._last_step = step
         uploader = self._uploader
+        if uploader is not None:
+            uploader.reap()
+        if self._ranked is not None:
+            self._ranked.step(step)
+            return
         if uploader is None:
             return
-        uploader.reap()
         if self._control.flush_requested():
             self._flush(step)
             return
@@ -270,7 +255,10 @@ class Checkpointer:
         """Checkpoint now. ``wait=False``: snapshot, then upload in the background.
 
         Returns the committed checkpoint when ``wait`` (None when it failed).
+        Under torch.distributed every rank calls it at the same step.
         """
+        if self._ranked is not None:
+            return self._ranked.save(step, reason, wait=wait).get("info")
         if self._uploader is None:
             return None
         started = time.monotonic()
@@ -286,7 +274,9 @@ class Checkpointer:
 
     def close(self) -> None:
         """Wait for the background upload; tell the agent flushes are over; free the
-        host buffer and stop the threads."""
+        host buffer and stop the threads. Under torch.distributed every rank calls it."""
+        if self._ranked is not None:
+            self._ranked.close(self._last_step)
         self.wait()
         self._control.close()
         if self._uploader is not None:
@@ -321,10 +311,12 @@ class Checkpointer:
     # --- periodic saves ----------------------------------------------------------
 
     def _periodic_due(self, step: int) -> bool:
-        if step <= self._last_save_step:
-            return False
-        if self.every_steps and step - self._last_save_step >= self.every_steps:
-            return True
+        return step > self._last_save_step and (self._steps_due(step) or self._time_due())
+
+    def _steps_due(self, step: int) -> bool:
+        return bool(self.every_steps) and step - self._last_save_step >= self.every_steps
+
+    def _time_due(self) -> bool:
         return bool(self.every_seconds) and time.monotonic() - self._last_save_time >= self.every_seconds
 
     def _state(self, step: int) -> dict[str, Any]:
@@ -335,6 +327,27 @@ class Checkpointer:
             "rng": rng_state(),
             "extra": self.extra,
         }
+
+    def _sharded_state(self) -> dict[str, Any]:
+        """The state as DCP saves it: model and optimizer keyed by parameter name, sharded as held."""
+        from spotbroker.agent.checkpoint.sharded import model_and_optimizer_state
+
+        parts = self._components
+        state = model_and_optimizer_state(parts["model"], parts.get("optimizer")) if "model" in parts else {}
+        for name, obj in parts.items():
+            if name not in ("model", "optimizer"):
+                state[name] = obj.state_dict()
+        return state
+
+    def _apply_sharded(self, state: dict[str, Any]) -> None:
+        from spotbroker.agent.checkpoint.sharded import set_model_and_optimizer_state
+
+        parts = self._components
+        if "model" in parts:
+            set_model_and_optimizer_state(parts["model"], parts.get("optimizer"), state)
+        for name, obj in parts.items():
+            if name not in ("model", "optimizer"):
+                obj.load_state_dict(state[name])
 
     # --- restoring ------------------------------------------------------------
 

@@ -1,12 +1,13 @@
 """The checkpoint library's side of the agent's control directory.
 
-The agent and the library share nothing but ``SPOTBROKER_CONTROL_DIR``: the
-library announces itself in ``library.json`` (only then does the agent signal
-it to flush), reads the agent's ``flush.json`` and appends its own events to
-``events.jsonl`` (see :mod:`spotbroker.agent.protocol`). Each helper is a
-no-op without a control directory, and a failure to write is logged, never
-raised: training must go on whether or not an agent is listening.
-:class:`ControlChannel` is the checkpointer's end of it.
+The agent and the library share nothing but ``SPOTBROKER_CONTROL_DIR`` (the
+ranks of a node share it): each process of the library announces itself in
+``library-{pid}.json`` (only then does the agent signal it to flush), reads
+the agent's ``flush.json`` and appends its own events to ``events.jsonl``
+(see :mod:`spotbroker.agent.protocol`). Each helper is a no-op without a
+control directory, and a failure to write is logged, never raised: training
+must go on whether or not an agent is listening. :class:`ControlChannel` is
+the checkpointer's end of it.
 """
 from __future__ import annotations
 
@@ -24,15 +25,29 @@ from spotbroker.agent.protocol import now_iso
 log = logging.getLogger("spotbroker.checkpoint")
 
 
-def write_library_file(control_dir: Path | None) -> None:
+def library_file_name(pid: int) -> str:
+    return f"{protocol.LIBRARY_PREFIX}{pid}{protocol.LIBRARY_SUFFIX}"
+
+
+def _write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    temp = path.with_name(f".{path.name}.{os.getpid()}")
+    temp.write_text(json.dumps(doc))
+    os.replace(temp, path)
+
+
+def write_library_file(control_dir: Path | None, rank: int = 0, local_rank: int = 0) -> None:
+    """Announce this process: its own file, and library.json for an older agent from the node's first rank."""
     if control_dir is None:
         return
+    from spotbroker.agent.proctree import start_time
+
+    pid = os.getpid()
     try:
         control_dir.mkdir(parents=True, exist_ok=True)
-        path = control_dir / protocol.LIBRARY_FILE
-        temp = path.with_name(f".{path.name}.{os.getpid()}")
-        temp.write_text(json.dumps({"pid": os.getpid(), "version": 1}))
-        os.replace(temp, path)
+        _write_atomic(control_dir / library_file_name(pid), {
+            "pid": pid, "start": start_time(pid), "rank": rank, "local_rank": local_rank, "version": 2})
+        if local_rank == 0:
+            _write_atomic(control_dir / protocol.LIBRARY_FILE, {"pid": pid, "version": 1})
     except OSError as exc:
         log.warning("cannot tell the agent we are here (%s): it will not ask for flushes", exc)
 
@@ -40,6 +55,10 @@ def write_library_file(control_dir: Path | None) -> None:
 def withdraw_library_file(control_dir: Path | None) -> None:
     if control_dir is None:
         return
+    try:
+        (control_dir / library_file_name(os.getpid())).unlink()
+    except OSError:
+        pass
     path = control_dir / protocol.LIBRARY_FILE
     try:
         if json.loads(path.read_text()).get("pid") == os.getpid():  # another process's is not ours to remove
@@ -104,9 +123,9 @@ class ControlChannel:
         if handle_signal:
             self._install()
 
-    def announce(self) -> None:
+    def announce(self, rank: int = 0, local_rank: int = 0) -> None:
         """Only once flush requests can be taken may the agent learn we are here."""
-        write_library_file(self.dir)
+        write_library_file(self.dir, rank, local_rank)
 
     def emit(self, event_type: str, data: dict[str, Any]) -> None:
         emit_event(self.dir, event_type, data)

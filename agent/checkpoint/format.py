@@ -35,9 +35,6 @@ ALIGN = 64
 
 HalfMode = Literal["fp16", "bf16"]
 
-
-
-
 @dataclass(frozen=True)
 class CheckpointInfo:
     """A committed checkpoint."""
@@ -137,20 +134,31 @@ def typed(raw: Any, slot: Slot) -> Any:
 # --- reading a checkpoint back -----------------------------------------------
 
 
+def read_manifest(storage: Storage) -> dict[str, Any]:
+    """The checkpoint's manifest, its step an int; CheckpointInvalid if none or unreadable."""
+    try:
+        manifest = json.loads(storage.get(protocol.MANIFEST))
+        manifest["step"] = int(manifest["step"])
+        if not isinstance(manifest["objects"], dict):
+            raise TypeError("objects is not a mapping")
+    except FileNotFoundError as exc:
+        raise CheckpointInvalid("no manifest (never committed)") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointInvalid(f"unreadable manifest: {exc}") from exc
+    return manifest
+
+
 def load_checkpoint(storage: Storage, workers: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """Read and verify the checkpoint rooted at ``storage``: (state, manifest).
 
     Raises CheckpointInvalid when the manifest or any object is missing, of
     the wrong size or fails its sha256.
     """
-    try:
-        manifest = json.loads(storage.get(protocol.MANIFEST))
-        objects: dict[str, dict[str, Any]] = manifest["objects"]
-        manifest["step"] = int(manifest["step"])
-    except FileNotFoundError as exc:
-        raise CheckpointInvalid("no manifest (never committed)") from exc
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CheckpointInvalid(f"unreadable manifest: {exc}") from exc
+    manifest = read_manifest(storage)
+    if manifest.get("layout", "stream") != "stream":
+        raise CheckpointInvalid(f"written {manifest['layout']} by {manifest.get('world_size', '?')} ranks "
+                                "(torch.distributed.checkpoint): restore it with Checkpointer(sharded=True)")
+    objects: dict[str, dict[str, Any]] = manifest["objects"]
     index_bytes = fetch_verified(storage, INDEX_OBJECT, objects)
     state_bytes = fetch_verified(storage, STATE_OBJECT, objects)
     try:

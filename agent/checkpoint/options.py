@@ -26,6 +26,9 @@ class CheckpointOptions:
     job_uri: str | None = None            # where to look for the newest across attempts
     control_dir: str | os.PathLike[str] | None = None  # the agent's control directory
     handle_signal: bool = True            # install the flush signal's handler (main thread only)
+    # Every rank writes its shard through torch.distributed.checkpoint (FSDP, DTensor state); else
+    # rank 0 writes the replicated state (DDP) and the other ranks their RNG states only.
+    sharded: bool = False
 
     def __post_init__(self) -> None:
         if self.half not in (None, "fp16", "bf16"):

@@ -67,6 +67,36 @@ class Save:
     done: threading.Event = field(default_factory=threading.Event)
     result: CheckpointInfo | None = None
     error: BaseException | None = None
+    ranks_objects: dict[str, Any] = field(default_factory=dict)  # other ranks' objects for the manifest
+    world_size: int = 1
+
+
+def commit_manifest(storage: Storage, step: int, reason: str, objects: dict[str, Any], started: float,
+                    fields: dict[str, Any]) -> CheckpointInfo:
+    """Write the manifest of the checkpoint at ``storage`` (its step's prefix):
+    the commit. Objects that others wrote (the ranks') are checked to be
+    there at their size first: a checkpoint is committed only when every
+    object it needs is."""
+    for name, entry in objects.items():
+        info = storage.head(name)
+        if info is None or info.size != entry["size"]:
+            raise RuntimeError(f"{name} is {'missing' if info is None else f'{info.size} bytes'}, "
+                               f"not the {entry['size']} bytes its writer reported")
+    total = sum(o["size"] for o in objects.values())
+    manifest = {
+        "format": FORMAT,
+        "step": step,
+        "created_at": now_iso(),
+        "reason": reason,
+        "job_id": os.environ.get(protocol.ENV_JOB_ID),
+        "attempt_id": os.environ.get(protocol.ENV_ATTEMPT_ID),
+        **fields,
+        "bytes": total,
+        "objects": dict(sorted(objects.items())),
+    }
+    storage.put(protocol.MANIFEST, json.dumps(manifest, indent=1).encode())
+    return CheckpointInfo(step=step, uri=storage.url(), bytes=total, created_at=datetime.now(UTC),
+                          seconds=time.monotonic() - started, reason=reason)
 
 
 # --- the uploader -------------------------------------------------------------
@@ -99,11 +129,14 @@ class Uploader:
         self.before_part: Callable[[int, str], None] | None = None
         self.before_manifest: Callable[[int], None] | None = None
 
-    def save(self, step: int, reason: str, *, wait: bool, started: float) -> CheckpointInfo | None:
+    def save(self, step: int, reason: str, *, wait: bool, started: float,
+             extra_objects: dict[str, Any] | None = None, world_size: int = 1) -> CheckpointInfo | None:
         """Checkpoint ``step`` now (see :meth:`Checkpointer.save`); ``started``
-        is the step boundary's ``time.monotonic()``."""
+        is the step boundary's ``time.monotonic()``; ``extra_objects``: what
+        the other ranks wrote in the step's prefix, for the manifest."""
         self._abandon_current(step)
-        save = Save(step=step, reason=reason, directory=protocol.step_dir(step), started=started)
+        save = Save(step=step, reason=reason, directory=protocol.step_dir(step), started=started,
+                    ranks_objects=dict(extra_objects or {}), world_size=world_size)
         self.current = save
         try:
             self._uncommit(save.directory)
@@ -316,21 +349,10 @@ class Uploader:
             raise Cancelled()
         if self.before_manifest is not None:
             self.before_manifest(save.step)
-        total = sum(o["size"] for o in objects.values())
-        manifest = {
-            "format": FORMAT,
-            "step": save.step,
-            "created_at": now_iso(),
-            "reason": save.reason,
-            "job_id": os.environ.get(protocol.ENV_JOB_ID),
-            "attempt_id": os.environ.get(protocol.ENV_ATTEMPT_ID),
-            "bytes": total,
-            "objects": dict(sorted(objects.items())),
-        }
-        self.storage.put(f"{save.directory}/{protocol.MANIFEST}", json.dumps(manifest, indent=1).encode())
-        return CheckpointInfo(step=save.step, uri=self.storage.url(save.directory), bytes=total,
-                              created_at=datetime.now(UTC), seconds=time.monotonic() - save.started,
-                              reason=save.reason)
+        if save.ranks_objects:  # the other ranks' own: written by them, checked here
+            objects.update(save.ranks_objects)
+        return commit_manifest(self.storage.child(save.directory), save.step, save.reason, objects, save.started,
+                               {"world_size": save.world_size} if save.world_size > 1 else {})
 
     def _discard(self, save: Save) -> None:
         """Best effort: remove the objects of a save that will never commit."""

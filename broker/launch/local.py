@@ -11,8 +11,12 @@ stop runs that another one launched.
     {data_dir}/runs/{attempt_id}/node-{rank}.self   the same, written by the node itself first
     {data_dir}/runs/{attempt_id}/exit-{rank}        the job's exit code, written last
     {data_dir}/runs/{attempt_id}/error-{rank}       why the node could not start the job
+    {data_dir}/runs/{attempt_id}/sim.url            node 0's metadata simulator (sim-{rank}.url: others')
     {data_dir}/runs/{attempt_id}/node-{rank}/       the node's own: home/, tmp/, workdir/, agent/
     {data_dir}/logs/{job_id}/{attempt_id}.log       node 0's output (node-{rank} for others)
+
+Every node runs its own agent and, when the attempt simulates a cloud, its
+own metadata simulator, as every VM of a real cluster has its own.
 
 A job sees nothing of the broker's: its environment is built from an
 allow-list (`job_env`), never inherited, and when the broker runs as root
@@ -43,7 +47,7 @@ from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.logs import log_path
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
-from spotbroker.broker.launch.local_node import NodeSpec
+from spotbroker.broker.launch.local_node import NodeSpec, sim_url_file
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -118,12 +122,14 @@ class LocalLauncher:
         return {"run_dir": str(run_dir), "nodes": nodes}
 
     def _with_agent(self, request: LaunchRequest, rank: int) -> bool:
-        return self.agent and rank == 0 and protocol.ENV_AGENT_TOKEN in request.extra_env
+        """Every node runs an agent (each catches its own node's notice)."""
+        return self.agent and protocol.ENV_AGENT_TOKEN in request.extra_env
 
     def _output(self, request: LaunchRequest, rank: int) -> Path:
         # Under the agent, node 0's output reaches the broker's log through the
-        # agent's channel; the raw stream stays in the run directory.
-        if self._with_agent(request, rank):
+        # agent's channel; the raw stream stays in the run directory. Other
+        # nodes' agents ship no log: their output is the node's own log file.
+        if rank == 0 and self._with_agent(request, rank):
             return self.run_dir(request.attempt_id) / "node-0.out"
         return log_path(self.data_dir, request.job_id, request.attempt_id, rank)
 
@@ -249,9 +255,9 @@ class LocalLauncher:
         (the cap on concurrent runs is the reconciler's, not capacity)."""
         return True
 
-    def simulate_preemption(self, handle: Handle) -> dict:
-        """Make the attempt's metadata simulator publish a preemption notice."""
-        url_file = Path(handle["run_dir"]) / "sim.url"
+    def simulate_preemption(self, handle: Handle, node: int = 0) -> dict:
+        """Make the metadata simulator of the attempt's node `node` publish a preemption notice."""
+        url_file = Path(handle["run_dir"]) / sim_url_file(node)
         url = url_file.read_text().split("\n", 1)[0].strip() if url_file.exists() else ""
         if not url:
             raise LaunchError("this attempt has no metadata simulator (a CPU job, or not started yet)")

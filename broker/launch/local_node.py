@@ -46,7 +46,7 @@ ERROR_EXIT = 125  # provisioning failed before the job's command ran
 @dataclass
 class NodeSpec:
     rank: int
-    run_dir: str                       # the attempt's directory: node-N.self, exit-N, error-N, sim.url
+    run_dir: str                       # the attempt's directory: node-N.self, exit-N, error-N, sim*.url
     node_dir: str                      # this node's own: home/, tmp/, workdir/, agent/
     command: list[str]                 # run in workdir/ as `user`
     env: dict[str, str]                # the job's whole environment
@@ -126,6 +126,11 @@ def provision(spec: NodeSpec) -> Path:
     return workdir
 
 
+def sim_url_file(rank: int) -> str:
+    """Where node `rank`'s simulator writes its URL (node 0's name is the one older runs have)."""
+    return "sim.url" if rank == 0 else f"sim-{rank}.url"
+
+
 def _private(path: Path, flags: int):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600), "wb")
 
@@ -135,10 +140,11 @@ def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
     if spec.simulator is None:
         return None
     run_dir = Path(spec.run_dir)
-    url_file = run_dir / "sim.url"
+    url_file = run_dir / sim_url_file(spec.rank)
     # The broker's alone: the job learns the URL from its environment, and
     # another team's job that read it could send this node notices.
-    with _private(run_dir / "sim.log", os.O_APPEND) as log, _private(url_file, os.O_TRUNC) as out:
+    log_name = url_file.name.replace(".url", ".log")
+    with _private(run_dir / log_name, os.O_APPEND) as log, _private(url_file, os.O_TRUNC) as out:
         sim = subprocess.Popen([sys.executable, "-m", "spotbroker.agent.simulator", *spec.simulator,
                                 "--kill-at-hard-stop", str(os.getpid())],
                                stdin=subprocess.DEVNULL, stdout=out, stderr=log)
@@ -151,7 +157,7 @@ def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
         if sim.poll() is not None:
             break
         time.sleep(0.02)
-    raise ProvisionError(f"the metadata simulator did not start (see {run_dir / 'sim.log'})")
+    raise ProvisionError(f"the metadata simulator did not start (see {run_dir / log_name})")
 
 
 class Node:

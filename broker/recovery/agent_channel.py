@@ -2,8 +2,9 @@
 
 Each attempt gets its own agent token at launch (only its digest is kept),
 so an agent can post only for its own attempt. Events carry a sequence
-number per attempt; one already stored is ignored, so a buffered batch can
-be re-sent safely. What a notice or a flush does to the job (PREEMPTING,
+number per attempt (per node of a multi-node attempt: the agents of nodes
+above 0 say `node: N`); one already stored is ignored, so a buffered batch
+can be re-sent safely. What a notice or a flush does to the job (PREEMPTING,
 then RECOVERING) is `broker/recovery/attempts.py`'s; the answer tells the agent
 `drain: true` while the broker moves the job. Only the job's current
 attempt moves anything: a late report from an attempt that was already
@@ -46,6 +47,8 @@ SILENT = {protocol.HEARTBEAT}
 CHECKPOINT_REFUSED = "checkpoint_refused"  # the broker's event: a reported checkpoint it did not accept
 MAX_BIG = 2**63 - 1
 MAX_REASON = 16  # the checkpoints.reason column
+MAX_NODES = 4096
+NODE_SEQ = "node_seq"  # stored with the events of nodes above 0: their agent's own seq
 
 
 @dataclass(frozen=True)
@@ -97,29 +100,50 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
     """Store a batch of the agent's events (`checkpoint_root`: the broker's
     setting, from which the attempt's own prefix is built)."""
     job = session.get(Job, attempt.job_id)
+    node = _node(events)
+    last = _node_last_seq(session, attempt, node) if node else attempt.agent_seq
     uris, refused = {}, []
     if any(e.type == protocol.CHECKPOINT_COMMITTED for e in events):  # (heartbeats need no team lookup)
         prefix = attempt_prefix(checkpoint_root, session.get(Team, job.team_id).name, job.id, attempt.id)
-        uris, refused = _checkpoint_uris(session, job, attempt, events, prefix, clock)
+        uris, refused = _checkpoint_uris(session, job, attempt, events, prefix, last, clock)
     if refused:
-        return Outcome(accepted=0, last_seq=attempt.agent_seq, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
+        return Outcome(accepted=0, last_seq=last, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
                        drain=False, moved=False, refused=refused)
     accepted, moved = 0, False
     for event in sorted(events, key=lambda e: e.seq):
-        if event.seq <= attempt.agent_seq:
+        if event.seq <= last:
             continue  # delivered before: a re-sent batch
-        attempt.agent_seq = event.seq
+        last = event.seq
+        if not node:
+            attempt.agent_seq = event.seq
         accepted += 1
         if event.type not in SILENT:
-            session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(),
-                              data={**event.data, "agent_at": event.at.isoformat()}))
+            data = {**event.data, "agent_at": event.at.isoformat(), **({NODE_SEQ: event.seq} if node else {})}
+            session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(), data=data))
         if event.seq in uris:
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
         moved |= _apply(session, job, attempt, event, clock)
     live = attempt.state in LIVE_ATTEMPT_STATES
-    drain = live and recovery.is_move(job)
-    return Outcome(accepted=accepted, last_seq=attempt.agent_seq, cancel=not live, drain=drain, moved=moved,
-                   drain_until=job.next_check_at if drain else None)
+    move = live and recovery.is_move(job)
+    drain = move or (live and recovery.peers_drain(job, attempt))
+    return Outcome(accepted=accepted, last_seq=last, cancel=not live, drain=drain, moved=moved,
+                   drain_until=job.next_check_at if move else None)
+
+
+def _node(events: list[AgentEvent]) -> int:
+    """The node whose agent sent the batch: 0, or N > 0 (its events say `node: N`)."""
+    node = events[0].data.get(protocol.EVENT_NODE) if events else None
+    return node if _is_int(node) and 0 < node <= MAX_NODES else 0
+
+
+def _node_last_seq(session: Session, attempt: Attempt, node: int) -> int:
+    """The last seq stored from node `node`'s agent: each node's agent counts
+    its own (the attempt's own counter is node 0's). Heartbeats are not
+    stored; one taken twice changes nothing."""
+    stored = session.scalars(select(Event.data).where(Event.attempt_id == attempt.id))
+    seqs = [d[NODE_SEQ] for d in stored
+            if isinstance(d, dict) and d.get(protocol.EVENT_NODE) == node and _is_int(d.get(NODE_SEQ))]
+    return max(seqs, default=0)
 
 
 def _is_current(job: Job, attempt: Attempt) -> bool:
@@ -142,13 +166,13 @@ def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, cloc
 
 
 def _checkpoint_uris(session: Session, job: Job, attempt: Attempt, events: list[AgentEvent], prefix: str,
-                     clock: Clock) -> tuple[dict[int, str], list[dict[str, str]]]:
+                     last: int, clock: Clock) -> tuple[dict[int, str], list[dict[str, str]]]:
     """The URI to store for each new checkpoint_committed event (by seq), and
     the field errors of those that cannot be accepted; each refused one is
     told on the job once (the agent re-sends a refused batch one by one)."""
     uris, errors = {}, []
     for i, event in enumerate(events):
-        if event.type != protocol.CHECKPOINT_COMMITTED or event.seq <= attempt.agent_seq:
+        if event.type != protocol.CHECKPOINT_COMMITTED or event.seq <= last:
             continue
         field_name, message = _check_committed(event.data)
         if field_name is None:

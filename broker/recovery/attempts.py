@@ -2,7 +2,8 @@
 
 Every way an attempt ends goes through here, and so does what follows:
 
-    notice:    RUNNING --preemption_notice--> PREEMPTING (the attempt is ending PREEMPTED)
+    notice:    RUNNING --preemption_notice--> PREEMPTING (the attempt is ending PREEMPTED);
+               a notice on any node of a multi-node attempt tells every node's agent `drain: true`
     move:      RUNNING --the policy moves it--> PREEMPTING "moving: ..." (ending MOVED);
                the agent is told `drain: true` until the flush is in
     flush:     PREEMPTING --checkpoint_committed / no_flush / the run ended--> RECOVERING,
@@ -99,6 +100,12 @@ def preempted(session: Session, job: Job, attempt: Attempt, why: str, clock: Clo
         job.recoveries += 1
     transition(session, job, J.RECOVERING, reason=f"{'moved' if move else 'preempted'}: {why}", clock=clock)
     job.next_check_at = clock.now()
+
+
+def peers_drain(job: Job, attempt: Attempt) -> bool:
+    """A multi-node attempt ending for one node's notice: every node's agent
+    is told to flush too (each node's trainer hears only its own agent)."""
+    return job.state == J.PREEMPTING and attempt.num_nodes > 1 and live_attempt(job) is attempt
 
 
 # --- a move, started by the broker -----------------------------------------------------

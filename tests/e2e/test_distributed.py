@@ -1,0 +1,98 @@
+"""Distributed training survives a preemption: torchrun's workers, sharded
+state, and a notice on one node of two.
+
+Through the real server, the local launcher's nodes and their agents, the
+metadata simulator and the checkpoint library, on CPU with gloo: every rank
+flushes the same step, the next attempt resumes there, and the run ends with
+the loss of an uninterrupted one. SQLite only (the node side; the database
+side of recovery runs on both elsewhere).
+"""
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from e2e.test_job_shapes import assert_flushed_and_resumed, copy_in, final_loss, preempt_once_stepping
+from helpers import wait_for, wait_state
+
+pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
+DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
+ARGS = "--steps 60 --seed 3 --every-steps 1000 --log-every 1 --step-seconds 0.15"
+TORCHRUN = "python -m torch.distributed.run"
+RESOURCES = {"accelerators": "T4:1", "infra": "aws"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted_loss() -> str:
+    """Two ranks, never stopped: replicated, sharded or across two nodes, the same training."""
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(DDP), *shlex.split(ARGS.replace("--step-seconds 0.15", ""))],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return final_loss(done.stdout)
+
+
+def submit(api, h, name: str, run: str, num_nodes: int = 1) -> int:
+    r = api.post("/v1/jobs", json={"name": name, "setup": copy_in(DDP), "run": run, "num_nodes": num_nodes,
+                                   "resources": RESOURCES}, headers=h)
+    assert r.status_code == 201, r.text
+    return r.json()["id"]
+
+
+def events_of(api, h, job_id: int) -> list[dict]:
+    return api.get(f"/v1/jobs/{job_id}/events", headers=h).json()["events"]
+
+
+def assert_one_flush_for_every_rank(api, h, job: dict, ranks: int, layout: str = "stream") -> None:
+    """The flushed checkpoint holds every rank's part, all of one step."""
+    from spotbroker.agent.checkpoint.format import read_manifest
+    from spotbroker.agent.checkpoint.storage import Storage
+
+    first = job["attempts"][0]
+    flush = [e for e in events_of(api, h, job["id"])
+             if e["type"] == "checkpoint_committed" and e["attempt_id"] == first["id"]][-1]
+    manifest = read_manifest(Storage(flush["data"]["uri"]))
+    assert manifest["world_size"] == ranks and manifest.get("layout", "stream") == layout
+    assert {f"rank-{r:05d}.pkl" for r in range(ranks)} <= set(manifest["objects"])
+
+
+@pytest.mark.parametrize("layout", ["replicated", "sharded"])
+def test_torchrun_workers_flush_one_step_and_resume_there(api, team_headers, uninterrupted_loss, layout):
+    h = team_headers()
+    flag = " --sharded" if layout == "sharded" else ""
+    job_id = submit(api, h, f"ddp-{layout}",
+                    f"{TORCHRUN} --standalone --nproc_per_node=2 ddp_train.py {ARGS}{flag}")
+    job = preempt_once_stepping(api, h, job_id)
+    assert_flushed_and_resumed(api, h, job)
+    assert_one_flush_for_every_rank(api, h, job, ranks=2, layout="sharded" if flag else "stream")
+    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted_loss
+
+
+def test_a_notice_on_the_second_node_flushes_both_and_the_job_resumes_once(api, team_headers, settings,
+                                                                           uninterrupted_loss):
+    h = team_headers()
+    # Each attempt its own rendezvous port: the next attempt may start before the last one's processes end.
+    run = (f"{TORCHRUN} --nnodes=2 --nproc_per_node=1 --node_rank=$SKYPILOT_NODE_RANK --master_addr=127.0.0.1 "
+           f"--master_port=$((20000 + SPOTBROKER_ATTEMPT_ID % 20000)) ddp_train.py {ARGS}")
+    job_id = submit(api, h, "two-nodes", run, num_nodes=2)
+    wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    wait_for(lambda: "step=5 " in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text, timeout=60,
+             what="training to be under way")
+    attempt_id = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][0]["id"]
+    sim_url = (Path(settings.data_dir) / "runs" / str(attempt_id) / "sim-1.url").read_text().split("\n", 1)[0]
+    httpx.post(f"{sim_url}/_sim/preempt", json={"notice_seconds": 5}, timeout=5).raise_for_status()
+    job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=150)
+    assert job["state"] == "SUCCEEDED", job
+    assert len(job["attempts"]) == 2  # preempted once, recovered once
+    events = events_of(api, h, job_id)
+    notices = [e for e in events if e["type"] == "preemption_notice" and e["data"].get("kind") != "drain"]
+    assert [e["data"].get("node") for e in notices] == [1]  # node 1's own notice, and only it
+    preempting = [e for e in events if e["type"] == "job_state" and e["data"]["to"] == "PREEMPTING"]
+    assert len(preempting) == 1  # the job is preempted once, whichever node heard it
+    assert_flushed_and_resumed(api, h, job)
+    assert_one_flush_for_every_rank(api, h, job, ranks=2)
+    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted_loss
