@@ -9,7 +9,7 @@ from datetime import datetime
 from spotbroker.broker.money.dashboard import BudgetView, JobLine
 
 WIDTH = 1000
-LEFT, RIGHT, TOP, BOTTOM = 64, 16, 12, 28
+LEFT, RIGHT, TOP, BOTTOM = 84, 16, 12, 28
 # Distinguishable for common colour blindness (Okabe-Ito), then greys.
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#999999", "#666666")
 
@@ -51,7 +51,8 @@ def _axis(chart: Chart, top_value: float, plot_h: float) -> None:
         value = top_value * i / 4
         y = TOP + plot_h - plot_h * i / 4
         chart.lines.append(dict(x1=LEFT, y1=y, x2=WIDTH - RIGHT, y2=y, cls="grid"))
-        chart.texts.append(dict(x=LEFT - 6, y=y + 4, text=money(value), cls="tick", anchor="end"))
+        label = f"${value:,.0f}" if top_value >= 100 else money(value)
+        chart.texts.append(dict(x=LEFT - 6, y=y + 4, text=label, cls="tick", anchor="end"))
 
 
 def colors(keys) -> dict[str, str]:
@@ -122,15 +123,15 @@ def burn(b: BudgetView, now: datetime, height: int = 240) -> Chart:
     return chart
 
 
-def bars(rows: list[tuple[str, float, str]], height_per_row: int = 26) -> Chart:
+def bars(rows: list[tuple[str, float, str]], height_per_row: int = 26, width: int = 560) -> Chart:
     """Horizontal bars: (label, value, colour), labels at the left."""
-    left = 260
-    chart = Chart(height=max(len(rows), 1) * height_per_row + 8)
+    left = 200
+    chart = Chart(height=max(len(rows), 1) * height_per_row + 8, width=width)
     top = _nice_max(max([v for _, v, _ in rows] or [0]))
     for i, (label, value, fill) in enumerate(rows):
         y = 4 + i * height_per_row
-        w = (WIDTH - left - 110) * max(value, 0) / top
-        short = label if len(label) <= 34 else label[:33] + "…"
+        w = (width - left - 90) * max(value, 0) / top
+        short = label if len(label) <= 26 else label[:25] + "…"
         chart.texts.append(dict(x=left - 8, y=y + 16, text=short, cls="label", anchor="end"))
         chart.rects.append(dict(x=left, y=y + 3, w=w, h=height_per_row - 8, fill=fill, title=f"{label}: {money(value)}",
                                 key=label, amount=round(value, 6)))
@@ -141,7 +142,7 @@ def bars(rows: list[tuple[str, float, str]], height_per_row: int = 26) -> Chart:
 def timeline(jobs: list[JobLine], since: datetime, now: datetime, row: int = 34) -> Chart:
     """Each job a row, each attempt a bar over its running time (coloured by
     cloud, its price on it where it fits), a reclaim marked by a red cross."""
-    left = 200
+    left = 270
     chart = Chart(height=max(len(jobs), 1) * row + BOTTOM + 4)
     start = min((a.start for j in jobs for a in j.attempts), default=since)
     palette = colors(sorted({a.cloud for j in jobs for a in j.attempts}))
@@ -153,7 +154,7 @@ def timeline(jobs: list[JobLine], since: datetime, now: datetime, row: int = 34)
 
     for i, job in enumerate(jobs):
         y = 4 + i * row
-        name = job.name if len(job.name) <= 24 else job.name[:23] + "…"
+        name = job.name if len(job.name) <= 22 else job.name[:21] + "…"
         chart.texts.append(dict(x=left - 8, y=y + 18, text=f"{name} ({money(job.cost)})", cls="label", anchor="end"))
         chart.lines.append(dict(x1=left, y1=y + row - 2, x2=WIDTH - RIGHT, y2=y + row - 2, cls="grid"))
         for a in job.attempts:

@@ -27,7 +27,7 @@ from spotbroker.broker.money import dashboard, service
 HERE = Path(__file__).parent
 CSP = ("default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'self'; "
        "connect-src 'none'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
-HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "same-origin",
            "Cache-Control": "no-store", "X-Frame-Options": "DENY"}
 
 templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=True, trim_blocks=True,
@@ -115,7 +115,7 @@ def home(request: Request, days: Days = 30) -> Response:
     with request.app.state.session_factory() as s:
         teams = dashboard.overview(s, since, now, now)
     rows = [(t.team, t.total.cost, charts.PALETTE[0]) for t in teams]
-    return page("overview.html", teams=teams, chart=charts.bars(rows), since=since, until=now, days=days,
+    return page("overview.html", teams=teams, chart=charts.bars(rows, width=1000), since=since, until=now, days=days,
                 admin=True)
 
 
@@ -142,7 +142,8 @@ def _charts(data: dashboard.TeamPage, now) -> dict:
     money_rows = [("paid", total.cost, "#0072B2"), ("on demand would have cost", total.on_demand_cost, "#999999"),
                   ("saved", max(total.savings, 0.0), "#009E73"), ("wasted on lost work", total.wasted, "#D55E00")]
     return dict(
-        by_cloud=charts.stacked_days(data.days, data.by_cloud), by_gpu=charts.stacked_days(data.days, data.by_gpu),
+        by_cloud=charts.stacked_days(data.days, data.by_cloud, height=200),
+        by_gpu=charts.stacked_days(data.days, data.by_gpu, height=200),
         burn=charts.burn(data.budget, now) if data.budget else None, money_chart=charts.bars(money_rows),
         top=charts.bars([(j.name, j.cost, "#0072B2") for j in data.jobs]),
         timeline=charts.timeline(data.jobs, data.since, now) if data.jobs else None)

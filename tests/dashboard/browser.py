@@ -91,10 +91,16 @@ class Browser:
             if "method" in reply:
                 self.events.append(reply)
 
+    def _loaded(self, mark: int) -> None:
+        """Wait for the navigation begun after `mark` to commit and load."""
+        self.wait_event("Page.frameNavigated", mark)
+        committed = next(i for i, e in enumerate(self.events) if i >= mark and e["method"] == "Page.frameNavigated")
+        self.wait_event("Page.loadEventFired", committed + 1)
+
     def goto(self, url: str) -> None:
         mark = len(self.events)
         self.call("Page.navigate", session=True, url=url)
-        self.wait_event("Page.loadEventFired", mark)
+        self._loaded(mark)
 
     def submit(self, selector: str, fields: dict[str, str]) -> None:
         """Fill a form's fields and submit it as a person would (a POST
@@ -103,7 +109,7 @@ class Browser:
         fill = "".join(f"f.elements[{json.dumps(k)}].value = {json.dumps(v)};" for k, v in fields.items())
         self.evaluate(f"(() => {{ const f = document.querySelector({json.dumps(selector)}); {fill} "
                       "f.requestSubmit(); return true; })()")
-        self.wait_event("Page.loadEventFired", mark)
+        self._loaded(mark)
 
     def evaluate(self, expression: str):
         result = self.call("Runtime.evaluate", session=True, expression=expression, returnByValue=True)

@@ -19,6 +19,8 @@ from money.world import T0, FakeClock, World
 from sqlalchemy import select
 
 from spotbroker.api.app import create_app
+from spotbroker.broker.money.accrual import Accruer
+from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Checkpoint, Team
 
@@ -93,6 +95,8 @@ def site(settings, factory) -> Iterator[Site]:
             with factory() as s:
                 ids = dict(s.execute(select(Team.name, Team.id)).all())
             seed(factory, ids)
+            # The ledger written as the broker's accrual keeps it (at most a minute behind).
+            Accruer(factory, MoneySettings(_env_file=None), clock=clock, owner="seed").accrue(T0)
             r = client.put("/v1/teams/ml/budget", json={"amount": 2500, "period": "month"}, headers=ADMIN)
             assert r.status_code == 200, r.text
             yield Site(url, client, clock, tokens)
