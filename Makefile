@@ -27,6 +27,7 @@ services:
 	@scripts/ensure-postgres
 
 test: install services
+	@scripts/ensure-chromium
 	$(PY) -m pytest
 
 bench: install

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 
 from spotbroker.api import errors
 from spotbroker.api.batching import SubmissionBatcher
+from spotbroker.api.dashboard import routes as dashboard
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
 from spotbroker.api.routers import agent, budgets, costs, health, jobs, prices, teams, uploads
@@ -79,6 +80,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     app.include_router(prices.router)
     app.include_router(costs.router)
     app.include_router(budgets.router)
+    app.include_router(dashboard.router)
     # The request body is parsed by hand (JSON or YAML), and errors are
     # answered by handlers: publish both schemas.
     _publish_schema(app, JobSpec)

@@ -1,0 +1,105 @@
+"""A broker on a real socket, on a clock that stands still (so the page and
+the API are read at the same instant), with two teams' money seeded in its
+ledger's tables: jobs whose attempts ran on three clouds, one reclaimed
+after a checkpoint, one still running, and one job whose name is a script."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import httpx
+import pytest
+import uvicorn
+from conftest import ADMIN_TOKEN
+from money.world import T0, FakeClock, World
+from sqlalchemy import select
+
+from spotbroker.api.app import create_app
+from spotbroker.broker.money.accrual import Accruer
+from spotbroker.broker.money.settings import MoneySettings
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Checkpoint, Team
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+HOSTILE = "<script>document.body.dataset.pwned='yes'</script><img src=x onerror=\"document.title='pwned'\">"
+H = timedelta(hours=1)
+
+
+@dataclass
+class Site:
+    url: str
+    client: httpx.Client
+    clock: FakeClock
+    tokens: dict[str, str]
+
+    def bearer(self, team: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.tokens[team]}"}
+
+
+def serve(settings, clock) -> tuple[uvicorn.Server, threading.Thread]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        settings.port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, clock=clock, run_reconciler=False),
+                                           host="127.0.0.1", port=settings.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.02)
+    return server, thread
+
+
+def seed(factory, team_ids: dict[str, int]) -> None:
+    world = World(factory)
+    ml, vision = team_ids["ml"], team_ids["vision"]
+    pretrain = world.job(ml, "pretrain-llama")
+    first = world.attempt(pretrain, start=T0 - 72 * H, end=T0 - 44 * H, price=12.0, nodes=2,
+                          end_reason="preempted")
+    world.checkpoint(pretrain, first, T0 - 46 * H)
+    world.attempt(pretrain, start=T0 - 43 * H, end=T0 - 20 * H, price=9.5, nodes=2, cloud="gcp",
+                  region="us-central1", zone_id="us-central1-a", instance_type="a2-highgpu-8g")
+    finetune = world.job(ml, "finetune-h100")
+    world.attempt(finetune, start=T0 - 18 * H, price=40.0, spot=False, instance_type="p5.48xlarge",
+                  accelerator="H100", zone_id="use1-az2")       # still running
+    hostile = world.job(ml, HOSTILE)
+    world.attempt(hostile, start=T0 - 9 * H, end=T0 - 5 * H, price=3.1, cloud="azure", region="eastus",
+                  zone_id="1", instance_type="Standard_ND40rs_v2", accelerator="V100")
+    old = world.job(ml, "last-month")
+    world.attempt(old, start=T0 - 40 * 24 * H, end=T0 - 39 * 24 * H, price=5.0)   # outside 30 days
+    other = world.job(vision, "resnet")
+    world.attempt(other, start=T0 - 30 * H, end=T0 - 26 * H, price=2.0, cloud="gcp", region="us-central1",
+                  zone_id="us-central1-b", instance_type="g2-standard-8", accelerator="L4")
+    with transaction(factory) as s:
+        s.add(Checkpoint(job_id=pretrain, attempt_id=first, step=2, uri="s3://ckpt/ml/2", bytes=5 * 1024 ** 3,
+                         keep=True, committed_at=T0 - 45 * H))
+
+
+@pytest.fixture
+def site(settings, factory) -> Iterator[Site]:
+    clock = FakeClock(T0)
+    server, thread = serve(settings, clock)
+    url = f"http://127.0.0.1:{settings.port}"
+    try:
+        with httpx.Client(base_url=url, timeout=30) as client:
+            tokens = {}
+            for name in ("ml", "vision"):
+                r = client.post("/v1/teams", json={"name": name}, headers=ADMIN)
+                assert r.status_code == 201, r.text
+                tokens[name] = r.json()["token"]
+            with factory() as s:
+                ids = dict(s.execute(select(Team.name, Team.id)).all())
+            seed(factory, ids)
+            # The ledger written as the broker's accrual keeps it (at most a minute behind).
+            Accruer(factory, MoneySettings(_env_file=None), clock=clock, owner="seed").accrue(T0)
+            r = client.put("/v1/teams/ml/budget", json={"amount": 2500, "period": "month"}, headers=ADMIN)
+            assert r.status_code == 200, r.text
+            yield Site(url, client, clock, tokens)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
