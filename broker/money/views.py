@@ -48,6 +48,11 @@ class Report:
 # --- one job ---------------------------------------------------------------------------
 
 
+# The grain of the unwritten cost a reader adds (accrual writes at most a
+# minute apart, so the finest window, 5 minutes, is right to the minute).
+PENDING_STEP_S = 60.0
+
+
 def attempt_costs(session: Session, attempts: Iterable[Attempt], now: datetime) -> dict[int, float]:
     """attempt id -> dollars to now."""
     attempts = [a for a in attempts if a.started_at is not None]
@@ -127,7 +132,8 @@ def team_costs(session: Session, team_id: int, since: datetime, until: datetime,
         if group_by:
             groups[_key(group_by, tuple(row[:len(keys)]))].add(*values)
     for attempt, accrued_to in open_attempts(session, team_id):
-        drafts, _, _ = ledger.pending(session, attempt, accrued_to, min(now, until))
+        # Cut as accrual will write it, so each piece falls in the window it was spent in.
+        drafts, _, _ = ledger.pending(session, attempt, accrued_to, min(now, until), step_s=PENDING_STEP_S)
         for d in drafts:
             if since <= d.start_at < until:
                 total.add(d.amount, d.ondemand_amount, d.wasted, d.node_hours)

@@ -169,3 +169,18 @@ def test_team_view_groups_agree_with_the_total(factory, world, clock):
     assert sorted(jobs.names.values()) == ["a", "b"]
     with factory() as s:
         assert s.scalar(select(func.count()).select_from(LedgerEntry)) == 3 * 26 * 60  # one a minute each
+
+
+def test_unwritten_cost_falls_in_the_windows_it_was_spent_in(factory, world, clock):
+    """Before accrual catches up (a broker that was down), what readers add
+    for the unwritten time is spread over that time, as accrual will write it:
+    the last hour's spend of a three-hour run is one hour's, not three."""
+    team = world.team()
+    job = world.job(team)
+    world.attempt(job, price=3.0, spot=False)
+    clock.advance(hours=3)
+    with factory() as s:
+        last_hour = views.spend(s, team, clock.now() - H, clock.now())
+        days = views.team_costs(s, team, T0 - 30 * H, clock.now() + H, "day", clock.now())
+    assert last_hour == pytest.approx(3.0)
+    assert days.total.cost == pytest.approx(9.0)
