@@ -12,7 +12,7 @@ from spotbroker.api import errors
 from spotbroker.api.batching import SubmissionBatcher
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
-from spotbroker.api.routers import agent, budgets, costs, health, jobs, prices, teams, uploads
+from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, teams, uploads
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.spec import JobSpec
@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     app.include_router(prices.router)
     app.include_router(costs.router)
     app.include_router(budgets.router)
+    app.include_router(metrics.router)
     # The request body is parsed by hand (JSON or YAML), and errors are
     # answered by handlers: publish both schemas.
     _publish_schema(app, JobSpec)
