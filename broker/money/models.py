@@ -150,3 +150,18 @@ class Notification(Base):
     sent_at: Mapped[datetime | None]
     last_error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime]
+
+
+class CheckpointTier(Base):
+    """A checkpoint whose objects the broker moved to the cold tier (an
+    archival storage class), and, once a resume asked for it, since when a
+    restore runs. No row: the checkpoint is in the storage's standard class."""
+
+    __tablename__ = "checkpoint_tiers"
+    __table_args__ = (Index("ix_checkpoint_tiers_team_id", "team_id"),)
+
+    checkpoint_id: Mapped[int] = mapped_column(ForeignKey("checkpoints.id", ondelete="CASCADE"), primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    storage_class: Mapped[str] = mapped_column(String(32))
+    archived_at: Mapped[datetime]
+    restore_requested_at: Mapped[datetime | None]

@@ -1,0 +1,42 @@
+"""checkpoint tiers: which committed checkpoints the broker moved to the
+cold tier, and since when a restore of one runs
+
+Revision ID: 0007
+Revises: 0006
+Create Date: 2026-11-25
+"""
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+import spotbroker.broker.store.db
+
+revision = '0007'
+down_revision = '0006'
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    op.create_table('checkpoint_tiers',
+    sa.Column('checkpoint_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+    sa.Column('team_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+    sa.Column('storage_class', sa.String(length=32), nullable=False),
+    sa.Column('archived_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=False),
+    sa.Column('restore_requested_at', spotbroker.broker.store.db.UTCDateTime(timezone=True), nullable=True),
+    sa.ForeignKeyConstraint(['checkpoint_id'], ['checkpoints.id'],
+                            name=op.f('fk_checkpoint_tiers_checkpoint_id_checkpoints'), ondelete='CASCADE'),
+    sa.ForeignKeyConstraint(['team_id'], ['teams.id'], name=op.f('fk_checkpoint_tiers_team_id_teams'),
+                            ondelete='CASCADE'),
+    sa.PrimaryKeyConstraint('checkpoint_id', name=op.f('pk_checkpoint_tiers'))
+    )
+    with op.batch_alter_table('checkpoint_tiers', schema=None) as batch_op:
+        batch_op.create_index('ix_checkpoint_tiers_team_id', ['team_id'], unique=False)
+
+
+def downgrade() -> None:
+    with op.batch_alter_table('checkpoint_tiers', schema=None) as batch_op:
+        batch_op.drop_index('ix_checkpoint_tiers_team_id')
+
+    op.drop_table('checkpoint_tiers')
