@@ -13,7 +13,7 @@ from spotbroker.api.batching import SubmissionBatcher
 from spotbroker.api.dashboard import routes as dashboard
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
-from spotbroker.api.routers import agent, budgets, costs, health, jobs, prices, teams, uploads
+from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, teams, uploads
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.spec import JobSpec
@@ -81,6 +81,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     app.include_router(costs.router)
     app.include_router(budgets.router)
     app.include_router(dashboard.router)
+    app.include_router(metrics.router)
     # The request body is parsed by hand (JSON or YAML), and errors are
     # answered by handlers: publish both schemas.
     _publish_schema(app, JobSpec)

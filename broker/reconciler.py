@@ -52,6 +52,7 @@ from spotbroker.broker.launch.base import (
 )
 from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
+from spotbroker.broker.money import storage as checkpoint_storage
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
@@ -255,7 +256,8 @@ class Reconciler:
         fail over to; (None, ()) when it is to wait, or cannot run at all."""
         spec = JobSpec.model_validate(job.spec)
         now = self.clock.now()
-        hold = self._hold_reason(spec) or hardcap.budget_hold(session, job, self.clock)
+        hold = (self._hold_reason(spec) or hardcap.budget_hold(session, job, self.clock)
+                or checkpoint_storage.resume_hold(session, job, now))
         if hold is not None:
             transition(session, job, J.HELD, reason=hold, clock=self.clock)
             job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
@@ -300,7 +302,8 @@ class Reconciler:
     def _reconsider_hold(self, session: Session, job: Job) -> None:
         """A HELD job goes back to being placed once what held it is gone; it is
         looked at again every placement interval until then."""
-        if (self._hold_reason(JobSpec.model_validate(job.spec)) or hardcap.budget_hold(session, job, self.clock)):
+        if (self._hold_reason(JobSpec.model_validate(job.spec)) or hardcap.budget_hold(session, job, self.clock)
+                or checkpoint_storage.resume_hold(session, job, self.clock.now())):
             job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
             return
         back = J.RECOVERING if job.attempts else J.PENDING

@@ -171,6 +171,11 @@ class Storage:
     def is_local(self) -> bool:
         return self._local_root is not None
 
+    @property
+    def location(self) -> tuple[str, str]:
+        """(bucket or container, the root's path in it); ("", path) on a local disk."""
+        return self._bucket, self._path
+
     def url(self, key: str = "") -> str:
         """The full URI of ``key``."""
         return join_uri(self.uri, key)

@@ -10,6 +10,7 @@ from spotbroker.agent import protocol
 from spotbroker.broker.jobs import uploads
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import CodeRef, LaunchError, LaunchRequest
+from spotbroker.broker.money import storage as checkpoint_storage
 from spotbroker.broker.pricing.offers import Placement
 from spotbroker.broker.recovery.agent_channel import agent_token, newest_checkpoint
 from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
@@ -29,6 +30,9 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
                           accelerator=attempt.accelerator, accelerator_count=attempt.accelerator_count,
                           use_spot=attempt.use_spot, price_per_hour=attempt.price_per_hour)
     resume = newest_checkpoint(session, job.id)
+    cold = checkpoint_storage.cold_reason(session, resume)
+    if cold is not None:  # never handed to a node as RESUME_FROM: it could not read it
+        raise LaunchError(f"not launched: {cold}")
     extra = {
         protocol.ENV_JOB_ID: str(job.id), protocol.ENV_ATTEMPT_ID: str(attempt.id),
         protocol.ENV_CHECKPOINT_ROOT: job_uri,

@@ -1,7 +1,8 @@
 """The money's background work in `serve`: one thread that, each tick,
 accrues the ledger (when due, under its lease), then evaluates the budgets'
 alerts, applies the hard cap's `stop_running` and delivers the outbox (when
-due, under the alerting lease). With several brokers on one database each
+due, under the alerting lease), then moves old checkpoints to the cold tier
+(hourly, under its own lease). With several brokers on one database each
 duty runs in one of them at a time. Time comes from the injected clock."""
 from __future__ import annotations
 
@@ -13,13 +14,14 @@ from dataclasses import dataclass
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.money import alerts, hardcap, leases, notify
+from spotbroker.broker.money import alerts, hardcap, leases, notify, storage
 from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 
 log = logging.getLogger("spotbroker.money")
 LEASE = "alerts"
+ARCHIVE_LEASE = "archive"
 
 
 @dataclass
@@ -59,8 +61,21 @@ class MoneyLoop:
         finally:
             leases.release(self.factory, LEASE, self.owner)
 
+    def archive_pass(self) -> storage.ArchiveStats | None:
+        """Move checkpoints past the retention to the cold tier, if due and
+        this broker gets the lease."""
+        now = self.clock.now()
+        taken, _ = leases.claim(self.factory, ARCHIVE_LEASE, self.owner, now, every_s=self.settings.archive_interval,
+                                hold_s=max(self.settings.lease_seconds, 3600))
+        if not taken:
+            return None
+        try:
+            return storage.archive_due(self.factory, self.settings, now)
+        finally:
+            leases.release(self.factory, ARCHIVE_LEASE, self.owner)
+
     def tick(self) -> None:
-        for duty in (self.accruer.pass_once, self.alert_pass):
+        for duty in (self.accruer.pass_once, self.alert_pass, self.archive_pass):
             try:
                 duty()
             except Exception:  # a duty must never end the loop; its next turn carries on

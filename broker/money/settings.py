@@ -1,6 +1,8 @@
 """Money settings, from `SPOTBROKER_MONEY_*` environment variables."""
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -20,6 +22,21 @@ class MoneySettings(BaseSettings):
     notify_max_tries: int = Field(20, ge=1)
     notify_retry_seconds: float = Field(5.0, gt=0)
     notify_timeout: float = Field(10.0, gt=0)
+    # Checkpoint storage: committed checkpoints older than this many days
+    # move to the cold tier (but `keep` ones, and local-disk ones), checked
+    # every `archive_interval` seconds; `cold_storage_class` is the S3 class.
+    checkpoint_retention_days: float = Field(90.0, gt=0)
+    archive_interval: float = Field(3600.0, gt=0)
+    cold_storage_class: Literal["GLACIER", "DEEP_ARCHIVE"] = "GLACIER"
+    # A restored cold checkpoint stays readable this long (S3's restore Days),
+    # and the restore's speed (S3 Glacier: Expedited, Standard, Bulk).
+    restore_days: int = Field(7, ge=1, le=365)
+    restore_tier: Literal["Expedited", "Standard", "Bulk"] = "Standard"
+    # $ per GB-month, for the dashboard's storage cost (S3 us-east-1 list
+    # prices: STANDARD 0.023, GLACIER Flexible Retrieval 0.0036, DEEP_ARCHIVE 0.00099).
+    storage_price_standard: float = Field(0.023, ge=0)
+    storage_price_glacier: float = Field(0.0036, ge=0)
+    storage_price_deep_archive: float = Field(0.00099, ge=0)
     # Bearer token that may scrape /metrics (the admin token may too):
     # SPOTBROKER_METRICS_TOKEN, named as operators expect it.
     metrics_token: SecretStr | None = Field(None, validation_alias="SPOTBROKER_METRICS_TOKEN")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import pytest
 from money.world import FakeClock, World
+from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
 
 
 @pytest.fixture

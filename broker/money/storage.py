@@ -1,0 +1,167 @@
+"""What checkpoints cost to keep, and the cold tier that makes old ones cheap.
+
+- **Archive**: a committed checkpoint older than the retention
+  (`SPOTBROKER_MONEY_CHECKPOINT_RETENTION_DAYS`, 90) moves to the cold tier
+  (the S3 class `SPOTBROKER_MONEY_COLD_STORAGE_CLASS`, GLACIER by default)
+  through the storage layer, except one marked `keep` (the gold weights).
+  Its data objects move; its MANIFEST.json stays in the standard class, so
+  what it holds can still be read and verified. A row in
+  `checkpoint_tiers` says it is cold. Only S3 has a cold tier here: a
+  checkpoint on a local disk stays where it is, and GCS's Archive and
+  Azure's Archive tier are not built (such checkpoints are counted as left).
+- **Resume**: a job whose newest checkpoint is cold is not launched with it.
+  The reconciler holds the job (HELD, saying why) and a restore is asked
+  for; once every object is readable again it is copied back to the
+  standard class, the row goes, and the job is placed as usual. A launch
+  request refuses a cold checkpoint outright (LaunchError), so no attempt
+  is ever handed one as RESUME_FROM.
+- **Summary**: `storage_summary(session, team_id)`: a team's checkpoint
+  bytes by class and their monthly cost, for the dashboard.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from spotbroker.agent import protocol
+from spotbroker.agent.checkpoint.coldtier import ColdTier
+from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.broker.money.models import CheckpointTier
+from spotbroker.broker.money.settings import MoneySettings, get_money_settings
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Checkpoint, Job
+
+log = logging.getLogger("spotbroker.money")
+BATCH = 200          # checkpoints archived per pass (the rest wait for the next)
+GIB = 2**30          # S3 bills a GB-month of 2^30 bytes
+
+
+@dataclass
+class ArchiveStats:
+    archived: int = 0
+    objects: int = 0
+    left: int = 0       # not on S3 (a local disk, GCS, Azure): no cold tier built for them
+    failed: int = 0
+
+
+def _data_keys(storage: Storage) -> list[str]:
+    """The checkpoint's objects but its manifest (which stays readable)."""
+    return [o.key for o in storage.list() if o.key != protocol.MANIFEST]
+
+
+def archive_due(factory: sessionmaker[Session], settings: MoneySettings, now: datetime) -> ArchiveStats:
+    """Move committed checkpoints past the retention to the cold tier."""
+    stats = ArchiveStats()
+    cutoff = now - timedelta(days=settings.checkpoint_retention_days)
+    with factory() as session:
+        due = session.execute(
+            select(Checkpoint.id, Checkpoint.uri, Job.team_id).join(Job, Job.id == Checkpoint.job_id)
+            .outerjoin(CheckpointTier, CheckpointTier.checkpoint_id == Checkpoint.id)
+            .where(Checkpoint.committed_at < cutoff, Checkpoint.keep.is_(False),
+                   CheckpointTier.checkpoint_id.is_(None))
+            .order_by(Checkpoint.id).limit(BATCH)).all()
+    for checkpoint_id, uri, team_id in due:
+        if not uri.startswith(("s3://", "s3a://")):
+            stats.left += 1
+            continue
+        try:
+            storage = Storage(uri)
+            cold = ColdTier(storage)
+            keys = _data_keys(storage)
+            for key in keys:
+                cold.move(key, settings.cold_storage_class)
+        except Exception as exc:  # storage down or refusing: the next pass tries again
+            stats.failed += 1
+            log.warning("checkpoint %d: not archived (%s)", checkpoint_id, type(exc).__name__)
+            continue
+        with transaction(factory) as session:
+            session.add(CheckpointTier(checkpoint_id=checkpoint_id, team_id=team_id,
+                                       storage_class=settings.cold_storage_class, archived_at=now))
+        stats.archived += 1
+        stats.objects += len(keys)
+    return stats
+
+
+def cold_reason(session: Session, checkpoint: Checkpoint | None) -> str | None:
+    """Why `checkpoint` cannot be resumed from now (None: it can)."""
+    if checkpoint is None:
+        return None
+    tier = session.get(CheckpointTier, checkpoint.id)
+    if tier is None:
+        return None
+    return (f"its newest checkpoint (step {checkpoint.step}) is in the cold tier ({tier.storage_class}, "
+            f"archived {tier.archived_at:%Y-%m-%d}) and must be restored before a new attempt can resume from it")
+
+
+def resume_hold(session: Session, job: Job, now: datetime, settings: MoneySettings | None = None) -> str | None:
+    """The reconciler's question before it places a job: is its newest
+    checkpoint cold? If so a restore is asked for (once), and the job is
+    held until every object is readable; then they are copied back to the
+    standard class and the job may launch (None)."""
+    newest = session.scalar(select(Checkpoint).where(Checkpoint.job_id == job.id)
+                            .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
+    why = cold_reason(session, newest)
+    if why is None:
+        return None
+    settings = settings or get_money_settings()
+    tier = session.get(CheckpointTier, newest.id)
+    try:
+        storage = Storage(newest.uri)
+        cold, keys = ColdTier(storage), _data_keys(storage)
+        if tier.restore_requested_at is None:
+            for key in keys:
+                cold.restore(key, days=settings.restore_days, speed=settings.restore_tier)
+            tier.restore_requested_at = now
+            return f"{why}: a restore ({settings.restore_tier}) was asked for; the job launches once it is done"
+        if not all(cold.tier(key).readable for key in keys):
+            return (f"{why}: the restore asked for at {tier.restore_requested_at:%Y-%m-%d %H:%M} UTC is not "
+                    "done yet (S3 Glacier takes hours)")
+        for key in keys:
+            cold.move(key, "STANDARD")
+    except Exception as exc:  # storage down: hold, and ask again on the next look
+        return f"{why}; its storage could not be reached to restore it ({type(exc).__name__})"
+    session.delete(tier)
+    session.flush()
+    log.info("checkpoint %d restored from the cold tier for job %d", newest.id, job.id)
+    return None
+
+
+@dataclass
+class StorageSummary:
+    """A team's checkpoints: how many, their bytes by storage class, and what
+    a month of keeping them costs at the configured prices."""
+
+    checkpoints: int = 0
+    bytes_by_class: dict[str, int] = field(default_factory=dict)
+    monthly_cost_by_class: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.bytes_by_class.values())
+
+    @property
+    def monthly_cost(self) -> float:
+        return sum(self.monthly_cost_by_class.values())
+
+
+def storage_summary(session: Session, team_id: int, settings: MoneySettings | None = None) -> StorageSummary:
+    """A team's checkpoint storage and its monthly cost, from the database
+    (the bytes each checkpoint's agent reported; cold ones by their class)."""
+    settings = settings or get_money_settings()
+    prices = {"STANDARD": settings.storage_price_standard, "GLACIER": settings.storage_price_glacier,
+              "DEEP_ARCHIVE": settings.storage_price_deep_archive}
+    out = StorageSummary()
+    for cold, count, size in session.execute(
+            select(CheckpointTier.storage_class, func.count(), func.coalesce(func.sum(Checkpoint.bytes), 0))
+            .join(Job, Job.id == Checkpoint.job_id)
+            .outerjoin(CheckpointTier, CheckpointTier.checkpoint_id == Checkpoint.id)
+            .where(Job.team_id == team_id).group_by(CheckpointTier.storage_class)):
+        cls = cold or "STANDARD"
+        out.checkpoints += count
+        out.bytes_by_class[cls] = int(size)
+        out.monthly_cost_by_class[cls] = int(size) / GIB * prices.get(cls, settings.storage_price_standard)
+    return out

@@ -1,0 +1,96 @@
+"""/metrics: what Prometheus reads (parsed with prometheus_client's own
+parser) equals what the database holds, for every team; and only the
+metrics token or the admin token may scrape it."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from conftest import ADMIN_TOKEN
+from money.world import T0
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from spotbroker.broker.money import budgets
+from spotbroker.broker.money.accrual import Accruer
+from spotbroker.broker.money.metrics import MoneyCollector
+from spotbroker.broker.money.settings import MoneySettings
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Checkpoint, Job
+
+H = timedelta(hours=1)
+
+
+def scrape(text: str) -> dict[tuple[str, tuple], float]:
+    """Every sample, by (name, sorted labels)."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def seed(factory, world, clock) -> None:
+    ml, cv = world.team("ml"), world.team("cv")
+    running = world.job(ml, "big")
+    world.attempt(running, start=T0 - 2 * H, price=3.0, nodes=2)
+    with transaction(factory) as s:
+        budgets.put(s, ml, budgets.BudgetIn(amount=100, period="month"), clock)
+    recovering = world.job(cv, "small", state="RECOVERING")
+    lost = world.attempt(recovering, start=T0 - 3 * H, end=T0 - 2 * H, price=1.0, cloud="gcp",
+                         end_reason="preempted")
+    waiting = world.job(cv, "later", state="PENDING")
+    with transaction(factory) as s:
+        s.get(Job, recovering).recoveries = 1
+        s.get(Job, waiting).reason = "waiting: spot capacity is scarce in every zone"
+        for step, seconds, reason in ((1, 3.0, "flush"), (2, 40.0, "flush"), (3, 100.0, "periodic")):
+            s.add(Checkpoint(job_id=recovering, attempt_id=lost, step=step, uri=f"file:///c/{step}", bytes=1,
+                             seconds=seconds, reason=reason, keep=False, committed_at=T0 - 2 * H))
+    Accruer(factory, MoneySettings(_env_file=None), clock=clock).accrue(clock.now())
+
+
+def test_the_scrape_reads_money_jobs_flushes_and_placements_from_the_database(factory, world, clock):
+    seed(factory, world, clock)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MoneyCollector(factory, clock))
+    got = scrape(generate_latest(registry).decode())
+
+    ml, cv = (("team", "ml"),), (("team", "cv"),)
+    assert got[("spotbroker_team_cost_month_dollars", ml)] == pytest.approx(12.0)   # 2 h x 2 nodes x $3
+    assert got[("spotbroker_team_cost_month_dollars", cv)] == pytest.approx(1.0)
+    assert got[("spotbroker_team_spend_rate_dollars_per_hour", ml)] == pytest.approx(6.0)
+    even = 100 / (31 * 24)                                                          # March
+    month = (("period", "month"), ("team", "ml"))
+    assert got[("spotbroker_team_burn_rate", month)] == pytest.approx(6.0 / even)
+    assert got[("spotbroker_team_budget_remaining_dollars", month)] == pytest.approx(88.0)
+    assert ("spotbroker_team_budget_remaining_dollars", (("period", "month"), ("team", "cv"))) not in got
+    assert got[("spotbroker_jobs", (("state", "RUNNING"), ("team", "ml")))] == 1
+    assert got[("spotbroker_jobs", (("state", "PENDING"), ("team", "cv")))] == 1
+    assert got[("spotbroker_preemptions_total", (("cloud", "gcp"), ("team", "cv")))] == 1
+    assert got[("spotbroker_recoveries_total", cv)] == 1 and got[("spotbroker_recoveries_total", ml)] == 0
+    # Flushes only (the periodic checkpoint is no flush): 3 s and 40 s.
+    assert got[("spotbroker_checkpoint_flush_seconds_count", cv)] == 2
+    assert got[("spotbroker_checkpoint_flush_seconds_sum", cv)] == pytest.approx(43.0)
+    assert got[("spotbroker_checkpoint_flush_seconds_bucket", (("le", "5.0"), ("team", "cv")))] == 1
+    assert got[("spotbroker_checkpoint_flush_seconds_bucket", (("le", "60.0"), ("team", "cv")))] == 2
+    assert got[("spotbroker_placement_decisions_total",
+                (("cloud", "aws"), ("market", "spot"), ("team", "ml")))] == 1
+    assert got[("spotbroker_jobs_waiting_for_placement", cv)] == 1
+
+    clock.advance(hours=1)   # another hour accrued: the next scrape says so, with nothing kept in memory
+    Accruer(factory, MoneySettings(_env_file=None), clock=clock).accrue(clock.now())
+    again = scrape(generate_latest(registry).decode())
+    assert again[("spotbroker_team_cost_month_dollars", ml)] == pytest.approx(18.0)
+
+
+def test_only_the_metrics_token_or_the_admin_token_scrapes(api, team_headers, monkeypatch):
+    monkeypatch.setenv("SPOTBROKER_METRICS_TOKEN", "prometheus-scrape-secret")
+    team = team_headers("ml")
+    for headers in ({}, {"Authorization": "Bearer nope"}, {"Authorization": "Basic YTpi"}):
+        r = api.get("/metrics", headers=headers)
+        assert r.status_code == 401 and r.headers["content-type"] == "application/problem+json"
+    r = api.get("/metrics", headers=team)
+    assert r.status_code == 403 and "SPOTBROKER_METRICS_TOKEN" in r.json()["detail"]
+    for token in ("prometheus-scrape-secret", ADMIN_TOKEN):
+        r = api.get("/metrics", headers={"Authorization": f"Bearer {token}"})
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        assert scrape(r.text)[("spotbroker_team_cost_month_dollars", (("team", "ml"),))] == 0.0
+    schema = api.get("/openapi.json").json()["paths"]["/metrics"]["get"]["responses"]
+    assert {"200", "401", "403"} <= set(schema)
