@@ -65,7 +65,7 @@ def get_budget(request: Request, session: SessionDep, principal: Caller, name: T
 def put_budget(request: Request, body: budgets.BudgetIn, name: TeamName, _: Admin) -> BudgetOut:
     """Set a team's budget (replacing the previous one). Targets' URLs are
     secrets: stored, never answered back. Raising it releases held jobs."""
-    for i, target in enumerate(body.targets):
+    for i, target in enumerate(body.targets or []):
         problem = target.problem()
         if problem:
             raise invalid([{"field": f"targets.{i}.{problem[0]}", "message": problem[1]}])

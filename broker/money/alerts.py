@@ -71,6 +71,8 @@ def gather(session: Session, now: datetime) -> dict[int, Spend]:
                            .where(LedgerEntry.start_at >= since, LedgerEntry.start_at < now)
                            .group_by(LedgerEntry.team_id))
     for team_id, day, week, month, *windows in rows:
+        if team_id not in out:  # its budget was set after `kinds` was read: the next pass sees it
+            continue
         s = out[team_id]
         s.period = {"day": day, "week": week, "month": month}[kinds[team_id]] or 0.0
         s.windows = {k: v or 0.0 for k, v in zip(WINDOWS, windows, strict=True)}
@@ -78,7 +80,8 @@ def gather(session: Session, now: datetime) -> dict[int, Spend]:
             select(Job.team_id, func.sum(Attempt.price_per_hour * Attempt.num_nodes))
             .join(Job, Job.id == Attempt.job_id).join(Budget, Budget.team_id == Job.team_id)
             .where(Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])).group_by(Job.team_id)):
-        out[team_id].committed_rate = rate or 0.0
+        if team_id in out:
+            out[team_id].committed_rate = rate or 0.0
     return out
 
 

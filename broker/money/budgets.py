@@ -78,13 +78,14 @@ class Target(BaseModel):
 
 class BudgetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    amount: float = Field(gt=0, le=1e9, description="dollars per period")
+    amount: float = Field(ge=0.01, le=1e9, description="dollars per period (at least a cent)")
     period: Literal["day", "week", "month"] = "month"
     hard_cap_action: Literal["hold_new", "stop_running"] = Field("hold_new", description=(
         "over budget: hold new jobs, or also stop running ones (checkpoints kept)"))
     recoveries: Literal["allow", "hold"] = Field("allow", description="over budget: recover preempted jobs, or hold")
     rules: Rules = Field(default_factory=Rules)
-    targets: list[Target] = Field(default_factory=list, max_length=10)
+    targets: list[Target] | None = Field(None, max_length=10, description=(
+        "notification targets (write-only); omitted: the ones already set are kept, [] clears them"))
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,11 @@ def put(session: Session, team_id: int, body: BudgetIn, clock: Clock = SYSTEM_CL
     values: dict[str, Any] = dict(
         amount=body.amount, period=body.period, hard_cap_action=body.hard_cap_action,
         recoveries=body.recoveries, rules=body.rules.model_dump(),
-        targets=[t.model_dump(by_alias=True, exclude_none=True) for t in body.targets], updated_at=now)
+        updated_at=now)
+    if body.targets is not None:
+        values["targets"] = [t.model_dump(by_alias=True, exclude_none=True) for t in body.targets]
+    elif row is None:
+        values["targets"] = []
     if row is None:
         row = Budget(team_id=team_id, created_at=now, **values)
         session.add(row)

@@ -70,3 +70,18 @@ def test_over_budget_a_new_job_is_held_and_raising_the_budget_releases_it(api, t
                                                                      headers=a).json()["events"]
              if e["type"] == "job_state"]
     assert moves[:2] == [("PENDING", "HELD"), ("HELD", "PENDING")]
+
+
+def test_a_new_amount_keeps_the_write_only_targets_unless_they_are_sent(api, team_headers):
+    """Targets are write-only: a client that changes the amount cannot send
+    them back, so a PUT without `targets` keeps them (`[]` clears them)."""
+    team_headers("a")
+    first = {"amount": 100, "targets": [{"name": "slack", "kind": "webhook", "url": SECRET}]}
+    assert api.put("/v1/teams/a/budget", json=first, headers=ADMIN).status_code == 200
+    raised = api.put("/v1/teams/a/budget", json={"amount": 200}, headers=ADMIN)
+    assert raised.status_code == 200 and raised.json()["amount"] == 200
+    assert [t["name"] for t in raised.json()["targets"]] == ["slack"]
+    cleared = api.put("/v1/teams/a/budget", json={"amount": 200, "targets": []}, headers=ADMIN)
+    assert cleared.json()["targets"] == []
+    tiny = api.put("/v1/teams/a/budget", json={"amount": 1e-300}, headers=ADMIN)
+    assert tiny.status_code == 422 and tiny.json()["errors"][0]["field"] == "amount"
