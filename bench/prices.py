@@ -4,8 +4,11 @@
 
 Prints, per database:
 1. the ranked-offers query over >= 50,000 current offers: p50/p99 in-process
-   (`ranked_prices`, the `/v1/prices` query; `rank_offers`, the placement
-   path) and over HTTP (`GET /v1/prices` on a real server);
+   (`ranked_prices`, the `/v1/prices` query; `rank_offers` and the
+   placement pass's `Placer._candidates`, the placement path) and over HTTP
+   (`GET /v1/prices` on a real server, in this process: the CPU time per
+   request counts client and server, and does not depend on the machine's
+   load as the wall-clock percentiles do);
 2. a full refresh of each live source from the local fakes at a real API's
    volume (AWS ~30 regions through moto's server, Azure's GPU meters in 64
    regions, GCP's SKUs for 128 regions): seconds, rows written per second,
@@ -17,6 +20,7 @@ Prints, per database:
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -34,10 +38,12 @@ from _db import temporary_database  # noqa: E402
 from spotbroker.broker import migrate  # noqa: E402
 from spotbroker.broker.db import make_engine, make_session_factory, transaction  # noqa: E402
 from spotbroker.broker.offers import rank_offers  # noqa: E402
+from spotbroker.broker.placement import Placer  # noqa: E402
 from spotbroker.broker.pricing import catalog, fake_data, fakes, store  # noqa: E402
 from spotbroker.broker.pricing.query import PriceQuery, ranked_prices  # noqa: E402
 from spotbroker.broker.pricing.settings import PricingSettings  # noqa: E402
 from spotbroker.broker.pricing.tracker import PriceTracker  # noqa: E402
+from spotbroker.broker.settings import Settings  # noqa: E402
 from spotbroker.broker.spec import JobSpec  # noqa: E402
 
 NOW = datetime(2026, 11, 25, tzinfo=UTC)
@@ -53,14 +59,22 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def timed(fn, n: int) -> tuple[float, float]:
+def timed(fn, n: int, cpu: list[float] | None = None) -> tuple[float, float]:
+    """p50 and p99 wall-clock ms of `fn`; the mean CPU ms is appended to `cpu`."""
     fn()  # warm
     samples = []
+    c = time.process_time()
     for _ in range(n):
         t = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t) * 1000)
+    if cpu is not None:
+        cpu.append((time.process_time() - c) * 1000 / n)
     return statistics.median(samples), pct(samples, 0.99)
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def many_offers(n: int) -> list[catalog.OfferRow]:
@@ -96,6 +110,14 @@ def query_figures(factory, settings: PricingSettings) -> None:
         spec = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "A100:8"}})
         p50, p99 = timed(lambda: rank_offers(s, spec), 200)
         print(f"    rank_offers (placement) A100:8                 p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+        placer = Placer(Settings(database_url="sqlite://", admin_token="bench-admin", secret_key="bench",
+                                 _env_file=None))
+
+        def candidates() -> None:
+            placer.new_pass()
+            placer._candidates(s, spec, "A100:8")
+        p50, p99 = timed(candidates, 200)
+        print(f"    Placer._candidates (a pass) A100:8             p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
 
 
 def serve(url: str, data_dir: Path):
@@ -143,8 +165,10 @@ def over_http(url: str, data_dir: Path) -> None:
             def get(params=params):
                 r = client.get("/v1/prices", params=params)
                 assert r.status_code == 200, r.text
-            p50, p99 = timed(get, 200)
-            print(f"    GET /v1/prices {name:37} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+            cpu: list[float] = []
+            p50, p99 = timed(get, 200, cpu)
+            print(f"    GET /v1/prices {name:37} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+                  f"CPU {cpu[0]:5.2f} ms/request")
     finally:
         stop()
 
@@ -226,7 +250,7 @@ def history_figures(factory, offers_by_cloud: dict[str, int]) -> None:
         n = len(store.history(s, "aws", key.zone_id, key.instance_type))
         p50, p99 = timed(lambda: store.history(s, "aws", key.zone_id, key.instance_type,
                                                since=NOW + timedelta(days=2)), 100)
-    print(f"    90-day series of one offer ({n:,} samples): p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+    print(f"    90-day series of one offer ({n:,} samples): p50 {p50:.2f} ms  p99 {p99:.2f} ms ({load()})")
 
 
 class _Skip(Exception):
@@ -248,7 +272,7 @@ def main() -> None:
             migrate.upgrade(engine)
             factory = make_session_factory(engine)
             try:
-                print(f"\n== {kind} ==")
+                print(f"\n== {kind} == ({load()})")
                 if "1" not in parts:
                     raise _Skip
                 rows = many_offers(args.offers)
@@ -257,6 +281,7 @@ def main() -> None:
                       f"{len(rows) / took:,.0f} rows/s)")
                 query_figures(factory, settings)
                 over_http(url, Path(tmp))
+                print(f"    ({load()})")
             except _Skip:
                 pass
             finally:
