@@ -71,6 +71,22 @@ def azure_skus(scale: int = 1) -> list[dict[str, Any]]:
     return list(by_size.values())
 
 
+def azure_evictions(scale: int = 1) -> list[dict[str, Any]]:
+    """Resource Graph `SpotResources` eviction-rate rows for the snapshot's
+    spot GPU sizes, a band each (lower-cased names, as the table has them)."""
+    bands = ("0-5", "5-10", "10-15", "15-20", "20+")
+    rows = []
+    for r in _raw("azure_vms_gpu.csv"):
+        if not r["SpotPrice"]:
+            continue
+        for region in _region_copies(r["Region"], scale):
+            sku = r["InstanceType"].lower()
+            rows.append({"id": f"/subscriptions/x/providers/Microsoft.Compute/skuSpotEvictionRate/{sku}/"
+                               f"location/{region}", "skuName": sku, "location": region,
+                         "evictionRate": bands[sum(map(ord, sku + region)) % 5]})
+    return rows
+
+
 # --- GCP ----------------------------------------------------------------------------------
 
 # The series name in each Compute Engine SKU description, per machine family

@@ -5,7 +5,9 @@ what a cloud once charged.
 
 One server answers every API on its own path:
 - Azure Retail Prices: `GET /api/retail/prices` (`Items`, `NextPageLink`);
-- Azure management: `GET /subscriptions/{id}/providers/Microsoft.Compute/skus`;
+- Azure management: `GET /subscriptions/{id}/providers/Microsoft.Compute/skus`,
+  and Resource Graph `POST /providers/Microsoft.ResourceGraph/resources`
+  (a bearer token required; `data`, `$skipToken`);
 - GCP Cloud Billing Catalog: `GET /v1/services/{service}/skus` (`nextPageToken`);
 - GCP Compute Engine: `GET /compute/v1/projects/{p}/aggregated/machineTypes`
   and `.../aggregated/acceleratorTypes` (`items` by zone scope, a
@@ -18,6 +20,7 @@ lands.
 """
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -34,6 +37,7 @@ from urllib.parse import parse_qs, urlencode, urlparse
 class FakeClouds:
     azure_items: list[dict[str, Any]] = field(default_factory=list)
     azure_skus: list[dict[str, Any]] = field(default_factory=list)
+    azure_evictions: list[dict[str, Any]] = field(default_factory=list)  # SpotResources rows
     gcp_skus: list[dict[str, Any]] = field(default_factory=list)
     gcp_machine_types: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (zone, entry)
     gcp_accelerator_types: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
@@ -84,6 +88,8 @@ class FakeClouds:
             self._send(h, 200, self.aws_advisor)
         elif url.path == "/api/retail/prices":
             self._azure_prices(h, query)
+        elif method == "POST" and url.path == "/providers/Microsoft.ResourceGraph/resources":
+            self._azure_graph(h, json.loads(body or b"{}"))
         elif url.path.endswith("/providers/Microsoft.Compute/skus"):
             self._send(h, 200, {"value": self.azure_skus})
         elif url.path.startswith("/v1/services/") and url.path.endswith("/skus"):
@@ -132,6 +138,23 @@ class FakeClouds:
         self._send(h, 200, {"BillingCurrency": "USD", "CustomerEntityId": "Default",
                             "CustomerEntityType": "Retail", "Items": chunk, "NextPageLink": next_link,
                             "Count": len(chunk)})
+
+    def _azure_graph(self, h: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
+        if not h.headers.get("Authorization", "").startswith("Bearer "):
+            return self._send(h, 401, {"error": {"code": "AuthenticationFailed", "message": "no token"}})
+        if "skuspotevictionrate" not in req.get("query", ""):
+            return self._send(h, 400, {"error": {"code": "BadRequest", "message": "no fake for this query"}})
+        options = req.get("options") or {}
+        size = min(int(options.get("$top") or 100), 1000, self.page_size)
+        start = int(base64.b64decode(options["$skipToken"])) if options.get("$skipToken") else 0
+        chunk, nxt = self.azure_evictions[start:start + size], start + size
+        if self.fail_page == start // size + 1:
+            return self._send(h, 500, {"error": {"code": "InternalServerError", "message": "internal"}})
+        body: dict[str, Any] = {"totalRecords": len(self.azure_evictions), "count": len(chunk),
+                                "resultTruncated": "false", "facets": [], "data": chunk}
+        if nxt < len(self.azure_evictions):
+            body["$skipToken"] = base64.b64encode(str(nxt).encode()).decode()
+        self._send(h, 200, body)
 
     def _gcp_skus(self, h: BaseHTTPRequestHandler, query: dict[str, str]) -> None:
         chunk, nxt, fail = self._page(self.gcp_skus, int(query.get("pageToken") or 0))
