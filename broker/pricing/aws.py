@@ -162,19 +162,25 @@ class AwsSource:
     def _advisor(self, report: QualityReport) -> dict[tuple[str, str], float]:
         """(region, type) -> risk from the Spot Instance Advisor's band."""
         try:
-            r = httpx.get(self.settings.aws_advisor_url, timeout=self.settings.timeout)
-            r.raise_for_status()
-            feed = r.json()["spot_advisor"]
+            return advisor_risks(self.settings.aws_advisor_url, self.settings.timeout)
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             report.note(f"no spot advisor feed ({type(exc).__name__})")
             return {}
-        out = {}
-        for region, by_os in feed.items():
-            for itype, entry in (by_os.get("Linux") or {}).items():
-                value = risk.from_advisor_band(int(entry.get("r", -1)))
-                if value is not None:
-                    out[(region, itype)] = value
-        return out
+
+
+def advisor_risks(url: str, timeout: float) -> dict[tuple[str, str], float]:
+    """(region, type) -> risk from the Spot Instance Advisor feed (public,
+    no credentials); raises httpx.HTTPError, ValueError or KeyError."""
+    r = httpx.get(url, timeout=timeout)
+    r.raise_for_status()
+    feed = r.json()["spot_advisor"]
+    out = {}
+    for region, by_os in feed.items():
+        for itype, entry in (by_os.get("Linux") or {}).items():
+            value = risk.from_advisor_band(int(entry.get("r", -1)))
+            if value is not None:
+                out[(region, itype)] = value
+    return out
 
 
 def _aws_gpu_name(gpu: dict[str, Any]) -> str:

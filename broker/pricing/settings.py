@@ -12,7 +12,11 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-KNOWN_SOURCES = ("catalog", "aws", "gcp", "azure")
+KNOWN_SOURCES = ("catalog", "aws", "gcp", "azure", "aws-advisor")
+# What `serve` reads with no setting: the snapshot, and the live sources
+# that need no credentials (Azure's Retail Prices; AWS's Spot Instance
+# Advisor feed, the interruption bands of the snapshot's AWS offers).
+DEFAULT_SOURCES = ("catalog", "azure", "aws-advisor")
 
 
 class PricingSettings(BaseSettings):
@@ -20,8 +24,10 @@ class PricingSettings(BaseSettings):
 
     # Which sources the tracker refreshes. The snapshot needs nothing; the
     # live ones use the clouds' standard credential chains (Azure's retail
-    # prices need none).
-    sources: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["catalog"])
+    # prices and the AWS advisor feed need none). Tests and the demo name
+    # theirs (`catalog`, or the local fakes' endpoints): nothing there may
+    # reach the network.
+    sources: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_SOURCES))
     # Seconds between refreshes: spot prices move in minutes, list prices
     # and machine specs in days.
     catalog_interval: float = 86_400.0
@@ -29,6 +35,7 @@ class PricingSettings(BaseSettings):
     aws_list_interval: float = 21_600.0
     gcp_interval: float = 3_600.0
     azure_interval: float = 3_600.0
+    aws_advisor_interval: float = 21_600.0     # the feed changes about daily
     # An offer its source has not confirmed for this many of its intervals
     # is stale: still listed, ranked after the fresh ones.
     stale_after_intervals: float = 3.0
@@ -65,7 +72,7 @@ class PricingSettings(BaseSettings):
         return value
 
     def interval(self, source: str) -> float:
-        return float(getattr(self, f"{source}_interval"))
+        return float(getattr(self, f"{source.replace('-', '_')}_interval"))
 
     def stale_after(self, source: str) -> float:
         """Seconds without a confirmation after which an offer of `source` is stale."""
