@@ -32,6 +32,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The served app's price tracker reads the snapshot only: a figure must not
+# depend on the network (serve's default adds the live public sources).
+os.environ.setdefault("SPOTBROKER_PRICES_SOURCES", "catalog")
 
 from _db import temporary_database  # noqa: E402
 
