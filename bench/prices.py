@@ -183,9 +183,13 @@ def refresh_figures(factory) -> None:
 
     from spotbroker.broker.pricing.aws import AwsSource
     from spotbroker.broker.pricing.azure import AzureSource
+    from spotbroker.broker.pricing.azure_eviction import EvictionRates
     from spotbroker.broker.pricing.gcp import GcpSource
 
     fake = fakes.FakeClouds(azure_items=fake_data.azure_items(scale=8), gcp_skus=fake_data.gcp_skus(scale=4),
+                            azure_evictions=fake_data.azure_evictions(scale=8),
+                            gcp_machine_types=fake_data.gcp_machine_types(scale=4),
+                            gcp_accelerator_types=fake_data.gcp_accelerator_types(scale=4),
                             aws_products=fake_data.aws_products(), aws_advisor=fake_data.aws_advisor(),
                             page_size=1000).start()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -196,12 +200,15 @@ def refresh_figures(factory) -> None:
             if zid in names}
     settings = PricingSettings(_env_file=None, aws_endpoint_url=f"http://{host}:{port}", timeout=60,
                                aws_pricing_endpoint_url=fake.url, aws_scores_endpoint_url=fake.url,
-                               aws_advisor_url=f"{fake.url}/spot-advisor-data.json", gcp_endpoint=fake.url)
+                               aws_advisor_url=f"{fake.url}/spot-advisor-data.json", gcp_endpoint=fake.url,
+                               gcp_project="bench")
     session = boto3.session.Session(aws_access_key_id="bench", aws_secret_access_key="bench")
     sources = {"aws": AwsSource(settings, session=session),
-               "azure": AzureSource(f"{fake.url}/api/retail/prices", regions=[], timeout=60),
+               "azure": AzureSource(f"{fake.url}/api/retail/prices", regions=[], timeout=60,
+                                    evictions=EvictionRates(_Token(), fake.url, 60)),
                "gcp": GcpSource.from_settings(settings)}
-    print(f"  inputs: Azure {len(fake.azure_items):,} meters, GCP {len(fake.gcp_skus):,} SKUs, "
+    print(f"  inputs: Azure {len(fake.azure_items):,} meters and {len(fake.azure_evictions):,} eviction bands, "
+          f"GCP {len(fake.gcp_skus):,} SKUs and {len(fake.gcp_machine_types):,} zonal machine types, "
           f"AWS {len(fake.aws_products):,} products + moto's regions")
     tracker = PriceTracker(factory, sources, settings)
     total = 0.0
@@ -222,6 +229,15 @@ def refresh_figures(factory) -> None:
         moto.stop()
         fake.stop()
     print(f"    all three: {total:.1f} s")
+
+
+class _Token:
+    """A credential as azure-identity gives one (the fake wants a bearer token)."""
+
+    def get_token(self, *scopes, **kwargs):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken("bench", int(time.time()) + 3600)
 
 
 def history_figures(factory, offers_by_cloud: dict[str, int]) -> None:
