@@ -198,7 +198,11 @@ def refresh_figures(factory) -> None:
     names = {z.zone_id: z.name for zones in RegionsAndZonesBackend.zones.values() for z in zones}
     spot = {(names[zid], t): [(NOW - timedelta(minutes=5), p)] for (zid, t), p in fake_data.aws_spot_prices().items()
             if zid in names}
+    # One region at a time: moto runs in this process, so requests side by
+    # side only queue on its lock (against AWS, the default 8 overlap the
+    # network round trips).
     settings = PricingSettings(_env_file=None, aws_endpoint_url=f"http://{host}:{port}", timeout=60,
+                               aws_region_workers=1,
                                aws_pricing_endpoint_url=fake.url, aws_scores_endpoint_url=fake.url,
                                aws_advisor_url=f"{fake.url}/spot-advisor-data.json", gcp_endpoint=fake.url,
                                gcp_project="bench")

@@ -24,7 +24,6 @@ from spotbroker.broker.pricing.settings import PricingSettings
 
 log = logging.getLogger("spotbroker.pricing")
 SOURCE = "aws"
-_REGION_WORKERS = 8
 _LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
 
 
@@ -82,7 +81,8 @@ class AwsSource:
                    for r in regions}
         # Regions are independent and each is a few round trips: asked side by
         # side, a refresh takes about the slowest region's time, not the sum.
-        with ThreadPoolExecutor(max_workers=_REGION_WORKERS, thread_name_prefix="prices-aws") as pool:
+        with ThreadPoolExecutor(max_workers=max(1, self.settings.aws_region_workers),
+                                thread_name_prefix="prices-aws") as pool:
             per_region = pool.map(lambda r: self._region_rows(r, *clients[r], specs, ondemand, advisor, report),
                                   regions)
             rows = [row for region_rows in per_region for row in region_rows]

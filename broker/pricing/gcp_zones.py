@@ -43,11 +43,13 @@ class ComputeZones:
         """The GPU machine types in every zone that offers them (as `gcp.Machine`s)."""
         from spotbroker.broker.pricing.gcp import Machine
 
+        # The raw protobuf messages (`type(x).pb(x)`): proto-plus's attribute
+        # access cost more than the parsing over a few thousand machine types.
         offered = {(zone, t.name) for zone, scoped in self._pages(self.accelerator_types, None)
-                   for t in scoped.accelerator_types}
+                   for t in type(scoped).pb(scoped).accelerator_types}
         out = []
         for zone, scoped in self._pages(self.machine_types, NAME_FILTER):
-            for m in scoped.machine_types:
+            for m in type(scoped).pb(scoped).machine_types:
                 series = next((s for s in GCP_SERIES if m.name.startswith(s + "-")), None)
                 if series is None or not m.accelerators:
                     continue  # not a GPU machine the Billing Catalog prices by parts

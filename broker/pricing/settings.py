@@ -44,6 +44,9 @@ class PricingSettings(BaseSettings):
     lease_seconds: float = 600.0               # a refresher's hold on its source
 
     aws_regions: Annotated[list[str], NoDecode] = Field(default_factory=list)   # empty: all the API lists
+    # Regions asked side by side: each is a few round trips, so against AWS
+    # a refresh takes about the slowest region's time rather than the sum.
+    aws_region_workers: int = Field(default=8, ge=1, le=64)
     aws_endpoint_url: str | None = None        # EC2 (moto in tests)
     aws_pricing_endpoint_url: str | None = None
     aws_scores_endpoint_url: str | None = None  # get_spot_placement_scores (a fake in tests: moto lacks it)
