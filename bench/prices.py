@@ -201,7 +201,8 @@ def refresh_figures(factory) -> None:
     # One region at a time: moto runs in this process, so requests side by
     # side only queue on its lock (against AWS, the default 8 overlap the
     # network round trips).
-    settings = PricingSettings(_env_file=None, aws_endpoint_url=f"http://{host}:{port}", timeout=60,
+    # moto answers one call in seconds, and in minutes on a loaded machine.
+    settings = PricingSettings(_env_file=None, aws_endpoint_url=f"http://{host}:{port}", timeout=600,
                                aws_region_workers=1,
                                aws_pricing_endpoint_url=fake.url, aws_scores_endpoint_url=fake.url,
                                aws_advisor_url=f"{fake.url}/spot-advisor-data.json", gcp_endpoint=fake.url,
@@ -225,6 +226,9 @@ def refresh_figures(factory) -> None:
                 took = time.perf_counter() - t
                 peak = tracemalloc.get_traced_memory()[1] / 2**20
                 tracemalloc.stop()
+                if result is None:
+                    print(f"    {name:6} failed after {took:.1f} s (see the log line above)")
+                    continue
                 total += took
                 written = result.new + result.changed + result.samples
                 print(f"    {name:6} {took:6.1f} s  {result.new:6,} offers  {written / took:8,.0f} rows/s  "
