@@ -37,7 +37,8 @@ def free_port() -> int:
 def start_broker(db_url: str, data_dir: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir),
-               SPOTBROKER_LOCAL_MAX_RUNNING="0", SPOTBROKER_ADMIN_TOKEN="bench-admin")
+               SPOTBROKER_LOCAL_MAX_RUNNING="0", SPOTBROKER_ADMIN_TOKEN="bench-admin",
+               SPOTBROKER_PRICES_SOURCES="catalog")  # no network
     cli = [sys.executable, "-m", "spotbroker.broker.cli"]
     subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
     port = free_port()

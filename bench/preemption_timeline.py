@@ -45,7 +45,8 @@ def start_broker(data_dir: Path) -> tuple[subprocess.Popen, str, str]:
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(SPOTBROKER_DATA_DIR=str(data_dir), SPOTBROKER_ADMIN_TOKEN=admin,
-               SPOTBROKER_RECONCILE_INTERVAL="0.5", SPOTBROKER_LOCAL_NOTICE_WINDOW=str(NOTICE_WINDOW))
+               SPOTBROKER_RECONCILE_INTERVAL="0.5", SPOTBROKER_LOCAL_NOTICE_WINDOW=str(NOTICE_WINDOW),
+               SPOTBROKER_PRICES_SOURCES="catalog")  # no network
     log = (data_dir / "broker.log").open("wb")
     server = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--port", str(port),
                                "--log-level", "warning"], env=env, stdout=log, stderr=subprocess.STDOUT,

@@ -4,8 +4,11 @@
 
 Prints, per database:
 1. the ranked-offers query over >= 50,000 current offers: p50/p99 in-process
-   (`ranked_prices`, the `/v1/prices` query; `rank_offers`, the placement
-   path) and over HTTP (`GET /v1/prices` on a real server);
+   (`ranked_prices`, the `/v1/prices` query; `rank_offers` and the
+   placement pass's `Placer._candidates`, the placement path) and over HTTP
+   (`GET /v1/prices` on a real server, in this process: the CPU time per
+   request counts client and server, and does not depend on the machine's
+   load as the wall-clock percentiles do);
 2. a full refresh of each live source from the local fakes at a real API's
    volume (AWS ~30 regions through moto's server, Azure's GPU meters in 64
    regions, GCP's SKUs for 128 regions): seconds, rows written per second,
@@ -17,6 +20,7 @@ Prints, per database:
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
@@ -28,15 +32,20 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+# The served app's price tracker reads the snapshot only: a figure must not
+# depend on the network (serve's default adds the live public sources).
+os.environ.setdefault("SPOTBROKER_PRICES_SOURCES", "catalog")
 
 from _db import temporary_database  # noqa: E402
 
 from spotbroker.broker.jobs.spec import JobSpec  # noqa: E402
+from spotbroker.broker.placement.placer import Placer  # noqa: E402
 from spotbroker.broker.pricing import catalog, fake_data, fakes, store  # noqa: E402
 from spotbroker.broker.pricing.offers import rank_offers  # noqa: E402
 from spotbroker.broker.pricing.query import PriceQuery, ranked_prices  # noqa: E402
 from spotbroker.broker.pricing.settings import PricingSettings  # noqa: E402
 from spotbroker.broker.pricing.tracker import PriceTracker  # noqa: E402
+from spotbroker.broker.settings import Settings  # noqa: E402
 from spotbroker.broker.store import migrate  # noqa: E402
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction  # noqa: E402
 
@@ -53,14 +62,22 @@ def pct(values: list[float], q: float) -> float:
     return values[min(len(values) - 1, int(q * len(values)))]
 
 
-def timed(fn, n: int) -> tuple[float, float]:
+def timed(fn, n: int, cpu: list[float] | None = None) -> tuple[float, float]:
+    """p50 and p99 wall-clock ms of `fn`; the mean CPU ms is appended to `cpu`."""
     fn()  # warm
     samples = []
+    c = time.process_time()
     for _ in range(n):
         t = time.perf_counter()
         fn()
         samples.append((time.perf_counter() - t) * 1000)
+    if cpu is not None:
+        cpu.append((time.process_time() - c) * 1000 / n)
     return statistics.median(samples), pct(samples, 0.99)
+
+
+def load() -> str:
+    return "load average " + " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def many_offers(n: int) -> list[catalog.OfferRow]:
@@ -96,6 +113,14 @@ def query_figures(factory, settings: PricingSettings) -> None:
         spec = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "A100:8"}})
         p50, p99 = timed(lambda: rank_offers(s, spec), 200)
         print(f"    rank_offers (placement) A100:8                 p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+        placer = Placer(Settings(database_url="sqlite://", admin_token="bench-admin", secret_key="bench",
+                                 _env_file=None))
+
+        def candidates() -> None:
+            placer.new_pass()
+            placer._candidates(s, spec, "A100:8")
+        p50, p99 = timed(candidates, 200)
+        print(f"    Placer._candidates (a pass) A100:8             p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
 
 
 def serve(url: str, data_dir: Path):
@@ -143,8 +168,10 @@ def over_http(url: str, data_dir: Path) -> None:
             def get(params=params):
                 r = client.get("/v1/prices", params=params)
                 assert r.status_code == 200, r.text
-            p50, p99 = timed(get, 200)
-            print(f"    GET /v1/prices {name:37} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms")
+            cpu: list[float] = []
+            p50, p99 = timed(get, 200, cpu)
+            print(f"    GET /v1/prices {name:37} p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  "
+                  f"CPU {cpu[0]:5.2f} ms/request")
     finally:
         stop()
 
@@ -156,9 +183,13 @@ def refresh_figures(factory) -> None:
 
     from spotbroker.broker.pricing.aws import AwsSource
     from spotbroker.broker.pricing.azure import AzureSource
+    from spotbroker.broker.pricing.azure_eviction import EvictionRates
     from spotbroker.broker.pricing.gcp import GcpSource
 
     fake = fakes.FakeClouds(azure_items=fake_data.azure_items(scale=8), gcp_skus=fake_data.gcp_skus(scale=4),
+                            azure_evictions=fake_data.azure_evictions(scale=8),
+                            gcp_machine_types=fake_data.gcp_machine_types(scale=4),
+                            gcp_accelerator_types=fake_data.gcp_accelerator_types(scale=4),
                             aws_products=fake_data.aws_products(), aws_advisor=fake_data.aws_advisor(),
                             page_size=1000).start()
     moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
@@ -167,14 +198,22 @@ def refresh_figures(factory) -> None:
     names = {z.zone_id: z.name for zones in RegionsAndZonesBackend.zones.values() for z in zones}
     spot = {(names[zid], t): [(NOW - timedelta(minutes=5), p)] for (zid, t), p in fake_data.aws_spot_prices().items()
             if zid in names}
-    settings = PricingSettings(_env_file=None, aws_endpoint_url=f"http://{host}:{port}", timeout=60,
+    # One region at a time: moto runs in this process, so requests side by
+    # side only queue on its lock (against AWS, the default 8 overlap the
+    # network round trips).
+    # moto answers one call in seconds, and in minutes on a loaded machine.
+    settings = PricingSettings(_env_file=None, aws_endpoint_url=f"http://{host}:{port}", timeout=600,
+                               aws_region_workers=1,
                                aws_pricing_endpoint_url=fake.url, aws_scores_endpoint_url=fake.url,
-                               aws_advisor_url=f"{fake.url}/spot-advisor-data.json", gcp_endpoint=fake.url)
+                               aws_advisor_url=f"{fake.url}/spot-advisor-data.json", gcp_endpoint=fake.url,
+                               gcp_project="bench")
     session = boto3.session.Session(aws_access_key_id="bench", aws_secret_access_key="bench")
     sources = {"aws": AwsSource(settings, session=session),
-               "azure": AzureSource(f"{fake.url}/api/retail/prices", regions=[], timeout=60),
+               "azure": AzureSource(f"{fake.url}/api/retail/prices", regions=[], timeout=60,
+                                    evictions=EvictionRates(_Token(), fake.url, 60)),
                "gcp": GcpSource.from_settings(settings)}
-    print(f"  inputs: Azure {len(fake.azure_items):,} meters, GCP {len(fake.gcp_skus):,} SKUs, "
+    print(f"  inputs: Azure {len(fake.azure_items):,} meters and {len(fake.azure_evictions):,} eviction bands, "
+          f"GCP {len(fake.gcp_skus):,} SKUs and {len(fake.gcp_machine_types):,} zonal machine types, "
           f"AWS {len(fake.aws_products):,} products + moto's regions")
     tracker = PriceTracker(factory, sources, settings)
     total = 0.0
@@ -187,6 +226,9 @@ def refresh_figures(factory) -> None:
                 took = time.perf_counter() - t
                 peak = tracemalloc.get_traced_memory()[1] / 2**20
                 tracemalloc.stop()
+                if result is None:
+                    print(f"    {name:6} failed after {took:.1f} s (see the log line above)")
+                    continue
                 total += took
                 written = result.new + result.changed + result.samples
                 print(f"    {name:6} {took:6.1f} s  {result.new:6,} offers  {written / took:8,.0f} rows/s  "
@@ -195,6 +237,15 @@ def refresh_figures(factory) -> None:
         moto.stop()
         fake.stop()
     print(f"    all three: {total:.1f} s")
+
+
+class _Token:
+    """A credential as azure-identity gives one (the fake wants a bearer token)."""
+
+    def get_token(self, *scopes, **kwargs):
+        from azure.core.credentials import AccessToken
+
+        return AccessToken("bench", int(time.time()) + 3600)
 
 
 def history_figures(factory, offers_by_cloud: dict[str, int]) -> None:
@@ -226,7 +277,7 @@ def history_figures(factory, offers_by_cloud: dict[str, int]) -> None:
         n = len(store.history(s, "aws", key.zone_id, key.instance_type))
         p50, p99 = timed(lambda: store.history(s, "aws", key.zone_id, key.instance_type,
                                                since=NOW + timedelta(days=2)), 100)
-    print(f"    90-day series of one offer ({n:,} samples): p50 {p50:.2f} ms  p99 {p99:.2f} ms")
+    print(f"    90-day series of one offer ({n:,} samples): p50 {p50:.2f} ms  p99 {p99:.2f} ms ({load()})")
 
 
 class _Skip(Exception):
@@ -248,7 +299,7 @@ def main() -> None:
             migrate.upgrade(engine)
             factory = make_session_factory(engine)
             try:
-                print(f"\n== {kind} ==")
+                print(f"\n== {kind} == ({load()})")
                 if "1" not in parts:
                     raise _Skip
                 rows = many_offers(args.offers)
@@ -257,6 +308,7 @@ def main() -> None:
                       f"{len(rows) / took:,.0f} rows/s)")
                 query_figures(factory, settings)
                 over_http(url, Path(tmp))
+                print(f"    ({load()})")
             except _Skip:
                 pass
             finally:

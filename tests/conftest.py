@@ -22,6 +22,10 @@ from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine, make_session_factory
 
 ADMIN_TOKEN = "admin-token-for-tests"
+# `serve` reads live public price sources by default; the suite's brokers
+# (in this process, or started with this environment) read the snapshot only,
+# so that no test reaches the network. Price tests name their fakes.
+os.environ.setdefault("SPOTBROKER_PRICES_SOURCES", "catalog")
 
 
 def _pg_unavailable(reason: str) -> None:

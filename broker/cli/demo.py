@@ -69,8 +69,10 @@ def demo(data_dir: Path | None) -> None:
     port, admin = _free_port(), secrets.token_urlsafe(24)
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    # The demo's prices are the bundled snapshot's: it must run the same offline.
     env.update(SPOTBROKER_DATA_DIR=str(data_dir), SPOTBROKER_ADMIN_TOKEN=admin,
-               SPOTBROKER_RECONCILE_INTERVAL="0.5", SPOTBROKER_LOCAL_NOTICE_WINDOW=str(NOTICE_WINDOW))
+               SPOTBROKER_RECONCILE_INTERVAL="0.5", SPOTBROKER_LOCAL_NOTICE_WINDOW=str(NOTICE_WINDOW),
+               SPOTBROKER_PRICES_SOURCES="catalog")
     if not TRAIN.exists():
         raise click.ClickException(f"the demo runs {TRAIN}, which is not here: run it from a checkout")
     _step(f"starting the broker on {url} (SQLite and logs in {data_dir})")

@@ -4,8 +4,9 @@ For one job it builds what the policy observes from the database, asks the
 same `SpotBroker.decide` the simulator measures, and turns the decision
 into placements to try in order. What the policy sees:
 
-* **zones**: every feasible offer of the job's shape with both a spot and an
-  on-demand price, one policy zone per place and instance type, named
+* **zones**: the feasible offers of the job's shape with both a spot and an
+  on-demand price (the cheapest by spot price, the cheapest on-demand, and
+  where it runs now), one policy zone per place and instance type, named
   `cloud/region/zone/instance-type` (cheapest spot first);
 * **each zone's history**: every team's spot attempts there in the last
   `placement_history_days`, replayed in time order: a launch that came up,
@@ -47,10 +48,10 @@ from spotbroker.broker.placement.policy import (
     ZoneHistory,
     ZoneState,
 )
-from spotbroker.broker.pricing.offers import Placement, feasible_offers, placement_of
+from spotbroker.broker.pricing.offers import OFFER_COLUMNS, Placement, cheapest, groups_of, placement_of, priced
 from spotbroker.broker.recovery.agent_channel import newest_checkpoint
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Offer, SpotProbe
+from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Offer, PriceOffer, SpotProbe
 
 A = AttemptState
 POLICY = SpotBroker()
@@ -160,7 +161,7 @@ class Placer:
         self._histories: dict[str, ZoneHistory] | None = None
         self._probes: dict[str, Placement] = {}
         # per pass, by the job's resources: jobs of one shape share their offers
-        self._offers: dict[str, tuple[list, dict]] = {}
+        self._offers: dict[str, tuple[list, dict, list]] = {}
         self._states: dict[str, list[ZoneState]] = {}
 
     def new_pass(self) -> None:
@@ -178,20 +179,62 @@ class Placer:
         self._probes = {}
         return due
 
-    def _candidates(self, session: Session, spec: JobSpec, shape: str) -> tuple[list, dict]:
-        """(feasible (offer, resource set) pairs, spot zones: key -> (offer, spot, on-demand)),
-        shared by the jobs of one `shape` (their resources) for the pass."""
+    def _candidates(self, session: Session, spec: JobSpec, shape: str,
+                    running: Attempt | None = None) -> tuple[list[Placement], dict]:
+        """(list-price placements, cheapest first; spot zones: key -> (offer, spot, on-demand)),
+        shared by the jobs of one `shape` (their resources) for the pass.
+
+        Only what a decision can use is loaded: per resource set, the zones
+        whose spot price is among the 2 x MAX_ZONES cheapest (the policy weighs
+        MAX_ZONES; the margin covers places listed twice), the cheapest
+        on-demand zone (the deadline's safety net), and the zone `running`
+        runs in. The list-price placements (used when no zone has both
+        prices) are the cheapest a launch round could try.
+        """
         if shape not in self._offers:
-            feasible = feasible_offers(session, spec)
+            groups = groups_of(session, spec)
             zones: dict[str, tuple] = {}
-            for offer, want in feasible:
-                if not want.use_spot:
-                    continue
-                spot, od = placement_of(offer, want, True), placement_of(offer, want, False)
-                if spot is not None and od is not None:
-                    zones.setdefault(offer_key(offer), (offer, spot, od))
-            self._offers[shape] = (feasible, zones)
-        return self._offers[shape]
+            for want, where in groups:
+                if want.use_spot:
+                    both = priced(where, want, spot=True, ondemand=True)
+                    rows = {o.id: o for price, k in ((PriceOffer.spot_price, 2 * MAX_ZONES),
+                                                     (PriceOffer.ondemand_price, 1))
+                            for o in cheapest(session, both, price, k)}
+                    self._add_zones(zones, (rows[i] for i in sorted(rows)), want)
+            listed: list[Placement] = []
+            if not zones:
+                k = max(MAX_ZONES, self.settings.launch_failover_limit)
+                for want, where in groups:
+                    price = PriceOffer.spot_price if want.use_spot else PriceOffer.ondemand_price
+                    rows = cheapest(session, priced(where, want, spot=want.use_spot, ondemand=not want.use_spot),
+                                    price, k)
+                    listed += [p for o in rows if (p := placement_of(o, want, want.use_spot)) is not None]
+                listed.sort(key=lambda p: p.price_per_hour)
+            self._offers[shape] = (listed, zones, groups)
+        listed, zones, groups = self._offers[shape]
+        if running is not None and zones and attempt_key(running) not in zones:
+            self._add_running_zone(session, zones, groups, running)
+        return listed, zones
+
+    @staticmethod
+    def _add_zones(zones: dict[str, tuple], offers, want) -> None:
+        for offer in offers:
+            spot, od = placement_of(offer, want, True), placement_of(offer, want, False)
+            if spot is not None and od is not None:
+                zones.setdefault(offer_key(offer), (offer, spot, od))
+
+    def _add_running_zone(self, session: Session, zones: dict[str, tuple], groups: list, running: Attempt) -> None:
+        """The zone a running attempt is in, when it is beyond the cheapest
+        loaded: the policy weighs what runs now too."""
+        here = [PriceOffer.cloud == running.cloud, PriceOffer.region == running.region,
+                PriceOffer.instance_type == running.instance_type,
+                PriceOffer.zone == running.zone if running.zone
+                else (PriceOffer.zone.is_(None) & (PriceOffer.zone_id == running.zone_id))]
+        for want, where in groups:
+            if want.use_spot:
+                rows = session.execute(select(*OFFER_COLUMNS).where(
+                    *priced(where, want, spot=True, ondemand=True), *here).order_by(PriceOffer.id)).all()
+                self._add_zones(zones, rows, want)
 
     def choose(self, session: Session, job: Job, spec: JobSpec, now: datetime,
                running: Attempt | None = None) -> Choice | None:
@@ -201,15 +244,9 @@ class Placer:
         are placed on the cheapest list price, as they ask.
         """
         shape = spec.resources.model_dump_json()
-        feasible, zones = self._candidates(session, spec, shape)
-        if not feasible:
-            return None
+        listed, zones = self._candidates(session, spec, shape, running)
         if not zones:
-            listed = [p for o, w in feasible if (p := placement_of(o, w, w.use_spot)) is not None]
-            if not listed:
-                return None
-            listed.sort(key=lambda p: p.price_per_hour)
-            return Choice(Action.LAUNCH, tuple(listed), "list price")
+            return Choice(Action.LAUNCH, tuple(listed), "list price") if listed else None
         obs = self._observe(session, job, spec, shape, now, zones, running)
         decision = POLICY.decide(obs)
         wanted = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -46,13 +47,20 @@ class AwsSource:
         self.config = Config(connect_timeout=settings.timeout, read_timeout=settings.timeout,
                              retries={"max_attempts": 2, "mode": "standard"})
         self._lists: tuple[float, dict[str, Spec], dict[tuple[str, str], float]] | None = None
+        # A client costs tens of ms of CPU to build (service models): one per
+        # (service, region, endpoint) for the source's life, not per refresh.
+        self._clients: dict[tuple[str, str, str | None], Any] = {}
 
     @classmethod
     def from_settings(cls, settings: PricingSettings) -> AwsSource:
         return cls(settings)
 
     def _client(self, service: str, region: str, endpoint: str | None):
-        return self.session.client(service, region_name=region, endpoint_url=endpoint, config=self.config)
+        key = (service, region, endpoint)
+        if key not in self._clients:  # built in the refreshing thread only (a session is not thread-safe)
+            self._clients[key] = self.session.client(service, region_name=region, endpoint_url=endpoint,
+                                                     config=self.config)
+        return self._clients[key]
 
     def fetch(self) -> SourceAnswer:
         from botocore.exceptions import EndpointConnectionError, NoCredentialsError, NoRegionError
@@ -68,23 +76,36 @@ class AwsSource:
             raise SourceUnavailable(f"AWS unreachable ({exc})") from exc
         specs, ondemand = self._list_prices(ec2, regions, report)
         advisor = self._advisor(report)
-        rows = []
-        for region in regions:
-            ec2r = self._client("ec2", region, self.settings.aws_endpoint_url)
-            zone_ids = {z["ZoneName"]: z["ZoneId"] for z in ec2r.describe_availability_zones()["AvailabilityZones"]}
-            scores = self._scores(region, list(specs), report)
-            for (zone, itype), price in self._spot_prices(ec2r, list(specs)).items():
-                spec, zone_id = specs[itype], zone_ids.get(zone)
-                band = advisor.get((region, itype))
-                rows.append(OfferRow(
-                    cloud="aws", region=region, zone=zone, zone_id=zone_id, instance_type=itype,
-                    accelerator=spec.accelerator, accelerator_count=spec.count, vcpus=spec.vcpus,
-                    memory_gib=spec.memory_gib, spot_price=price, ondemand_price=ondemand.get((region, itype)),
-                    risk=risk.combine(band, scores.get(zone_id)),
-                    risk_source="aws-advisor+score" if band is not None and zone_id in scores
-                    else "aws-advisor" if band is not None else "aws-score" if zone_id in scores else None))
+        clients = {r: (self._client("ec2", r, self.settings.aws_endpoint_url),
+                       self._client("ec2", r, self.settings.aws_scores_endpoint_url or self.settings.aws_endpoint_url))
+                   for r in regions}
+        # Regions are independent and each is a few round trips: asked side by
+        # side, a refresh takes about the slowest region's time, not the sum.
+        with ThreadPoolExecutor(max_workers=max(1, self.settings.aws_region_workers),
+                                thread_name_prefix="prices-aws") as pool:
+            per_region = pool.map(lambda r: self._region_rows(r, *clients[r], specs, ondemand, advisor, report),
+                                  regions)
+            rows = [row for region_rows in per_region for row in region_rows]
         scope = {"aws": frozenset(regions) if self.settings.aws_regions else None}
         return SourceAnswer(rows, scope, report)
+
+    def _region_rows(self, region: str, ec2r, scores_client, specs: dict[str, Spec],
+                     ondemand: dict[tuple[str, str], float], advisor: dict[tuple[str, str], float],
+                     report: QualityReport) -> list[OfferRow]:
+        zone_ids = {z["ZoneName"]: z["ZoneId"] for z in ec2r.describe_availability_zones()["AvailabilityZones"]}
+        scores = self._scores(scores_client, region, list(specs), report)
+        rows = []
+        for (zone, itype), price in self._spot_prices(ec2r, list(specs)).items():
+            spec, zone_id = specs[itype], zone_ids.get(zone)
+            band = advisor.get((region, itype))
+            rows.append(OfferRow(
+                cloud="aws", region=region, zone=zone, zone_id=zone_id, instance_type=itype,
+                accelerator=spec.accelerator, accelerator_count=spec.count, vcpus=spec.vcpus,
+                memory_gib=spec.memory_gib, spot_price=price, ondemand_price=ondemand.get((region, itype)),
+                risk=risk.combine(band, scores.get(zone_id)),
+                risk_source="aws-advisor+score" if band is not None and zone_id in scores
+                else "aws-advisor" if band is not None else "aws-score" if zone_id in scores else None))
+        return rows
 
     # --- specs and on-demand prices: on the list interval -------------------------------
 
@@ -140,11 +161,11 @@ class AwsSource:
                     newest[key] = (at, float(p["SpotPrice"]))
         return {k: price for k, (_, price) in newest.items()}
 
-    def _scores(self, region: str, types: list[str], report: QualityReport) -> dict[str, float]:
+    @staticmethod
+    def _scores(client, region: str, types: list[str], report: QualityReport) -> dict[str, float]:
         """zone id -> risk from the spot placement score of one GPU VM there."""
         from botocore.exceptions import BotoCoreError, ClientError
 
-        client = self._client("ec2", region, self.settings.aws_scores_endpoint_url or self.settings.aws_endpoint_url)
         out: dict[str, float] = {}
         try:
             answer = client.get_spot_placement_scores(InstanceTypes=types[:10] or ["p4d.24xlarge"],
@@ -162,19 +183,25 @@ class AwsSource:
     def _advisor(self, report: QualityReport) -> dict[tuple[str, str], float]:
         """(region, type) -> risk from the Spot Instance Advisor's band."""
         try:
-            r = httpx.get(self.settings.aws_advisor_url, timeout=self.settings.timeout)
-            r.raise_for_status()
-            feed = r.json()["spot_advisor"]
+            return advisor_risks(self.settings.aws_advisor_url, self.settings.timeout)
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             report.note(f"no spot advisor feed ({type(exc).__name__})")
             return {}
-        out = {}
-        for region, by_os in feed.items():
-            for itype, entry in (by_os.get("Linux") or {}).items():
-                value = risk.from_advisor_band(int(entry.get("r", -1)))
-                if value is not None:
-                    out[(region, itype)] = value
-        return out
+
+
+def advisor_risks(url: str, timeout: float) -> dict[tuple[str, str], float]:
+    """(region, type) -> risk from the Spot Instance Advisor feed (public,
+    no credentials); raises httpx.HTTPError, ValueError or KeyError."""
+    r = httpx.get(url, timeout=timeout)
+    r.raise_for_status()
+    feed = r.json()["spot_advisor"]
+    out = {}
+    for region, by_os in feed.items():
+        for itype, entry in (by_os.get("Linux") or {}).items():
+            value = risk.from_advisor_band(int(entry.get("r", -1)))
+            if value is not None:
+                out[(region, itype)] = value
+    return out
 
 
 def _aws_gpu_name(gpu: dict[str, Any]) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from spotbroker.broker.pricing import catalog
+from spotbroker.broker.pricing.azure_eviction import EvictionRates
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
@@ -46,18 +47,24 @@ def snapshot_shapes() -> dict[str, Shape]:
 class AzureSource:
     name = SOURCE
 
-    def __init__(self, prices_url: str, *, regions: list[str], timeout: float, skus=None) -> None:
+    def __init__(self, prices_url: str, *, regions: list[str], timeout: float, skus=None,
+                 evictions: EvictionRates | None = None) -> None:
         self.prices_url, self.regions, self.timeout, self.skus = prices_url, regions, timeout, skus
+        self.evictions = evictions
+        self._evictions_said: str | None = None
 
     @classmethod
     def from_settings(cls, settings: PricingSettings) -> AzureSource:
-        skus = None
-        if settings.azure_subscription_id:
+        skus = evictions = None
+        if settings.azure_subscription_id:  # Azure management credentials are configured
             from azure.identity import DefaultAzureCredential
 
-            skus = ResourceSkus(DefaultAzureCredential(), settings.azure_subscription_id,
-                                settings.azure_management_url, settings.timeout)
-        return cls(settings.azure_prices_url, regions=settings.azure_regions, timeout=settings.timeout, skus=skus)
+            credential = DefaultAzureCredential()
+            skus = ResourceSkus(credential, settings.azure_subscription_id, settings.azure_management_url,
+                                settings.timeout)
+            evictions = EvictionRates(credential, settings.azure_management_url, settings.timeout)
+        return cls(settings.azure_prices_url, regions=settings.azure_regions, timeout=settings.timeout, skus=skus,
+                   evictions=evictions)
 
     def fetch(self) -> SourceAnswer:
         report = QualityReport()
@@ -67,18 +74,35 @@ class AzureSource:
         meters: dict[tuple[str, str], dict[str, float]] = {}
         for item in self._items():
             self._take(item, shapes, meters, report)
+        bands = self._bands()
         rows = []
         for (region, sku), price in meters.items():
             shape = shapes[sku]
             if shape.regions is not None and region not in shape.regions:
                 report.note("restricted in the region")
                 continue
+            band = bands.get((region.lower(), sku.lower()))
             rows.append(OfferRow(cloud="azure", region=region, zone=None, zone_id=None, instance_type=sku,
                                  accelerator=shape.accelerator, accelerator_count=shape.count, vcpus=shape.vcpus,
                                  memory_gib=shape.memory_gib, spot_price=price.get("spot"),
-                                 ondemand_price=price.get("ondemand")))
+                                 ondemand_price=price.get("ondemand"), risk=band,
+                                 risk_source="azure-eviction" if band is not None else None))
         scope = {"azure": frozenset(self.regions) if self.regions else None}
         return SourceAnswer(rows, scope, report)
+
+    def _bands(self) -> dict[tuple[str, str], float]:
+        """The eviction-rate bands, or none (said once while unavailable)."""
+        if self.evictions is None:
+            return {}
+        try:
+            bands = self.evictions.bands()
+        except SourceUnavailable as exc:
+            if self._evictions_said != str(exc):
+                log.warning("prices: azure offers without eviction rates: %s", exc)
+                self._evictions_said = str(exc)
+            return {}
+        self._evictions_said = None
+        return bands
 
     @staticmethod
     def _take(item: dict[str, Any], shapes: dict[str, Shape], meters: dict, report: QualityReport) -> None:

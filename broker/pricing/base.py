@@ -22,6 +22,9 @@ class SourceAnswer:
     rows: list[OfferRow]
     scope: Scope
     report: QualityReport = field(default_factory=QualityReport)
+    # Published risk for offers another source prices: (cloud, region,
+    # instance type) -> (risk, its source name); see store.apply_risks.
+    risks: dict[tuple[str, str, str], tuple[float, str]] = field(default_factory=dict)
 
 
 class Source(Protocol):

@@ -71,6 +71,22 @@ def azure_skus(scale: int = 1) -> list[dict[str, Any]]:
     return list(by_size.values())
 
 
+def azure_evictions(scale: int = 1) -> list[dict[str, Any]]:
+    """Resource Graph `SpotResources` eviction-rate rows for the snapshot's
+    spot GPU sizes, a band each (lower-cased names, as the table has them)."""
+    bands = ("0-5", "5-10", "10-15", "15-20", "20+")
+    rows = []
+    for r in _raw("azure_vms_gpu.csv"):
+        if not r["SpotPrice"]:
+            continue
+        for region in _region_copies(r["Region"], scale):
+            sku = r["InstanceType"].lower()
+            rows.append({"id": f"/subscriptions/x/providers/Microsoft.Compute/skuSpotEvictionRate/{sku}/"
+                               f"location/{region}", "skuName": sku, "location": region,
+                         "evictionRate": bands[sum(map(ord, sku + region)) % 5]})
+    return rows
+
+
 # --- GCP ----------------------------------------------------------------------------------
 
 # The series name in each Compute Engine SKU description, per machine family
@@ -192,3 +208,64 @@ def aws_advisor() -> dict[str, Any]:
                                               enumerate([("<5%", 5), ("5-10%", 11), ("10-15%", 16),
                                                          ("15-20%", 22), (">20%", 100)])],
             "spot_advisor": feed}
+
+
+# GCP's names of the GPUs (accelerator types, and a machine type's `accelerators`).
+GCP_ACCELERATOR_TYPE = {"A100": "nvidia-tesla-a100", "A100-80GB": "nvidia-a100-80gb", "H100": "nvidia-h100-80gb",
+                        "H100-MEGA": "nvidia-h100-mega-80gb", "H200": "nvidia-h200-141gb", "B200": "nvidia-b200",
+                        "L4": "nvidia-l4", "T4": "nvidia-tesla-t4", "V100": "nvidia-tesla-v100",
+                        "P100": "nvidia-tesla-p100", "P4": "nvidia-tesla-p4"}
+_GCP_LINK = "https://www.googleapis.com/compute/v1/projects/{project}/zones/{zone}"
+
+
+def _zone_copies(zone: str, region: str, scale: int) -> list[str]:
+    return [c + zone[len(region):] for c in _region_copies(region, scale)]
+
+
+def gcp_machine_types(scale: int = 1, project: str = "fake-project") -> list[tuple[str, dict[str, Any]]]:
+    """(zone, `machineTypes` entry) for every GPU machine type of the
+    snapshot in each zone it lists, with a CPU machine type in each zone beside
+    them, as `machineTypes.aggregatedList` answers them."""
+    out, zones = [], set()
+    for n, r in enumerate(_raw("gcp_vms_gpu.csv")):
+        shape = catalog.gcp_host_gpu(r["InstanceType"]) if r["InstanceType"] else None
+        if shape is None:
+            continue
+        for zone in _zone_copies(r["AvailabilityZone"], r["Region"], scale):
+            zones.add(zone)
+            out.append((zone, _machine_type(n, r["InstanceType"], float(r["vCPUs"]), float(r["MemoryGiB"]), zone,
+                                            project, (GCP_ACCELERATOR_TYPE[shape[0]], shape[1]))))
+    out += [(zone, _machine_type(0, "n2-standard-8", 8, 32, zone, project, None)) for zone in sorted(zones)]
+    return out
+
+
+def _machine_type(n: int, name: str, vcpus: float, memory_gib: float, zone: str, project: str,
+                  gpu: tuple[str, int] | None) -> dict[str, Any]:
+    entry = {"kind": "compute#machineType", "id": str(800000 + n), "creationTimestamp": "1969-12-31T16:00:00.000-08:00",
+             "name": name, "description": f"{int(vcpus)} vCPUs, {memory_gib:g} GB RAM", "guestCpus": int(vcpus),
+             "memoryMb": int(memory_gib * 1024), "imageSpaceGb": 0, "maximumPersistentDisks": 128,
+             "maximumPersistentDisksSizeGb": "263168", "zone": zone, "isSharedCpu": False,
+             "selfLink": _GCP_LINK.format(project=project, zone=zone) + f"/machineTypes/{name}",
+             "architecture": "X86_64"}
+    if gpu is not None:
+        entry["accelerators"] = [{"guestAcceleratorType": gpu[0], "guestAcceleratorCount": gpu[1]}]
+    return entry
+
+
+def gcp_accelerator_types(scale: int = 1, project: str = "fake-project") -> list[tuple[str, dict[str, Any]]]:
+    """(zone, `acceleratorTypes` entry): each GPU in every zone the snapshot
+    prices it or a machine type carrying it."""
+    pairs = set()
+    for r in _raw("gcp_vms_gpu.csv"):
+        shape = catalog.gcp_host_gpu(r["InstanceType"]) if r["InstanceType"] else None
+        gpu = shape[0] if shape else r["AcceleratorName"]
+        if gpu in GCP_ACCELERATOR_TYPE:
+            pairs.update((z, gpu) for z in _zone_copies(r["AvailabilityZone"], r["Region"], scale))
+    out = []
+    for i, (zone, gpu) in enumerate(sorted(pairs)):
+        link, name = _GCP_LINK.format(project=project, zone=zone), GCP_ACCELERATOR_TYPE[gpu]
+        out.append((zone, {"kind": "compute#acceleratorType", "id": str(10000 + i), "name": name,
+                           "creationTimestamp": "1969-12-31T16:00:00.000-08:00", "description": f"NVIDIA {gpu}",
+                           "zone": link, "selfLink": f"{link}/acceleratorTypes/{name}",
+                           "maximumCardsPerInstance": 16 if gpu == "A100" else 8}))
+    return out

@@ -5,8 +5,14 @@ what a cloud once charged.
 
 One server answers every API on its own path:
 - Azure Retail Prices: `GET /api/retail/prices` (`Items`, `NextPageLink`);
-- Azure management: `GET /subscriptions/{id}/providers/Microsoft.Compute/skus`;
+- Azure management: `GET /subscriptions/{id}/providers/Microsoft.Compute/skus`,
+  and Resource Graph `POST /providers/Microsoft.ResourceGraph/resources`
+  (a bearer token required; `data`, `$skipToken`);
 - GCP Cloud Billing Catalog: `GET /v1/services/{service}/skus` (`nextPageToken`);
+- GCP Compute Engine: `GET /compute/v1/projects/{p}/aggregated/machineTypes`
+  and `.../aggregated/acceleratorTypes` (`items` by zone scope, a
+  `NO_RESULTS_ON_PAGE` warning for an empty scope, `maxResults`,
+  `pageToken`, and the `name eq 'regex'` filter);
 - AWS Pricing API: `POST /` with `X-Amz-Target: AWSPriceListService.GetProducts`,
   and EC2 `GetSpotPlacementScores` (form-encoded, XML answer) on `/ec2`.
 A test can make a page fail (`fail_page`) to check that nothing half-written
@@ -14,7 +20,9 @@ lands.
 """
 from __future__ import annotations
 
+import base64
 import json
+import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,7 +37,10 @@ from urllib.parse import parse_qs, urlencode, urlparse
 class FakeClouds:
     azure_items: list[dict[str, Any]] = field(default_factory=list)
     azure_skus: list[dict[str, Any]] = field(default_factory=list)
+    azure_evictions: list[dict[str, Any]] = field(default_factory=list)  # SpotResources rows
     gcp_skus: list[dict[str, Any]] = field(default_factory=list)
+    gcp_machine_types: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # (zone, entry)
+    gcp_accelerator_types: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     aws_products: list[dict[str, Any]] = field(default_factory=list)
     aws_scores: dict[str, tuple[str, int]] = field(default_factory=dict)  # zone id -> (region, score 1..10)
     aws_advisor: dict[str, Any] = field(default_factory=dict)  # the Spot Instance Advisor feed
@@ -77,10 +88,14 @@ class FakeClouds:
             self._send(h, 200, self.aws_advisor)
         elif url.path == "/api/retail/prices":
             self._azure_prices(h, query)
+        elif method == "POST" and url.path == "/providers/Microsoft.ResourceGraph/resources":
+            self._azure_graph(h, json.loads(body or b"{}"))
         elif url.path.endswith("/providers/Microsoft.Compute/skus"):
             self._send(h, 200, {"value": self.azure_skus})
         elif url.path.startswith("/v1/services/") and url.path.endswith("/skus"):
             self._gcp_skus(h, query)
+        elif url.path.startswith("/compute/v1/projects/") and "/aggregated/" in url.path:
+            self._gcp_aggregated(h, url.path.rsplit("/", 1)[1], query)
         elif method == "POST" and h.headers.get("X-Amz-Target", "").endswith("GetProducts"):
             self._aws_products(h, json.loads(body or b"{}"))
         elif method == "POST" and b"Action=GetSpotPlacementScores" in body:
@@ -124,11 +139,51 @@ class FakeClouds:
                             "CustomerEntityType": "Retail", "Items": chunk, "NextPageLink": next_link,
                             "Count": len(chunk)})
 
+    def _azure_graph(self, h: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
+        if not h.headers.get("Authorization", "").startswith("Bearer "):
+            return self._send(h, 401, {"error": {"code": "AuthenticationFailed", "message": "no token"}})
+        if "skuspotevictionrate" not in req.get("query", ""):
+            return self._send(h, 400, {"error": {"code": "BadRequest", "message": "no fake for this query"}})
+        options = req.get("options") or {}
+        size = min(int(options.get("$top") or 100), 1000, self.page_size)
+        start = int(base64.b64decode(options["$skipToken"])) if options.get("$skipToken") else 0
+        chunk, nxt = self.azure_evictions[start:start + size], start + size
+        if self.fail_page == start // size + 1:
+            return self._send(h, 500, {"error": {"code": "InternalServerError", "message": "internal"}})
+        body: dict[str, Any] = {"totalRecords": len(self.azure_evictions), "count": len(chunk),
+                                "resultTruncated": "false", "facets": [], "data": chunk}
+        if nxt < len(self.azure_evictions):
+            body["$skipToken"] = base64.b64encode(str(nxt).encode()).decode()
+        self._send(h, 200, body)
+
     def _gcp_skus(self, h: BaseHTTPRequestHandler, query: dict[str, str]) -> None:
         chunk, nxt, fail = self._page(self.gcp_skus, int(query.get("pageToken") or 0))
         if fail:
             return self._send(h, 500, {"error": {"code": 500, "message": "internal", "status": "INTERNAL"}})
         self._send(h, 200, {"skus": chunk, "nextPageToken": "" if nxt is None else str(nxt)})
+
+    def _gcp_aggregated(self, h: BaseHTTPRequestHandler, kind: str, query: dict[str, str]) -> None:
+        entries = {"machineTypes": self.gcp_machine_types, "acceleratorTypes": self.gcp_accelerator_types}.get(kind)
+        if entries is None:
+            return self._send(h, 404, {"error": {"code": 404, "message": f"no {kind}", "status": "NOT_FOUND"}})
+        match = re.fullmatch(r"name eq '(.*)'", query.get("filter", ""))
+        if match:
+            entries = [(z, e) for z, e in entries if re.fullmatch(match[1], e["name"])]
+        size = int(query.get("maxResults") or self.page_size)
+        start = int(query.get("pageToken") or 0)
+        chunk, nxt = entries[start:start + size], (start + size if start + size < len(entries) else None)
+        if self.fail_page == start // size + 1:
+            return self._send(h, 500, {"error": {"code": 500, "message": "internal", "status": "INTERNAL"}})
+        items: dict[str, Any] = {"zones/us-east7-z": {"warning": {  # a scope with nothing, as the API says it
+            "code": "NO_RESULTS_ON_PAGE", "message": "There are no results for scope 'zones/us-east7-z' on this page.",
+            "data": [{"key": "scope", "value": "zones/us-east7-z"}]}}}
+        for zone, entry in chunk:
+            items.setdefault(f"zones/{zone}", {kind: []})[kind].append(entry)
+        body = {"kind": f"compute#{kind[:-1]}AggregatedList", "id": f"projects/fake/aggregated/{kind}", "items": items,
+                "selfLink": f"https://www.googleapis.com/compute/v1/projects/fake/aggregated/{kind}"}
+        if nxt is not None:
+            body["nextPageToken"] = str(nxt)
+        self._send(h, 200, body)
 
     def _aws_products(self, h: BaseHTTPRequestHandler, req: dict[str, Any]) -> None:
         wanted = {f["Field"]: f["Value"] for f in req.get("Filters", [])}

@@ -4,7 +4,8 @@
 GCP bills a GPU machine as the sum of its parts: its vCPUs at the series'
 core SKU, its memory at the series' RAM SKU, and its GPUs at the GPU SKU, each
 per region, on-demand (`OnDemand`) or Spot (`Preemptible`). The machine
-types and the zones that offer them are the bundled snapshot's.
+types and the zones that offer them come from Compute Engine when a project
+is known (`gcp_zones.py`), else from the bundled snapshot.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from spotbroker.broker.pricing import catalog
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.fake_data import GCP_SERIES
+from spotbroker.broker.pricing.gcp_zones import ComputeZones
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
 from spotbroker.broker.pricing.settings import PricingSettings
 
@@ -71,48 +73,73 @@ def _unit_price(sku: Any) -> tuple[float, str] | None:
 class GcpSource:
     name = SOURCE
 
-    def __init__(self, client, *, timeout: float, machines: list[Machine] | None = None) -> None:
-        self.client, self.timeout = client, timeout
+    def __init__(self, client, *, timeout: float, machines: list[Machine] | None = None,
+                 zones: ComputeZones | None = None) -> None:
+        self.client, self.timeout, self.zones = client, timeout, zones
         self.machines = machines if machines is not None else snapshot_machines()
+        self._zones_said: str | None = None
 
     @classmethod
     def from_settings(cls, settings: PricingSettings) -> GcpSource:
         from google.api_core.client_options import ClientOptions
         from google.cloud import billing_v1
 
+        project = settings.gcp_project
         if settings.gcp_endpoint:  # a local fake (tests, the demo): no credentials, plain REST
             from google.auth.credentials import AnonymousCredentials
 
-            client = billing_v1.CloudCatalogClient(credentials=AnonymousCredentials(), transport="rest",
+            credentials = AnonymousCredentials()
+            client = billing_v1.CloudCatalogClient(credentials=credentials, transport="rest",
                                                    client_options=ClientOptions(api_endpoint=settings.gcp_endpoint))
         else:
             import google.auth
             from google.auth.exceptions import DefaultCredentialsError
 
             try:
-                credentials, _ = google.auth.default()
+                credentials, default_project = google.auth.default()
             except DefaultCredentialsError as exc:
                 raise SourceUnavailable("no GCP credentials (application default credentials)") from exc
+            project = project or default_project
             client = billing_v1.CloudCatalogClient(credentials=credentials, transport="rest")
-        return cls(client, timeout=settings.timeout)
+        zones = None
+        if project:  # the Compute API lists a project's zones; without one, the snapshot's
+            zones = ComputeZones.build(credentials, project, settings.gcp_compute_endpoint or settings.gcp_endpoint,
+                                       settings.timeout)
+        return cls(client, timeout=settings.timeout, zones=zones)
 
     def fetch(self) -> SourceAnswer:
         report = QualityReport()
         prices = self._prices(report)
+        machines = self._machines(report)
         rows = []
-        for m in self.machines:
+        for m in machines:
             parts = prices.get(m.region, {})
             rows.append(OfferRow(
                 cloud="gcp", region=m.region, zone=m.zone, zone_id=None, instance_type=m.instance_type,
                 accelerator=m.accelerator, accelerator_count=float(m.count), vcpus=m.vcpus, memory_gib=m.memory_gib,
                 spot_price=self._machine_price(m, parts, "Preemptible"),
                 ondemand_price=self._machine_price(m, parts, "OnDemand")))
-        for region in sorted({m.region for m in self.machines} - set(prices)):
+        for region in sorted({m.region for m in machines} - set(prices)):
             report.note("region not served by the API")
             log.info("prices: gcp no longer prices %s; its offers are unlisted", region)
         # Machines in regions the API no longer prices come out without prices
         # and are dropped: the source is the authority for all of GCP.
         return SourceAnswer(rows, {"gcp": None}, report)
+
+    def _machines(self, report: QualityReport) -> list[Machine]:
+        """Compute Engine's GPU machine types per zone, else the snapshot's
+        (said once while the Compute API stays unavailable)."""
+        if self.zones is None:
+            return self.machines
+        try:
+            machines = self.zones.machines(report)
+        except SourceUnavailable as exc:
+            if self._zones_said != str(exc):
+                log.warning("prices: gcp zones from the snapshot: %s", exc)
+                self._zones_said = str(exc)
+            return self.machines
+        self._zones_said = None
+        return machines
 
     @staticmethod
     def _machine_price(m: Machine, parts: dict[tuple[str, str], float], usage: str) -> float | None:
@@ -132,7 +159,8 @@ class GcpSource:
         try:
             pager = self.client.list_skus(parent=SERVICE, retry=None, timeout=self.timeout)
             for sku in pager:  # each page is fetched as the iteration reaches it
-                self._take(sku, out, report)
+                # the raw protobuf message: proto-plus's attribute access is the slow part
+                self._take(type(sku).pb(sku), out, report)
         except (aexc.DefaultCredentialsError, aexc.TransportError, gexc.ServiceUnavailable,
                 requests.ConnectionError, requests.Timeout) as exc:
             if not out:  # the first page: the API is not here; later: a failed refresh

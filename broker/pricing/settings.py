@@ -12,7 +12,11 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-KNOWN_SOURCES = ("catalog", "aws", "gcp", "azure")
+KNOWN_SOURCES = ("catalog", "aws", "gcp", "azure", "aws-advisor")
+# What `serve` reads with no setting: the snapshot, and the live sources
+# that need no credentials (Azure's Retail Prices; AWS's Spot Instance
+# Advisor feed, the interruption bands of the snapshot's AWS offers).
+DEFAULT_SOURCES = ("catalog", "azure", "aws-advisor")
 
 
 class PricingSettings(BaseSettings):
@@ -20,8 +24,10 @@ class PricingSettings(BaseSettings):
 
     # Which sources the tracker refreshes. The snapshot needs nothing; the
     # live ones use the clouds' standard credential chains (Azure's retail
-    # prices need none).
-    sources: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["catalog"])
+    # prices and the AWS advisor feed need none). Tests and the demo name
+    # theirs (`catalog`, or the local fakes' endpoints): nothing there may
+    # reach the network.
+    sources: Annotated[list[str], NoDecode] = Field(default_factory=lambda: list(DEFAULT_SOURCES))
     # Seconds between refreshes: spot prices move in minutes, list prices
     # and machine specs in days.
     catalog_interval: float = 86_400.0
@@ -29,6 +35,7 @@ class PricingSettings(BaseSettings):
     aws_list_interval: float = 21_600.0
     gcp_interval: float = 3_600.0
     azure_interval: float = 3_600.0
+    aws_advisor_interval: float = 21_600.0     # the feed changes about daily
     # An offer its source has not confirmed for this many of its intervals
     # is stale: still listed, ranked after the fresh ones.
     stale_after_intervals: float = 3.0
@@ -37,6 +44,9 @@ class PricingSettings(BaseSettings):
     lease_seconds: float = 600.0               # a refresher's hold on its source
 
     aws_regions: Annotated[list[str], NoDecode] = Field(default_factory=list)   # empty: all the API lists
+    # Regions asked side by side: each is a few round trips, so against AWS
+    # a refresh takes about the slowest region's time rather than the sum.
+    aws_region_workers: int = Field(default=8, ge=1, le=64)
     aws_endpoint_url: str | None = None        # EC2 (moto in tests)
     aws_pricing_endpoint_url: str | None = None
     aws_scores_endpoint_url: str | None = None  # get_spot_placement_scores (a fake in tests: moto lacks it)
@@ -65,7 +75,7 @@ class PricingSettings(BaseSettings):
         return value
 
     def interval(self, source: str) -> float:
-        return float(getattr(self, f"{source}_interval"))
+        return float(getattr(self, f"{source.replace('-', '_')}_interval"))
 
     def stale_after(self, source: str) -> float:
         """Seconds without a confirmation after which an offer of `source` is stale."""

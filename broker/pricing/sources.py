@@ -3,7 +3,7 @@ imported only when their source is turned on."""
 from __future__ import annotations
 
 from spotbroker.broker.pricing import catalog
-from spotbroker.broker.pricing.base import Source, SourceAnswer
+from spotbroker.broker.pricing.base import Source, SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.settings import PricingSettings
 
 
@@ -14,6 +14,28 @@ class CatalogSource:
 
     def fetch(self) -> SourceAnswer:
         return SourceAnswer(catalog.snapshot_rows(), {"aws": None, "gcp": None, "azure": None})
+
+
+class AdvisorSource:
+    """AWS's Spot Instance Advisor feed (public): the interruption band of
+    each region's instance types, as the risk of the AWS offers another
+    source prices (the snapshot's, with no credentials)."""
+
+    name = "aws-advisor"
+
+    def __init__(self, url: str, timeout: float, read) -> None:
+        self.url, self.timeout, self.read = url, timeout, read
+
+    def fetch(self) -> SourceAnswer:
+        import httpx
+
+        try:
+            bands = self.read(self.url, self.timeout)
+        except httpx.TransportError as exc:
+            raise SourceUnavailable(f"AWS Spot Instance Advisor feed unreachable at {self.url} "
+                                    f"({type(exc).__name__})") from exc
+        return SourceAnswer([], {}, risks={("aws", region, itype): (value, self.name)
+                                           for (region, itype), value in bands.items()})
 
 
 def build_source(name: str, settings: PricingSettings) -> Source:
@@ -27,6 +49,10 @@ def build_source(name: str, settings: PricingSettings) -> Source:
         from spotbroker.broker.pricing.gcp import GcpSource
 
         return GcpSource.from_settings(settings)
+    if name == "aws-advisor":
+        from spotbroker.broker.pricing.aws import advisor_risks
+
+        return AdvisorSource(settings.aws_advisor_url, settings.timeout, advisor_risks)
     if name == "aws":
         from spotbroker.broker.pricing.aws import AwsSource
 

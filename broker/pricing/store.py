@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, delete, exists, func, insert, select, update
+from sqlalchemy import and_, bindparam, delete, exists, func, insert, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from spotbroker.broker.pricing.catalog import SOURCE as CATALOG
@@ -48,12 +48,14 @@ class RefreshResult:
     unlisted: int = 0
     kept_live: int = 0          # catalog rows left alone: a live source owns them
     samples: int = 0
+    risks: int = 0              # offers given a published risk by a risk feed
     changes: list[str] = field(default_factory=list)
     quality: QualityReport = field(default_factory=QualityReport)
 
     def summary(self) -> str:
+        risks = f"; {self.risks} offers given a published risk" if self.risks else ""
         return (f"{self.source}: {self.new} new, {self.changed} changed, {self.unchanged} unchanged, "
-                f"{self.unlisted} no longer listed; {self.samples} history samples; dropped or fixed: "
+                f"{self.unlisted} no longer listed; {self.samples} history samples{risks}; dropped or fixed: "
                 f"{self.quality}")
 
 
@@ -95,7 +97,8 @@ def apply_refresh(session: Session, source: str, rows: Iterable[OfferRow], now: 
         values = {"cloud": row.cloud, "region": row.region, "instance_type": row.instance_type,
                   "spot_price": row.spot_price, "ondemand_price": row.ondemand_price, "source": source,
                   **{name: getattr(row, name) for name in _SPEC}}
-        risk = {"risk": row.risk, "risk_source": row.risk_source}
+        # The snapshot carries no risk: it must not wipe what a risk feed set.
+        risk = {} if source == CATALOG and old is not None else {"risk": row.risk, "risk_source": row.risk_source}
         if old is None:
             inserts.append({**values, **risk, "place": key[2], "observed_at": now, "checked_at": now,
                             "listed": True})
@@ -128,6 +131,23 @@ def apply_refresh(session: Session, source: str, rows: Iterable[OfferRow], now: 
         session.execute(insert(Offer), samples)
     result.samples = len(samples)
     return result
+
+
+def apply_risks(session: Session, risks: dict[tuple[str, str, str], tuple[float, str]]) -> int:
+    """Set the published risk of the offers of each (cloud, region, instance
+    type), except where a live price source set its own (AWS's combines the
+    advisor's band with placement scores per zone); the offers updated."""
+    if not risks:
+        return 0
+    t = PriceOffer.__table__
+    feeds = sorted({name for _, name in risks.values()})
+    stmt = t.update().where(t.c.cloud == bindparam("c"), t.c.region == bindparam("r"),
+                            t.c.instance_type == bindparam("i"),
+                            or_(t.c.risk_source.is_(None), *(t.c.risk_source == f for f in feeds))) \
+        .values(risk=bindparam("v"), risk_source=bindparam("s"))
+    done = session.connection().execute(stmt, [{"c": c, "r": r, "i": i, "v": v, "s": s}
+                                               for (c, r, i), (v, s) in risks.items()])
+    return done.rowcount or 0
 
 
 def prune_history(session: Session, now: datetime, retention_days: float) -> int:

@@ -54,6 +54,7 @@ class PriceTracker:
             with transaction(self.factory) as session:
                 result = store.apply_refresh(session, name, answer.rows, self.clock.now(), answer.scope,
                                              report=answer.report)
+                result.risks = store.apply_risks(session, answer.risks)
             self._said.pop(name, None)
             log.info("prices %s", result.summary())
             return result

@@ -201,6 +201,8 @@ class PriceOffer(Base):
         UniqueConstraint("cloud", "region", "place", "instance_type", name="uq_price_offers_key"),
         Index("ix_price_offers_shape", "accelerator", "accelerator_count", "listed", "spot_price"),
         Index("ix_price_offers_spot", "listed", "spot_price"),
+        Index("ix_price_offers_shape_od", "accelerator", "accelerator_count", "listed", "ondemand_price"),
+        Index("ix_price_offers_ondemand", "listed", "ondemand_price"),
         Index("ix_price_offers_place", "cloud", "instance_type", "place"),
     )
 

@@ -60,3 +60,50 @@ def test_excluded_places_are_skipped(session):
     first = rank_offers(session, spec(accelerators="A10G:1"))[0]
     second = rank_offers(session, spec(accelerators="A10G:1"), exclude_places=frozenset({first.place}))[0]
     assert second.place != first.place and second.price_per_hour >= first.price_per_hour
+
+
+def everything_the_policy_could_weigh(session, accelerator, count):
+    """The zones as the exhaustive path built them: every listed offer of the
+    shape with both prices, one per policy zone (the first listed wins)."""
+    from spotbroker.broker.placement.placer import offer_key
+    from spotbroker.broker.pricing.offers import current_offers
+
+    zones = {}
+    for o in current_offers(session, accelerator, count):
+        if o.spot_price is not None and o.ondemand_price is not None:
+            zones.setdefault(offer_key(o), (o.spot_price, o.ondemand_price))
+    return zones
+
+
+@pytest.mark.parametrize("shape", ["T4:1", "A100:8", "L4:1", "H100:8"])
+def test_the_placement_path_loads_only_what_a_decision_uses_and_misses_none_of_it(session, settings, shape):
+    from spotbroker.broker.placement.placer import MAX_ZONES, Placer
+
+    name, count = shape.split(":")
+    all_zones = everything_the_policy_could_weigh(session, name, float(count))
+    assert len(all_zones) > MAX_ZONES or shape == "H100:8"
+    placer = Placer(settings)
+    s = spec(accelerators=shape)
+    listed, zones = placer._candidates(session, s, "shape")
+    assert not listed and len(zones) <= max(2 * MAX_ZONES + 1, len(all_zones))
+
+    def top(z, prices):
+        return sorted((prices(v)[0], k) for k, v in z.items())[:MAX_ZONES]
+
+    # The cheapest MAX_ZONES by spot price (the policy's zones) and the cheapest on-demand are the same.
+    assert top(zones, lambda v: (v[1].price_per_hour,)) == top(all_zones, lambda v: v)
+    assert min(v[2].price_per_hour for v in zones.values()) == min(od for _, od in all_zones.values())
+
+
+def test_a_running_attempt_is_weighed_in_its_zone_however_dear(session, settings):
+    from spotbroker.broker.placement.placer import Placer, attempt_key
+    from spotbroker.broker.store.models import Attempt
+
+    dearest = max(rank_offers(session, spec(accelerators="T4:1"), limit=1000), key=lambda p: p.price_per_hour)
+    running = Attempt(cloud=dearest.cloud, region=dearest.region, zone=dearest.zone, zone_id=dearest.zone_id,
+                      instance_type=dearest.instance_type, use_spot=True)
+    placer = Placer(settings)
+    _, zones = placer._candidates(session, spec(accelerators="T4:1"), "shape")
+    assert attempt_key(running) not in zones  # beyond the cheapest: not loaded for a new job
+    _, zones = placer._candidates(session, spec(accelerators="T4:1"), "shape", running)
+    assert zones[attempt_key(running)][1].price_per_hour == dearest.price_per_hour

@@ -24,7 +24,7 @@ def spotbroker(*args: str, env: dict[str, str], cwd: Path | None = None, timeout
 @pytest.fixture
 def env(tmp_path) -> dict[str, str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
-    return {**clean, "HOME": str(tmp_path / "home")}
+    return {**clean, "HOME": str(tmp_path / "home"), "SPOTBROKER_PRICES_SOURCES": "catalog"}  # no network
 
 
 def test_teams_create_prints_the_token_alone_on_the_last_line(env, tmp_path):
