@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     # Where agents on the nodes reach this broker (default: from host/port).
     advertise_url: str | None = None
     heartbeat_timeout: float = 60.0             # a silent agent's node counts as lost after this
+    # Bytes of uploaded workdirs a team may keep in the broker's storage (0: no limit).
+    upload_quota_bytes: int = Field(10 * 1024**3, ge=0)
+    # Notification targets (webhooks, SMTP) may be private addresses (10/8, 192.168/16, ...):
+    # loopback, link-local and cloud metadata addresses are refused whatever this says.
+    notify_allow_private: bool = False
     max_followers_per_team: int = Field(64, ge=1)  # concurrent `logs?follow=true` a team holds per server process
     # An ended attempt's agent token still works this long (its last events
     # and logs); then the broker answers 410 Gone and the agent stops.
