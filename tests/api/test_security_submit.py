@@ -7,8 +7,9 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-YAML_PARSES = 2  # spotbroker.api.routers.jobs.YAML_PARSES
 from spotbroker.broker.jobs import taskyaml
+
+YAML_PARSES = 2  # spotbroker.api.routers.jobs.YAML_PARSES
 
 
 def test_task_files_are_parsed_a_few_at_a_time(api, team_headers, monkeypatch):
