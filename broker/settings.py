@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     # Where agents on the nodes reach this broker (default: from host/port).
     advertise_url: str | None = None
     heartbeat_timeout: float = 60.0             # a silent agent's node counts as lost after this
+    # Bytes of uploaded workdirs a team may keep in the broker's storage (0: no limit).
+    upload_quota_bytes: int = Field(10 * 1024**3, ge=0)
+    # Networks (CIDR) that budget notification targets may reach besides public
+    # addresses: private, loopback, link-local (metadata) ones are refused unless listed.
+    notify_allowed_networks: list[str] = Field(default_factory=list)
     max_followers_per_team: int = Field(64, ge=1)  # concurrent `logs?follow=true` a team holds per server process
     # An ended attempt's agent token still works this long (its last events
     # and logs); then the broker answers 410 Gone and the agent stops.
@@ -92,6 +97,18 @@ class Settings(BaseSettings):
     @property
     def checkpoint_uri(self) -> str:
         return self.checkpoint_root or (self.data_dir / "checkpoints").as_uri()
+
+    @field_validator("notify_allowed_networks")
+    @classmethod
+    def _networks(cls, networks: list[str]) -> list[str]:
+        import ipaddress
+
+        for n in networks:
+            try:
+                ipaddress.ip_network(n, strict=False)
+            except ValueError:
+                raise ValueError(f"{n!r}: a network such as 10.0.0.0/8 or fd00::/8") from None
+        return networks
 
     @field_validator("egress_usd_per_gb")
     @classmethod

@@ -122,8 +122,8 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
 
     outcome = await run_in_threadpool(store)
     if outcome.refused:
-        raise Problem(422, "Invalid request", "a reported checkpoint is not at this attempt's own place: "
-                      "nothing of the batch was stored", errors=outcome.refused)
+        raise Problem(422, "Invalid request", f"{outcome.refusal}: nothing of the batch was stored",
+                      errors=outcome.refused)
     if outcome.moved:
         state.reconciler.hint()
     drain_seconds = None

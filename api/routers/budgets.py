@@ -66,7 +66,7 @@ def put_budget(request: Request, body: budgets.BudgetIn, name: TeamName, _: Admi
     """Set a team's budget (replacing the previous one). Targets' URLs are
     secrets: stored, never answered back. Raising it releases held jobs."""
     for i, target in enumerate(body.targets or []):
-        problem = target.problem()
+        problem = target.problem(request.app.state.settings.notify_allowed_networks)
         if problem:
             raise invalid([{"field": f"targets.{i}.{problem[0]}", "message": problem[1]}])
     state = request.app.state

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
@@ -24,6 +25,12 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
 MAX_BODY = 1 << 20
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")
+# Task files parsed at once per process. Reading one is pure Python holding
+# the GIL (PyYAML, then SkyPilot's schema): a megabyte takes seconds of CPU,
+# and a team posting dozens at once would starve the event loop (every
+# team's requests, the agents' heartbeats). The others wait their turn
+# without a thread.
+YAML_PARSES = 2
 _READ = responses(401, 403, 404, 422)
 
 
@@ -38,6 +45,14 @@ def _get(session, team, job_id: int):
         raise _not_found(job_id) from None
 
 
+async def _parse_task(request: Request, body: bytes) -> dict:
+    state = request.app.state
+    limiter = getattr(state, "yaml_limiter", None)
+    if limiter is None:  # made in the app's own event loop, which it belongs to
+        limiter = state.yaml_limiter = anyio.CapacityLimiter(YAML_PARSES)
+    return await anyio.to_thread.run_sync(taskyaml.parse, body, limiter=limiter)
+
+
 async def _read_spec(request: Request) -> JobSpec:
     body = await request.body()
     if len(body) > MAX_BODY:
@@ -49,7 +64,7 @@ async def _read_spec(request: Request) -> JobSpec:
     try:
         # A task file is read by SkyPilot's own schema (seconds for the first
         # one a process reads: `import sky`), off the event loop.
-        doc = await run_in_threadpool(taskyaml.parse, body) if fmt == "yaml" else load_document(body, fmt)
+        doc = await _parse_task(request, body) if fmt == "yaml" else load_document(body, fmt)
     except SpecShapeError as exc:
         raise invalid([{"field": exc.field, "message": exc.detail}]) from None
     except SpecSyntaxError as exc:

@@ -36,7 +36,7 @@ class UploadOut(BaseModel):
 
 
 @router.put("/{sha256}", status_code=201, response_model=UploadOut, responses=responses(
-    400, 401, 403, 413, 422, s413=f"Over {MAX_ARCHIVE_BYTES} bytes",
+    400, 401, 403, 413, 422, s413=f"Over {MAX_ARCHIVE_BYTES} bytes, or over the team's upload quota",
     s422="Not the sha256 of the body, or not an archive a node would unpack"),
     openapi_extra={"requestBody": {"required": True, "description": (
         "A gzipped tar of the workdir: regular files, directories and links that stay inside it; "
@@ -69,6 +69,8 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
             await run_in_threadpool(uploads.store, settings, team.team_name, sha256, path)
         except uploads.UploadInvalid as exc:
             raise invalid([{"field": "body", "message": str(exc)}]) from None
+        except uploads.QuotaExceeded as exc:
+            raise Problem(413, "Payload too large", str(exc)) from None
     finally:
         path.unlink(missing_ok=True)
     return UploadOut(sha256=sha256, bytes=received)

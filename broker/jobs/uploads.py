@@ -28,6 +28,10 @@ class UploadInvalid(ValueError):
     """The archive is not one a node would unpack: why."""
 
 
+class QuotaExceeded(Exception):
+    """Storing the archive would take the team over its upload quota: why."""
+
+
 def _team_store(settings: Settings, team: str) -> Storage:
     return Storage(f"{settings.checkpoint_uri.rstrip('/')}/{team}")
 
@@ -62,9 +66,28 @@ def store(settings: Settings, team: str, sha256: str, archive: Path) -> int:
     except CodeError as exc:
         raise UploadInvalid(str(exc)) from None
     team_store = _team_store(settings, team)
+    _check_quota(settings, team_store, sha256, archive.stat().st_size)
     team_store.put_file(_key(sha256), archive)
     _keep_from_jobs(team_store.uri)
     return unpacked
+
+
+def used(settings: Settings, team: str) -> int:
+    """Bytes of the team's stored uploads."""
+    return sum(o.size for o in _team_store(settings, team).iter(UPLOADS))
+
+
+def _check_quota(settings: Settings, team_store: Storage, sha256: str, incoming: int) -> None:
+    """Refuse an archive that would take the team over `upload_quota_bytes`
+    (one it already has costs nothing). Two uploads racing may both pass:
+    the quota bounds a team's disk by one archive more, not to the byte."""
+    quota = settings.upload_quota_bytes
+    if not quota or team_store.head(_key(sha256)) is not None:
+        return
+    stored = sum(o.size for o in team_store.iter(UPLOADS))
+    if stored + incoming > quota:
+        raise QuotaExceeded(f"your team's uploads would take {stored + incoming} bytes, over its quota of "
+                            f"{quota} bytes (SPOTBROKER_UPLOAD_QUOTA_BYTES); {stored} bytes are stored already")
 
 
 def _keep_from_jobs(team_uri: str) -> None:

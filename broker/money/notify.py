@@ -6,12 +6,21 @@ receiver that is down loses nothing (the row waits), and a broker that
 restarts sends nothing twice (a sent row is never picked again; the
 delivering broker holds the alerting lease).
 
+Before a notification goes, its host is resolved and every address it
+resolves to is checked (`budgets.address_problem`): a name that pointed
+somewhere public when the budget was set may point at the broker's own
+host or a metadata service now. (apprise resolves it again to connect: a
+name that changes in between is not caught; an operator who fears that
+lists no private network and routes the broker's egress through a proxy.)
+
 Secrets stay out of logs and of `last_error`: apprise's own logging is
 quietened, and errors are recorded as the target's name and hint.
 """
 from __future__ import annotations
 
 import logging
+import socket
+from collections.abc import Iterable
 from datetime import datetime, timedelta
 from urllib.parse import parse_qsl, quote, urlencode, urlsplit
 
@@ -21,6 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.money import budgets
 from spotbroker.broker.money.models import Budget, Notification
 from spotbroker.broker.money.settings import MoneySettings
+from spotbroker.broker.settings import get_settings
 from spotbroker.broker.store.db import transaction
 
 log = logging.getLogger("spotbroker.money")
@@ -48,6 +58,26 @@ def apprise_url(target: budgets.Target) -> str:
     return f"{'mailtos' if u.scheme == 'smtps' else 'mailto'}://{auth}{u.hostname}{port}?{urlencode(params)}"
 
 
+def destination_problem(target: budgets.Target, allowed_networks: Iterable[str]) -> str | None:
+    """Why the target may not be reached now, or None (an unresolvable name
+    is left to the sender, which fails on it)."""
+    allowed = list(allowed_networks)
+    host = target.host
+    problem = budgets.host_problem(host, allowed)
+    if problem or budgets.literal_address(host) is not None:
+        return problem
+    try:
+        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return None
+    for *_, sockaddr in found:
+        address = budgets.literal_address(str(sockaddr[0]).split("%")[0])
+        problem = budgets.address_problem(address, allowed) if address else None
+        if problem:
+            return problem
+    return None
+
+
 def send(target: budgets.Target, title: str, body: str, timeout: float) -> bool:
     import apprise
 
@@ -62,8 +92,12 @@ def send(target: budgets.Target, title: str, body: str, timeout: float) -> bool:
     return bool(a.notify(title=title, body=text))
 
 
-def deliver(factory: sessionmaker[Session], settings: MoneySettings, now: datetime, limit: int = 200) -> int:
-    """Send what is due; how many went out."""
+def deliver(factory: sessionmaker[Session], settings: MoneySettings, now: datetime, limit: int = 200,
+            allowed_networks: Iterable[str] | None = None) -> int:
+    """Send what is due; how many went out. `allowed_networks`: default,
+    the broker's SPOTBROKER_NOTIFY_ALLOWED_NETWORKS."""
+    if allowed_networks is None:
+        allowed_networks = get_settings().notify_allowed_networks
     with factory() as session:
         due = list(session.scalars(select(Notification).where(
             Notification.sent_at.is_(None), Notification.tries < settings.notify_max_tries,
@@ -76,6 +110,8 @@ def deliver(factory: sessionmaker[Session], settings: MoneySettings, now: dateti
         error = None
         if target is None:
             error = "the target is no longer in the budget"
+        elif refused := destination_problem(target, allowed_networks):
+            error = f"{target.kind} to {target.name} refused: {refused}"
         else:
             try:
                 ok = send(target, n.title, n.body, settings.notify_timeout)

@@ -4,7 +4,12 @@ Each attempt gets its own agent token at launch (only its digest is kept),
 so an agent can post only for its own attempt. Events carry a sequence
 number per attempt (per node of a multi-node attempt: the agents of nodes
 above 0 say `node: N`); one already stored is ignored, so a buffered batch
-can be re-sent safely. What a notice or a flush does to the job (PREEMPTING,
+can be re-sent safely. A seq may not run ahead of what an agent can have
+counted to since its attempt was made (`SEQ_SLACK` plus `SEQS_PER_SECOND`
+a second): an agent that jumped to the top of the range would have every
+later report of its attempt ignored as already delivered. Smaller gaps are
+an agent's ordinary life (it drops an event the broker refused; a node
+above 0's heartbeats are not stored), so they are let through. What a notice or a flush does to the job (PREEMPTING,
 then RECOVERING) is `broker/recovery/attempts.py`'s; the answer tells the agent
 `drain: true` while the broker moves the job. Only the job's current
 attempt moves anything: a late report from an attempt that was already
@@ -49,6 +54,10 @@ MAX_BIG = 2**63 - 1
 MAX_REASON = 16  # the checkpoints.reason column
 MAX_NODES = 4096
 NODE_SEQ = "node_seq"  # stored with the events of nodes above 0: their agent's own seq
+# An agent makes a heartbeat every 5 s and a few other events: 10 a second
+# is far beyond it, and keeps a seq from reaching 2**31 for years.
+SEQ_SLACK = 10_000
+SEQS_PER_SECOND = 10
 
 
 @dataclass(frozen=True)
@@ -67,8 +76,9 @@ class Outcome:
     drain: bool  # the broker is moving the job: flush a checkpoint now, then stop
     moved: bool  # a job changed state: the reconciler should look now
     drain_until: datetime | None = None  # a drain: when the broker stops waiting for the flush
-    # Set when the batch was refused (nothing stored): [{"field": ..., "message": ...}]
+    # Set when the batch was refused (nothing stored): [{"field": ..., "message": ...}], and why
     refused: list[dict[str, str]] = field(default_factory=list)
+    refusal: str = ""
 
 
 def agent_token(key: bytes, attempt_id: int) -> str:
@@ -102,13 +112,19 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
     job = session.get(Job, attempt.job_id)
     node = _node(events)
     last = _node_last_seq(session, attempt, node) if node else attempt.agent_seq
+    runaway = _runaway_seqs(attempt, events, last, clock.now())
+    if runaway:
+        return Outcome(accepted=0, last_seq=last, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
+                       drain=False, moved=False, refused=runaway,
+                       refusal="a seq runs ahead of what this attempt's agent can have counted to")
     uris, refused = {}, []
     if any(e.type == protocol.CHECKPOINT_COMMITTED for e in events):  # (heartbeats need no team lookup)
         prefix = attempt_prefix(checkpoint_root, session.get(Team, job.team_id).name, job.id, attempt.id)
         uris, refused = _checkpoint_uris(session, job, attempt, events, prefix, last, clock)
     if refused:
         return Outcome(accepted=0, last_seq=last, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
-                       drain=False, moved=False, refused=refused)
+                       drain=False, moved=False, refused=refused,
+                       refusal="a reported checkpoint is not at this attempt's own place")
     accepted, moved = 0, False
     for event in sorted(events, key=lambda e: e.seq):
         if event.seq <= last:
@@ -128,6 +144,16 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
     drain = move or (live and recovery.peers_drain(job, attempt))
     return Outcome(accepted=accepted, last_seq=last, cancel=not live, drain=drain, moved=moved,
                    drain_until=job.next_check_at if move else None)
+
+
+def _runaway_seqs(attempt: Attempt, events: list[AgentEvent], last: int, now: datetime) -> list[dict[str, str]]:
+    """Field errors of the new events whose seq is beyond what the attempt's
+    agent can have reached by now (see the module's docstring)."""
+    age = max((now - attempt.created_at).total_seconds(), 0.0)
+    ceiling = max(last, SEQ_SLACK + int(age * SEQS_PER_SECOND))
+    return [{"field": f"events.{i}.seq", "message": (
+        f"{e.seq} is beyond {ceiling}, as far as this attempt's agent can have counted by now: "
+        "seqs count up by one per event from 1")} for i, e in enumerate(events) if e.seq > ceiling]
 
 
 def _node(events: list[AgentEvent]) -> int:

@@ -114,7 +114,7 @@ def attempt_prefix(settings, job: dict, team: str = "ml") -> str:
     return f"{settings.checkpoint_uri}/{team}/{job['id']}/{job['attempts'][-1]['id']}"
 
 
-AFTER_AGENT = 1_000_000  # seqs the job's own agent (it runs, and reports) will not reach in a test
+AFTER_AGENT = 5_000  # seqs the job's own agent (it runs, and reports) will not reach in a test
 
 
 def committed(seq: int, step: int, uri: object, reason: str = "periodic") -> dict:

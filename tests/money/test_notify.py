@@ -15,6 +15,7 @@ from aiosmtpd.controller import Controller
 from spotbroker.broker.money import budgets
 from spotbroker.broker.money.loop import MoneyLoop
 from spotbroker.broker.money.settings import MoneySettings
+from spotbroker.broker.settings import get_settings
 from spotbroker.broker.store.db import transaction
 
 
@@ -55,6 +56,15 @@ class Mailbox:
     async def handle_DATA(self, server, session, envelope):
         self.got.append((envelope.rcpt_tos, envelope.content.decode(errors="replace")))
         return "250 OK"
+
+
+@pytest.fixture(autouse=True)
+def local_receivers(monkeypatch):
+    """The receivers here listen on loopback, which the broker reaches only when allowed."""
+    monkeypatch.setenv("SPOTBROKER_NOTIFY_ALLOWED_NETWORKS", '["127.0.0.0/8"]')
+    get_settings.cache_clear()
+    yield
+    get_settings.cache_clear()
 
 
 @pytest.fixture

@@ -1,0 +1,74 @@
+"""Budget notification targets cannot make the broker reach its own host,
+its network or a cloud's metadata service (SSRF): such a target is refused
+at PUT naming the field, and checked again, resolved, before each send.
+An operator lists the networks it may reach
+(SPOTBROKER_NOTIFY_ALLOWED_NETWORKS)."""
+from __future__ import annotations
+
+import pytest
+
+from spotbroker.broker.money import budgets, notify
+
+ADMIN = {"Authorization": "Bearer admin-token-for-tests"}
+
+
+INTERNAL = [
+    "http://127.0.0.1:8000/v1/teams", "http://localhost/hook", "http://169.254.169.254/latest/meta-data/",
+    "http://metadata.google.internal/computeMetadata/v1/", "http://[::1]/x", "http://[::ffff:127.0.0.1]/x",
+    "http://2130706433/x", "http://0x7f.1/x", "http://10.1.2.3/x", "http://192.168.0.1/x", "http://0.0.0.0/x",
+    "http://[fd00:ec2::254]/latest", "http://app.localhost/x"]
+
+
+def test_a_target_at_an_internal_address_is_refused_naming_the_field(api, team_headers, settings):
+    settings.notify_allowed_networks = []
+    team_headers("a")
+    for url in INTERNAL:
+        body = {"amount": 5, "targets": [{"name": "ops", "kind": "webhook", "url": url}]}
+        r = api.put("/v1/teams/a/budget", json=body, headers=ADMIN)
+        assert r.status_code == 422, (url, r.text)
+        assert r.json()["errors"][0]["field"] == "targets.0.url"
+        smtp = {"amount": 5, "targets": [{"name": "m", "kind": "email", "smtp_url": url.replace("http", "smtp", 1),
+                                          "to": ["ops@example.com"]}]}
+        r = api.put("/v1/teams/a/budget", json=smtp, headers=ADMIN)
+        assert r.status_code == 422 and r.json()["errors"][0]["field"] == "targets.0.smtp_url", (url, r.text)
+    assert api.get("/v1/teams/a/budget", headers=ADMIN).status_code == 404  # nothing was set
+
+
+def test_a_public_webhook_is_taken_and_a_listed_network_is_allowed(api, team_headers, settings):
+    settings.notify_allowed_networks = []
+    team_headers("a")
+    public = {"amount": 5, "targets": [{"name": "ops", "kind": "webhook", "url": "https://hooks.slack.com/T/B/x"}]}
+    assert api.put("/v1/teams/a/budget", json=public, headers=ADMIN).status_code == 200
+    relay = {"amount": 5, "targets": [{"name": "ops", "kind": "webhook", "url": "http://10.1.2.3/hook"}]}
+    settings.notify_allowed_networks = ["10.0.0.0/8"]
+    assert api.put("/v1/teams/a/budget", json=relay, headers=ADMIN).status_code == 200
+
+
+def test_a_name_is_checked_again_where_it_resolves_before_sending():
+    """A public-looking name stored earlier may resolve to the broker's own host now."""
+    target = budgets.Target(name="ops", kind="webhook", url="http://rebound.example/hook")
+    assert budgets.host_problem(target.host, []) is None  # nothing to say before DNS
+    import socket
+    real = socket.getaddrinfo
+
+    def resolver(host, *args, **kwargs):
+        if host == "rebound.example":
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+        return real(host, *args, **kwargs)
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(socket, "getaddrinfo", resolver)
+    try:
+        assert "127.0.0.1" in notify.destination_problem(target, [])
+        assert notify.destination_problem(target, ["127.0.0.0/8"]) is None
+    finally:
+        mp.undo()
+
+
+def test_the_allowed_networks_setting_is_checked():
+    from pydantic import ValidationError
+
+    from spotbroker.broker.settings import Settings
+
+    with pytest.raises(ValidationError, match="notify_allowed_networks"):
+        Settings(notify_allowed_networks=["ten-dot-something"], _env_file=None)
