@@ -16,9 +16,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from spotbroker.agent import proctree
 from e2e.test_job_shapes import assert_flushed_and_resumed, copy_in, final_loss, preempt_once_stepping
 from helpers import wait_for, wait_state
+
+from spotbroker.agent import proctree
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
