@@ -12,7 +12,8 @@ DCP's own writer ``torch.save``s every tensor into memory, which the storage
 then writes and hashes again: three passes over the state. Ours
 (:class:`RawWriter`) keeps DCP's planner, metadata and file names but writes
 each rank's tensors' bytes as they are held, straight from the tensors, into
-one ``__{rank}_0.raw`` object, hashing as it writes; the metadata's
+``__{rank}_{n}.raw`` objects (one per 32 MiB, up to the storage's
+concurrency, written in parallel), hashing as it writes; the metadata's
 ``_StorageInfo`` (offset, length) locates each, and its tensor properties
 (dtype) and chunk sizes give the shape back, so :class:`RawReader` reshards
 as DCP's does. Objects DCP's writer made (``.distcp``, older checkpoints)
@@ -34,7 +35,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from spotbroker.agent.checkpoint.format import CheckpointInvalid, byte_view, fetch_verified
-from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.agent.checkpoint.storage import Storage, parallel_map
 
 LAYOUT = "sharded"
 
@@ -121,6 +122,7 @@ class StorageFS:
 
 
 RAW_SUFFIX = ".raw"
+BIN_BYTES = 32 * 1024 * 1024
 
 
 def _raw_bytes(item: Any, data: Any, keep: list[Any]) -> memoryview:
@@ -135,6 +137,21 @@ def _raw_bytes(item: Any, data: Any, keep: list[Any]) -> memoryview:
     tensor = tensor.contiguous()
     keep.append(tensor)  # the view below borrows its memory
     return byte_view(tensor)
+
+
+def _bins(views: list[tuple[Any, memoryview]], most: int) -> list[list[tuple[Any, memoryview]]]:
+    """The items in up to `most` objects of about equal size (at least BIN_BYTES
+    each), written on as many threads: hashing and writing one rank's shard
+    then uses the cores a single process's parallel parts would."""
+    total = sum(view.nbytes for _, view in views)
+    count = max(1, min(most, total // BIN_BYTES))
+    bins: list[list[tuple[Any, memoryview]]] = [[] for _ in range(count)]
+    sizes = [0] * count
+    for pair in sorted(views, key=lambda pair: -pair[1].nbytes):
+        smallest = sizes.index(min(sizes))
+        bins[smallest].append(pair)
+        sizes[smallest] += pair[1].nbytes
+    return [b for b in bins if b]
 
 
 def _chunk_sizes(metadata: Any, index: Any) -> Any:
@@ -160,19 +177,23 @@ def _writer(fs: StorageFS) -> Any:
             from torch.distributed.checkpoint.storage import WriteResult
             from torch.futures import Future
 
-            key = f"{plan.storage_data.prefix}0{RAW_SUFFIX}"
             keep: list[Any] = []
-            segments: list[memoryview] = []
-            results, offset = [], 0
-            for item in plan.items:
-                view = _raw_bytes(item, planner.resolve_data(item), keep)
-                results.append(WriteResult(index=item.index, size_in_bytes=view.nbytes,
-                                           storage_data=_StorageInfo(key, offset, view.nbytes)))
-                segments.append(view)
-                offset += view.nbytes
-            digest = hashlib.sha256()
-            fs.storage.put(key, segments, digest=digest)
-            fs.written[key] = {"size": offset, "sha256": digest.hexdigest()}
+            views = [(item, _raw_bytes(item, planner.resolve_data(item), keep)) for item in plan.items]
+            results: list[Any] = []
+
+            def write(numbered: tuple[int, list[tuple[Any, memoryview]]]) -> None:
+                key = f"{plan.storage_data.prefix}{numbered[0]}{RAW_SUFFIX}"
+                offset = 0
+                for item, view in numbered[1]:
+                    results.append(WriteResult(index=item.index, size_in_bytes=view.nbytes,
+                                               storage_data=_StorageInfo(key, offset, view.nbytes)))
+                    offset += view.nbytes
+                digest = hashlib.sha256()
+                fs.storage.put(key, [view for _, view in numbered[1]], digest=digest)
+                fs.written[key] = {"size": offset, "sha256": digest.hexdigest()}
+
+            bins = _bins(views, fs.storage.max_concurrency)
+            parallel_map(write, list(enumerate(bins)), len(bins))
             done: Future[list[Any]] = Future()
             done.set_result(results)
             return done
