@@ -139,6 +139,15 @@ def _raw_bytes(item: Any, data: Any, keep: list[Any]) -> memoryview:
     return byte_view(tensor)
 
 
+def import_dcp() -> None:
+    """Import what a sharded save uses (DCP and its state-dict helpers take
+    seconds to import; a flush's first save must not pay them)."""
+    import torch.distributed._shard._utils  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.checkpoint.filesystem  # noqa: F401
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
+
+
 def _bins(views: list[tuple[Any, memoryview]], most: int) -> list[list[tuple[Any, memoryview]]]:
     """The items in up to `most` objects of about equal size (at least BIN_BYTES
     each), written on as many threads: hashing and writing one rank's shard
