@@ -16,7 +16,7 @@ so the figure includes their agreement on the step. Goal: within 1.3x of
 one process. Each figure is the median of ``--repeats`` runs (a fresh run of
 the ranks each).
 
-    python bench/distributed_flush.py [--gib 1] [--ranks 2 4] [--repeats 3]
+    python bench/distributed_flush.py [--gib 1] [--ranks 2 4] [--repeats 3] [--layouts replicated sharded]
 """
 from __future__ import annotations
 
@@ -70,11 +70,15 @@ def one_run(mode: str, ranks: int, gib: float) -> float:
         else:
             command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
                        str(script), *args]
-        proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                start_new_session=True)
+        errors = Path(tmp) / "ranks.log"
+        with errors.open("wb") as err:
+            proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=err, text=True,
+                                    start_new_session=True)
         try:
             for _ in range(ranks):
-                assert proc.stdout.readline().strip() == "ready", "a rank did not start"
+                if proc.stdout.readline().strip() != "ready":
+                    proc.wait(60)
+                    raise RuntimeError(f"a rank did not start: {errors.read_text()[-2000:]}")
             while len(list(control.glob("library-*.json"))) < ranks:
                 time.sleep(0.01)
             time.sleep(1.0)  # all ranks stepping
@@ -105,6 +109,7 @@ def main() -> None:
     p.add_argument("--gib", type=float, default=1.0)
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--layouts", nargs="+", choices=["replicated", "sharded"], default=["replicated", "sharded"])
     args = p.parse_args()
 
     def median(mode: str, ranks: int) -> float:
@@ -114,7 +119,7 @@ def main() -> None:
     print(f"{args.gib:g} GiB of state to file://, notice -> committed (median of {args.repeats})")
     print(f"{'layout':<12}{'ranks':>6}{'seconds':>10}{'vs one process':>16}   goal <= 1.3x")
     print(f"{'one process':<12}{1:>6}{single:>10.2f}{1.0:>15.2f}x")
-    for mode in ("replicated", "sharded"):
+    for mode in args.layouts:
         for ranks in args.ranks:
             seconds = median(mode, ranks)
             print(f"{mode:<12}{ranks:>6}{seconds:>10.2f}{seconds / single:>15.2f}x", flush=True)

@@ -148,6 +148,10 @@ class Checkpointer:
         self._ranked: RankedSaves | None = None  # None: one process, as without torch.distributed
         if self.uri and (self.ranks.distributed or self.sharded):
             self._ranked = RankedSaves(self, Agreement(self.ranks) if self.ranks.distributed else None)
+            if self.sharded:
+                from spotbroker.agent.checkpoint.sharded import import_dcp
+
+                import_dcp()  # seconds of imports: paid at start, not inside a notice's window
         if self.uri and self.ranks.writer and not self.sharded:
             self._uploader = Uploader(Storage(self.uri, max_concurrency=self.max_workers), state=self._state,
                                       on_commit=self._committed, half=self.half, part_bytes=self.part_bytes,

@@ -6,7 +6,18 @@ tensor once) through DCP's own planner and file layout, into the step's
 prefix on any of our storages (``file://``, ``s3://``, ``gs://``,
 ``az://``): :class:`StorageFS` is DCP's file system over
 :class:`~spotbroker.agent.checkpoint.storage.Storage`, hashing every object
-as it writes it. The commit stays ours: once DCP has written every shard and
+as it writes it.
+
+DCP's own writer ``torch.save``s every tensor into memory, which the storage
+then writes and hashes again: three passes over the state. Ours
+(:class:`RawWriter`) keeps DCP's planner, metadata and file names but writes
+each rank's tensors' bytes as they are held, straight from the tensors, into
+``__{rank}_{n}.raw`` objects (one per 32 MiB, up to the storage's
+concurrency, written in parallel), hashing as it writes; the metadata's
+``_StorageInfo`` (offset, length) locates each, and its tensor properties
+(dtype) and chunk sizes give the shape back, so :class:`RawReader` reshards
+as DCP's does. Objects DCP's writer made (``.distcp``, older checkpoints)
+are still read its way. The commit stays ours: once DCP has written every shard and
 its ``.metadata``, the ranks hand their objects' sizes and sha256 to rank 0,
 which checks that each is there at its size and only then writes
 ``MANIFEST.json`` (``"layout": "sharded"``). Reading back, every object a
@@ -23,8 +34,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from spotbroker.agent.checkpoint.format import CheckpointInvalid, fetch_verified
-from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.agent.checkpoint.format import CheckpointInvalid, byte_view, fetch_verified
+from spotbroker.agent.checkpoint.storage import Storage, parallel_map
 
 LAYOUT = "sharded"
 
@@ -110,19 +121,140 @@ class StorageFS:
         return [o.key for o in self.storage.iter(os.fspath(path))]
 
 
+RAW_SUFFIX = ".raw"
+BIN_BYTES = 32 * 1024 * 1024
+
+
+def _raw_bytes(item: Any, data: Any, keep: list[Any]) -> memoryview:
+    """The bytes of one write item as they are held (a CPU copy only for a tensor elsewhere)."""
+    from torch.distributed.checkpoint.planner import WriteItemType
+
+    if item.type == WriteItemType.BYTE_IO:
+        return memoryview(data.getvalue())
+    tensor = data.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    tensor = tensor.contiguous()
+    keep.append(tensor)  # the view below borrows its memory
+    return byte_view(tensor)
+
+
+def import_dcp() -> None:
+    """Import what a sharded save uses (DCP and its state-dict helpers take
+    seconds to import; a flush's first save must not pay them)."""
+    import torch.distributed._shard._utils  # noqa: F401
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.checkpoint.filesystem  # noqa: F401
+    import torch.distributed.checkpoint.state_dict  # noqa: F401
+
+
+def _bins(views: list[tuple[Any, memoryview]], most: int) -> list[list[tuple[Any, memoryview]]]:
+    """The items in up to `most` objects of about equal size (at least BIN_BYTES
+    each), written on as many threads: hashing and writing one rank's shard
+    then uses the cores a single process's parallel parts would."""
+    total = sum(view.nbytes for _, view in views)
+    count = max(1, min(most, total // BIN_BYTES))
+    bins: list[list[tuple[Any, memoryview]]] = [[] for _ in range(count)]
+    sizes = [0] * count
+    for pair in sorted(views, key=lambda pair: -pair[1].nbytes):
+        smallest = sizes.index(min(sizes))
+        bins[smallest].append(pair)
+        sizes[smallest] += pair[1].nbytes
+    return [b for b in bins if b]
+
+
+def _chunk_sizes(metadata: Any, index: Any) -> Any:
+    """The shape of the stored chunk that `index` (fqn, offset) names."""
+    md = metadata.state_dict_metadata[index.fqn]
+    chunks = md.chunks
+    if index.index is not None and index.index < len(chunks) and chunks[index.index].offsets == index.offset:
+        return chunks[index.index].sizes
+    for chunk in chunks:
+        if chunk.offsets == index.offset:
+            return chunk.sizes
+    raise CheckpointInvalid(f"{index.fqn}: no stored chunk at offset {list(index.offset)}")
+
+
 def _writer(fs: StorageFS) -> Any:
     from torch.distributed.checkpoint import FileSystemWriter
 
-    writer = FileSystemWriter("", sync_files=False, overwrite=True)
+    class RawWriter(FileSystemWriter):
+        """DCP's writer with its plans and metadata, and the tensors' bytes written as held."""
+
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            from torch.distributed.checkpoint.filesystem import _StorageInfo
+            from torch.distributed.checkpoint.storage import WriteResult
+            from torch.futures import Future
+
+            keep: list[Any] = []
+            views = [(item, _raw_bytes(item, planner.resolve_data(item), keep)) for item in plan.items]
+            results: list[Any] = []
+
+            def write(numbered: tuple[int, list[tuple[Any, memoryview]]]) -> None:
+                key = f"{plan.storage_data.prefix}{numbered[0]}{RAW_SUFFIX}"
+                offset = 0
+                for item, view in numbered[1]:
+                    results.append(WriteResult(index=item.index, size_in_bytes=view.nbytes,
+                                               storage_data=_StorageInfo(key, offset, view.nbytes)))
+                    offset += view.nbytes
+                digest = hashlib.sha256()
+                fs.storage.put(key, [view for _, view in numbered[1]], digest=digest)
+                fs.written[key] = {"size": offset, "sha256": digest.hexdigest()}
+
+            bins = _bins(views, fs.storage.max_concurrency)
+            parallel_map(write, list(enumerate(bins)), len(bins))
+            done: Future[list[Any]] = Future()
+            done.set_result(results)
+            return done
+
+    writer = RawWriter("", sync_files=False, overwrite=True)
     writer.fs = fs
     writer.path = ""
     return writer
 
 
 def _reader(fs: StorageFS) -> Any:
-    from torch.distributed.checkpoint import FileSystemReader
+    import dataclasses
 
-    reader = FileSystemReader("")
+    import torch
+    from torch.distributed._shard._utils import narrow_tensor_by_index
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.planner import LoadItemType
+
+    class RawReader(FileSystemReader):
+        """Reads ``.raw`` objects without ``torch.load``; anything else as DCP's reader does."""
+
+        def set_up_storage_reader(self, metadata: Any, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+            super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+            self.metadata = metadata
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            per_object: dict[str, list[Any]] = {}
+            others = []
+            for req in plan.items:
+                path = self.storage_data[req.storage_index].relative_path
+                if path.endswith(RAW_SUFFIX):
+                    per_object.setdefault(path, []).append(req)
+                else:
+                    others.append(req)
+            for path, reqs in per_object.items():
+                data = memoryview(fetch_verified(fs.storage, path, fs.verify or {}))
+                for req in reqs:
+                    info = self.storage_data[req.storage_index]
+                    raw = data[info.offset:info.offset + info.length]
+                    if req.type == LoadItemType.BYTE_IO:
+                        planner.load_bytes(req, io.BytesIO(raw.tobytes()))
+                        continue
+                    dtype = self.metadata.state_dict_metadata[req.storage_index.fqn].properties.dtype
+                    sizes = _chunk_sizes(self.metadata, req.storage_index)
+                    stored = (torch.frombuffer(raw, dtype=dtype) if info.length
+                              else torch.empty(0, dtype=dtype)).view(sizes)
+                    target = planner.resolve_tensor(req).detach()
+                    target.copy_(narrow_tensor_by_index(stored, req.storage_offsets, req.lengths))
+                    planner.commit_tensor(req, target)
+            return super().read_data(dataclasses.replace(plan, items=others), planner)
+
+    reader = RawReader("")
     reader.fs = fs
     reader.path = ""
     return reader

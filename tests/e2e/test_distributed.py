@@ -19,6 +19,8 @@ import pytest
 from e2e.test_job_shapes import assert_flushed_and_resumed, copy_in, final_loss, preempt_once_stepping
 from helpers import wait_for, wait_state
 
+from spotbroker.agent import proctree
+
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 ARGS = "--steps 60 --seed 3 --every-steps 1000 --log-every 1 --step-seconds 0.15"
@@ -95,4 +97,47 @@ def test_a_notice_on_the_second_node_flushes_both_and_the_job_resumes_once(api, 
     assert len(preempting) == 1  # the job is preempted once, whichever node heard it
     assert_flushed_and_resumed(api, h, job)
     assert_one_flush_for_every_rank(api, h, job, ranks=2)
+    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted_loss
+
+
+def test_a_node_that_vanishes_without_a_notice_recovers_the_job_from_its_newest_checkpoint(
+        api, team_headers, settings, uninterrupted_loss):
+    """Node 1 of two ends at once, no notice given (its every process, as the
+    simulator's hard stop does): node 0 is stopped too, the job recovers, and
+    the next attempt starts at the newest step committed before the loss."""
+    h = team_headers()
+    run = (f"{TORCHRUN} --nnodes=2 --nproc_per_node=1 --node_rank=$SKYPILOT_NODE_RANK --master_addr=127.0.0.1 "
+           f"--master_port=$((20000 + SPOTBROKER_ATTEMPT_ID % 20000)) ddp_train.py "
+           f"{ARGS.replace('--every-steps 1000', '--every-steps 10')}")
+    job_id = submit(api, h, "node-vanishes", run, num_nodes=2)
+    wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    first = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][0]
+
+    def committed() -> list[dict]:
+        return [e for e in events_of(api, h, job_id)
+                if e["type"] == "checkpoint_committed" and e["attempt_id"] == first["id"]]
+
+    wait_for(lambda: committed(), timeout=60, what="a periodic checkpoint of the first attempt")
+    run_dir = Path(settings.data_dir) / "runs" / str(first["id"])
+    node_1 = (run_dir / "node-1.self").read_text().split()
+    assert proctree.kill_tree(int(node_1[0])) > 0  # no notice: the node is simply gone
+    lost_at = len(committed())
+    job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=150)
+    assert job["state"] == "SUCCEEDED", job
+    assert len(job["attempts"]) == 2, job["attempts"]
+    lost, second = job["attempts"]
+    assert (lost["state"], lost["reason"]) == ("PREEMPTED", "vanished")
+    events = events_of(api, h, job_id)
+    assert not [e for e in events if e["type"] == "preemption_notice"]
+    moves = [e["data"]["to"] for e in events if e["type"] == "job_state"]
+    assert moves[moves.index("RUNNING"):][:3] == ["RUNNING", "RECOVERING", "LAUNCHING"], moves
+    # Node 0 was stopped with its attempt: no process of the lost attempt is left.
+    node_0 = (run_dir / "node-0.self").read_text().split()
+    wait_for(lambda: proctree.start_time(int(node_0[0])) != node_0[1], timeout=30, what="node 0 to be stopped")
+    newest = committed()[-1]
+    assert len(committed()) in (lost_at, lost_at + 1)  # a save under way when node 1 went may have committed
+    resumed = next(e for e in events if e["type"] == "resumed" and e["attempt_id"] == second["id"])
+    assert resumed["data"]["step"] == newest["data"]["step"] > 0
+    logs = api.get(f"/v1/jobs/{job_id}/logs", params={"attempt": second["id"]}, headers=h).text
+    assert f"start_step={newest['data']['step']}" in logs
     assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted_loss
