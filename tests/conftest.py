@@ -2,8 +2,9 @@
 
 Every database test runs twice: on SQLite and on PostgreSQL. The PostgreSQL
 server is the machine's (127.0.0.1:5432, user postgres) unless
-SPOTBROKER_TEST_PG_URL names another; each test run creates its own
-database and drops it at the end. Without a server the PostgreSQL half skips
+SPOTBROKER_TEST_PG_URL names another; each test process (each xdist
+worker) creates its own database, migrated once, empties it before every
+test and drops it at the end. SQLite tests get a copy of one migrated file. Without a server the PostgreSQL half skips
 with a message saying what is missing, except under CI=true, where it fails.
 """
 from __future__ import annotations
@@ -26,6 +27,14 @@ ADMIN_TOKEN = "admin-token-for-tests"
 # (in this process, or started with this environment) read the snapshot only,
 # so that no test reaches the network. Price tests name their fakes.
 os.environ.setdefault("SPOTBROKER_PRICES_SOURCES", "catalog")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The suite runs on xdist workers (pyproject's addopts). A test that runs
+    # pytest itself (tests/test_pg_required.py) wants one process, not two
+    # more workers: it passes its environment on, and workers read their
+    # options from the controller, not from PYTEST_ADDOPTS.
+    os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -n 0".strip()
 
 
 def _pg_unavailable(reason: str) -> None:
@@ -59,26 +68,51 @@ def pg_database(pg_server: str) -> Iterator[str]:
     drop_pg_database(url)
 
 
-def _truncate_all(engine: Engine) -> None:
+# Every sequence back to its start, as in a freshly migrated database.
+_RESTART_SEQUENCES = """DO $$ DECLARE s record; BEGIN
+  FOR s IN SELECT sequence_schema, sequence_name FROM information_schema.sequences LOOP
+    EXECUTE format('ALTER SEQUENCE %I.%I RESTART', s.sequence_schema, s.sequence_name);
+  END LOOP; END $$"""
+
+
+def _empty_all(engine: Engine) -> None:
+    """Every table emptied, children first. DELETE, not TRUNCATE: a test
+    leaves a few rows, and TRUNCATE gives every table and index a new file
+    (about twice the time here, see docs/benchmarks.md)."""
     from spotbroker.broker.store.db import Base
 
-    names = ", ".join(t.name for t in Base.metadata.sorted_tables)
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {names} RESTART IDENTITY CASCADE"))
+        for table in reversed(Base.metadata.sorted_tables):
+            conn.execute(table.delete())
+        conn.execute(text(_RESTART_SEQUENCES))
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One SQLite file migrated for the run; each test gets a copy of it
+    (a migration costs about half a second, a copy a millisecond)."""
+    path = tmp_path_factory.mktemp("sqlite-template") / "broker.db"
+    engine = make_engine(f"sqlite:///{path}")
+    migrate.upgrade(engine)
+    engine.dispose()
+    # The last connection's close folds the write-ahead log into the file:
+    # a copy of the file alone is then the whole database.
+    assert not path.with_name(path.name + "-wal").exists(), "the template's WAL was not checkpointed"
+    return path
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A migrated, empty database of each kind."""
     if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'broker.db'}"
-        engine = make_engine(url)
-        migrate.upgrade(engine)
-        engine.dispose()
-        return url
+        import shutil
+
+        path = tmp_path / "broker.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        return f"sqlite:///{path}"
     url = request.getfixturevalue("pg_database")
     engine = make_engine(url)
-    _truncate_all(engine)
+    _empty_all(engine)
     engine.dispose()
     return url
 

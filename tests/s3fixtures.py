@@ -36,9 +36,10 @@ def s3_client(endpoint: str) -> object:
                         config=Config(retries={"max_attempts": 2}))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def moto_endpoint() -> Iterator[str]:
-    """One moto server per test module (``http://127.0.0.1:<port>``)."""
+    """One moto server for the run (``http://127.0.0.1:<port>``); each test
+    gets buckets of its own (`s3_uri`), so none sees another's objects."""
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
