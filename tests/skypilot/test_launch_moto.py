@@ -109,7 +109,8 @@ def test_a_launch_past_its_bound_is_cancelled_and_downed(sky_aws: SkyAws, launch
     wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
     with pytest.raises(sky.exceptions.RequestCancelled):
         sky.get(handle["request_id"])
-    assert sky.get(sky.status(cluster_names=[handle["cluster"]])) == []
+    # `terminate` sends `sky.down` without waiting: the cluster's record goes when it is done
+    wait_for(lambda: sky.get(sky.status(cluster_names=[handle["cluster"]])) == [], 60, "the cluster's record gone")
 
 
 def test_a_broker_killed_mid_launch_reattaches_without_a_second_instance(sky_aws: SkyAws, launcher,
