@@ -126,12 +126,15 @@ class ScriptedSky:
                 for r in request_ids]
 
     def get(self, request_id):
-        if isinstance(request_id, tuple):  # status() below answers directly
+        if isinstance(request_id, tuple):  # status() and enabled_clouds() below answer directly
             return request_id[1]
         raise ResourcesUnavailableError("Failed to acquire resources in us-east-1b: InsufficientInstanceCapacity")
 
     def status(self, cluster_names=None, **_):
         return ("status", [{"name": n, "status": "INIT"} for n in self.clusters])
+
+    def enabled_clouds(self):
+        return ("enabled_clouds", ["AWS"])
 
     def api_cancel(self, request_id, silent=True):
         return None

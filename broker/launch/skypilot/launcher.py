@@ -37,6 +37,8 @@ from spotbroker.broker.pricing.offers import Placement
 log = logging.getLogger(__name__)
 
 NAME_OK = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# SkyPilot's cloud names -> the broker's (offers, placements).
+CLOUD_NAMES = {"kubernetes": "k8s"}
 JOB_FAILED = ("FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED")
 
 
@@ -64,6 +66,7 @@ class SkyPilotLauncher:
         self.wheelhouse = wheelhouse
         self.launch_timeout_s = launch_timeout_s
         self.follower = Follower(sky, poll_s=poll_s, cluster_poll_s=cluster_poll_s)
+        self._clouds: frozenset[str] | None = None
 
     @classmethod
     def from_settings(cls, settings) -> SkyPilotLauncher:
@@ -114,6 +117,22 @@ class SkyPilotLauncher:
             keep = kept_resources(chosen_alternative(request.spec, request.placement), request.placement)
         resources = pinned_resources(self.sky, request.placement, **keep)
         return node_task(request.spec, program, resources, request.num_nodes, f"attempt-{request.attempt_id}")
+
+    # --- the clouds SkyPilot can reach ---------------------------------------------------
+
+    def enabled_clouds(self) -> frozenset[str] | None:
+        """The clouds `sky check` last enabled, as the broker names them
+        (None until first asked): the placement policy chooses only among
+        them. Never asks SkyPilot (the reconciler calls it every pass)."""
+        return self._clouds
+
+    def refresh_clouds(self) -> frozenset[str]:
+        """Ask SkyPilot's API server which clouds are enabled (what its last
+        `sky check` found; one request). The janitor calls it on each sweep:
+        at start-up, then every janitor interval."""
+        names = self.sky.get(self.sky.enabled_clouds())
+        self._clouds = frozenset(CLOUD_NAMES.get(str(n).lower(), str(n).lower()) for n in names)
+        return self._clouds
 
     # --- observing and stopping ----------------------------------------------------------
 
