@@ -126,7 +126,7 @@ class ScriptedSky:
                 for r in request_ids]
 
     def get(self, request_id):
-        if isinstance(request_id, tuple):  # status() and enabled_clouds() below answer directly
+        if isinstance(request_id, tuple):  # status(), check() and enabled_clouds() below answer directly
             return request_id[1]
         raise ResourcesUnavailableError("Failed to acquire resources in us-east-1b: InsufficientInstanceCapacity")
 
@@ -135,6 +135,9 @@ class ScriptedSky:
 
     def enabled_clouds(self):
         return ("enabled_clouds", ["AWS"])
+
+    def check(self, infra_list, verbose):
+        return ("check", {})
 
     def api_cancel(self, request_id, silent=True):
         return None

@@ -19,18 +19,22 @@ from spotbroker.broker.store.models import Job
 
 
 class CheckedSky:
-    """SkyPilot's SDK as far as `enabled_clouds` goes: a request id, then its answer."""
+    """SkyPilot's SDK as far as `sky check` goes: request ids, then their answers."""
 
     def __init__(self, names: list[str]) -> None:
         self.names, self.asked = names, 0
+
+    def check(self, infra_list, verbose):
+        assert infra_list is None  # every cloud
+        return "req-check"
 
     def enabled_clouds(self):
         self.asked += 1
         return "req-1"
 
     def get(self, request_id):
-        assert request_id == "req-1"
-        return list(self.names)
+        assert request_id in ("req-check", "req-1")
+        return list(self.names) if request_id == "req-1" else {}
 
 
 def clouds_chosen(factory, settings, launchers) -> set[str]:

@@ -127,12 +127,22 @@ class SkyPilotLauncher:
         return self._clouds
 
     def refresh_clouds(self) -> frozenset[str]:
-        """Ask SkyPilot's API server which clouds are enabled (what its last
-        `sky check` found; one request). The janitor calls it on each sweep:
-        at start-up, then every janitor interval."""
-        names = self.sky.get(self.sky.enabled_clouds())
+        """Run `sky check` on SkyPilot's API server, then ask which clouds
+        it enabled (two requests, seconds: the janitor's thread calls it on
+        each sweep, at start-up and then every janitor interval, never the
+        reconciler)."""
+        self.sky.get(self._sdk("check")(None, False))
+        names = self.sky.get(self._sdk("enabled_clouds")())
         self._clouds = frozenset(CLOUD_NAMES.get(str(n).lower(), str(n).lower()) for n in names)
         return self._clouds
+
+    def _sdk(self, name: str):
+        found = getattr(self.sky, name, None)
+        if found is None:  # SkyPilot 0.14 keeps `check` and `enabled_clouds` out of `sky`'s top level
+            from sky.client import sdk
+
+            found = getattr(sdk, name)
+        return found
 
     # --- observing and stopping ----------------------------------------------------------
 
