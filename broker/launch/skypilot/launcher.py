@@ -138,7 +138,7 @@ class SkyPilotLauncher:
 
     def _sdk(self, name: str):
         found = getattr(self.sky, name, None)
-        if found is None:  # SkyPilot 0.14 keeps `check` and `enabled_clouds` out of `sky`'s top level
+        if not callable(found):  # SkyPilot 0.14: `sky.check` is a module; the SDK calls live in sky.client.sdk
             from sky.client import sdk
 
             found = getattr(sdk, name)
