@@ -88,7 +88,7 @@ class Reconciler:
         self.clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._wake = threading.Event()
-        self.placer = Placer(settings)
+        self.placer = Placer(settings, launchers)
         self.launching = Launching(factory, launchers, settings, clock, self.placer, self._on_observed)
         # No agent could reach this process before it started (a broker that
         # was down): it judges a node silent only after a whole heartbeat

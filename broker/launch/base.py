@@ -10,9 +10,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from spotbroker.broker.pricing.offers import Placement
+
+if TYPE_CHECKING:
+    from spotbroker.broker.jobs.spec import JobSpec
 
 
 class LaunchError(Exception):
@@ -43,6 +46,12 @@ class LaunchRequest:
     placement: Placement
     code: CodeRef | None = None  # the attempt's working directory, fresh on every node
     extra_env: dict[str, str] = field(default_factory=dict)  # broker-provided (ids, tokens)
+    # The user's own secrets: the job's process gets them like envs; never
+    # logged, hence out of the repr (a request is easy to log by mistake).
+    secrets: dict[str, str] = field(default_factory=dict, repr=False)
+    # The job's stored spec: what a launcher that speaks the task file's
+    # language (SkyPilot) builds the node's task from. None: a bare request.
+    spec: JobSpec | None = field(default=None, repr=False)
 
 
 class RunState(StrEnum):

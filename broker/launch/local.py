@@ -167,7 +167,7 @@ class LocalLauncher:
         """A job's whole environment, built here and never inherited: a defined
         PATH whose `python` is the jobs' interpreter (the environment spotbroker
         runs in, which has the checkpoint library), its own HOME and TMPDIR, the
-        job's `envs`, the variables SkyPilot sets on a node, and the attempt's own
+        job's `envs` and `secrets`, the variables SkyPilot sets on a node, and the attempt's own
         (ids, checkpoint prefixes, the broker's address; the agent's token only
         where an agent runs, which keeps it from the trainer)."""
         p = request.placement
@@ -175,7 +175,7 @@ class LocalLauncher:
         env = {
             "PATH": f"{Path(self.python).parent}:{SYSTEM_PATH}", "HOME": str(node_dir / "home"),
             "TMPDIR": str(node_dir / "tmp"), "LANG": "C.UTF-8", "SHELL": "/bin/bash", "USER": user,
-            "LOGNAME": user, **request.envs,
+            "LOGNAME": user, **request.envs, **request.secrets,
             "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * request.num_nodes),
             "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",

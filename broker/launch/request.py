@@ -43,7 +43,8 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
     }
     return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, run=spec.run,
                          setup=spec.setup, envs=spec.envs, num_nodes=spec.num_nodes, placement=placement,
-                         code=_code(settings, spec, team.name), extra_env=extra)
+                         code=_code(settings, spec, team.name), extra_env=extra,
+                         secrets=spec.secret_values(), spec=spec)
 
 
 def _code(settings: Settings, spec: JobSpec, team: str) -> CodeRef | None:

@@ -152,11 +152,24 @@ def _samples(runs: list[tuple[float, float, bool]], points: list[tuple[float, Ev
     return sorted(out, key=lambda e: (e[0], e[1]))
 
 
+def enabled_clouds(launchers: dict) -> frozenset[str] | None:
+    """The clouds the cloud launcher can reach (SkyPilot's `sky check`, as it
+    last cached it), or None: no limit (the local launcher simulates every
+    cloud; SkyPilot's answer not known yet)."""
+    launcher = launchers.get("skypilot")
+    ask = getattr(launcher, "enabled_clouds", None)
+    return ask() if ask is not None else None
+
+
 class Placer:
     """Decides for one job at a time; the histories are loaded once per pass."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, launchers: dict | None = None) -> None:
         self.settings = settings
+        # Shared with the reconciler (a launcher may join it after start-up):
+        # a launcher that knows which clouds it can reach limits the offers.
+        self._launchers = launchers if launchers is not None else {}
+        self._clouds: frozenset[str] | None = None
         self._egress = settings.egress_prices()
         self._histories: dict[str, ZoneHistory] | None = None
         self._probes: dict[str, Placement] = {}
@@ -167,6 +180,7 @@ class Placer:
     def new_pass(self) -> None:
         self._histories = None
         self._offers, self._states = {}, {}
+        self._clouds = enabled_clouds(self._launchers)
 
     def take_probes(self, now: datetime) -> list[Placement]:
         """The probes asked for during this pass, one per place, leaving out
@@ -193,6 +207,8 @@ class Placer:
         """
         if shape not in self._offers:
             groups = groups_of(session, spec)
+            if self._clouds is not None:  # only where the cloud launcher can launch
+                groups = [(want, [*where, PriceOffer.cloud.in_(sorted(self._clouds))]) for want, where in groups]
             zones: dict[str, tuple] = {}
             for want, where in groups:
                 if want.use_spot:

@@ -63,6 +63,13 @@ def test_the_task_passes_validation_and_a_dry_run(sky_aws: SkyAws, launcher) -> 
     assert sky.get(sky.launch(task, cluster_name=f"{launcher.prefix}-1", dryrun=True)) == (None, None)
 
 
+def test_the_enabled_clouds_are_what_sky_check_enabled(sky_aws: SkyAws, launcher) -> None:
+    # moto's AWS is the one cloud with credentials here
+    assert launcher.enabled_clouds() is None  # not asked yet: no limit
+    assert launcher.refresh_clouds() == frozenset({"aws"})
+    assert launcher.enabled_clouds() == frozenset({"aws"})
+
+
 def test_a_launch_creates_the_pinned_instance_and_down_removes_it(sky_aws: SkyAws, launcher) -> None:
     started = time.monotonic()
     handle = launcher.launch(request(2, placement("us-east-1c")))
@@ -109,7 +116,8 @@ def test_a_launch_past_its_bound_is_cancelled_and_downed(sky_aws: SkyAws, launch
     wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
     with pytest.raises(sky.exceptions.RequestCancelled):
         sky.get(handle["request_id"])
-    assert sky.get(sky.status(cluster_names=[handle["cluster"]])) == []
+    # `terminate` sends `sky.down` without waiting: the cluster's record goes when it is done
+    wait_for(lambda: sky.get(sky.status(cluster_names=[handle["cluster"]])) == [], 60, "the cluster's record gone")
 
 
 def test_a_broker_killed_mid_launch_reattaches_without_a_second_instance(sky_aws: SkyAws, launcher,

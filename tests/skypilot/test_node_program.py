@@ -129,7 +129,8 @@ def test_the_node_installs_the_wheel_fetches_the_code_and_reports_to_the_broker(
                           price_per_hour=0.2)
         with transaction(factory) as session:
             job = session.get(Job, job_id)
-            attempt = reconciler._new_attempt(session, job, JobSpec.model_validate(job.spec), where, "skypilot", "t")
+            attempt = reconciler.launching.new_attempt(session, job, JobSpec.model_validate(job.spec), where,
+                                                       "skypilot", "t")
             attempt_id = attempt.id
         with factory() as session:
             request = launch_request(session, session.get(Attempt, attempt_id), settings, settings.signing_key())

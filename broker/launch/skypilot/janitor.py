@@ -65,8 +65,14 @@ def sweep(launcher, factory: sessionmaker[Session]) -> list[str]:
 
 def run_janitor(launcher, factory: sessionmaker[Session], interval: float, stop: threading.Event,
                 on_sweep: Callable[[list[str]], None] | None = None) -> None:
-    """Sweep at once (a broker that starts may follow one that crashed), then every `interval`."""
+    """Sweep at once (a broker that starts may follow one that crashed), then every `interval`;
+    each time, refresh the clouds SkyPilot reports enabled (placement's limit)."""
     while not stop.is_set():
+        try:
+            clouds = launcher.refresh_clouds()
+            log.info("SkyPilot's enabled clouds: %s", ", ".join(sorted(clouds)) or "none")
+        except Exception:
+            log.warning("asking SkyPilot for its enabled clouds failed", exc_info=True)
         try:
             downed = sweep(launcher, factory)
             if on_sweep is not None:

@@ -31,11 +31,14 @@ from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, Ru
 from spotbroker.broker.launch.skypilot.errors import Outcome
 from spotbroker.broker.launch.skypilot.follow import GONE, IN_FLIGHT, Follower
 from spotbroker.broker.launch.skypilot.node import node_program
+from spotbroker.broker.launch.skypilot.task import chosen_alternative, kept_resources, node_task
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
 
 NAME_OK = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# SkyPilot's cloud names -> the broker's (offers, placements).
+CLOUD_NAMES = {"kubernetes": "k8s"}
 JOB_FAILED = ("FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED")
 
 
@@ -63,6 +66,7 @@ class SkyPilotLauncher:
         self.wheelhouse = wheelhouse
         self.launch_timeout_s = launch_timeout_s
         self.follower = Follower(sky, poll_s=poll_s, cluster_poll_s=cluster_poll_s)
+        self._clouds: frozenset[str] | None = None
 
     @classmethod
     def from_settings(cls, settings) -> SkyPilotLauncher:
@@ -104,11 +108,41 @@ class SkyPilotLauncher:
         return {"cluster": cluster, "request_id": newest.request_id, "submitted_at": newest.created_at}
 
     def task(self, request: LaunchRequest):
-        """The SkyPilot task for `request`, pinned to its placement."""
-        program = node_program(request, str(self.wheelhouse))
-        task = _base_task(self.sky, request, program)
-        task.set_resources(pinned_resources(self.sky, request.placement))
-        return task
+        """The SkyPilot task for `request`: the job's file as SkyPilot reads
+        it, running the node program, pinned to the placement with the
+        chosen resource set's disk, image, cpus and memory."""
+        program = node_program(request, str(self.wheelhouse), user_secrets=request.secrets)
+        keep = {}
+        if request.spec is not None:
+            keep = kept_resources(chosen_alternative(request.spec, request.placement), request.placement)
+        resources = pinned_resources(self.sky, request.placement, **keep)
+        return node_task(request.spec, program, resources, request.num_nodes, f"attempt-{request.attempt_id}")
+
+    # --- the clouds SkyPilot can reach ---------------------------------------------------
+
+    def enabled_clouds(self) -> frozenset[str] | None:
+        """The clouds `sky check` last enabled, as the broker names them
+        (None until first asked): the placement policy chooses only among
+        them. Never asks SkyPilot (the reconciler calls it every pass)."""
+        return self._clouds
+
+    def refresh_clouds(self) -> frozenset[str]:
+        """Run `sky check` on SkyPilot's API server, then ask which clouds
+        it enabled (two requests, seconds: the janitor's thread calls it on
+        each sweep, at start-up and then every janitor interval, never the
+        reconciler)."""
+        self.sky.get(self._sdk("check")(None, False))
+        names = self.sky.get(self._sdk("enabled_clouds")())
+        self._clouds = frozenset(CLOUD_NAMES.get(str(n).lower(), str(n).lower()) for n in names)
+        return self._clouds
+
+    def _sdk(self, name: str):
+        found = getattr(self.sky, name, None)
+        if not callable(found):  # SkyPilot 0.14: `sky.check` is a module; the SDK calls live in sky.client.sdk
+            from sky.client import sdk
+
+            found = getattr(sdk, name)
+        return found
 
     # --- observing and stopping ----------------------------------------------------------
 
@@ -162,22 +196,14 @@ def _run_status(cluster: str | None, job: str | None) -> RunStatus:
     return RunStatus(RunState.RUNNING)
 
 
-def _base_task(sky, request: LaunchRequest, program):
-    """The node's Task from the launch request. Not yet carried from the job's
-    file: `disk_size`, `image_id` and the user's `secrets` (see
-    `task.task_from_spec`, which holds them; the launch request does not)."""
-    return sky.Task(name=f"attempt-{request.attempt_id}", setup=program.setup, run=program.run,
-                    envs=program.envs, secrets=program.secrets, num_nodes=request.num_nodes,
-                    file_mounts=program.file_mounts)
-
-
-def pinned_resources(sky, p: Placement):
+def pinned_resources(sky, p: Placement, **keep: Any):
     """Resources pinned to the place the policy chose: one cloud, region and
-    zone, one instance type, the spot market or not."""
+    zone, one instance type, the spot market or not; `keep`: what else the
+    chosen resource set asks of it (`task.kept_resources`)."""
     count = int(p.accelerator_count) if float(p.accelerator_count).is_integer() else p.accelerator_count
     accelerators = {p.accelerator: count} if p.accelerator and count else None
     if p.cloud in ("k8s", "kubernetes"):
-        return sky.Resources(infra="k8s" + (f"/{p.region}" if p.region else ""), accelerators=accelerators)
+        return sky.Resources(infra="k8s" + (f"/{p.region}" if p.region else ""), accelerators=accelerators, **keep)
     infra = "/".join(part for part in (p.cloud, p.region, p.zone) if part)
     return sky.Resources(infra=infra, instance_type=p.instance_type, accelerators=accelerators,
-                         use_spot=p.use_spot)
+                         use_spot=p.use_spot, **keep)

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spotbroker.broker.jobs.spec import JobSpec, ResourceSet, WorkdirUpload
+from spotbroker.broker.jobs.spec import Infra, JobSpec, ResourceSet, WorkdirUpload
+from spotbroker.broker.launch.base import LaunchError
+from spotbroker.broker.launch.skypilot.node import NodeProgram
+from spotbroker.broker.pricing.offers import Placement
 
 if TYPE_CHECKING:
     import sky
@@ -82,3 +85,67 @@ def upload_mounts(spec: JobSpec) -> dict[str, str]:
     """File mounts that are uploads: remote path -> the upload's sha256."""
     return {remote: source.upload for remote, source in spec.file_mounts.items()
             if isinstance(source, WorkdirUpload)}
+
+
+def chosen_alternative(spec: JobSpec, placement: Placement) -> ResourceSet:
+    """The resource set of `spec` that `placement` was chosen for: the first
+    whose accelerator, instance type, infra and image regions it fits (what
+    the placement was chosen from; cpus and memory were matched against the offer
+    and are not repeated on a placement)."""
+    for want in spec.resources.alternatives():
+        if _fits(want, placement):
+            return want
+    raise LaunchError(f"the place {placement.place} ({placement.instance_type}) fits none of the job's resource "
+                      "sets: it was chosen for another spec")
+
+
+def _fits(want: ResourceSet, p: Placement) -> bool:
+    if want.accelerator is not None:
+        name, count = want.accelerator
+        if (p.accelerator or "").lower() != name.lower() or float(p.accelerator_count) != float(count):
+            return False
+    if want.instance_type is not None and want.instance_type != p.instance_type:
+        return False
+    if want.infra is not None:
+        infra = Infra(want.infra)
+        if (infra.cloud and infra.cloud != p.cloud) or (infra.region and infra.region != p.region) \
+                or (infra.zone and infra.zone not in (p.zone, p.zone_id)):
+            return False
+    regions = want.image_regions
+    return regions is None or p.region in regions
+
+
+def kept_resources(want: ResourceSet, p: Placement) -> dict[str, Any]:
+    """What the chosen resource set says beyond the place itself, kept on
+    the pinned resources: the disk, the image (of the placement's region
+    when one is given per region), cpus and memory."""
+    out: dict[str, Any] = {}
+    for key in ("cpus", "memory", "disk_size"):
+        if getattr(want, key) is not None:
+            out[key] = getattr(want, key)
+    if isinstance(want.image_id, dict):
+        out["image_id"] = {p.region: want.image_id[p.region]}
+    elif want.image_id is not None:
+        out["image_id"] = want.image_id
+    return out
+
+
+def node_task(spec: JobSpec | None, program: NodeProgram, resources: sky.Resources, num_nodes: int,
+              name: str) -> sky.Task:
+    """The node's Task: the job's file as SkyPilot reads it (`task_from_spec`:
+    its name, envs, secrets and storage mounts), with the node program's
+    setup, run, envs, secrets and file mounts, on `resources` (one place).
+    Without a spec (a bare request), the node program alone under `name`."""
+    import sky
+
+    if spec is None:
+        task = sky.Task(name=name, num_nodes=num_nodes)
+    else:
+        task = task_from_spec(spec)
+    task.setup = program.setup
+    task.run = program.run
+    task.update_envs(program.envs)
+    task.update_secrets(program.secrets)
+    task.set_file_mounts({**(task.file_mounts or {}), **program.file_mounts})
+    task.set_resources(resources)
+    return task

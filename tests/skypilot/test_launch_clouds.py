@@ -1,0 +1,103 @@
+"""The clouds SkyPilot reports enabled limit the places the policy may
+choose. SkyPilot's answer is injected at the SDK boundary here (an object
+answering `enabled_clouds` as SkyPilot's API server does); the real answer
+against moto's AWS is test_launch_moto.py's."""
+from __future__ import annotations
+
+from sqlalchemy import select
+
+from spotbroker.broker import auth
+from spotbroker.broker.clock import Clock
+from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.launch.local import LocalLauncher
+from spotbroker.broker.launch.skypilot.launcher import SkyPilotLauncher
+from spotbroker.broker.placement.placer import Placer
+from spotbroker.broker.pricing.offers import seed_from_catalog
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Job
+
+
+class CheckedSky:
+    """SkyPilot's SDK as far as `sky check` goes: request ids, then their answers."""
+
+    def __init__(self, names: list[str]) -> None:
+        self.names, self.asked = names, 0
+
+    def check(self, infra_list, verbose):
+        assert infra_list is None  # every cloud
+        return "req-check"
+
+    def enabled_clouds(self):
+        self.asked += 1
+        return "req-1"
+
+    def get(self, request_id):
+        assert request_id in ("req-check", "req-1")
+        return list(self.names) if request_id == "req-1" else {}
+
+
+def clouds_chosen(factory, settings, launchers) -> set[str]:
+    placer = Placer(settings, launchers)
+    placer.new_pass()
+    with factory() as s:
+        job = s.scalars(select(Job)).one()
+        choice = placer.choose(s, job, JobSpec.model_validate(job.spec), Clock().now())
+    return {p.cloud for p in choice.placements} if choice is not None else set()
+
+
+def test_only_the_enabled_clouds_are_placed_on_and_the_local_launcher_changes_nothing(factory, settings, tmp_path):
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with transaction(factory) as s:
+        seed_from_catalog(s)
+        team, _ = auth.create_team(s, "ml")
+        jobs.submit(s, team.id, JobSpec.model_validate({"run": "true", "resources": {
+            "any_of": [{"accelerators": "T4:1"}, {"accelerators": "A10G:1"}, {"accelerators": "L4:1"}],
+            "use_spot": False}}))
+    everywhere = clouds_chosen(factory, settings, {})
+    assert len(everywhere) > 1, f"the catalog offers these GPUs on several clouds: {everywhere}"
+    assert clouds_chosen(factory, settings, {"local": LocalLauncher(settings.data_dir, 1)}) == everywhere
+
+    sky = CheckedSky(["AWS"])
+    launcher = SkyPilotLauncher(tmp_path, prefix="sbclouds", sky=sky)
+    try:
+        # not asked yet: no limit (the janitor asks when the broker starts)
+        assert clouds_chosen(factory, settings, {"skypilot": launcher}) == everywhere
+        assert launcher.refresh_clouds() == frozenset({"aws"})
+        asked = sky.asked
+        assert clouds_chosen(factory, settings, {"skypilot": launcher}) == {"aws"}
+        assert sky.asked == asked, "a reconciler pass never asks SkyPilot: the answer is cached"
+        sky.names = ["GCP", "Kubernetes"]
+        assert launcher.refresh_clouds() == frozenset({"gcp", "k8s"})
+        assert clouds_chosen(factory, settings, {"skypilot": launcher}) == {"gcp"}
+    finally:
+        launcher.close()
+
+
+def test_the_janitor_refreshes_the_clouds_on_each_sweep(factory, tmp_path):
+    import threading
+
+    from spotbroker.broker.launch.skypilot.janitor import run_janitor
+
+    class Sky(CheckedSky):
+        def status(self, **_):
+            return ("status", [])
+
+        def api_status(self, **_):
+            return []
+
+        def get(self, request_id):
+            return request_id[1] if isinstance(request_id, tuple) else super().get(request_id)
+
+    sky = Sky(["AWS", "Azure"])
+    launcher = SkyPilotLauncher(tmp_path, prefix="sbclouds", sky=sky)
+    stop = threading.Event()
+    sweeps = []
+
+    def on_sweep(downed):
+        sweeps.append(downed)
+        if len(sweeps) == 2:
+            stop.set()
+
+    run_janitor(launcher, factory, 0.05, stop, on_sweep=on_sweep)
+    assert sky.asked == 2 and launcher.enabled_clouds() == frozenset({"aws", "azure"})
