@@ -21,7 +21,8 @@ ALIASED = (b"big: &big " + b"x" * 50_000 + b"\nrun: echo\nenvs:\n"
 LAUGHS = b"a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + b"".join(
     b"%c: &%c [*%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c, *%c]\n" % ((c, c) + (c - 1,) * 9)
     for c in range(ord("b"), ord("j"))) + b"run: echo\nenvs: {X: *i}\n"
-FAR = (datetime.now(UTC) + timedelta(days=400)).isoformat()
+# A whole day (not now to the microsecond): every xdist worker must collect the same test ids.
+FAR = (datetime.now(UTC) + timedelta(days=400)).replace(hour=0, minute=0, second=0, microsecond=0).isoformat()
 
 # (body, content type, the field named, a word of the message)
 BAD_SPECS = [
