@@ -169,26 +169,10 @@ def settings(db_url: str, data_dir: Path):
 def served(settings, run_reconciler: bool = True) -> Iterator:
     """The app on a real socket (settings.port is set to it), so that node
     agents of local runs can reach it; yields an HTTP client for it."""
-    import socket
-    import threading
-    import time
-
     import httpx
-    import uvicorn
+    from helpers import serve_in_thread
 
-    from spotbroker.api.app import create_app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        settings.port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, run_reconciler=run_reconciler),
-                                           host="127.0.0.1", port=settings.port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
+    server, thread = serve_in_thread(settings, run_reconciler=run_reconciler)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{settings.port}", timeout=30) as client:
             yield client

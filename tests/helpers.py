@@ -8,12 +8,14 @@ import tarfile
 import time
 import uuid
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from spotbroker.agent.proctree import start_time
+from spotbroker.broker.recovery.agent_channel import agent_token
 
 PG_ADMIN_URL = os.environ.get("SPOTBROKER_TEST_PG_URL",
                               "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
@@ -81,3 +83,47 @@ def stop_local_nodes(data_dir: Path) -> None:
                 os.kill(int(pid), signal.SIGTERM)
         except (ProcessLookupError, ValueError, IndexError, OSError):
             pass
+
+
+# --- speaking as a job's agent ---------------------------------------------------------
+
+
+def ev(seq: int, event_type: str, **data) -> dict:
+    """One agent event, as the agent sends it."""
+    return {"seq": seq, "type": event_type, "at": datetime.now(UTC).isoformat(), "data": data}
+
+
+def post(api, token: str, *events: dict):
+    return api.post("/v1/agent/events", json={"events": list(events)}, headers={"Authorization": f"Bearer {token}"})
+
+
+def running_job(api, h, settings) -> tuple[dict, str]:
+    """A job whose attempt runs, and that attempt's agent token."""
+    job_id = api.post("/v1/jobs", json={"run": "sleep 60"}, headers=h).json()["id"]
+    job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)  # a loaded machine starts jobs slowly
+    return job, agent_token(settings.signing_key(), job["attempts"][-1]["id"])
+
+
+def serve_in_thread(settings, **app_kwargs):
+    """The app (`create_app(settings, **app_kwargs)`) on a real socket, in a
+    thread; settings.port is set to it, so that local nodes' agents reach it.
+    (server, thread): set `server.should_exit` and join the thread to stop it."""
+    import socket
+    import threading
+
+    import uvicorn
+
+    from spotbroker.api.app import create_app
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        settings.port = s.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, **app_kwargs), host="127.0.0.1",
+                                           port=settings.port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
+        time.sleep(0.02)
+    return server, thread

@@ -9,25 +9,11 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from helpers import wait_state
+from helpers import ev, post, running_job, wait_state
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.store.models import Checkpoint
-
-
-def ev(seq: int, event_type: str, **data) -> dict:
-    return {"seq": seq, "type": event_type, "at": datetime.now(UTC).isoformat(), "data": data}
-
-
-def post(api, token: str, *events: dict):
-    return api.post("/v1/agent/events", json={"events": list(events)}, headers={"Authorization": f"Bearer {token}"})
-
-
-def running_job(api, h, settings) -> tuple[dict, str]:
-    job_id = api.post("/v1/jobs", json={"run": "sleep 60"}, headers=h).json()["id"]
-    job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)  # a loaded machine starts jobs slowly
-    return job, agent_token(settings.signing_key(), job["attempts"][-1]["id"])
 
 
 def test_only_the_attempts_own_token_is_accepted(api, team_headers, settings):

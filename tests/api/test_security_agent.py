@@ -4,27 +4,11 @@ would have every later report of the real agent ignored as already
 delivered, nor have a checkpoint recorded under another team's prefix."""
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
-from helpers import wait_state
-
-from spotbroker.broker.recovery.agent_channel import agent_token
+from helpers import ev, post, running_job
 
 SEQ_SLACK = 10_000  # broker.recovery.agent_channel.SEQ_SLACK
 
 
-def ev(seq: int, event_type: str, **data) -> dict:
-    return {"seq": seq, "type": event_type, "at": datetime.now(UTC).isoformat(), "data": data}
-
-
-def post(api, token: str, *events: dict):
-    return api.post("/v1/agent/events", json={"events": list(events)}, headers={"Authorization": f"Bearer {token}"})
-
-
-def running_job(api, h, settings) -> tuple[dict, str]:
-    job_id = api.post("/v1/jobs", json={"run": "sleep 60"}, headers=h).json()["id"]
-    job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
-    return job, agent_token(settings.signing_key(), job["attempts"][-1]["id"])
 
 
 def test_an_agent_cannot_jump_its_seq_far_ahead_nor_plant_a_checkpoint_in_another_teams_prefix(

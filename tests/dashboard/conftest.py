@@ -4,9 +4,7 @@ ledger's tables: jobs whose attempts ran on three clouds, one reclaimed
 after a checkpoint, one still running, and one job whose name is a script."""
 from __future__ import annotations
 
-import socket
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -15,10 +13,10 @@ import httpx
 import pytest
 import uvicorn
 from conftest import ADMIN_TOKEN
+from helpers import serve_in_thread
 from money.world import T0, FakeClock, World
 from sqlalchemy import select
 
-from spotbroker.api.app import create_app
 from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
@@ -41,18 +39,7 @@ class Site:
 
 
 def serve(settings, clock) -> tuple[uvicorn.Server, threading.Thread]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        settings.port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, clock=clock, run_reconciler=False),
-                                           host="127.0.0.1", port=settings.port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
-        time.sleep(0.02)
-    return server, thread
+    return serve_in_thread(settings, clock=clock, run_reconciler=False)
 
 
 def seed(factory, team_ids: dict[str, int]) -> None:
