@@ -18,10 +18,10 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import RECLAIMED
-from spotbroker.broker.money import budgets, ledger, service, views
+from spotbroker.broker.money import budgets, ledger, service, storage, views
 from spotbroker.broker.money.alerts import WINDOWS
 from spotbroker.broker.money.models import Alert, LedgerEntry
-from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Team
+from spotbroker.broker.store.models import Attempt, Job, Team
 
 TOP_JOBS = 8
 _RECLAIMED = frozenset(str(r) for r in RECLAIMED)
@@ -83,6 +83,7 @@ class TeamPage:
     budget: BudgetView | None
     checkpoints: int
     checkpoint_bytes: int
+    storage_monthly_cost: float  # at the configured prices per storage class
     alerts: list[Alert]
     teams: list[str] = field(default_factory=list)   # the admin's switcher
 
@@ -173,14 +174,13 @@ def team_page(session: Session, name: str, since: datetime, until: datetime, now
     team_id = service.team_id(session, name)
     report = views.team_costs(session, team_id, since, until, "job", now)
     by_cloud, by_gpu = _grid(session, team_id, since, until, now)
-    count, size = session.execute(
-        select(func.count(Checkpoint.id), func.coalesce(func.sum(Checkpoint.bytes), 0))
-        .join(Job, Job.id == Checkpoint.job_id).where(Job.team_id == team_id)).one()
+    stored = storage.storage_summary(session, team_id)
     alerts = list(session.scalars(select(Alert).where(Alert.team_id == team_id, Alert.open_key.is_not(None))
                                   .order_by(Alert.id.desc())))
     return TeamPage(team=name, since=since, until=until, total=report.total, days=_days(since, until),
                     by_cloud=by_cloud, by_gpu=by_gpu, jobs=_jobs(session, report, now),
-                    budget=_budget(session, team_id, now), checkpoints=count, checkpoint_bytes=int(size),
+                    budget=_budget(session, team_id, now), checkpoints=stored.checkpoints,
+                    checkpoint_bytes=stored.bytes, storage_monthly_cost=stored.monthly_cost,
                     alerts=alerts, teams=team_names(session) if with_teams else [])
 
 
