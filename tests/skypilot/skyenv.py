@@ -161,14 +161,28 @@ def _environment(home: Path, endpoint: str) -> dict[str, str]:
 
 
 def _point_sky_at(home: Path) -> str | None:
-    """If SkyPilot was imported before (by another test), its catalog
-    directory was fixed from the HOME of then: point it at ours."""
+    """If SkyPilot was imported before (by another test in this process: the
+    API parses task files with it), what it read from the HOME of then is
+    fixed: its catalog directory, the AWS catalog's tables, its config and
+    the API server's URL (cached). Point them all at ours."""
     common = sys.modules.get("sky.catalog.common")
     if common is None:
         return None
     before = common._ABSOLUTE_VERSIONED_CATALOG_DIR
-    common._ABSOLUTE_VERSIONED_CATALOG_DIR = str(home / ".sky" / "catalogs" / "v8")
+    _reload_sky(str(home / ".sky" / "catalogs" / "v8"))
     return before
+
+
+def _reload_sky(catalog_dir: str) -> None:
+    import importlib
+
+    sys.modules["sky.catalog.common"]._ABSOLUTE_VERSIONED_CATALOG_DIR = catalog_dir
+    if "sky.catalog.aws_catalog" in sys.modules:
+        importlib.reload(sys.modules["sky.catalog.aws_catalog"])
+    if "sky.server.common" in sys.modules:
+        sys.modules["sky.server.common"].get_server_url.cache_clear()
+    if "sky.skypilot_config" in sys.modules:
+        sys.modules["sky.skypilot_config"].reload_config()
 
 
 @pytest.fixture(scope="module")
@@ -205,5 +219,5 @@ def sky_aws() -> Iterator[SkyAws]:
                 else:
                     os.environ[name] = value
             if catalog_before is not None:
-                sys.modules["sky.catalog.common"]._ABSOLUTE_VERSIONED_CATALOG_DIR = catalog_before
+                _reload_sky(catalog_before)
             shutil.rmtree(home, ignore_errors=True)
