@@ -137,12 +137,17 @@ def _prepare_aws(endpoint: str) -> None:
                        aws_access_key_id="testing", aws_secret_access_key="testing")
     trust = {"Version": "2012-10-17", "Statement": [
         {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
-    iam.create_role(RoleName=PROFILE, AssumeRolePolicyDocument=json.dumps(trust))
-    iam.create_instance_profile(InstanceProfileName=PROFILE)
-    iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName=PROFILE)
+    # moto's backends are the process's: a second module in this process (one
+    # test worker) finds what the first one made, so each step is idempotent.
+    if not iam.list_instance_profiles()["InstanceProfiles"]:
+        iam.create_role(RoleName=PROFILE, AssumeRolePolicyDocument=json.dumps(trust))
+        iam.create_instance_profile(InstanceProfileName=PROFILE)
+        iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName=PROFILE)
     ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION,
                        aws_access_key_id="testing", aws_secret_access_key="testing")
     vpc = ec2.describe_vpcs(Filters=[{"Name": "isDefault", "Values": ["true"]}])["Vpcs"][0]["VpcId"]
+    if ec2.describe_internet_gateways(Filters=[{"Name": "attachment.vpc-id", "Values": [vpc]}])["InternetGateways"]:
+        return
     gateway = ec2.create_internet_gateway()["InternetGateway"]["InternetGatewayId"]
     ec2.attach_internet_gateway(InternetGatewayId=gateway, VpcId=vpc)
     table = ec2.describe_route_tables(Filters=[{"Name": "vpc-id", "Values": [vpc]}])["RouteTables"][0]
