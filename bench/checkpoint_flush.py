@@ -110,6 +110,10 @@ def flush_seconds(model: torch.nn.Module, optimizer: torch.optim.Optimizer, uri:
     """Send ourselves the agent's flush signal at a step boundary; seconds until committed."""
     ckpt = Checkpointer(model, optimizer, uri=uri, control_dir=control, every_seconds=None,
                         part_bytes=args.part_bytes, max_workers=args.workers)
+    if args.prepared:  # as in training: a step with nothing due makes the host buffer in the background
+        ckpt.step(0)
+        if ckpt._uploader.host_preparing is not None:
+            ckpt._uploader.host_preparing.join()
     os.sync()  # earlier phases' dirty pages must not drain into this measurement
     began = time.perf_counter()
     (control / protocol.FLUSH_FILE).write_text(json.dumps({"reason": "bench"}))
@@ -261,6 +265,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-repeat", type=int, default=5, help="rounds of torch.save + periodic save (medians)")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the model lives")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--prepared", action="store_true",
+                   help="flush after a step with nothing due, which makes the host buffer as training does")
     args = p.parse_args(argv)
     args.dtype = getattr(torch, args.dtype)
     args.part_bytes = args.part_mb * 2**20

@@ -252,7 +252,9 @@ class Checkpointer:
             if uploader.busy():
                 return  # the previous upload is still going: try at the next boundary
             self.save(step, reason="periodic", wait=False)
-        elif self.every_steps or self.every_seconds:
+        elif self.every_steps or self.every_seconds or self._control.dir is not None:
+            # A flush may come at any step under an agent: its window must not
+            # pay for the host buffer (pinned memory for GPU state takes seconds per GiB).
             uploader.prepare_ahead()
 
     def save(self, step: int, *, reason: str = "manual", wait: bool = True) -> CheckpointInfo | None:
