@@ -184,6 +184,7 @@ class PriceListFiles:
         for region in self.types:
             self.files.setdefault(region, RegionFile(mb=self.mb))
         self._noise = _noise_block()
+        self._rendered: dict[str, tuple[tuple, list[bytes]]] = {}
 
     def publish(self, *regions: str, version: str) -> None:
         """A new version of these regions' files (all when none named)."""
@@ -202,9 +203,14 @@ class PriceListFiles:
         head = "".join(f'"{k}","{v}"\n' for k, v in (
             ("FormatVersion", "v1.0"), ("Disclaimer", DISCLAIMER), ("Publication Date", "2025-09-12T22:53:08Z"),
             ("Version", f.version), ("OfferCode", "AmazonEC2"))).encode() + render(dict(zip(HEADER, HEADER)))
-        gpu = [row for itype, (vcpus, memory, count) in sorted(self.types.get(region, {}).items())
-               for row in type_rows(region, itype, vcpus, memory, self.gpus.get(itype, count),
-                                    self.price.get((region, itype), ""), self.currency.get((region, itype), "USD"))]
+        shapes = tuple((itype, vcpus, memory, self.gpus.get(itype, count), self.price.get((region, itype), ""),
+                        self.currency.get((region, itype), "USD"))
+                       for itype, (vcpus, memory, count) in sorted(self.types.get(region, {}).items()))
+        if self._rendered.get(region, (None,))[0] != shapes:  # rendered once per state of the region's prices
+            self._rendered[region] = (shapes, [row for itype, vcpus, memory, count, price, currency in shapes
+                                               for row in type_rows(region, itype, vcpus, memory, count, price,
+                                                                    currency)])
+        gpu = self._rendered[region][1]
         blocks = max(1, round(f.mb * (1 << 20) / len(self._noise)))
         return [head, *gpu], blocks, len(head) + sum(map(len, gpu)) + blocks * len(self._noise)
 
