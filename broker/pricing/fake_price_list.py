@@ -117,8 +117,9 @@ def type_rows(region: str, itype: str, vcpus: float, memory: float, gpus: str, p
         for tenancy, capacity, usage, factor in _CAPACITY:
             p = price if (os_name, software, tenancy, capacity) == ("Linux", "NA", "Shared", "Used") \
                 else f"{(hourly + per_vcpu * vcpus) * factor:.10f}"
-            rows.append(render({**base, "SKU": _sku(sku, tenancy, capacity), "OfferTermCode": "JRTCKXETXF",
-                                "RateCode": f"{sku}.JRTCKXETXF.6YS6EN2CT7", "TermType": "OnDemand",
+            product = sku if (tenancy, capacity) == ("Shared", "Used") else _sku(sku, tenancy, capacity)
+            rows.append(render({**base, "SKU": product, "OfferTermCode": "JRTCKXETXF",
+                                "RateCode": f"{product}.JRTCKXETXF.6YS6EN2CT7", "TermType": "OnDemand",
                                 "PriceDescription": f"${p} per On Demand {os_name} {itype} Instance Hour",
                                 "EffectiveDate": "2025-09-01", "StartingRange": "0", "EndingRange": "Inf",
                                 "Unit": "Hrs", "PricePerUnit": p, "Currency": currency, "Tenancy": tenancy,
