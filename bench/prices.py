@@ -1,6 +1,6 @@
 """Price tracking figures (issue 12).
 
-    .venv/bin/python bench/prices.py [--offers 50000] [--kinds sqlite,postgresql]
+    .venv/bin/python bench/prices.py [--offers 50000] [--kinds sqlite,postgresql] [--parts 1,2,3,4]
 
 Prints, per database:
 1. the ranked-offers query over >= 50,000 current offers: p50/p99 in-process
@@ -15,7 +15,10 @@ Prints, per database:
    peak Python memory (tracemalloc) of the refresh;
 3. history growth: samples per day at the default intervals with the change
    rates stated below, simulated through the real write path, and the
-   query time of one offer's 90-day series.
+   query time of one offer's 90-day series;
+4. a full refresh of `aws-public` from AWS's price-list files at their real
+   size (the local fake: 23 regions, us-east-1's file 300 MB): seconds, MB
+   read and rows written per second, peak Python memory.
 """
 from __future__ import annotations
 
@@ -239,6 +242,53 @@ def refresh_figures(factory) -> None:
     print(f"    all three: {total:.1f} s")
 
 
+def aws_public_figures(factory, largest_mb: float) -> None:
+    """A full refresh of `aws-public` from the local fake: the snapshot's 23
+    regions, each offer file sized like the real ones (us-east-1's about
+    300 MB in 2026; the others in proportion to the GPU offers the snapshot
+    has there, at least a sixth of it), read twice (the second traced for
+    peak memory), then a refresh with nothing published since."""
+    from collections import Counter
+
+    from sqlalchemy import delete
+
+    from spotbroker.broker.pricing.aws_public import AwsPublicSource
+    from spotbroker.broker.pricing.fake_price_list import INDEX_PATH, PriceListFiles
+    from spotbroker.broker.store.models import Offer, PriceListFile, PriceOffer
+
+    files = PriceListFiles()
+    per_region = Counter(r.region for r in catalog.snapshot_rows() if r.cloud == "aws")
+    for region, f in files.files.items():
+        f.mb = largest_mb * max(1 / 6, per_region[region] / per_region["us-east-1"])
+    sizes = {region: files.size(region) / 2**20 for region in files.files}
+    fake = fakes.FakeClouds(aws_advisor=fake_data.aws_advisor(), aws_price_list=files).start()
+    settings = PricingSettings(_env_file=None, aws_public_url=fake.url + INDEX_PATH, timeout=60,
+                               aws_advisor_url=f"{fake.url}/spot-advisor-data.json")
+    tracker = PriceTracker(factory, {"aws-public": AwsPublicSource(settings, factory)}, settings)
+    print(f"    inputs: {len(sizes)} regions' offer files, {sum(sizes.values()):,.0f} MB in all "
+          f"({min(sizes.values()):.0f}-{max(sizes.values()):.0f} MB each), the advisor feed")
+    try:
+        for label, traced in (("full refresh", False), ("full refresh, traced", True), ("nothing new", False)):
+            if label != "nothing new":
+                with transaction(factory) as s:  # forget every file and offer: all are read and written again
+                    for table in (PriceListFile, PriceOffer, Offer):
+                        s.execute(delete(table))
+            if traced:
+                tracemalloc.start()
+            t, cpu = time.perf_counter(), time.process_time()
+            result = tracker.refresh("aws-public", force=True)
+            took, cpu = time.perf_counter() - t, time.process_time() - cpu
+            peak = f"peak {tracemalloc.get_traced_memory()[1] / 2**20:6.1f} MB (Python heap)" if traced else ""
+            tracemalloc.stop()
+            written = result.new + result.changed + result.samples
+            read = sum(sizes.values()) if label != "nothing new" else 0
+            print(f"    aws-public {label:22} {took:6.1f} s (CPU {cpu:5.1f} s, client and fake)  "
+                  f"{read / took:6.0f} MB/s read  {result.new + result.changed + result.unchanged:,} offers  "
+                  f"{written / took:8,.0f} rows written/s  {peak} ({load()})")
+    finally:
+        fake.stop()
+
+
 class _Token:
     """A credential as azure-identity gives one (the fake wants a bearer token)."""
 
@@ -288,7 +338,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--offers", type=int, default=50_000)
     ap.add_argument("--kinds", default="sqlite,postgresql")
-    ap.add_argument("--parts", default="1,2,3", help="which figures: 1 query, 2 refresh, 3 history")
+    ap.add_argument("--parts", default="1,2,3,4",
+                    help="which figures: 1 query, 2 refresh, 3 history, 4 aws-public's files")
+    ap.add_argument("--aws-public-mb", type=float, default=300, help="part 4: us-east-1's offer file, MB")
     args = ap.parse_args()
     parts = set(args.parts.split(","))
     settings = PricingSettings(_env_file=None)
@@ -332,6 +384,9 @@ def main() -> None:
                 if "3" in parts:
                     print("  3. history")
                     history_figures(factory, counts or {"aws": 1271, "azure": 1488, "gcp": 643})
+                if "4" in parts:
+                    print("  4. aws-public: a full refresh from AWS's price-list files (the local fake)")
+                    aws_public_figures(factory, args.aws_public_mb)
             finally:
                 engine.dispose()
                 drop()

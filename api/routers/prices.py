@@ -17,7 +17,7 @@ from spotbroker.api.deps import get_principal
 from spotbroker.api.errors import Problem, responses
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
-from spotbroker.broker.pricing.settings import get_pricing_settings
+from spotbroker.broker.pricing.settings import get_pricing_settings, source_label
 from spotbroker.broker.pricing.sources import build_source
 from spotbroker.broker.pricing.tracker import PriceTracker
 
@@ -31,7 +31,7 @@ async def tracking(app: FastAPI):
     sources = {}
     for name in settings.sources:
         try:
-            sources[name] = build_source(name, settings)
+            sources[name] = build_source(name, settings, app.state.session_factory)
         except Exception as exc:  # e.g. a cloud SDK not installed: the others still run
             log.warning("prices: %s skipped (%s: %s)", name, type(exc).__name__, exc)
     tracker = PriceTracker(app.state.session_factory, sources, settings, clock=app.state.clock)
@@ -127,7 +127,7 @@ async def list_prices(
             accelerator=o.accelerator, accelerator_count=o.accelerator_count, vcpus=o.vcpus,
             memory_gib=o.memory_gib, spot_price=o.spot_price, on_demand_price=o.ondemand_price, saving=saving,
             observed_at=o.observed_at, checked_at=o.checked_at,
-            age_seconds=round((now - o.checked_at).total_seconds(), 1), source=o.source, stale=p.stale,
+            age_seconds=round((now - o.checked_at).total_seconds(), 1), source=source_label(o.source), stale=p.stale,
             risk=o.risk, risk_source=o.risk_source))
     return PricesOut(offers=offers, next_cursor=next_cursor)
 
@@ -156,4 +156,4 @@ async def price_history(
     rows = await run_in_threadpool(read)
     return HistoryOut(cloud=cloud, zone=zone, instance_type=instance_type, samples=[
         SampleOut(observed_at=r.observed_at, spot_price=r.spot_price, on_demand_price=r.ondemand_price,
-                  source=r.source) for r in rows])
+                  source=source_label(r.source)) for r in rows])

@@ -120,7 +120,8 @@ def _refresh(names: list[str], as_json: bool) -> None:
     try:
         if not migrate.is_current(engine):
             raise click.ClickException("the database schema is behind: run 'spotbroker db upgrade'")
-        tracker = PriceTracker(make_session_factory(engine), build_sources(pricing, names or None), pricing)
+        factory = make_session_factory(engine)
+        tracker = PriceTracker(factory, build_sources(pricing, names or None, factory), pricing)
         results = {}
         for name in tracker.sources:
             result = tracker.refresh(name, force=True)

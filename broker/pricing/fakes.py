@@ -14,13 +14,17 @@ One server answers every API on its own path:
   `NO_RESULTS_ON_PAGE` warning for an empty scope, `maxResults`,
   `pageToken`, and the `name eq 'regex'` filter);
 - AWS Pricing API: `POST /` with `X-Amz-Target: AWSPriceListService.GetProducts`,
-  and EC2 `GetSpotPlacementScores` (form-encoded, XML answer) on `/ec2`.
+  and EC2 `GetSpotPlacementScores` (form-encoded, XML answer) on `/ec2`;
+- AWS Price List Bulk API: `GET /offers/v1.0/aws/AmazonEC2/…` (the region
+  index and each region's CSV offer file, see fake_price_list.py);
+- the Spot Instance Advisor feed `GET /spot-advisor-data.json` (with an ETag).
 A test can make a page fail (`fail_page`) to check that nothing half-written
 lands.
 """
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import re
 import threading
@@ -31,6 +35,8 @@ from datetime import datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
+
+from spotbroker.broker.pricing.fake_price_list import PREFIX, PriceListFiles
 
 
 @dataclass
@@ -44,6 +50,7 @@ class FakeClouds:
     aws_products: list[dict[str, Any]] = field(default_factory=list)
     aws_scores: dict[str, tuple[str, int]] = field(default_factory=dict)  # zone id -> (region, score 1..10)
     aws_advisor: dict[str, Any] = field(default_factory=dict)  # the Spot Instance Advisor feed
+    aws_price_list: PriceListFiles | None = None   # the Bulk API's files
     page_size: int = 100
     fail_page: int | None = None        # this page (1-based) of any list answers 500
     requests: list[str] = field(default_factory=list)
@@ -85,7 +92,9 @@ class FakeClouds:
         body = h.rfile.read(int(h.headers.get("Content-Length") or 0)) if method == "POST" else b""
         self.requests.append(f"{method} {url.path}")
         if url.path == "/spot-advisor-data.json":
-            self._send(h, 200, self.aws_advisor)
+            self._advisor(h)
+        elif url.path.startswith(PREFIX) and self.aws_price_list is not None:
+            self.aws_price_list.answer(h, url.path)
         elif url.path == "/api/retail/prices":
             self._azure_prices(h, query)
         elif method == "POST" and url.path == "/providers/Microsoft.ResourceGraph/resources":
@@ -120,6 +129,21 @@ class FakeClouds:
         h.wfile.write(raw)
 
     # --- the APIs ------------------------------------------------------------------------
+
+    def _advisor(self, h: BaseHTTPRequestHandler) -> None:
+        """The feed is an S3 object: an ETag, and 304 to a matching If-None-Match."""
+        body = json.dumps(self.aws_advisor).encode()
+        etag = f'"{hashlib.md5(body).hexdigest()}"'
+        if h.headers.get("If-None-Match") == etag:
+            h.send_response(304)
+            h.send_header("ETag", etag)
+            h.end_headers()
+            return
+        h.send_response(200)
+        for k, v in (("Content-Type", "application/json"), ("Content-Length", str(len(body))), ("ETag", etag)):
+            h.send_header(k, v)
+        h.end_headers()
+        h.wfile.write(body)
 
     def _azure_prices(self, h: BaseHTTPRequestHandler, query: dict[str, str]) -> None:
         items = self.azure_items

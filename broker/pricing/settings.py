@@ -12,11 +12,14 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-KNOWN_SOURCES = ("catalog", "aws", "gcp", "azure", "aws-advisor")
+KNOWN_SOURCES = ("catalog", "aws", "gcp", "azure", "aws-advisor", "aws-public")
 # What `serve` reads with no setting: the snapshot, and the live sources
 # that need no credentials (Azure's Retail Prices; AWS's Spot Instance
-# Advisor feed, the interruption bands of the snapshot's AWS offers).
-DEFAULT_SOURCES = ("catalog", "azure", "aws-advisor")
+# Advisor feed, the interruption bands of the snapshot's AWS offers; AWS's
+# public price-list files, its on-demand list prices and estimated spot).
+DEFAULT_SOURCES = ("catalog", "azure", "aws-advisor", "aws-public")
+# How a source's offers are shown where its name alone would mislead.
+SOURCE_LABELS = {"aws-public": "aws-public (spot estimated from advisor savings)"}
 
 
 class PricingSettings(BaseSettings):
@@ -36,6 +39,9 @@ class PricingSettings(BaseSettings):
     gcp_interval: float = 3_600.0
     azure_interval: float = 3_600.0
     aws_advisor_interval: float = 21_600.0     # the feed changes about daily
+    # AWS's list prices change a few times a month, and each new version of
+    # the price list is gigabytes to download (only the regions it changed).
+    aws_public_interval: float = 86_400.0
     # An offer its source has not confirmed for this many of its intervals
     # is stale: still listed, ranked after the fresh ones.
     stale_after_intervals: float = 3.0
@@ -51,6 +57,10 @@ class PricingSettings(BaseSettings):
     aws_pricing_endpoint_url: str | None = None
     aws_scores_endpoint_url: str | None = None  # get_spot_placement_scores (a fake in tests: moto lacks it)
     aws_advisor_url: str = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
+    # The Price List Bulk API's region index (public): each region's current
+    # offer file is found from it.
+    aws_public_url: str = "https://pricing.us-east-1.amazonaws.com/offers/v1.0/aws/AmazonEC2/current/region_index.json"
+    aws_public_regions: Annotated[list[str], NoDecode] = Field(default_factory=list)  # empty: all the index lists
     azure_prices_url: str = "https://prices.azure.com/api/retail/prices"
     azure_regions: Annotated[list[str], NoDecode] = Field(default_factory=list)
     azure_management_url: str | None = None
@@ -59,7 +69,7 @@ class PricingSettings(BaseSettings):
     gcp_compute_endpoint: str | None = None
     gcp_project: str | None = None
 
-    @field_validator("sources", "aws_regions", "azure_regions", mode="before")
+    @field_validator("sources", "aws_regions", "aws_public_regions", "azure_regions", mode="before")
     @classmethod
     def _comma_list(cls, value: object) -> object:
         if isinstance(value, str):
@@ -81,6 +91,10 @@ class PricingSettings(BaseSettings):
         """Seconds without a confirmation after which an offer of `source` is stale."""
         return self.stale_after_intervals * self.interval(source) if source in KNOWN_SOURCES \
             else self.stale_after_intervals * self.catalog_interval
+
+
+def source_label(source: str) -> str:
+    return SOURCE_LABELS.get(source, source)
 
 
 @lru_cache

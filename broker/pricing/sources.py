@@ -2,6 +2,8 @@
 imported only when their source is turned on."""
 from __future__ import annotations
 
+from sqlalchemy.orm import Session, sessionmaker
+
 from spotbroker.broker.pricing import catalog
 from spotbroker.broker.pricing.base import Source, SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.settings import PricingSettings
@@ -38,7 +40,9 @@ class AdvisorSource:
                                            for (region, itype), value in bands.items()})
 
 
-def build_source(name: str, settings: PricingSettings) -> Source:
+def build_source(name: str, settings: PricingSettings, factory: sessionmaker[Session] | None = None) -> Source:
+    """The source `name`; `factory` is the broker's database, where a source
+    that reads large files remembers which versions it has read."""
     if name == "catalog":
         return CatalogSource()
     if name == "azure":
@@ -57,8 +61,16 @@ def build_source(name: str, settings: PricingSettings) -> Source:
         from spotbroker.broker.pricing.aws import AwsSource
 
         return AwsSource.from_settings(settings)
+    if name == "aws-public":
+        from spotbroker.broker.pricing.aws_public import AwsPublicSource
+
+        if factory is None:
+            raise ValueError("aws-public keeps the versions of the files it read in the database: "
+                             "build it with the broker's session factory")
+        return AwsPublicSource.from_settings(settings, factory)
     raise ValueError(f"unknown price source {name!r}")
 
 
-def build_sources(settings: PricingSettings, names: list[str] | None = None) -> dict[str, Source]:
-    return {name: build_source(name, settings) for name in (names or settings.sources)}
+def build_sources(settings: PricingSettings, names: list[str] | None = None,
+                  factory: sessionmaker[Session] | None = None) -> dict[str, Source]:
+    return {name: build_source(name, settings, factory) for name in (names or settings.sources)}

@@ -25,6 +25,15 @@ Key = tuple[str, str, str, str]  # cloud, region, place, instance type
 # cloud -> the regions a refresh covered (None: every region of that cloud)
 Scope = dict[str, frozenset[str] | None]
 _SPEC = ("zone", "zone_id", "accelerator", "accelerator_count", "vcpus", "memory_gib")
+# Whose offer a source may replace or unlist: never one of a source ranked
+# above it. The snapshot is the weakest; `aws-public` (list prices, spot
+# estimated region-wide) comes next; a cloud's own live API is the authority.
+_RANK = {CATALOG: 0, "aws-public": 1}
+_LIVE = 2
+
+
+def _rank(source: str) -> int:
+    return _RANK.get(source, _LIVE)
 
 
 def place_of(zone: str | None, zone_id: str | None) -> str:
@@ -46,7 +55,7 @@ class RefreshResult:
     changed: int = 0
     unchanged: int = 0
     unlisted: int = 0
-    kept_live: int = 0          # catalog rows left alone: a live source owns them
+    kept_live: int = 0          # rows left alone: a source ranked above this one owns them
     samples: int = 0
     risks: int = 0              # offers given a published risk by a risk feed
     changes: list[str] = field(default_factory=list)
@@ -91,7 +100,7 @@ def apply_refresh(session: Session, source: str, rows: Iterable[OfferRow], now: 
     inserts, updates, samples = [], [], []
     for key, row in fresh.items():
         old = existing.get(key)
-        if old is not None and source == CATALOG and old.source != CATALOG:
+        if old is not None and _rank(source) < _rank(old.source):
             result.kept_live += 1
             continue
         values = {"cloud": row.cloud, "region": row.region, "instance_type": row.instance_type,
@@ -117,7 +126,7 @@ def apply_refresh(session: Session, source: str, rows: Iterable[OfferRow], now: 
             result.changes.append(_describe(row, None if old is None else (old.spot_price, old.ondemand_price)))
     for key, old in existing.items():
         gone = key not in fresh and old.listed and _in_scope(old.cloud, old.region, scope)
-        if gone and (old.source == source or (source != CATALOG and old.source == CATALOG)):
+        if gone and (old.source == source or _rank(old.source) < _rank(source)):
             # Owned by this source from now on, so the catalog cannot list it again.
             updates.append({"id": old.id, "listed": False, "source": source})
             result.unlisted += 1

@@ -243,5 +243,22 @@ class PriceSourceLease(Base):
     last_error: Mapped[str | None] = mapped_column(Text)
 
 
+class PriceListFile(Base):
+    """What a source that reads large published files remembers of each one
+    (`aws-public`: the region index and each region's offer file), so that
+    a file is downloaded again only when its published version changed, by
+    whichever broker refreshes next: the version (its URL), the ETag for a
+    conditional request, and the few rows the source kept of it."""
+
+    __tablename__ = "price_list_files"
+
+    source: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)   # a region, or "region_index"
+    version: Mapped[str | None] = mapped_column(String(512))
+    etag: Mapped[str | None] = mapped_column(String(256))
+    body: Mapped[str] = mapped_column(Text)                            # JSON: what the source kept
+    fetched_at: Mapped[datetime]
+
+
 # The money tables register on the same metadata wherever the models are loaded.
 from spotbroker.broker.money import models as _money_models  # noqa: E402, F401

@@ -88,3 +88,23 @@ def test_history_is_the_series_of_changes(api, team_headers, settings):
     top = api.get("/v1/prices", params={"cloud": "aws", "region": "us-east-1", "accelerator": "A100",
                                         "count": 8}, headers=admin).json()["offers"]
     assert any(o["zone"] == "us-east-1a" and o["source"] == "aws" and o["spot_price"] == 13.25 for o in top)
+
+
+def test_an_estimated_spot_price_says_so(api, team_headers, settings):
+    """`aws-public`'s spot prices are estimates from the advisor's savings:
+    its offers and their history say so."""
+    engine = make_engine(settings.sqlalchemy_url)
+    row = OfferRow(cloud="aws", region="us-east-1", zone=None, zone_id="use1-az6", instance_type="p4d.24xlarge",
+                   accelerator="A100", accelerator_count=8, vcpus=96, memory_gib=1152, spot_price=9.83,
+                   ondemand_price=21.96)
+    with transaction(make_session_factory(engine)) as s:
+        store.apply_refresh(s, "aws-public", [row], SYSTEM_CLOCK.now(), {"aws": frozenset({"us-east-1"})})
+    engine.dispose()
+    h = team_headers()
+    offers = api.get("/v1/prices", params={"cloud": "aws", "region": "us-east-1", "accelerator": "A100",
+                                           "count": 8}, headers=h).json()["offers"]
+    label = "aws-public (spot estimated from advisor savings)"
+    assert [o["source"] for o in offers if o["zone_id"] == "use1-az6"] == [label]
+    samples = api.get("/v1/prices/history", params={"cloud": "aws", "zone": "use1-az6",
+                                                    "instance_type": "p4d.24xlarge"}, headers=h).json()["samples"]
+    assert [s["source"] for s in samples] == ["catalog", label]

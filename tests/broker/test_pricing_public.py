@@ -1,6 +1,8 @@
 """The live sources that need no credentials are `serve`'s default: Azure's
-Retail Prices and AWS's Spot Instance Advisor feed (risk for the snapshot's
-AWS offers). Offline, each says so once and the snapshot stays."""
+Retail Prices, AWS's Spot Instance Advisor feed (risk for the snapshot's
+AWS offers) and AWS's public price-list files (tests/broker/
+test_pricing_aws_public.py). Offline, each says so once and the snapshot
+stays."""
 import logging
 from datetime import UTC, datetime, timedelta
 
@@ -38,10 +40,14 @@ def aws_offers(factory, **where):
 
 def test_serve_reads_the_public_live_sources_unless_told_otherwise(monkeypatch):
     monkeypatch.delenv("SPOTBROKER_PRICES_SOURCES", raising=False)  # the suite names "catalog"
-    assert PricingSettings(_env_file=None).sources == list(DEFAULT_SOURCES) == ["catalog", "azure", "aws-advisor"]
+    assert PricingSettings(_env_file=None).sources == list(DEFAULT_SOURCES) == ["catalog", "azure", "aws-advisor",
+                                                                              "aws-public"]
     named = PricingSettings(_env_file=None, sources="catalog")
     assert named.sources == ["catalog"] and list(build_sources(named)) == ["catalog"]
     assert PricingSettings(_env_file=None).interval("aws-advisor") == 21_600
+    assert PricingSettings(_env_file=None).interval("aws-public") == 86_400
+    with pytest.raises(ValueError, match="session factory"):  # it remembers file versions in the database
+        build_sources(PricingSettings(_env_file=None, sources="aws-public"))
 
 
 def test_the_advisor_feed_gives_the_snapshots_aws_offers_their_risk(factory, clouds):
@@ -81,9 +87,10 @@ def test_offline_each_public_source_says_so_once_and_the_snapshot_stays(factory,
         seed_from_catalog(s)
     monkeypatch.delenv("SPOTBROKER_PRICES_SOURCES", raising=False)
     settings = PricingSettings(_env_file=None, timeout=2, azure_prices_url="http://127.0.0.1:9/api/retail/prices",
-                               aws_advisor_url="http://127.0.0.1:9/spot-advisor-data.json")
+                               aws_advisor_url="http://127.0.0.1:9/spot-advisor-data.json",
+                               aws_public_url="http://127.0.0.1:9/region_index.json")
     clock = Clock()
-    tracker = PriceTracker(factory, build_sources(settings), settings, clock=clock)
+    tracker = PriceTracker(factory, build_sources(settings, factory=factory), settings, clock=clock)
     with factory() as s:
         before = {(o.cloud, o.region, o.place, o.instance_type, o.spot_price, o.listed, o.source)
                   for o in s.scalars(select(PriceOffer))}
@@ -91,8 +98,10 @@ def test_offline_each_public_source_says_so_once_and_the_snapshot_stays(factory,
         for _ in range(3):
             assert tracker.refresh("azure", force=True) is None
             assert tracker.refresh("aws-advisor", force=True) is None
+            assert tracker.refresh("aws-public", force=True) is None
             clock.at += timedelta(hours=7)
     assert caplog.text.count("azure skipped") == 1 and caplog.text.count("aws-advisor skipped") == 1
+    assert caplog.text.count("aws-public skipped") == 1
     with factory() as s:
         after = {(o.cloud, o.region, o.place, o.instance_type, o.spot_price, o.listed, o.source)
                  for o in s.scalars(select(PriceOffer))}
