@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
 from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, RunStatus
 from spotbroker.broker.launch.request import launch_request
 from spotbroker.broker.placement.placer import Placer
@@ -130,6 +130,23 @@ class Launching:
                 return
             self._store_handle(job_id, attempt_id, handle)
             return
+
+    def refusal_pause(self, job: Job) -> float:
+        """Seconds before a job whose live attempt's launch was refused after it
+        was sent (SkyPilot reports it later) is placed again: none, unless
+        this refusal ends a round, `launch_failover_limit` attempts in a row
+        refused within a placement interval (as many places as one `launch`
+        tries); then it waits an interval, as when every place of a round
+        refused. So a job launches at most one place per pass this way, and
+        at most a round of them per interval."""
+        limit = self.settings.launch_failover_limit
+        since = self.clock.now() - timedelta(seconds=self.settings.placement_interval)
+        ended = sorted((a for a in job.attempts if a.state not in LIVE_ATTEMPT_STATES), key=lambda a: a.id)
+        earlier = ended[len(ended) - (limit - 1):] if limit > 1 else []
+        if len(earlier) == limit - 1 and all(a.end_reason == EndReason.NO_CAPACITY and a.ended_at is not None
+                                             and a.ended_at >= since for a in earlier):
+            return self.settings.placement_interval
+        return 0.0
 
     def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
         with transaction(self.factory) as session:
