@@ -114,7 +114,7 @@ class Launching:
                 next_attempt = self._failover(job_id, attempt_id, str(exc), rest)
                 if next_attempt is None:
                     return
-                attempt_id, rest = next_attempt, rest[1:]
+                attempt_id, rest = next_attempt
                 continue
             except LaunchError as exc:
                 self._launch_failed(job_id, attempt_id, str(exc))
@@ -162,20 +162,25 @@ class Launching:
             status = self.launchers[attempt.launcher].status(handle)
             self.on_observed(session, job, attempt_id, status)
 
-    def _failover(self, job_id: int, attempt_id: int, why: str, rest: tuple[Placement, ...]) -> int | None:
-        """The next place's attempt after a capacity refusal, or None when there is none (or the job moved on)."""
+    def _failover(self, job_id: int, attempt_id: int, why: str,
+                  rest: tuple[Placement, ...]) -> tuple[int, tuple[Placement, ...]] | None:
+        """After a capacity refusal: the next place's attempt and the places
+        left after it, or None when there is none (or the job moved on). A
+        Kubernetes place that filled since the decision is passed over."""
         with transaction(self.factory) as session:
             job = session.get(Job, job_id)
             attempt = session.get(Attempt, attempt_id)
+            spec = JobSpec.model_validate(job.spec)
+            while rest and not self.placer.has_room(session, rest[0], spec.num_nodes, self.clock.now()):
+                rest = rest[1:]
             if recovery.capacity_refused(session, job, attempt, why, self.clock, last=not rest,
                                          retry_after_s=self.settings.placement_interval):
                 self.placer.capacity_error(attempt, self.clock.now())
             if job.state != J.LAUNCHING or not rest:
                 return None
             session.flush()
-            spec = JobSpec.model_validate(job.spec)
             return self.new_attempt(session, job, spec, rest[0], self.launcher_for(rest[0]),
-                                     "the previous choice had no capacity").id
+                                     "the previous choice had no capacity").id, rest[1:]
 
     def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
         with transaction(self.factory) as session:
