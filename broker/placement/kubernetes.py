@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-from sqlalchemy import func, select, text
+from sqlalchemy import bindparam, case, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.spec import MAX_ACCELERATORS, MAX_PRICE_PER_HOUR, Infra, JobSpec, ResourceSet, parse_amount
@@ -173,6 +173,20 @@ def _at_most(wanted: str | None, node_has: float | None) -> bool:
     return wanted is None or node_has is None or parse_amount(wanted)[0] <= node_has
 
 
+# Per (context, accelerator) of the places asked about: the GPUs its live
+# attempts hold, and whether one was refused for capacity since `since`. One
+# statement, built once (a decision only binds its values); live attempts
+# have not ended, so both halves read the `ended_at` index, not the table.
+_LIVE = Attempt.ended_at.is_(None) & Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])
+_REFUSED = (Attempt.end_reason == EndReason.NO_CAPACITY) & (Attempt.ended_at >= bindparam("since"))
+USAGE = (select(Attempt.region, Attempt.accelerator,
+                func.sum(case((_LIVE, Attempt.accelerator_count * Attempt.num_nodes), else_=0)).label("gpus"),
+                func.max(case((_REFUSED, 1), else_=0)).label("refused"))
+         .where(Attempt.cloud == CLOUD, Attempt.region.in_(bindparam("contexts", expanding=True)),
+                or_(Attempt.ended_at.is_(None), Attempt.ended_at >= bindparam("since")))
+         .group_by(Attempt.region, Attempt.accelerator))
+
+
 class KubernetesPlaces:
     """The configured clusters, as places the placer offers beside the clouds'."""
 
@@ -210,21 +224,13 @@ class KubernetesPlaces:
         if not found:
             return [], []
         lock(session)
-        contexts = sorted({c.cluster.context for c in found})
-        held = dict(((r.region, r.accelerator), r.gpus) for r in session.execute(
-            select(Attempt.region, Attempt.accelerator,
-                   func.sum(Attempt.accelerator_count * Attempt.num_nodes).label("gpus"))
-            .where(Attempt.cloud == CLOUD, Attempt.region.in_(contexts),
-                   Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]))
-            .group_by(Attempt.region, Attempt.accelerator)))
-        refused = {(r.region, r.accelerator) for r in session.execute(
-            select(Attempt.region, Attempt.accelerator)
-            .where(Attempt.cloud == CLOUD, Attempt.region.in_(contexts), Attempt.end_reason == EndReason.NO_CAPACITY,
-                   Attempt.ended_at >= now - timedelta(seconds=self.cooldown_s)))}
+        since = now - timedelta(seconds=self.cooldown_s)
+        use = {(r.region, r.accelerator): (r.gpus or 0, bool(r.refused)) for r in session.execute(
+            USAGE, {"contexts": sorted({c.cluster.context for c in found}), "since": since})}
         room, full = [], []
         for c in found:
-            total, used = c.cluster.gpus(c.need[1]), held.get(c.need, 0) or 0
-            if c.need in refused:
+            (used, refused), total = use.get(c.need, (0, False)), c.cluster.gpus(c.need[1])
+            if refused:
                 full.append(f"{c.cluster.context} refused a launch within {self.cooldown_s:g} s")
             elif used + c.placement.accelerator_count * num_nodes > total:
                 full.append(f"{c.cluster.context} has {max(total - used, 0):g} of {total} {c.need[1]} free")
