@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy import bindparam, case, func, or_, select, text
@@ -49,6 +49,9 @@ from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.normalise import accelerator_name
 from spotbroker.broker.pricing.offers import Placement
 from spotbroker.broker.store.models import Attempt, Job, Team
+
+if TYPE_CHECKING:
+    from spotbroker.broker.placement.placer import Choice
 
 CLOUD = "k8s"
 # Serialises "count what is held, then add an attempt" across brokers on PostgreSQL.
@@ -248,8 +251,9 @@ class KubernetesPlaces:
 
     # --- the placer's hook --------------------------------------------------------------
 
-    def merge(self, session: Session, job: Job, spec: JobSpec, now: datetime, cloud,
-              enabled: frozenset[str] | None, cloud_floor: Callable[[], float | None]):
+    def merge(self, session: Session, job: Job, spec: JobSpec, now: datetime, cloud: Choice | None,
+              enabled: frozenset[str] | None,
+              cloud_floor: Callable[[], float | None]) -> tuple[Action, tuple[Placement, ...], str] | None:
         """The decision with the clusters in it, as (action, placements,
         reason), or None when no place can ever fit the job; `cloud` is the
         clouds' alone (the placer's `Choice`, or None when no cloud offer
