@@ -8,7 +8,12 @@ checkpoints, the policy). Printed: the once-per-pass history load, and one
 job's decision (median, p99). The policy alone is measured by
 bench/spot_cost.py (goal <= 1 ms for 20 zones).
 
+With `--kubernetes N`, N Kubernetes places with T4 nodes are configured
+too (broker/placement/kubernetes.py): each decision then also counts what
+is held on them and merges them in.
+
     python bench/placement_decision.py [--attempts 5000] [--jobs 200] [--db sqlite|postgresql|both]
+                                       [--kubernetes N]
 """
 from __future__ import annotations
 
@@ -73,7 +78,18 @@ def history(session, job_id: int, n: int, rng: random.Random) -> None:
     session.execute(insert(Attempt), rows)
 
 
-def bench(kind: str, n_attempts: int, n_jobs: int) -> None:
+def kubernetes_places(data_dir: Path, n: int) -> Path:
+    """N clusters of 10 nodes with 4 T4 each, free of charge."""
+    import json
+
+    path = data_dir / "kubernetes.json"
+    path.write_text(json.dumps({"clusters": [
+        {"context": f"lab-{i}", "nodes": [{"accelerator": "T4", "gpus_per_node": 4, "count": 10}]}
+        for i in range(n)]}))
+    return path
+
+
+def bench(kind: str, n_attempts: int, n_jobs: int, n_clusters: int = 0) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
     url, drop = temporary_database(kind, data_dir)
     engine = make_engine(url)
@@ -81,6 +97,8 @@ def bench(kind: str, n_attempts: int, n_jobs: int) -> None:
         migrate.upgrade(engine)
         factory = make_session_factory(engine)
         settings = Settings(database_url=url, data_dir=data_dir, _env_file=None)
+        if n_clusters:
+            settings.kubernetes_places = kubernetes_places(data_dir, n_clusters)
         now = Clock().now()
         with transaction(factory) as s:
             seed_from_catalog(s)
@@ -100,7 +118,7 @@ def bench(kind: str, n_attempts: int, n_jobs: int) -> None:
                 load_histories(s, now, settings)
                 loads.append(time.perf_counter() - t)
         placer = Placer(settings)
-        times, spot = [], 0
+        times, spot, k8s = [], 0, 0
         with factory() as s:
             placer.choose(s, s.get(Job, ids[0]), JobSpec.model_validate(s.get(Job, ids[0]).spec), now)  # warm
             for job_id in ids:
@@ -110,11 +128,12 @@ def bench(kind: str, n_attempts: int, n_jobs: int) -> None:
                 choice = placer.choose(s, job, spec, now)
                 times.append(time.perf_counter() - t)
                 spot += bool(choice.placements) and choice.placements[0].use_spot
+                k8s += bool(choice.placements) and choice.placements[0].cloud == "k8s"
         times.sort()
         print(f"{kind}: history of {n_attempts} attempts loaded in {statistics.median(loads) * 1e3:.1f} ms "
               f"(once per pass); one job's decision: median {statistics.median(times) * 1e3:.2f} ms, "
               f"p99 {times[int(0.99 * (len(times) - 1))] * 1e3:.2f} ms over {n_jobs} jobs "
-              f"({spot} placed on spot)")
+              f"({spot} placed on spot, {k8s} first on one of {n_clusters} Kubernetes places)")
     finally:
         engine.dispose()
         drop()
@@ -125,9 +144,10 @@ def main() -> None:
     ap.add_argument("--attempts", type=int, default=5000)
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    ap.add_argument("--kubernetes", type=int, default=0, metavar="N", help="Kubernetes places configured")
     args = ap.parse_args()
     for kind in (["sqlite", "postgresql"] if args.db == "both" else [args.db]):
-        bench(kind, args.attempts, args.jobs)
+        bench(kind, args.attempts, args.jobs, args.kubernetes)
 
 
 if __name__ == "__main__":

@@ -133,8 +133,8 @@ class ScriptedSky:
     def status(self, cluster_names=None, **_):
         return ("status", [{"name": n, "status": "INIT"} for n in self.clusters])
 
-    def enabled_clouds(self):
-        return ("enabled_clouds", ["AWS"])
+    def enabled_clouds(self, expand=False):
+        return ("enabled_clouds", ["aws"])
 
     def check(self, infra_list, verbose):
         return ("check", {})

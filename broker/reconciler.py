@@ -232,10 +232,10 @@ class Reconciler:
             job = session.get(Job, job_id)
             if job is None or job.lease_owner != self.owner or job.state not in LIVE_JOB_STATES:
                 return
-            state = JobState(job.state)
-            if observed is not None:
-                self._on_observed(session, job, *observed)
+            if observed is not None and not self._on_observed(session, job, *observed):
                 return
+            # (a launch refused after it was sent: the next place is launched in this pass, below)
+            state = JobState(job.state)
             rest: tuple[Placement, ...] = ()
             if state in (J.PENDING, J.RECOVERING):
                 attempt, rest = self._place(session, job)
@@ -368,14 +368,20 @@ class Reconciler:
             with transaction(self.factory) as session:
                 session.add_all(rows)
 
-    def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> None:
+    def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> bool:
+        """Apply what a launcher said of an attempt's run. True when it was a
+        capacity refusal after which the job is to be placed again now: the
+        caller (`step`, holding the job's lease) launches the next place in
+        the same pass, as `launch` does for a refusal it raises."""
         if status.state == RunState.PENDING:  # a launch still in flight
-            return
+            return False
         if status.capacity:
             refused = recovery.refused_after_launch(session, job, attempt_id, status.error or "no capacity",
-                                                    self.clock)
-            if refused is not None:
-                self.placer.capacity_error(refused, self.clock.now())
+                                                    self.clock, self.launching.refusal_pause(job))
+            if refused is None:
+                return False
+            self.placer.capacity_error(refused, self.clock.now())
+            return job.state == J.RECOVERING and job.next_check_at <= self.clock.now()
+        if recovery.on_status(session, job, attempt_id, status, self.clock):
             self.hint()
-        elif recovery.on_status(session, job, attempt_id, status, self.clock):
-            self.hint()
+        return False

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     skypilot_cluster_prefix: str = "spotbroker"  # cluster names: {prefix}-{attempt id}
     skypilot_launch_timeout: float = Field(900.0, gt=0)  # a launch waiting longer is cancelled: next place
     skypilot_janitor_interval: float = Field(300.0, gt=0)  # how often clusters no live attempt owns are downed
+    # A YAML/JSON file listing the operator's Kubernetes clusters, each a place
+    # with a price per GPU-hour (broker/placement/kubernetes.py); unset: none.
+    kubernetes_places: Path | None = None
 
     reconcile_interval: float = 2.0             # seconds between passes when nothing hints
     lease_seconds: float = 30.0                 # a claimed job is another process's after this

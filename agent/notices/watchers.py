@@ -89,12 +89,14 @@ def resolve_cloud(setting: str | None, metadata_url: str | None, timeout: float 
 
     `local` means no cloud metadata service, unless a metadata URL is given (the
     local launcher's simulator), in which case the simulated cloud is detected.
+    `k8s` (a pod on the operator's Kubernetes cluster, never reclaimed by a
+    cloud) has none either: an eviction reaches the pod as SIGTERM.
     """
     setting = (setting or "").strip().lower()
     if setting in CLOUDS:
         return setting
-    if setting == "local" and not metadata_url:
+    if setting == "k8s" or (setting == "local" and not metadata_url):
         return None
     if setting not in ("", "local"):
-        raise ValueError(f"unknown cloud {setting!r}: use aws, gcp, azure or local")
+        raise ValueError(f"unknown cloud {setting!r}: use aws, gcp, azure, k8s or local")
     return detect_cloud(metadata_url, timeout)

@@ -221,6 +221,9 @@ def simulate_preemption(session: Session, team_id: int, job_id: int, launchers: 
     simulate = getattr(launcher, "simulate_preemption", None)
     if attempt is None or attempt.handle is None or simulate is None:
         raise NotPreemptible("only a running attempt on the local launcher can be preempted on request")
+    if attempt.cloud == "k8s":
+        raise NotPreemptible("the attempt runs on a Kubernetes place, which no cloud reclaims: there is no "
+                             "preemption notice to simulate")
     try:
         simulate(attempt.handle)
     except LaunchError as exc:

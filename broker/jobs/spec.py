@@ -33,6 +33,7 @@ from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI
 )
 
 CLOUDS = ("aws", "gcp", "azure", "local")
+KUBERNETES = ("k8s", "kubernetes")  # the operator's clusters (broker/placement/kubernetes.py), as SkyPilot spells them
 _ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?$")
 _AMOUNT_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<plus>\+)?$")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -80,15 +81,22 @@ def parse_amount(value: str) -> tuple[float, bool]:
 
 
 class Infra:
-    """"aws", "gcp/us-central1", "aws/us-east-1/us-east-1a" ("*" = any)."""
+    """"aws", "gcp/us-central1", "aws/us-east-1/us-east-1a" ("*" = any);
+    "k8s" (or "kubernetes"): the broker's Kubernetes places, "k8s/CONTEXT"
+    one of them (as in SkyPilot, the whole rest is the context, which may
+    hold slashes)."""
 
     def __init__(self, text: str) -> None:
         parts = [p.strip() for p in text.strip().split("/")]
-        if not 1 <= len(parts) <= 3 or any(not p for p in parts):
+        if any(not p for p in parts):
             raise ValueError(f"{text!r} is not CLOUD[/REGION[/ZONE]]")
         cloud = parts[0].lower()
-        if cloud not in (*CLOUDS, "*"):
-            raise ValueError(f"{text!r}: unknown cloud {parts[0]!r} (one of {', '.join(CLOUDS)})")
+        if cloud in KUBERNETES:
+            cloud, parts = KUBERNETES[0], [cloud, "/".join(parts[1:])] if len(parts) > 1 else [cloud]
+        if len(parts) > 3:
+            raise ValueError(f"{text!r} is not CLOUD[/REGION[/ZONE]]")
+        if cloud not in (*CLOUDS, KUBERNETES[0], "*"):
+            raise ValueError(f"{text!r}: unknown cloud {parts[0]!r} (one of {', '.join(CLOUDS)}, k8s)")
         self.cloud = None if cloud == "*" else cloud
         self.region = parts[1] if len(parts) > 1 and parts[1] != "*" else None
         self.zone = parts[2] if len(parts) > 2 and parts[2] != "*" else None

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
 from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, RunStatus
 from spotbroker.broker.launch.request import launch_request
 from spotbroker.broker.placement.placer import Placer
@@ -114,7 +114,7 @@ class Launching:
                 next_attempt = self._failover(job_id, attempt_id, str(exc), rest)
                 if next_attempt is None:
                     return
-                attempt_id, rest = next_attempt, rest[1:]
+                attempt_id, rest = next_attempt
                 continue
             except LaunchError as exc:
                 self._launch_failed(job_id, attempt_id, str(exc))
@@ -131,6 +131,23 @@ class Launching:
             self._store_handle(job_id, attempt_id, handle)
             return
 
+    def refusal_pause(self, job: Job) -> float:
+        """Seconds before a job whose live attempt's launch was refused after it
+        was sent (SkyPilot reports it later) is placed again: none, unless
+        this refusal ends a round, `launch_failover_limit` attempts in a row
+        refused within a placement interval (as many places as one `launch`
+        tries); then it waits an interval, as when every place of a round
+        refused. So a job launches at most one place per pass this way, and
+        at most a round of them per interval."""
+        limit = self.settings.launch_failover_limit
+        since = self.clock.now() - timedelta(seconds=self.settings.placement_interval)
+        ended = sorted((a for a in job.attempts if a.state not in LIVE_ATTEMPT_STATES), key=lambda a: a.id)
+        earlier = ended[len(ended) - (limit - 1):] if limit > 1 else []
+        if len(earlier) == limit - 1 and all(a.end_reason == EndReason.NO_CAPACITY and a.ended_at is not None
+                                             and a.ended_at >= since for a in earlier):
+            return self.settings.placement_interval
+        return 0.0
+
     def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
         with transaction(self.factory) as session:
             attempt = session.get(Attempt, attempt_id)
@@ -145,20 +162,25 @@ class Launching:
             status = self.launchers[attempt.launcher].status(handle)
             self.on_observed(session, job, attempt_id, status)
 
-    def _failover(self, job_id: int, attempt_id: int, why: str, rest: tuple[Placement, ...]) -> int | None:
-        """The next place's attempt after a capacity refusal, or None when there is none (or the job moved on)."""
+    def _failover(self, job_id: int, attempt_id: int, why: str,
+                  rest: tuple[Placement, ...]) -> tuple[int, tuple[Placement, ...]] | None:
+        """After a capacity refusal: the next place's attempt and the places
+        left after it, or None when there is none (or the job moved on). A
+        Kubernetes place that filled since the decision is passed over."""
         with transaction(self.factory) as session:
             job = session.get(Job, job_id)
             attempt = session.get(Attempt, attempt_id)
+            spec = JobSpec.model_validate(job.spec)
+            while rest and not self.placer.has_room(session, rest[0], spec.num_nodes, self.clock.now()):
+                rest = rest[1:]
             if recovery.capacity_refused(session, job, attempt, why, self.clock, last=not rest,
                                          retry_after_s=self.settings.placement_interval):
                 self.placer.capacity_error(attempt, self.clock.now())
             if job.state != J.LAUNCHING or not rest:
                 return None
             session.flush()
-            spec = JobSpec.model_validate(job.spec)
             return self.new_attempt(session, job, spec, rest[0], self.launcher_for(rest[0]),
-                                     "the previous choice had no capacity").id
+                                     "the previous choice had no capacity").id, rest[1:]
 
     def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
         with transaction(self.factory) as session:

@@ -38,6 +38,7 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, AttemptState, EndReason
+from spotbroker.broker.placement.kubernetes import KubernetesPlaces
 from spotbroker.broker.placement.policy import (
     Action,
     Capacity,
@@ -176,6 +177,8 @@ class Placer:
         # per pass, by the job's resources: jobs of one shape share their offers
         self._offers: dict[str, tuple[list, dict, list]] = {}
         self._states: dict[str, list[ZoneState]] = {}
+        # The operator's Kubernetes clusters, offered beside the clouds (None: none configured).
+        self.kubernetes = KubernetesPlaces.from_settings(settings)
 
     def new_pass(self) -> None:
         self._histories = None
@@ -254,7 +257,37 @@ class Placer:
 
     def choose(self, session: Session, job: Job, spec: JobSpec, now: datetime,
                running: Attempt | None = None) -> Choice | None:
-        """What the job should do now; None when no offer can ever fit it.
+        """What the job should do now; None when no place can ever fit it.
+
+        The clouds' decision (`choose_cloud`), with the operator's Kubernetes
+        clusters merged in by price when the job is to be placed (a running
+        job's moves stay among the clouds): broker/placement/kubernetes.py.
+        """
+        choice = self.choose_cloud(session, job, spec, now, running)
+        if self.kubernetes is None or running is not None:
+            return choice
+        merged = self.kubernetes.merge(session, job, spec, now, choice, self._clouds,
+                                       lambda: self._cloud_floor(spec))
+        return Choice(*merged) if merged is not None else None
+
+    def has_room(self, session: Session, placement: Placement, num_nodes: int, now: datetime) -> bool:
+        """Whether a place chosen earlier in a launch round can still take the
+        job (a Kubernetes cluster may have filled meanwhile; a cloud place is
+        for the cloud to refuse)."""
+        if self.kubernetes is None or placement.cloud != "k8s":
+            return True
+        return self.kubernetes.has_room(session, placement, num_nodes, now)
+
+    def _cloud_floor(self, spec: JobSpec) -> float | None:
+        """The cheapest cloud price per node-hour this pass knows for the job's
+        shape (spot where it has both prices), or None."""
+        listed, zones, _ = self._offers.get(spec.resources.model_dump_json(), ([], {}, []))
+        prices = [spot.price_per_hour for _, spot, _ in zones.values()] or [p.price_per_hour for p in listed]
+        return min(prices, default=None)
+
+    def choose_cloud(self, session: Session, job: Job, spec: JobSpec, now: datetime,
+                     running: Attempt | None = None) -> Choice | None:
+        """What the job should do now among the clouds' offers; None when no offer can ever fit it.
 
         Resource sets that do not want spot (and jobs with no spot offer at all)
         are placed on the cheapest list price, as they ask.

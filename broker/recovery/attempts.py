@@ -213,16 +213,19 @@ def capacity_refused(session: Session, job: Job, attempt: Attempt, why: str, clo
     return ended
 
 
-def refused_after_launch(session: Session, job: Job, attempt_id: int, why: str, clock: Clock) -> Attempt | None:
+def refused_after_launch(session: Session, job: Job, attempt_id: int, why: str, clock: Clock,
+                         retry_after_s: float = 0.0) -> Attempt | None:
     """A launcher that follows its launches after `launch` returned (SkyPilot)
     reports a capacity refusal through `status`: the same ending as a
-    `CapacityError` raised by `launch`, and the job is placed again at once.
-    The attempt, when it ended here (for placement to count it)."""
+    `CapacityError` raised by `launch`, and the job is placed again after
+    `retry_after_s` (at once, unless a whole round was refused). The
+    attempt, when it ended here (for placement to count it)."""
     attempt = session.get(Attempt, attempt_id)
     if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES:
         return None
     attempt.released = False  # the release phase downs what it holds (a failed launch leaves a cluster INIT)
-    return attempt if capacity_refused(session, job, attempt, why, clock, last=True, retry_after_s=0) else None
+    ended = capacity_refused(session, job, attempt, why, clock, last=True, retry_after_s=retry_after_s)
+    return attempt if ended else None
 
 
 def launch_failed(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock) -> None:

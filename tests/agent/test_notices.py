@@ -189,6 +189,7 @@ def test_detect_cloud_against_the_simulator(cloud, make_sim):
 def test_resolve_cloud_settings(free_port):
     assert resolve_cloud("GCP", None) == "gcp"  # set by the launcher: no probing
     assert resolve_cloud("local", None) is None
+    assert resolve_cloud("k8s", None) is None  # a pod on the operator's cluster: no cloud to watch
     assert detect_cloud(f"http://127.0.0.1:{free_port}", timeout=0.5) is None
     with pytest.raises(ValueError):
         resolve_cloud("oracle", None)

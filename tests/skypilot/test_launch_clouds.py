@@ -28,7 +28,8 @@ class CheckedSky:
         assert infra_list is None  # every cloud
         return "req-check"
 
-    def enabled_clouds(self):
+    def enabled_clouds(self, expand=False):
+        assert expand, "the broker asks for Kubernetes' contexts"
         self.asked += 1
         return "req-1"
 
@@ -67,8 +68,8 @@ def test_only_the_enabled_clouds_are_placed_on_and_the_local_launcher_changes_no
         asked = sky.asked
         assert clouds_chosen(factory, settings, {"skypilot": launcher}) == {"aws"}
         assert sky.asked == asked, "a reconciler pass never asks SkyPilot: the answer is cached"
-        sky.names = ["GCP", "Kubernetes"]
-        assert launcher.refresh_clouds() == frozenset({"gcp", "k8s"})
+        sky.names = ["gcp", "kubernetes/Lab-A"]  # as SkyPilot's server answers with expand=True
+        assert launcher.refresh_clouds() == frozenset({"gcp", "k8s", "k8s/Lab-A"})
         assert clouds_chosen(factory, settings, {"skypilot": launcher}) == {"gcp"}
     finally:
         launcher.close()

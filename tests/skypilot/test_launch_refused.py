@@ -73,8 +73,8 @@ def test_a_refusal_after_launch_ends_no_capacity_counts_the_zone_and_launches_th
 
     assert len(sky.requests) == 2, f"no second launch in {sky.passes} passes"
     (_, first_request), (second_pass, second_request) = sky.requests
-    # the next place's launch request: in the pass that saw the refusal, or the next one
-    assert sky.refused_in_pass is not None and second_pass - sky.refused_in_pass <= 1
+    # the next place's launch request: in the pass that saw the refusal, not the next one
+    assert sky.refused_in_pass is not None and second_pass == sky.refused_in_pass
     with factory() as s:
         first = s.get(Attempt, first_request.attempt_id)
         second = s.get(Attempt, second_request.attempt_id)
@@ -85,7 +85,48 @@ def test_a_refusal_after_launch_ends_no_capacity_counts_the_zone_and_launches_th
         history = load_histories(s, Clock().now(), settings)[attempt_key(first)]
         assert history.capacity_failures == 1
         assert len(list(s.scalars(select(Attempt).where(Attempt.job_id == job_id)))) == 2
-    # the refused launch's cluster (left INIT by SkyPilot) is downed in the release phase
+    # the refused launch's cluster (left INIT by SkyPilot) is downed in the next pass's release phase
+    sky.passes += 1
+    rec.pass_once()
     assert sky.downed == [f"sb-{first.id}"]
     # each request carries the job's file, secrets included, for the node's Task
     assert second_request.spec.resources.disk_size == 300 and second_request.secrets == {"HF_TOKEN": "hf-value"}
+
+
+class RefusesEverything(RefusedAfterLaunch):
+    """Every launch is refused for capacity the second time it is looked at."""
+
+    def status(self, handle: dict) -> RunStatus:
+        cluster = handle["cluster"]
+        self.polled[cluster] = self.polled.get(cluster, 0) + 1
+        if self.polled[cluster] > 1:
+            return RunStatus(RunState.FAILED, capacity=True, error="ResourcesUnavailableError: no capacity")
+        return RunStatus(RunState.PENDING)
+
+
+def test_refusals_after_launch_are_bounded_like_a_fail_over_round(factory, settings):
+    """Each refusal launches the next place in the same pass, one per job per
+    pass; after launch_failover_limit refusals in a row within a placement
+    interval the job waits an interval, as a round whose every place refused."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    settings.launch_failover_limit = 3
+    with transaction(factory) as s:
+        seed_from_catalog(s)
+        team, _ = auth.create_team(s, "ml")
+        job_id = jobs.submit(s, team.id, JobSpec.model_validate({
+            "run": "python train.py", "resources": {"accelerators": "A10G:1"}})).id
+    sky = RefusesEverything()
+    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1), "skypilot": sky}, settings,
+                     clock=Clock())
+    for _ in range(8):
+        sky.passes += 1
+        rec.pass_once()
+    per_pass = [p for p, _ in sky.requests]
+    assert len(sky.requests) == 3, per_pass
+    assert len(set(per_pass)) == len(per_pass), f"at most one launch per job per pass: {per_pass}"
+    assert per_pass == [1, 2, 3], "each refusal's next place is launched in the pass that saw it"
+    with factory() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "RECOVERING"
+        wait = (job.next_check_at - Clock().now()).total_seconds()
+        assert settings.placement_interval - 5 < wait <= settings.placement_interval

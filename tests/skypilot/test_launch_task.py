@@ -114,6 +114,44 @@ def test_a_place_that_fits_no_resource_set_is_refused_not_launched_bare(launcher
         launcher.task(request(stored_spec(), placement("L4", "g6.xlarge")))
 
 
+K8S_FILE = """
+name: finetune-k8s-first
+resources:
+  any_of:
+    - infra: k8s/lab-a
+      accelerators: H100:8
+      cpus: 32+
+      image_id: docker:nvcr.io/nvidia/pytorch:24.08-py3
+    - accelerators: H100:8
+      use_spot: true
+run: python finetune.py
+"""
+
+
+def test_a_kubernetes_place_pins_its_context_and_gpus_as_skypilot_reads_k8s_infra(launcher):
+    """The Task for one of the operator's clusters: `infra: k8s/CONTEXT` with
+    the accelerators, never spot, the resource set's cpus and image kept;
+    equal to what SkyPilot parses from that alternative. (SkyPilot's
+    `Task.validate()` on Kubernetes resources needs `skypilot[kubernetes]`
+    and a dry run an enabled cluster: past SkyPilot's boundary here.)"""
+    spec = JobSpec.model_validate(json.loads(json.dumps(
+        JobSpec.model_validate(taskyaml.to_spec(yaml.safe_load(K8S_FILE))).stored())))
+    where = Placement(cloud="k8s", region="lab-a", zone=None, zone_id=None, instance_type=None, accelerator="H100",
+                      accelerator_count=8, use_spot=False, price_per_hour=0.0)
+    (ours,) = launcher.task(request(spec, where)).resources
+    theirs = sky.Task.from_yaml_config({"run": "x", "resources": yaml.safe_load(K8S_FILE)["resources"]["any_of"][0]})
+    (theirs,) = theirs.resources
+    fields = ("cloud", "region", "zone", "instance_type", "accelerators", "use_spot", "cpus", "memory", "image_id")
+    assert {f: str(getattr(ours, f)) for f in fields} == {f: str(getattr(theirs, f)) for f in fields}
+    assert (str(ours.cloud), ours.region, ours.accelerators, ours.use_spot) == ("Kubernetes", "lab-a", {"H100": 8},
+                                                                                 False)
+    # the spot alternative on a cloud is still spot there
+    cloud = Placement(cloud="aws", region="us-east-1", zone="us-east-1a", zone_id=None, instance_type="p5.48xlarge",
+                      accelerator="H100", accelerator_count=8, use_spot=True, price_per_hour=10.0)
+    (r,) = launcher.task(request(spec, cloud)).resources
+    assert (str(r.cloud), r.instance_type, r.use_spot, r.image_id) == ("AWS", "p5.48xlarge", True, None)
+
+
 def test_the_request_shows_no_secret(launcher):
     req = request(stored_spec(), placement("T4", "g4dn.xlarge"))
     assert SECRET not in repr(req) and "HF_TOKEN" not in repr(req)

@@ -36,7 +36,6 @@ def test_skypilots_own_message_names_the_field_and_line(api, team_headers):
     (b"run: x\nsecrets: {HF_TOKEN: null}\n", "secrets"),
     (b"run: x\nfile_mounts: {/data: /etc}\n", "file_mounts./data"),
     (b"run: x\nfile_mounts: {/data: {name: new-bucket, mode: MOUNT}}\n", "file_mounts./data.name"),
-    (b"run: x\nresources: {infra: k8s, accelerators: H100}\n", "resources.infra"),
 ])
 def test_what_the_broker_cannot_honour_is_refused_by_name(api, team_headers, body, field):
     r = post(api, team_headers(), body)
@@ -51,6 +50,21 @@ def test_secrets_are_shown_by_name_only(api, team_headers, caplog):
     job = api.get(f"/v1/jobs/{r.json()['id']}", headers=h)
     assert job.json()["spec"]["secrets"] == ["HF_TOKEN"] and job.json()["spec"]["envs"] == {"A": "1"}
     assert "hf-s3cr3t-value" not in job.text + r.text + caplog.text
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
+@pytest.mark.parametrize("infra, stored", [
+    ("k8s", "k8s"), ("k8s/lab-a", "k8s/lab-a"), ("kubernetes/arn:aws:eks:us-east-1:1:cluster/gpu",
+                                                 "kubernetes/arn:aws:eks:us-east-1:1:cluster/gpu")])
+def test_a_file_for_the_kubernetes_places_is_taken_as_written(api, team_headers, infra, stored):
+    """SkyPilot's `infra: k8s[/CONTEXT]` means the broker's Kubernetes places
+    (that context): stored as written; what a cluster cannot run fails at
+    placement, as an unknown region does."""
+    h = team_headers()
+    r = post(api, h, f"run: x\nresources: {{infra: '{infra}', accelerators: H100:8}}\n".encode())
+    assert r.status_code == 201, r.text
+    spec = api.get(f"/v1/jobs/{r.json()['id']}", headers=h).json()["spec"]
+    assert spec["resources"]["infra"] == stored and spec["resources"]["use_spot"] is False
     api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
 
 

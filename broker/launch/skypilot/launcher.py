@@ -121,19 +121,20 @@ class SkyPilotLauncher:
     # --- the clouds SkyPilot can reach ---------------------------------------------------
 
     def enabled_clouds(self) -> frozenset[str] | None:
-        """The clouds `sky check` last enabled, as the broker names them
-        (None until first asked): the placement policy chooses only among
-        them. Never asks SkyPilot (the reconciler calls it every pass)."""
+        """The clouds `sky check` last enabled, as the broker names them, and
+        each Kubernetes context it enabled as `k8s/CONTEXT` (None until first
+        asked): the placement policy chooses only among them. Never asks
+        SkyPilot (the reconciler calls it every pass)."""
         return self._clouds
 
     def refresh_clouds(self) -> frozenset[str]:
         """Run `sky check` on SkyPilot's API server, then ask which clouds
-        it enabled (two requests, seconds: the janitor's thread calls it on
-        each sweep, at start-up and then every janitor interval, never the
-        reconciler)."""
+        it enabled, Kubernetes expanded to its contexts (two requests,
+        seconds: the janitor's thread calls it on each sweep, at start-up and
+        then every janitor interval, never the reconciler)."""
         self.sky.get(self._sdk("check")(None, False))
-        names = self.sky.get(self._sdk("enabled_clouds")())
-        self._clouds = frozenset(CLOUD_NAMES.get(str(n).lower(), str(n).lower()) for n in names)
+        names = self.sky.get(self._sdk("enabled_clouds")(expand=True))
+        self._clouds = frozenset(name for n in names for name in _broker_names(str(n)))
         return self._clouds
 
     def _sdk(self, name: str):
@@ -183,6 +184,14 @@ class SkyPilotLauncher:
 
     def close(self) -> None:
         self.follower.close()
+
+
+def _broker_names(infra: str) -> tuple[str, ...]:
+    """SkyPilot's name of an enabled infra -> the broker's: `AWS` -> aws;
+    `kubernetes/CONTEXT` -> k8s and k8s/CONTEXT (a context keeps its case)."""
+    cloud, _, context = infra.partition("/")
+    cloud = CLOUD_NAMES.get(cloud.lower(), cloud.lower())
+    return (cloud, f"{cloud}/{context}") if context else (cloud,)
 
 
 def _run_status(cluster: str | None, job: str | None) -> RunStatus:
