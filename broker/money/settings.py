@@ -37,6 +37,11 @@ class MoneySettings(BaseSettings):
     storage_price_standard: float = Field(0.023, ge=0)
     storage_price_glacier: float = Field(0.0036, ge=0)
     storage_price_deep_archive: float = Field(0.00099, ge=0)
+    # Dashboard logins (stored server-side, broker/money/sessions.py): a
+    # session ends this many seconds after its login, or after this many
+    # seconds unused, whichever comes first.
+    dashboard_lifetime_seconds: float = Field(8 * 3600.0, gt=0)
+    dashboard_idle_seconds: float = Field(3600.0, gt=0)
     # Bearer token that may scrape /metrics (the admin token may too):
     # SPOTBROKER_METRICS_TOKEN, named as operators expect it.
     metrics_token: SecretStr | None = Field(None, validation_alias="SPOTBROKER_METRICS_TOKEN")
