@@ -10,8 +10,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class MoneySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SPOTBROKER_MONEY_", env_file=".env", extra="ignore")
 
-    # Seconds between accrual passes: the ledger is at most this (plus one
-    # pass) behind for a running attempt; readers add the unwritten tail.
+    # Seconds between accrual passes, and the grid entries are cut on: a
+    # running attempt is written to the last whole interval (at most two
+    # behind, one row each); readers add the unwritten tail.
     accrual_interval: float = Field(60.0, gt=0, le=60)
     # Seconds between alert evaluations (and outbox deliveries).
     alert_interval: float = Field(60.0, gt=0)
