@@ -215,3 +215,26 @@ def test_a_running_attempt_gets_one_row_a_minute_however_the_passes_fall(factory
     assert days.total.cost == pytest.approx(6.0 * hours)
     assert abs(hour - 6.0) <= 0.1     # an entry counts where it starts: a window is exact to one minute
     assert sum(g.cost for g in days.groups.values()) == pytest.approx(6.0 * hours)
+
+
+def test_every_teams_totals_in_one_read_agree_with_each_teams_view(factory, world, clock):
+    """The admin's overview reads every team at once: the same totals as each
+    team's own view, the unwritten tail of running attempts included."""
+    ml, other, idle = world.team("ml"), world.team("other"), world.team("idle")
+    world.attempt(world.job(ml), price=1.0)
+    world.attempt(world.job(ml), price=2.0, start=T0 - 3 * H, end=T0 - H, end_reason="preempted")
+    world.attempt(world.job(other), price=5.0, spot=False)
+    acc = accruer(factory, clock)
+    for _ in range(3):
+        clock.advance(minutes=47, seconds=13)
+        acc.accrue(clock.now())
+    clock.advance(seconds=31)                                  # between passes
+    now = clock.now()
+    with factory() as s:
+        every = views.every_team(s, T0 - 30 * H, now + H, now)
+        for team in (ml, other, idle):
+            one = views.team_costs(s, team, T0 - 30 * H, now + H, None, now).total
+            mine = every.get(team, views.Money())
+            assert (mine.cost, mine.on_demand_cost, mine.wasted, mine.node_hours) == pytest.approx(
+                (one.cost, one.on_demand_cost, one.wasted, one.node_hours)), team
+    assert every[other].cost == pytest.approx(5.0 * (now - T0).total_seconds() / 3600)
