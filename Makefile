@@ -28,6 +28,7 @@ services:
 
 test: install services
 	@scripts/ensure-chromium
+	@scripts/ensure-azurite
 	$(PY) -m pytest
 
 bench: install

@@ -2,7 +2,9 @@
 
 1. the costs API's p50/p99 for a 90-day team view, by each grouping, over
    1,000,000 ledger entries (100 teams, 90 days), through HTTP on a real
-   server (goal: p99 <= 100 ms); and a /metrics scrape over the same data;
+   server (goal: p99 <= 100 ms); the dashboard's 90-day team page, rendered
+   for a team logged in through the form (its session cookie), and the
+   admin's overview of every team; and a /metrics scrape over the same data;
 2. one alert evaluation for 1,000 budgeted teams (goal: <= 1 s per pass);
 3. ledger rows per running attempt per day, written by the real accrual
    passes as the loop runs them (every interval plus up to one wake-up
@@ -14,7 +16,9 @@
 
     python bench/costs.py [--entries 1000000] [--teams 100] [--requests 60] [--interval 10] [--trials 3]
 
-Seeding uses COPY, so it takes seconds, not minutes.
+Seeding uses COPY, so it takes seconds, not minutes. Prices come from the
+bundled catalog only (SPOTBROKER_PRICES_SOURCES=catalog): the figures are the
+ledger's, and a benchmark reaches for no network.
 """
 from __future__ import annotations
 
@@ -31,18 +35,23 @@ from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 
-import httpx
-from _db import temporary_database
-from sqlalchemy import func, insert, select, text
+os.environ.setdefault("SPOTBROKER_PRICES_SOURCES", "catalog")   # before the app reads its settings
+# Part 4's webhook receiver listens on loopback, which notification targets
+# may reach only when it is listed (docs/money.md, Notifications).
+os.environ.setdefault("SPOTBROKER_NOTIFY_ALLOWED_NETWORKS", '["127.0.0.0/8"]')
 
-from spotbroker.broker.money import alerts, budgets
-from spotbroker.broker.money.accrual import Accruer
-from spotbroker.broker.money.loop import MoneyLoop
-from spotbroker.broker.money.models import Budget, LedgerEntry
-from spotbroker.broker.money.settings import MoneySettings
-from spotbroker.broker.store import migrate
-from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
-from spotbroker.broker.store.models import Attempt, Job, Team
+import httpx  # noqa: E402
+from _db import temporary_database  # noqa: E402
+from sqlalchemy import func, insert, select, text  # noqa: E402
+
+from spotbroker.broker.money import alerts, budgets  # noqa: E402
+from spotbroker.broker.money.accrual import Accruer  # noqa: E402
+from spotbroker.broker.money.loop import MoneyLoop  # noqa: E402
+from spotbroker.broker.money.models import Budget, LedgerEntry  # noqa: E402
+from spotbroker.broker.money.settings import MoneySettings  # noqa: E402
+from spotbroker.broker.store import migrate  # noqa: E402
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction  # noqa: E402
+from spotbroker.broker.store.models import Attempt, Job, Team  # noqa: E402
 
 ADMIN = "bench-admin-token"
 DAYS, JOBS_PER_TEAM = 90, 20
@@ -190,6 +199,7 @@ def costs_api(served: Served, names: list[str], requests: int, now: datetime) ->
         print(f"  GET /v1/teams/{{team}}/costs?since=-90d&group_by={group_by or '-':5}  "
               f"p50 {statistics.median(times):6.1f} ms  p99 {pct(times, 0.99):6.1f} ms  "
               f"({requests} requests, {len(r.json()['groups'])} groups)")
+    dashboard(served, names, requests, rng)
     times = []
     for _ in range(10):
         t = time.perf_counter()
@@ -197,6 +207,40 @@ def costs_api(served: Served, names: list[str], requests: int, now: datetime) ->
         times.append((time.perf_counter() - t) * 1000)
     print(f"  GET /metrics (every team)                      p50 {statistics.median(times):6.1f} ms  "
           f"max {max(times):6.1f} ms  (10 scrapes)")
+
+
+def dashboard(served: Served, names: list[str], requests: int, rng: random.Random) -> None:
+    """The 90-day team page as a browser gets it: a team's token logs in
+    through the form once, then the page is requested with its cookie."""
+    browsers = {}
+    for name in names[:10]:
+        token = served.client.post(f"/v1/teams/{name}/tokens").json()["token"]
+        browser = httpx.Client(base_url=served.client.base_url, timeout=60)
+        r = browser.post("/dashboard/login", data={"token": token}, headers={"Origin": str(served.client.base_url)})
+        assert r.status_code == 303 and browser.cookies, r.text
+        browsers[name] = browser
+    try:
+        for name, browser in browsers.items():
+            browser.get(f"/dashboard/teams/{name}", params={"days": DAYS}).raise_for_status()   # warm
+        times = []
+        for _ in range(requests):
+            name = rng.choice(list(browsers))
+            t = time.perf_counter()
+            r = browsers[name].get(f"/dashboard/teams/{name}", params={"days": DAYS})
+            times.append((time.perf_counter() - t) * 1000)
+            assert r.status_code == 200 and f"Team {name}" in r.text, r.status_code
+        print(f"  GET /dashboard/teams/{{team}}?days=90, a team's session  p50 {statistics.median(times):6.1f} ms  "
+              f"p99 {pct(times, 0.99):6.1f} ms  ({requests} pages, {len(r.content) // 1024} KiB)")
+    finally:
+        for browser in browsers.values():
+            browser.close()
+    times = []
+    for _ in range(10):
+        t = time.perf_counter()
+        served.client.get("/dashboard", params={"days": DAYS}).raise_for_status()
+        times.append((time.perf_counter() - t) * 1000)
+    print(f"  GET /dashboard?days=90, the admin's overview (every team) p50 {statistics.median(times):6.1f} ms  "
+          f"max {max(times):6.1f} ms  (10 pages)")
 
 
 # --- 2. alert evaluation -----------------------------------------------------------------
@@ -250,7 +294,7 @@ def growth(factory, hours: float, interval: float) -> float:
         rows = s.scalar(select(func.count()).select_from(LedgerEntry).where(LedgerEntry.team_id == team))
     per_day = rows * 24 / hours
     print(f"  {per_day:.0f} rows per running attempt per day (60 s accrual interval, the loop's passes over "
-          f"{hours:g} h)")
+          f"{hours:g} h; whole minutes are written, the last one not yet)")
     return per_day
 
 

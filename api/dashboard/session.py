@@ -1,33 +1,33 @@
-"""The dashboard's login session: a signed id in a cookie.
+"""The dashboard's login session: a signed random id in a cookie.
 
-The cookie holds which token logged in (the API token's row id, or "admin"
-with a fingerprint of the admin token) and when the session ends, signed
-with a key derived from the broker's signing key for this use only. It
-never holds the token itself. Each page checks the signature, the expiry,
-and that the token still stands (a revoked team token, or a changed admin
-token, ends its sessions at once). The cookie is HTTP-only, SameSite=Strict,
-limited to /dashboard and Secure over HTTPS; /v1 never reads it (its
-routes take the bearer header only), so no cross-site request can act
-with it.
+The session itself is stored server-side (broker/money/sessions.py: only
+the id's digest, who logged in, when it ends); the cookie carries the
+random id and an HMAC of it under a key derived from the broker's signing
+key for this use only, so a forged or altered cookie is refused before the
+database is asked. It never holds a token. Logging out deletes the session,
+so a copied cookie stops working everywhere at once; so do the idle and the
+absolute lifetime, a revoked team token and a changed admin token.
+
+The cookie is HTTP-only, SameSite=Strict, limited to /dashboard and Secure
+over HTTPS; /v1 never reads it (its routes take the bearer header only),
+so no cross-site request can act with it.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import hmac
-import json
-import time
+from datetime import timedelta
 
 from fastapi import Request, Response
-from sqlalchemy import select
 
-from spotbroker.broker import auth
-from spotbroker.broker.auth import ADMIN, Principal
-from spotbroker.broker.store.models import ApiToken, Team
+from spotbroker.broker.auth import Principal
+from spotbroker.broker.money import sessions
+from spotbroker.broker.money.settings import MoneySettings, get_money_settings
+from spotbroker.broker.store.db import transaction
 
 COOKIE = "spotbroker_dashboard"
 PATH = "/dashboard"
-LIFETIME_S = 8 * 3600
 
 
 def _key(request: Request) -> bytes:
@@ -39,69 +39,66 @@ def _key(request: Request) -> bytes:
     return key
 
 
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+def _settings(request: Request) -> MoneySettings:
+    state = request.app.state
+    settings = getattr(state, "dashboard_settings", None)
+    if settings is None:
+        settings = state.dashboard_settings = get_money_settings()
+    return settings
 
 
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _admin_print(request: Request) -> str | None:
+def _admin_token(request: Request) -> str | None:
     admin = request.app.state.settings.admin_token
-    return auth.digest(admin.get_secret_value())[:16] if admin else None
+    return admin.get_secret_value() if admin else None
+
+
+def _sign(request: Request, session_id: str) -> str:
+    mac = hmac.new(_key(request), session_id.encode(), hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(mac).rstrip(b"=").decode()
+
+
+def _session_id(request: Request) -> str | None:
+    """The cookie's id, if its signature is this broker's."""
+    value = request.cookies.get(COOKIE)
+    if not value or value.count(".") != 1:
+        return None
+    session_id, signature = value.split(".")
+    return session_id if hmac.compare_digest(signature, _sign(request, session_id)) else None
 
 
 def issue(request: Request, response: Response, token: str) -> Principal | None:
-    """Log in with a token: set the cookie and return who it is, or None
-    (unknown or revoked token; nothing is set)."""
-    digest = auth.digest(token)
-    admin = _admin_print(request)
-    if admin is not None and hmac.compare_digest(digest[:16], admin) and \
-            request.app.state.tokens.cached(token) == (True, ADMIN):
-        claim, principal = {"a": admin}, ADMIN
-    else:
-        with request.app.state.session_factory() as session:
-            row = session.execute(select(ApiToken.id, Team.id, Team.name).join(Team, Team.id == ApiToken.team_id)
-                                  .where(ApiToken.digest == digest, ApiToken.revoked_at.is_(None))).first()
-        if row is None:
-            return None
-        claim, principal = {"t": row[0]}, Principal(team_id=row[1], team_name=row[2])
-    claim["exp"] = int(time.time()) + LIFETIME_S
-    body = _b64(json.dumps(claim, separators=(",", ":")).encode())
-    signature = _b64(hmac.new(_key(request), body.encode(), hashlib.sha256).digest())
-    response.set_cookie(COOKIE, f"{body}.{signature}", max_age=LIFETIME_S, path=PATH, httponly=True,
-                        samesite="strict", secure=request.url.scheme == "https")
+    """Log in with a token: open a session, set the cookie and return who it
+    is, or None (unknown or revoked token; nothing is set)."""
+    settings, state = _settings(request), request.app.state
+    lifetime = timedelta(seconds=settings.dashboard_lifetime_seconds)
+    with transaction(state.session_factory) as s:
+        opened = sessions.open_session(s, token, _admin_token(request), state.clock.now(), lifetime)
+    if opened is None:
+        return None
+    session_id, principal = opened
+    response.set_cookie(COOKIE, f"{session_id}.{_sign(request, session_id)}",
+                        max_age=int(lifetime.total_seconds()), path=PATH, httponly=True, samesite="strict",
+                        secure=request.url.scheme == "https")
     return principal
 
 
 def clear(request: Request, response: Response) -> None:
+    """Log out: the session ends server-side, and the cookie goes."""
+    session_id = _session_id(request)
+    if session_id is not None:
+        with transaction(request.app.state.session_factory) as s:
+            sessions.close(s, session_id)
     response.delete_cookie(COOKIE, path=PATH, httponly=True, samesite="strict",
                            secure=request.url.scheme == "https")
 
 
 def read(request: Request) -> Principal | None:
-    """Who the cookie says is logged in, if it is genuine, current, and its
-    token still stands."""
-    value = request.cookies.get(COOKIE)
-    if not value or value.count(".") != 1:
+    """Who the cookie's session is, if the cookie is genuine and its session
+    still stands."""
+    session_id = _session_id(request)
+    if session_id is None:
         return None
-    body, signature = value.split(".")
-    expected = _b64(hmac.new(_key(request), body.encode(), hashlib.sha256).digest())
-    if not hmac.compare_digest(signature, expected):
-        return None
-    try:
-        claim = json.loads(_unb64(body))
-    except ValueError:
-        return None
-    if not isinstance(claim, dict) or not isinstance(claim.get("exp"), int) or claim["exp"] < time.time():
-        return None
-    if "a" in claim:
-        admin = _admin_print(request)
-        return ADMIN if admin is not None and hmac.compare_digest(str(claim["a"]), admin) else None
-    if not isinstance(claim.get("t"), int):
-        return None
-    with request.app.state.session_factory() as session:
-        row = session.execute(select(Team.id, Team.name).join(ApiToken, ApiToken.team_id == Team.id)
-                              .where(ApiToken.id == claim["t"], ApiToken.revoked_at.is_(None))).first()
-    return Principal(team_id=row[0], team_name=row[1]) if row else None
+    state = request.app.state
+    idle = timedelta(seconds=_settings(request).dashboard_idle_seconds)
+    with transaction(state.session_factory) as s:
+        return sessions.resolve(s, session_id, _admin_token(request), state.clock.now(), idle)

@@ -1,20 +1,24 @@
 """A team's budget (the admin sets it; the team reads it, its notification
-targets redacted) and the alerts it raises (a team reads its own; a rule
-can be silenced for a while)."""
+targets redacted) and the alerts it raises (a team reads its own). The
+admin may silence a rule for a while: budgets, their rules and the targets
+they notify are the admin's, so a team's token may list the silences on
+its own budget but neither add nor end one (403)."""
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 
-from spotbroker.api.deps import Admin, SessionDep
+from spotbroker.api.deps import MAX_ID, Admin, SessionDep
 from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
 from spotbroker.broker.money import budgets, service
 from spotbroker.broker.money.alerts import RULES
 from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Team
 
 router = APIRouter(prefix="/v1", tags=["budgets"])
 
@@ -132,16 +136,59 @@ class SilenceOut(BaseModel):
     team: str
     rule: str
     until: datetime
+    created_at: datetime
 
 
-@router.post("/alerts/silences", status_code=201, response_model=SilenceOut, responses=responses(401, 403, 404, 422))
-def silence(request: Request, body: SilenceIn, principal: Caller) -> SilenceOut:
-    """Send nothing for a rule of a team's budget for a while (alerts still open and show)."""
-    may_read(principal, body.team)
+class SilenceList(BaseModel):
+    silences: list[SilenceOut]
+
+
+def _silence_out(row, team: str) -> SilenceOut:
+    return SilenceOut(id=row.id, team=team, rule=row.rule, until=row.until, created_at=row.created_at)
+
+
+@router.post("/alerts/silences", status_code=201, response_model=SilenceOut, responses=responses(
+    401, 403, 404, 422, s403="Only the admin silences a budget's alerts"))
+def silence(request: Request, body: SilenceIn, _: Admin) -> SilenceOut:
+    """Send nothing for a rule of a team's budget for a while (alerts still
+    open and show). Admin only: the budget and the targets it notifies are
+    the admin's."""
     state = request.app.state
     with transaction(state.session_factory) as session:
         try:
             row = service.silence(session, body.team, body.rule, body.minutes, state.clock.now())
         except service.TeamNotFound as exc:
             raise Problem(404, "Not found", str(exc)) from None
-        return SilenceOut(id=row.id, team=body.team, rule=row.rule, until=row.until)
+        return _silence_out(row, body.team)
+
+
+@router.get("/alerts/silences", response_model=SilenceList, responses=responses(401, 403, 404, 422))
+def list_silences(request: Request, session: SessionDep, principal: Caller,
+                  team: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$",
+                                                    description="default: the token's team (admin: all)")] = None,
+                  expired: Annotated[bool, Query(description="also those whose time is over")] = False
+                  ) -> SilenceList:
+    """The silences on a team's budget (a team reads its own), newest first."""
+    team = team or principal.team_name
+    if team is not None:
+        may_read(principal, team)
+    try:
+        team_id = service.team_id(session, team) if team is not None else None
+    except service.TeamNotFound as exc:
+        raise Problem(404, "Not found", str(exc)) from None
+    found = service.list_silences(session, team_id, request.app.state.clock.now(), active_only=not expired)
+    return SilenceList(silences=[_silence_out(row, name) for row, name in found])
+
+
+@router.delete("/alerts/silences/{silence_id}", response_model=SilenceOut, responses=responses(
+    401, 403, 404, 422, s403="Only the admin ends a silence", s404="No such silence"))
+def expire_silence(request: Request, silence_id: Annotated[int, PathParam(ge=1, le=MAX_ID)],
+                   _: Admin) -> SilenceOut:
+    """End a silence now (it stays listed, with `until` now)."""
+    state = request.app.state
+    with transaction(state.session_factory) as session:
+        try:
+            row = service.expire_silence(session, silence_id, state.clock.now())
+        except service.SilenceNotFound as exc:
+            raise Problem(404, "Not found", str(exc)) from None
+        return _silence_out(row, session.get(Team, row.team_id).name)

@@ -3,12 +3,14 @@
 Every `SPOTBROKER_MONEY_ACCRUAL_INTERVAL` seconds (60 by default), one
 broker (a lease in `money_leases`) appends, for every attempt that ran since
 the last pass, the entries from how far it was accrued (`ledger_cursors`)
-to now, or to its end; an attempt that ended is closed with its waste. So a
-running attempt's entries are at most one interval (plus one pass) behind:
-one usage row per running attempt per interval (1,440 a day at 60 s),
-cut on the interval's grid (so a catch-up after downtime is cut alike and
-burn windows stay exact to one interval), one more where its spot price
-changed within one.
+to the last whole interval of the grid before now (multiples of the
+interval since the epoch), or, once it ended, to its end; an attempt that
+ended is closed with its waste. So a running attempt's entries are at
+most two intervals behind, and it gets exactly one usage row per interval
+(1,440 a day at 60 s) however the passes fall against the grid, one more
+where its spot price changed within one. A catch-up after downtime is cut
+on the same grid, so burn windows stay exact. Readers add the unwritten
+rest (`ledger.pending`; alerts, at the attempt's price, `alerts.gather`).
 
 Each attempt's entries and its cursor move in one transaction, the cursor
 only from the value read (a compare-and-set), so two brokers that both
@@ -103,8 +105,14 @@ class Accruer:
 
     def _one(self, session: Session, attempt: Attempt, team_id: int, accrued_to: datetime | None,
              now: datetime, stats: AccrualStats) -> None:
-        drafts, reached, closing = ledger.pending(session, attempt, accrued_to, now,
-                                                  step_s=self.settings.accrual_interval)
+        step = self.settings.accrual_interval
+        ended = attempt.ended_at is not None and attempt.ended_at <= now
+        # A running attempt is written up to the last whole interval only
+        # (readers add the rest): one row per interval, not two per pass.
+        upto = now if ended else ledger.edge(now, step)
+        if not ended and attempt.started_at is not None and upto <= (accrued_to or attempt.started_at):
+            return
+        drafts, reached, closing = ledger.pending(session, attempt, accrued_to, upto, step_s=step)
         if reached is None:
             return
         if drafts:

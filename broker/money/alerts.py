@@ -16,21 +16,25 @@ per budget, see budgets.Rules):
 An alert is opened once per (team, rule) while its condition holds and
 resolved when it stops; opening and resolving each queue one notification
 per target in the same transaction (the outbox, notify.py), unless the rule
-is silenced. Spend is read from the ledger's written entries, which accrual
-keeps at most one interval behind; the loop accrues just before it
-evaluates.
+is silenced. Spend is the ledger's written entries (accrual writes whole
+intervals, so they stop at most two intervals back) plus the unwritten
+rest of each open attempt at its price, so a window counts to now and a
+crossing is seen by the first evaluation after it, whether or not an
+accrual ran in between. The rest is priced at the launch price: a spot
+price change is counted from the next accrual on, at most two intervals
+late, with no per-attempt query for it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.money import budgets
-from spotbroker.broker.money.models import Alert, AlertSilence, Budget, LedgerEntry, Notification
+from spotbroker.broker.money.models import Alert, AlertSilence, Budget, LedgerCursor, LedgerEntry, Notification
 from spotbroker.broker.store.models import Attempt, Job, Team
 
 WINDOWS = {"5m": timedelta(minutes=5), "30m": timedelta(minutes=30), "1h": timedelta(hours=1),
@@ -59,7 +63,7 @@ class Spend:
 
 
 def gather(session: Session, now: datetime) -> dict[int, Spend]:
-    """Every budgeted team's spend, in two statements whatever their number."""
+    """Every budgeted team's spend, in three statements whatever their number."""
     starts = {p: budgets.period_of(p, now).start for p in ("day", "week", "month")}
     since = min([*starts.values(), now - WINDOWS["6h"]])
     cols = [func.sum(case((LedgerEntry.start_at >= s, LedgerEntry.amount), else_=0.0)) for s in starts.values()]
@@ -76,6 +80,17 @@ def gather(session: Session, now: datetime) -> dict[int, Spend]:
         s = out[team_id]
         s.period = {"day": day, "week": week, "month": month}[kinds[team_id]] or 0.0
         s.windows = {k: v or 0.0 for k, v in zip(WINDOWS, windows, strict=True)}
+    for team_id, started, ended, accrued_to, rate in session.execute(
+            select(Job.team_id, Attempt.started_at, Attempt.ended_at, LedgerCursor.accrued_to,
+                   Attempt.price_per_hour * Attempt.num_nodes)
+            .join(Job, Job.id == Attempt.job_id).join(Budget, Budget.team_id == Job.team_id)
+            .outerjoin(LedgerCursor, LedgerCursor.attempt_id == Attempt.id)
+            .where(Attempt.started_at.is_not(None),
+                   or_(Attempt.ended_at.is_(None), Attempt.ended_at > since),
+                   or_(LedgerCursor.closed.is_(False), LedgerCursor.attempt_id.is_(None)))):
+        if team_id in out:   # the unwritten rest of an open attempt, in each window it falls in
+            _add_tail(out[team_id], kinds[team_id], starts, now, accrued_to or started,
+                      min(ended, now) if ended else now, rate or 0.0)
     for team_id, rate in session.execute(
             select(Job.team_id, func.sum(Attempt.price_per_hour * Attempt.num_nodes))
             .join(Job, Job.id == Attempt.job_id).join(Budget, Budget.team_id == Job.team_id)
@@ -83,6 +98,16 @@ def gather(session: Session, now: datetime) -> dict[int, Spend]:
         if team_id in out:
             out[team_id].committed_rate = rate or 0.0
     return out
+
+
+def _add_tail(spend: Spend, period: str, starts: dict[str, datetime], now: datetime, start: datetime,
+              end: datetime, rate: float) -> None:
+    def dollars(since: datetime) -> float:
+        return rate * max((end - max(start, since)).total_seconds(), 0.0) / 3600
+
+    spend.period += dollars(starts[period])
+    for k, w in WINDOWS.items():
+        spend.windows[k] += dollars(now - w)
 
 
 def conditions(budget: Budget, spend: Spend, now: datetime) -> list[Condition]:

@@ -191,5 +191,6 @@ def team_names(session: Session) -> list[str]:
 def overview(session: Session, since: datetime, until: datetime, now: datetime) -> list[TeamSpend]:
     """Every team's spend over the range (the admin's first page), most first."""
     teams = session.execute(select(Team.id, Team.name).order_by(Team.name)).all()
-    out = [TeamSpend(n, views.team_costs(session, i, since, until, None, now).total) for i, n in teams]
+    totals = views.every_team(session, since, until, now)
+    out = [TeamSpend(n, totals.get(i, views.Money())) for i, n in teams]
     return sorted(out, key=lambda t: (-t.total.cost, t.team))

@@ -111,6 +111,11 @@ def ondemand_price(session: Session, attempt: Attempt) -> float:
     return found if found is not None else attempt.price_per_hour
 
 
+def edge(at: datetime, step_s: float) -> datetime:
+    """The last multiple of `step_s` since the epoch at or before `at`."""
+    return datetime.fromtimestamp(at.timestamp() // step_s * step_s, tz=at.tzinfo)
+
+
 def _grid(start: datetime, end: datetime, step_s: float | None) -> list[tuple[datetime, datetime]]:
     """[start, end) cut at multiples of `step_s` since the epoch (whole
     minutes, whole days stay whole)."""

@@ -4,8 +4,8 @@ the same, and a restarted one forgets nothing.
 
 Each scrape runs seven aggregate statements (and one for the team names), whatever the number of teams:
 
-- money (the ledger's written entries; accrual keeps them at most one
-  interval behind): each team's spend this calendar month (UTC), in the
+- money (the ledger's written entries; accrual keeps them at most two
+  intervals behind): each team's spend this calendar month (UTC), in the
   last hour (its burn), and, for a budgeted team, what is left of the
   budget's period. The statement reads only entries since the earliest of
   those starts (at most ~31 days; the same range a budget's alerts read);

@@ -171,3 +171,24 @@ class CheckpointTier(Base):
     storage_class: Mapped[str] = mapped_column(String(32))
     archived_at: Mapped[datetime]
     restore_requested_at: Mapped[datetime | None]
+
+
+class DashboardSession(Base):
+    """A browser's login to the dashboard. The cookie carries a random id
+    (signed); only its SHA-256 digest is stored, so the table gives nothing
+    a browser could present. Logging out deletes the row, so a copied cookie
+    is worth nothing after it. The session stands while the token that
+    opened it stands (`api_token_id`, deleted with it; for the admin, a
+    fingerprint of the admin token in force when it logged in), until
+    `expires_at` (absolute) and while it is used (`last_seen_at`, idle)."""
+
+    __tablename__ = "dashboard_sessions"
+    __table_args__ = (Index("ix_dashboard_sessions_expires_at", "expires_at"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    digest: Mapped[str] = mapped_column(String(64), unique=True)
+    api_token_id: Mapped[int | None] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    admin_print: Mapped[str | None] = mapped_column(String(16))
+    created_at: Mapped[datetime]
+    last_seen_at: Mapped[datetime]
+    expires_at: Mapped[datetime]

@@ -76,3 +76,29 @@ def silence(session: Session, name: str, rule: str, minutes: float, now: datetim
     session.add(row)
     session.flush()
     return row
+
+
+def list_silences(session: Session, team: int | None, now: datetime,
+                  active_only: bool = True) -> list[tuple[AlertSilence, str]]:
+    """Silences newest first, each with its team's name (only those still
+    in force, unless `active_only` is False)."""
+    query = select(AlertSilence, Team.name).join(Team, Team.id == AlertSilence.team_id)
+    if team is not None:
+        query = query.where(AlertSilence.team_id == team)
+    if active_only:
+        query = query.where(AlertSilence.until > now)
+    return [tuple(r) for r in session.execute(query.order_by(AlertSilence.id.desc()).limit(1000))]
+
+
+class SilenceNotFound(LookupError):
+    pass
+
+
+def expire_silence(session: Session, silence_id: int, now: datetime) -> AlertSilence:
+    """End a silence now (it stays listed with `until` = now, as Alertmanager
+    expires one)."""
+    row = session.get(AlertSilence, silence_id)
+    if row is None:
+        raise SilenceNotFound(f"no silence {silence_id}")
+    row.until = min(row.until, now)
+    return row

@@ -2,19 +2,21 @@
 
 - **Archive**: a committed checkpoint older than the retention
   (`SPOTBROKER_MONEY_CHECKPOINT_RETENTION_DAYS`, 90) moves to the cold tier
-  (the S3 class `SPOTBROKER_MONEY_COLD_STORAGE_CLASS`, GLACIER by default)
-  through the storage layer, except one marked `keep` (the gold weights).
+  of its cloud (S3: the class `SPOTBROKER_MONEY_COLD_STORAGE_CLASS`,
+  GLACIER by default; GCS: ARCHIVE; Azure: the Archive tier; see
+  agent/checkpoint/coldtier/), except one marked `keep` (the gold weights).
   Its data objects move; its MANIFEST.json stays in the standard class, so
   what it holds can still be read and verified. A row in
-  `checkpoint_tiers` says it is cold. Only S3 has a cold tier here: a
-  checkpoint on a local disk stays where it is, and GCS's Archive and
-  Azure's Archive tier are not built (such checkpoints are counted as left).
+  `checkpoint_tiers` says it is cold, in which class. A checkpoint on a
+  local disk stays where it is (counted as left).
 - **Resume**: a job whose newest checkpoint is cold is not launched with it.
-  The reconciler holds the job (HELD, saying why) and a restore is asked
-  for; once every object is readable again it is copied back to the
-  standard class, the row goes, and the job is placed as usual. A launch
-  request refuses a cold checkpoint outright (LaunchError), so no attempt
-  is ever handed one as RESUME_FROM.
+  Where the cold class must be restored before a read (S3 Glacier, Azure
+  Archive), the reconciler holds the job (HELD, saying why) and a restore
+  is asked for; once every object is readable it is moved back to the
+  standard class, the row goes, and the job is placed as usual. GCS
+  Archive is read at once: it is moved back at the first look, no hold. A
+  launch request refuses a cold checkpoint outright (LaunchError), so no
+  attempt is ever handed one as RESUME_FROM.
 - **Summary**: `storage_summary(session, team_id)`: a team's checkpoint
   bytes by class and their monthly cost, for the dashboard.
 """
@@ -27,9 +29,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.agent import protocol
-from spotbroker.agent.checkpoint.coldtier import ColdTier
-from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.agent.checkpoint.coldtier import cold_tier, data_keys
 from spotbroker.broker.money.models import CheckpointTier
 from spotbroker.broker.money.settings import MoneySettings, get_money_settings
 from spotbroker.broker.store.db import transaction
@@ -44,13 +44,8 @@ GIB = 2**30          # S3 bills a GB-month of 2^30 bytes
 class ArchiveStats:
     archived: int = 0
     objects: int = 0
-    left: int = 0       # not on S3 (a local disk, GCS, Azure): no cold tier built for them
+    left: int = 0       # on a local disk: no cold tier
     failed: int = 0
-
-
-def _data_keys(storage: Storage) -> list[str]:
-    """The checkpoint's objects but its manifest (which stays readable)."""
-    return [o.key for o in storage.list() if o.key != protocol.MANIFEST]
 
 
 def archive_due(factory: sessionmaker[Session], settings: MoneySettings, now: datetime) -> ArchiveStats:
@@ -65,22 +60,21 @@ def archive_due(factory: sessionmaker[Session], settings: MoneySettings, now: da
                    CheckpointTier.checkpoint_id.is_(None))
             .order_by(Checkpoint.id).limit(BATCH)).all()
     for checkpoint_id, uri, team_id in due:
-        if not uri.startswith(("s3://", "s3a://")):
+        if not uri.startswith(("s3://", "s3a://", "gs://", "az://")):
             stats.left += 1
             continue
         try:
-            storage = Storage(uri)
-            cold = ColdTier(storage)
-            keys = _data_keys(storage)
+            cold = cold_tier(uri, settings.cold_storage_class)
+            keys = data_keys(cold)
             for key in keys:
-                cold.move(key, settings.cold_storage_class)
+                cold.archive(key)
         except Exception as exc:  # storage down or refusing: the next pass tries again
             stats.failed += 1
             log.warning("checkpoint %d: not archived (%s)", checkpoint_id, type(exc).__name__)
             continue
         with transaction(factory) as session:
             session.add(CheckpointTier(checkpoint_id=checkpoint_id, team_id=team_id,
-                                       storage_class=settings.cold_storage_class, archived_at=now))
+                                       storage_class=cold.cold_class, archived_at=now))
         stats.archived += 1
         stats.objects += len(keys)
     return stats
@@ -110,18 +104,18 @@ def resume_hold(session: Session, job: Job, now: datetime, settings: MoneySettin
     settings = settings or get_money_settings()
     tier = session.get(CheckpointTier, newest.id)
     try:
-        storage = Storage(newest.uri)
-        cold, keys = ColdTier(storage), _data_keys(storage)
-        if tier.restore_requested_at is None:
+        cold = cold_tier(newest.uri)   # restore and warm: the cold class it is in does not matter
+        keys = data_keys(cold)
+        if cold.needs_restore and tier.restore_requested_at is None:
             for key in keys:
                 cold.restore(key, days=settings.restore_days, speed=settings.restore_tier)
             tier.restore_requested_at = now
             return f"{why}: a restore ({settings.restore_tier}) was asked for; the job launches once it is done"
         if not all(cold.tier(key).readable for key in keys):
             return (f"{why}: the restore asked for at {tier.restore_requested_at:%Y-%m-%d %H:%M} UTC is not "
-                    "done yet (S3 Glacier takes hours)")
+                    f"done yet ({tier.storage_class} takes hours)")
         for key in keys:
-            cold.move(key, "STANDARD")
+            cold.warm(key)
     except Exception as exc:  # storage down: hold, and ask again on the next look
         return f"{why}; its storage could not be reached to restore it ({type(exc).__name__})"
     session.delete(tier)
@@ -153,7 +147,8 @@ def storage_summary(session: Session, team_id: int, settings: MoneySettings | No
     (the bytes each checkpoint's agent reported; cold ones by their class)."""
     settings = settings or get_money_settings()
     prices = {"STANDARD": settings.storage_price_standard, "GLACIER": settings.storage_price_glacier,
-              "DEEP_ARCHIVE": settings.storage_price_deep_archive}
+              "DEEP_ARCHIVE": settings.storage_price_deep_archive, "ARCHIVE": settings.storage_price_gcs_archive,
+              "Archive": settings.storage_price_azure_archive}
     out = StorageSummary()
     for cold, count, size in session.execute(
             select(CheckpointTier.storage_class, func.count(), func.coalesce(func.sum(Checkpoint.bytes), 0))

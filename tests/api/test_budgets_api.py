@@ -87,3 +87,31 @@ def test_a_new_amount_keeps_the_write_only_targets_unless_they_are_sent(api, tea
     assert cleared.json()["targets"] == []
     tiny = api.put("/v1/teams/a/budget", json={"amount": 1e-300}, headers=ADMIN)
     assert tiny.status_code == 422 and tiny.json()["errors"][0]["field"] == "amount"
+
+
+def test_only_the_admin_silences_a_budgets_alerts_and_a_team_reads_its_own_silences(api, team_headers):
+    """Budgets and the targets they notify are the admin's: a team's token
+    cannot mute them (403, its own team's too), but it sees what is muted."""
+    a, b = team_headers("a"), team_headers("b")
+    body = {"team": "a", "rule": "fast_burn", "minutes": 90}
+    r = api.post("/v1/alerts/silences", json=body, headers=a)
+    assert r.status_code == 403 and "admin" in r.json()["detail"]
+    assert api.post("/v1/alerts/silences", json=body, headers=b).status_code == 403
+    assert api.get("/v1/alerts/silences", headers=a).json() == {"silences": []}   # nothing was written
+    bad = api.post("/v1/alerts/silences", json={**body, "rule": "everything"}, headers=ADMIN)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "rule"
+    assert api.post("/v1/alerts/silences", json={**body, "team": "nobody"}, headers=ADMIN).status_code == 404
+    made = api.post("/v1/alerts/silences", json=body, headers=ADMIN)
+    assert made.status_code == 201 and made.json()["team"] == "a" and made.json()["rule"] == "fast_burn"
+    mine = api.get("/v1/alerts/silences", headers=a).json()["silences"]
+    assert [s["id"] for s in mine] == [made.json()["id"]]
+    assert api.get("/v1/alerts/silences", headers=b).json() == {"silences": []}
+    assert api.get("/v1/alerts/silences", params={"team": "a"}, headers=b).status_code == 403
+    path = f"/v1/alerts/silences/{made.json()['id']}"
+    assert api.delete(path, headers=a).status_code == 403
+    ended = api.delete(path, headers=ADMIN)
+    assert ended.status_code == 200 and ended.json()["until"] < made.json()["until"]
+    assert api.get("/v1/alerts/silences", headers=a).json() == {"silences": []}
+    (old,) = api.get("/v1/alerts/silences", params={"expired": "true"}, headers=a).json()["silences"]
+    assert old["id"] == made.json()["id"]
+    assert api.delete("/v1/alerts/silences/999999", headers=ADMIN).status_code == 404

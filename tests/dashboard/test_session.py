@@ -1,17 +1,22 @@
 """Logging in to the dashboard: the session cookie is HTTP-only,
-SameSite=Strict, limited to /dashboard, signed, bound to a token that still
-stands, and never accepted by /v1; the bearer header works for scripts; a
+SameSite=Strict, limited to /dashboard, a signed id of a session stored
+server-side (logout, idling, its lifetime and its token's revocation end
+it everywhere), and never accepted by /v1; the bearer header works for scripts; a
 team sees only its own page; every page sends a strict CSP."""
 from __future__ import annotations
 
-import json
-from datetime import UTC, datetime
+import hashlib
+from datetime import UTC, datetime, timedelta
 
 import httpx
 from dashboard.conftest import ADMIN
+from sqlalchemy import func, select
 
 from spotbroker.api.dashboard import session
 from spotbroker.broker import auth
+from spotbroker.broker.money import sessions
+from spotbroker.broker.money.models import DashboardSession
+from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import ApiToken
 
@@ -58,11 +63,10 @@ def test_a_bad_token_a_forged_cookie_a_cross_site_post_and_a_revoked_token_get_n
     assert log_in(site, "").status_code == 422
     good = log_in(site, site.tokens["ml"])
     value = good.cookies[session.COOKIE]
-    body, signature = value.split(".")
-    claim = json.loads(session._unb64(body))
-    claim["t"] += 1                                                # vision's token, under ml's signature
-    forged = session._b64(json.dumps(claim, separators=(",", ":")).encode()) + "." + signature
-    for bad in (forged, value[:-2], "x", value + ".y"):
+    session_id, signature = value.split(".")
+    other = log_in(site, site.tokens["vision"]).cookies[session.COOKIE]
+    forged = other.split(".")[0] + "." + signature                # vision's session, under ml's signature
+    for bad in (forged, value[:-2], "x", value + ".y", "." + signature, session_id + "."):
         r = httpx.get(f"{site.url}/dashboard/teams/ml", cookies={session.COOKIE: bad})
         assert r.status_code == 303, bad
     assert httpx.get(f"{site.url}/dashboard/teams/ml", cookies={session.COOKIE: value}).status_code == 200
@@ -71,6 +75,63 @@ def test_a_bad_token_a_forged_cookie_a_cross_site_post_and_a_revoked_token_get_n
             {"revoked_at": datetime.now(UTC)})
     r = httpx.get(f"{site.url}/dashboard/teams/ml", cookies={session.COOKIE: value})
     assert r.status_code == 303                                   # its token revoked: the session ends
+    with factory() as s:                                          # and is gone, not merely refused
+        assert s.scalar(select(func.count()).select_from(DashboardSession)
+                        .where(DashboardSession.digest == hashlib.sha256(session_id.encode()).hexdigest())) == 0
+
+
+def test_a_cookie_copied_before_logout_is_worth_nothing_after_it(site, factory):
+    """Logging out ends the session on the server: a copy of the cookie (a
+    stolen one, another tab's) no longer opens a page."""
+    r = log_in(site, site.tokens["ml"])
+    stolen = {session.COOKIE: r.cookies[session.COOKIE]}
+    assert httpx.get(f"{site.url}/dashboard/teams/ml", cookies=stolen).status_code == 200
+    r = site.client.post("/dashboard/logout", headers={"Origin": site.url})
+    assert r.status_code == 303
+    r = httpx.get(f"{site.url}/dashboard/teams/ml", cookies=stolen, follow_redirects=False)
+    assert r.status_code == 303 and r.headers["location"] == "/dashboard/login"
+    # The table holds digests only: the cookie's id is nowhere in it.
+    log_in(site, site.tokens["ml"])
+    with factory() as s:
+        rows = s.execute(select(DashboardSession)).scalars().all()
+    assert len(rows) == 1 and rows[0].api_token_id is not None
+    assert site.client.cookies[session.COOKIE].split(".")[0] not in repr(vars(rows[0]))
+
+
+def test_a_session_ends_when_idle_and_at_its_absolute_lifetime(site):
+    settings = MoneySettings(_env_file=None)
+    idle = timedelta(seconds=settings.dashboard_idle_seconds)
+    lifetime = timedelta(seconds=settings.dashboard_lifetime_seconds)
+    cookie = {session.COOKIE: log_in(site, site.tokens["ml"]).cookies[session.COOKIE]}
+
+    def opens() -> bool:
+        return httpx.get(f"{site.url}/dashboard/teams/ml", cookies=cookie).status_code == 200
+
+    start = site.clock.now()
+    while site.clock.now() + idle * 0.9 < start + lifetime:       # used often enough: it stands
+        site.clock.advance(seconds=idle.total_seconds() * 0.9)
+        assert opens(), site.clock.now() - start
+    site.clock.t = start + lifetime                                # however used, it ends at its lifetime
+    assert not opens()
+    cookie = {session.COOKIE: log_in(site, site.tokens["ml"]).cookies[session.COOKIE]}
+    assert opens()
+    site.clock.advance(seconds=idle.total_seconds() + 1)           # left unused longer than idle: it ends
+    assert not opens()
+    site.clock.advance(seconds=-idle.total_seconds() - 1)          # and stays ended (the row is gone)
+    assert not opens()
+
+
+def test_a_changed_admin_token_ends_the_admins_sessions(factory):
+    now = datetime(2026, 3, 2, tzinfo=UTC)
+    with transaction(factory) as s:
+        session_id, who = sessions.open_session(s, "admin-one", "admin-one", now, timedelta(hours=8))
+    assert who.is_admin
+    with transaction(factory) as s:
+        assert sessions.resolve(s, session_id, "admin-one", now, timedelta(hours=1)) == who
+        assert sessions.resolve(s, session_id, "admin-two", now, timedelta(hours=1)) is None
+    with transaction(factory) as s:
+        assert sessions.resolve(s, session_id, "admin-one", now, timedelta(hours=1)) is None
+        assert sessions.open_session(s, "admin-one", "admin-two", now, timedelta(hours=8)) is None
 
 
 def test_logout_clears_the_cookie_and_the_bearer_header_works_for_scripts(site):

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import pytest
+from coldfixtures import az_uri, azurite_endpoint, gcs_fake, gs_uri  # noqa: F401  (fixtures, found by name)
 from money.world import FakeClock, World
 from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
 

@@ -64,6 +64,30 @@ def test_a_fast_burn_fires_once_with_its_neighbours_and_everything_resolves(fact
     assert "20.0x" in fast.summary and "raise the budget" in fast.advice
 
 
+def test_a_crossing_is_seen_by_the_first_evaluation_after_it_whatever_accrual_wrote(factory, world, clock):
+    """Accrual writes whole minutes only; the alerts add each open attempt's
+    unwritten rest, so the windows count to now: a crossing between passes
+    (or with no accrual at all) fires at the next evaluation."""
+    team = world.team()
+    set_budget(factory, clock, team, rules={"fast_burn": True, "slow_burn": False, "forecast": False,
+                                            "thresholds": [], "committed_hours": 0.001})  # $1/h even
+    # Runs from T0 + 30 min 10 s at a price whose hour crosses 14.4x after 29 min 24 s of it.
+    world.attempt(world.job(team), price=14.4 * 60 / 29.4, spot=False, start=T0 + timedelta(minutes=30, seconds=10))
+    acc = Accruer(factory, MoneySettings(_env_file=None), clock=clock)
+    for _ in range(59):
+        clock.advance(minutes=1)
+        acc.accrue(clock.now())          # written to T0 + 59 min (whole minutes; the first one short)
+    with transaction(factory) as s:
+        assert alerts.evaluate(s, clock.now()) == (0, 0)     # 28 min 50 s of it: not yet
+    clock.advance(seconds=30)            # 29 min 20 s: not yet
+    with transaction(factory) as s:
+        assert alerts.evaluate(s, clock.now()) == (0, 0)
+    clock.advance(seconds=20)            # 29 min 40 s: crossed, and no accrual since
+    with transaction(factory) as s:
+        assert alerts.evaluate(s, clock.now())[0] == 1
+    assert open_rules(factory) == {"fast_burn"}
+
+
 def test_the_slow_pair_needs_both_windows_and_a_silence_keeps_it_quiet(factory, world, clock):
     team = world.team()
     set_budget(factory, clock, team, amount=240.0, rules={"thresholds": [], "forecast": False})  # $10/h even

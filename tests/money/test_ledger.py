@@ -184,3 +184,57 @@ def test_unwritten_cost_falls_in_the_windows_it_was_spent_in(factory, world, clo
         days = views.team_costs(s, team, T0 - 30 * H, clock.now() + H, "day", clock.now())
     assert last_hour == pytest.approx(3.0)
     assert days.total.cost == pytest.approx(9.0)
+
+
+def test_a_running_attempt_gets_one_row_a_minute_however_the_passes_fall(factory, world, clock):
+    """Passes land off the minute's edge (every 61.3 s here, as a loop that
+    wakes late does); accrual writes whole minutes only and readers add the
+    rest, so a day of running is 1,440 rows and every total stays exact."""
+    team = world.team()
+    job = world.job(team)
+    world.attempt(job, price=6.0, spot=False, start=T0 + timedelta(seconds=17))
+    acc = accruer(factory, clock)
+    day = T0 + timedelta(days=1, seconds=17)
+    while clock.now() < day:
+        clock.advance(seconds=61.3)
+        acc.accrue(clock.now())
+        if clock.now().second % 7 == 0:   # now and then, a reader between passes sees to now
+            hours = (clock.now() - T0 - timedelta(seconds=17)).total_seconds() / 3600
+            assert job_cost(factory, job, clock.now()) == pytest.approx(6.0 * hours)
+            assert team_total(factory, team, clock.now()).total.cost == pytest.approx(6.0 * hours)
+    with factory() as s:
+        rows = s.scalar(select(func.count()).select_from(LedgerEntry))
+        written_to = s.scalar(select(func.max(LedgerEntry.end_at)))
+    assert written_to.second == 0 and written_to <= clock.now()        # whole minutes only
+    assert rows == (written_to - T0).total_seconds() // 60             # one row a minute, the first short
+    assert 1440 <= rows <= 1442                                        # a day (and the last pass's minute)
+    hours = (clock.now() - T0 - timedelta(seconds=17)).total_seconds() / 3600
+    with factory() as s:
+        days = views.team_costs(s, team, T0 - H, clock.now() + H, "day", clock.now())
+        hour = views.spend(s, team, clock.now() - H, clock.now())
+    assert days.total.cost == pytest.approx(6.0 * hours)
+    assert abs(hour - 6.0) <= 0.1     # an entry counts where it starts: a window is exact to one minute
+    assert sum(g.cost for g in days.groups.values()) == pytest.approx(6.0 * hours)
+
+
+def test_every_teams_totals_in_one_read_agree_with_each_teams_view(factory, world, clock):
+    """The admin's overview reads every team at once: the same totals as each
+    team's own view, the unwritten tail of running attempts included."""
+    ml, other, idle = world.team("ml"), world.team("other"), world.team("idle")
+    world.attempt(world.job(ml), price=1.0)
+    world.attempt(world.job(ml), price=2.0, start=T0 - 3 * H, end=T0 - H, end_reason="preempted")
+    world.attempt(world.job(other), price=5.0, spot=False)
+    acc = accruer(factory, clock)
+    for _ in range(3):
+        clock.advance(minutes=47, seconds=13)
+        acc.accrue(clock.now())
+    clock.advance(seconds=31)                                  # between passes
+    now = clock.now()
+    with factory() as s:
+        every = views.every_team(s, T0 - 30 * H, now + H, now)
+        for team in (ml, other, idle):
+            one = views.team_costs(s, team, T0 - 30 * H, now + H, None, now).total
+            mine = every.get(team, views.Money())
+            assert (mine.cost, mine.on_demand_cost, mine.wasted, mine.node_hours) == pytest.approx(
+                (one.cost, one.on_demand_cost, one.wasted, one.node_hours)), team
+    assert every[other].cost == pytest.approx(5.0 * (now - T0).total_seconds() / 3600)
