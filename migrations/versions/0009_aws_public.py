@@ -2,7 +2,7 @@
 (each file's version, ETag and the rows kept of it), shared by every broker
 on the database
 
-Revision ID: 0009_aws_public
+Revision ID: 0009
 Revises: 0008
 Create Date: 2026-11-26
 """
@@ -13,7 +13,7 @@ from alembic import op
 
 import spotbroker.broker.store.db
 
-revision = '0009_aws_public'
+revision = '0009'
 down_revision = '0008'
 branch_labels = None
 depends_on = None

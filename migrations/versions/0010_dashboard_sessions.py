@@ -2,8 +2,8 @@
 digest of the cookie's random id), so logging out, idling and the token's
 revocation end it everywhere
 
-Revision ID: 0009_money
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-11-26
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from alembic import op
 
 import spotbroker.broker.store.db
 
-revision = '0009_money'
-down_revision = '0008'
+revision = '0010'
+down_revision = '0009'
 branch_labels = None
 depends_on = None
 
