@@ -13,8 +13,10 @@ host or a metadata service now. (apprise resolves it again to connect: a
 name that changes in between is not caught; an operator who fears that
 lists no private network and routes the broker's egress through a proxy.)
 
-Secrets stay out of logs and of `last_error`: apprise's own logging is
-quietened, and errors are recorded as the target's name and hint.
+Targets are read from their sealed form only here (and for the admin's
+hint); one that does not open fails its notification, saying why. Secrets
+stay out of logs and of `last_error`: apprise's own logging is quietened,
+and errors are recorded as the target's name and hint.
 """
 from __future__ import annotations
 
@@ -31,7 +33,9 @@ from spotbroker.broker.money import budgets
 from spotbroker.broker.money.models import Budget, Notification
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.settings import get_settings
+from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.sealing import Keyring, SealError
 
 log = logging.getLogger("spotbroker.money")
 logging.getLogger("apprise").setLevel(logging.CRITICAL)  # it logs URLs, which are secrets here
@@ -93,35 +97,44 @@ def send(target: budgets.Target, title: str, body: str, timeout: float) -> bool:
 
 
 def deliver(factory: sessionmaker[Session], settings: MoneySettings, now: datetime, limit: int = 200,
-            allowed_networks: Iterable[str] | None = None) -> int:
-    """Send what is due; how many went out. `allowed_networks`: default,
-    the broker's SPOTBROKER_NOTIFY_ALLOWED_NETWORKS."""
+            allowed_networks: Iterable[str] | None = None, keyring: Keyring | None = None) -> int:
+    """Send what is due; how many went out. `allowed_networks` and `keyring`:
+    default, the broker's (SPOTBROKER_NOTIFY_ALLOWED_NETWORKS, its keys)."""
     if allowed_networks is None:
         allowed_networks = get_settings().notify_allowed_networks
     with factory() as session:
         due = list(session.scalars(select(Notification).where(
             Notification.sent_at.is_(None), Notification.tries < settings.notify_max_tries,
             Notification.next_try_at <= now).order_by(Notification.id).limit(limit)))
-        targets = {b.team_id: {t.name: t for t in budgets.targets(b)} for b in session.scalars(
+        stored = {b.team_id: {t.name: t for t in budgets.targets(b)} for b in session.scalars(
             select(Budget).where(Budget.team_id.in_({n.team_id for n in due})))} if due else {}
+    if due and keyring is None:
+        keyring = sealing.keyring(get_settings())
     sent = 0
     for n in due:
-        target = targets.get(n.team_id, {}).get(n.target)
-        error = None
-        if target is None:
-            error = "the target is no longer in the budget"
-        elif refused := destination_problem(target, allowed_networks):
-            error = f"{target.kind} to {target.name} refused: {refused}"
-        else:
-            try:
-                ok = send(target, n.title, n.body, settings.notify_timeout)
-            except Exception as exc:  # a sender must never end the loop
-                ok = False
-                log.warning("notification %d to %s failed: %s", n.id, n.target, type(exc).__name__)
-            error = None if ok else f"{target.kind} to {target.hint()} failed"
+        error = _send_one(n, stored.get(n.team_id, {}).get(n.target), keyring, settings, allowed_networks)
         _record(factory, settings, n, now, error)
         sent += error is None
     return sent
+
+
+def _send_one(n: Notification, saved: budgets.StoredTarget | None, keyring: Keyring, settings: MoneySettings,
+              allowed_networks: Iterable[str]) -> str | None:
+    """Why the notification did not go, or None when it went."""
+    if saved is None:
+        return "the target is no longer in the budget"
+    try:
+        target = saved.open(keyring)
+    except SealError as exc:
+        return f"{saved.kind} to {saved.name} cannot be sent: the target cannot be read: {exc}"
+    if refused := destination_problem(target, allowed_networks):
+        return f"{target.kind} to {target.name} refused: {refused}"
+    try:
+        ok = send(target, n.title, n.body, settings.notify_timeout)
+    except Exception as exc:  # a sender must never end the loop
+        ok = False
+        log.warning("notification %d to %s failed: %s", n.id, n.target, type(exc).__name__)
+    return None if ok else f"{target.kind} to {target.hint()} failed"
 
 
 def _record(factory: sessionmaker[Session], settings: MoneySettings, n: Notification, now: datetime,

@@ -11,6 +11,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from aiosmtpd.controller import Controller
+from money.world import KEYRING
+from sqlalchemy import select
 
 from spotbroker.broker.money import budgets
 from spotbroker.broker.money.loop import MoneyLoop
@@ -89,7 +91,7 @@ def mailbox():
 
 def loop(factory, clock) -> MoneyLoop:
     """A broker's money loop, with the ledger accrued to now (as its tick does first)."""
-    made = MoneyLoop(factory, MoneySettings(_env_file=None, notify_retry_seconds=1), clock=clock)
+    made = MoneyLoop(factory, MoneySettings(_env_file=None, notify_retry_seconds=1), clock=clock, keyring=KEYRING)
     made.accruer.accrue(clock.now())
     return made
 
@@ -102,7 +104,7 @@ def test_an_alert_reaches_the_webhook_and_the_mailbox_once_then_resolves(factory
         "rules": {"thresholds": [50], "fast_burn": False, "slow_burn": False, "forecast": False,
                   "committed_hours": 0.001}})
     with transaction(factory) as s:
-        budgets.put(s, team, body, clock)
+        budgets.put(s, team, body, clock, KEYRING)
     a = world.attempt(world.job(team), price=6.0, spot=False)
     clock.advance(minutes=60)
     result = loop(factory, clock).alert_pass(force=True)
@@ -124,7 +126,7 @@ def test_a_receiver_that_is_down_loses_nothing_and_a_restart_sends_nothing_twice
     body = budgets.BudgetIn.model_validate({"amount": 10.0, "period": "day", "targets": [
         {"name": "slack", "kind": "webhook", "url": receiver.url}], "rules": {"thresholds": [50, 80]}})
     with transaction(factory) as s:
-        budgets.put(s, team, body, clock)
+        budgets.put(s, team, body, clock, KEYRING)
     world.attempt(world.job(team), price=9.0, spot=False)
     clock.advance(minutes=60)
     receiver.down = True
@@ -141,3 +143,37 @@ def test_a_receiver_that_is_down_loses_nothing_and_a_restart_sends_nothing_twice
     clock.advance(minutes=5)
     loop(factory, clock).alert_pass(force=True)
     assert len(receiver.got) == first.opened                  # nothing sent twice
+
+
+def test_a_target_that_does_not_open_fails_its_notification_saying_why(factory, world, clock, receiver):
+    """A target sealed with a key this broker lacks, or altered, sends nothing
+    and crashes nothing: its notification records why, never the URL."""
+    from spotbroker.broker.money.models import Budget, Notification
+    from spotbroker.broker.store.sealing import Keyring
+
+    team = world.team()
+    body = budgets.BudgetIn.model_validate({"amount": 10.0, "period": "day", "targets": [
+        {"name": "slack", "kind": "webhook", "url": receiver.url}], "rules": {"thresholds": [50]}})
+    stranger = Keyring.from_material([b"a key this broker does not have"])
+    with transaction(factory) as s:
+        budgets.put(s, team, body, clock, stranger)
+    world.attempt(world.job(team), price=9.0, spot=False)
+    clock.advance(minutes=60)
+    result = loop(factory, clock).alert_pass(force=True)
+    assert result.opened >= 1 and result.sent == 0 and receiver.got == []
+    with factory() as s:
+        errors = {n.last_error for n in s.scalars(select(Notification))}
+    assert errors == {f"webhook to slack cannot be sent: the target cannot be read: sealed with key "
+                      f"{stranger.current}, which this broker does not have (SPOTBROKER_ENCRYPTION_KEYS must "
+                      "list the key that sealed it)"}
+    with transaction(factory) as s:  # altered in the database
+        row = s.get(Budget, team)
+        (target,) = row.targets
+        row.targets = [{**target, "sealed": KEYRING.seal("{}", "budget target|team 999|slack")}]
+        for n in s.scalars(select(Notification)):
+            n.next_try_at = clock.now()
+    assert loop(factory, clock).alert_pass(force=True).sent == 0 and receiver.got == []
+    with factory() as s:
+        errors = {n.last_error for n in s.scalars(select(Notification))}
+    assert all("does not open: altered, or copied from elsewhere" in e for e in errors), errors
+    assert not any("secretpart" in e for e in errors)
