@@ -1,6 +1,8 @@
 """secrets sealed at rest: jobs' `secrets` values and budgets' notification
 targets, stored until now in clear, are sealed with the broker's keyring
-(broker/store/sealing.py); a downgrade opens them again.
+(broker/store/sealing.py); a downgrade opens them again. And
+`upload_reservations`: the per-team upload quota checked and held in one
+step across brokers.
 
 The keyring is the caller's (`migrate.upgrade(engine, keyring=...)`, which
 the server passes), else the settings' (`spotbroker db upgrade`, the alembic
@@ -21,6 +23,7 @@ from alembic import context, op
 
 from spotbroker.broker.jobs import sealed
 from spotbroker.broker.money import budgets
+from spotbroker.broker.store.db import UTCDateTime
 from spotbroker.broker.store.migrate import migration_keyring
 
 revision = '0009_security'
@@ -34,12 +37,21 @@ _budgets = sa.table('budgets', sa.column('team_id', sa.Integer), sa.column('targ
 
 
 def upgrade() -> None:
+    op.create_table('upload_reservations',
+                    sa.Column('team_id', sa.BigInteger().with_variant(sa.Integer(), 'sqlite'), nullable=False),
+                    sa.Column('sha256', sa.String(length=64), nullable=False),
+                    sa.Column('bytes', sa.BigInteger(), nullable=False),
+                    sa.Column('expires_at', UTCDateTime(timezone=True), nullable=False),
+                    sa.ForeignKeyConstraint(['team_id'], ['teams.id'],
+                                            name=op.f('fk_upload_reservations_team_id_teams'), ondelete='CASCADE'),
+                    sa.PrimaryKeyConstraint('team_id', 'sha256', name=op.f('pk_upload_reservations')))
     _rewrite(lambda keyring, team, spec: sealed.seal(spec, team, keyring),
              lambda keyring, team, targets: [budgets.seal_target(budgets.Target.model_validate(t), team, keyring)
                                              for t in targets])
 
 
 def downgrade() -> None:
+    op.drop_table('upload_reservations')
     _rewrite(lambda keyring, team, spec: sealed.unsealed(spec, team, keyring),
              lambda keyring, team, targets: [
                  t.open(keyring).model_dump(by_alias=True, exclude_none=True)
