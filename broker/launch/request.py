@@ -28,6 +28,8 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
         spec = sealed.opened(job, sealing.keyring(settings))
     except SealError as exc:
         raise LaunchError(f"not launched: its secrets cannot be read: {exc}") from None
+    # Refused at submission since; a spec stored before cannot set them either.
+    spec = spec.without_per_attempt()
     team = session.get(Team, job.team_id)
     job_uri = job_prefix(settings.checkpoint_uri, team.name, job.id)
     placement = Placement(cloud=attempt.cloud, region=attempt.region, zone=attempt.zone,
