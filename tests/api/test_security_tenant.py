@@ -72,3 +72,29 @@ def test_a_job_stored_before_cannot_set_them_at_launch_either(factory, settings)
     assert request.envs == {"A": "1"} and request.secrets == {"B": "2"}
     assert request.spec.envs == {"A": "1"} and request.spec.secret_values() == {"B": "2"}
     assert request.extra_env[protocol.ENV_RESUME_FROM] == "" and other not in request.extra_env.values()
+
+
+def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, team_headers, settings):
+    """Another team's job on the same host finds a node's metadata simulator
+    by its port (listening sockets are in the world-readable /proc/net/tcp)
+    and orders a preemption notice: refused. The broker's own
+    `simulate-preemption` still works."""
+    import httpx
+    from helpers import wait_for, wait_state
+
+    h = team_headers("a")
+    job_id = api.post("/v1/jobs", json={"run": "sleep 120", "resources": {"accelerators": "T4:1"}},
+                      headers=h).json()["id"]
+    job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    run_dir = settings.data_dir / "runs" / str(job["attempts"][-1]["id"])
+    sim = run_dir / "sim.url"  # where the node's simulator says its URL; a port scan finds it as well
+    url = wait_for(lambda: sim.exists() and "\n" in sim.read_text() and sim.read_text().split("\n", 1)[0].strip(),
+                   timeout=30, what="the node's simulator")
+    for method, path in (("POST", "/_sim/preempt"), ("POST", "/_sim/fault"), ("GET", "/_sim/state")):
+        r = httpx.request(method, url + path, json={"mode": "500"} if path.endswith("fault") else {}, timeout=5)
+        assert r.status_code == 403, (path, r.text)
+    assert httpx.request("POST", url + "/_sim/preempt", headers={"X-Sim-Token": "guess"}, timeout=5).status_code == 403
+    assert api.get(f"/v1/jobs/{job_id}", headers=h).json()["state"] == "RUNNING"
+    assert api.post(f"/v1/jobs/{job_id}/simulate-preemption", headers=h).status_code == 202
+    wait_state(api, h, job_id, {"PREEMPTING", "RECOVERING", "LAUNCHING"}, timeout=30)
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
