@@ -22,7 +22,7 @@ from spotbroker.broker.launch.skypilot import service as skypilot
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.settings import Settings, get_settings
-from spotbroker.broker.store import migrate
+from spotbroker.broker.store import migrate, sealing
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 
 log = logging.getLogger("spotbroker")
@@ -35,7 +35,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         engine = make_engine(settings.sqlalchemy_url)
-        migrate.prepare(engine, settings.data_dir)
+        keyring = sealing.keyring(settings)
+        migrate.prepare(engine, settings.data_dir, keyring)
         factory = make_session_factory(engine)
         with transaction(factory) as session:
             seed_from_catalog(session, clock)
@@ -48,7 +49,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         reconciler = Reconciler(factory, launchers, settings, clock=clock)
         app.state.settings, app.state.engine, app.state.session_factory = settings, engine, factory
         app.state.clock, app.state.reconciler, app.state.launchers = clock, reconciler, launchers
-        app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint)
+        app.state.keyring = keyring
+        app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint, keyring=keyring)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
         app.state.followers = Followers(factory, per_team=settings.max_followers_per_team)
         restore_signals = on_shutdown_signal(app.state.followers)

@@ -19,13 +19,15 @@ from spotbroker.api.schemas import JobOut
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.sealing import Keyring
 
 MAX_BATCH = 200
 
 
 class SubmissionBatcher:
-    def __init__(self, factory: sessionmaker[Session], clock: Clock, on_written: Callable[[], None]) -> None:
-        self.factory, self.clock, self.on_written = factory, clock, on_written
+    def __init__(self, factory: sessionmaker[Session], clock: Clock, on_written: Callable[[], None],
+                 keyring: Keyring) -> None:
+        self.factory, self.clock, self.on_written, self.keyring = factory, clock, on_written, keyring
         self._waiting: list[tuple[jobs.Submission, str, asyncio.Future[JobOut]]] = []
         self._writer: asyncio.Task[None] | None = None
 
@@ -54,7 +56,7 @@ class SubmissionBatcher:
     def _write(self, batch: list[tuple[jobs.Submission, str]]) -> list[JobOut]:
         try:
             with transaction(self.factory) as session:
-                made = jobs.submit_many(session, [s for s, _ in batch], self.clock)
+                made = jobs.submit_many(session, [s for s, _ in batch], self.clock, self.keyring)
                 now = self.clock.now()
                 return [JobOut.of(job, team, now) for job, (_, team) in zip(made, batch, strict=True)]
         except IntegrityError:
@@ -65,7 +67,7 @@ class SubmissionBatcher:
     def _write_one(self, sub: jobs.Submission, team: str) -> JobOut:
         try:
             with transaction(self.factory) as session:
-                return JobOut.of(jobs.submit_many(session, [sub], self.clock)[0], team, self.clock.now())
+                return JobOut.of(jobs.submit_many(session, [sub], self.clock, self.keyring)[0], team, self.clock.now())
         except IntegrityError:
             with self.factory() as session:
                 return JobOut.of(jobs.by_key(session, sub.team_id, sub.idempotency_key), team, self.clock.now())

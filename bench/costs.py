@@ -52,6 +52,7 @@ from spotbroker.broker.money.settings import MoneySettings  # noqa: E402
 from spotbroker.broker.store import migrate  # noqa: E402
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction  # noqa: E402
 from spotbroker.broker.store.models import Attempt, Job, Team  # noqa: E402
+from spotbroker.broker.store.sealing import Keyring  # noqa: E402
 
 ADMIN = "bench-admin-token"
 DAYS, JOBS_PER_TEAM = 90, 20
@@ -340,7 +341,8 @@ def crossing_to_webhook(factory, interval: float, trials: int) -> None:
     receiver, rng = Receiver(), random.Random(17)
     settings = MoneySettings(_env_file=None, accrual_interval=min(interval, 60), alert_interval=interval,
                              notify_retry_seconds=1)
-    loop, stop = MoneyLoop(factory, settings), threading.Event()
+    keyring = Keyring.from_material([b"bench key"])  # seals the webhook target, opens it to send
+    loop, stop = MoneyLoop(factory, settings, keyring=keyring), threading.Event()
     thread = loop.start(stop)
     rules = {"fast_burn": True, "slow_burn": False, "forecast": False, "thresholds": [100], "committed_hours": 0.001}
     latencies = []
@@ -351,7 +353,8 @@ def crossing_to_webhook(factory, interval: float, trials: int) -> None:
             name = f"team{8000 + trial:04d}"
             with transaction(factory) as s:
                 budgets.put(s, team, budgets.BudgetIn.model_validate({"amount": 10000, "period": "month",
-                            "rules": rules, "targets": [{"name": "hook", "kind": "webhook", "url": receiver.url}]}))
+                            "rules": rules, "targets": [{"name": "hook", "kind": "webhook", "url": receiver.url}]}),
+                            keyring=keyring)
                 even = 10000 / budgets.period_of("month", now).hours
                 lead = rng.uniform(interval, 2 * interval)
                 price = alerts.FAST * even * 3600 / lead          # 1 h window reaches 14.4x at start + lead

@@ -37,6 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.jobs import sealed
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
@@ -58,6 +59,7 @@ from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.recovery import attempts as recovery
 from spotbroker.broker.settings import Settings
+from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job, SpotProbe
 
@@ -89,6 +91,7 @@ class Reconciler:
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._wake = threading.Event()
         self.placer = Placer(settings, launchers)
+        self.keyring = sealing.keyring(settings)  # a job whose secrets it cannot open is held
         self.launching = Launching(factory, launchers, settings, clock, self.placer, self._on_observed)
         # No agent could reach this process before it started (a broker that
         # was down): it judges a node silent only after a whole heartbeat
@@ -256,7 +259,7 @@ class Reconciler:
         fail over to; (None, ()) when it is to wait, or cannot run at all."""
         spec = JobSpec.model_validate(job.spec)
         now = self.clock.now()
-        hold = (self._hold_reason(spec) or hardcap.budget_hold(session, job, self.clock)
+        hold = (self._hold_reason(job, spec) or hardcap.budget_hold(session, job, self.clock)
                 or checkpoint_storage.resume_hold(session, job, now))
         if hold is not None:
             transition(session, job, J.HELD, reason=hold, clock=self.clock)
@@ -284,8 +287,10 @@ class Reconciler:
             return None, ()
         return self.launching.new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
 
-    def _hold_reason(self, spec: JobSpec) -> str | None:
+    def _hold_reason(self, job: Job, spec: JobSpec) -> str | None:
         """Why the job cannot be launched by this broker now, if it cannot."""
+        if spec.secrets and (unreadable := sealed.problem(job, self.keyring)):
+            return f"{unreadable}; a broker given the key that sealed them releases it"
         if spec.wants_gpu and not {"local", "skypilot"} & set(self.launchers):
             return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
                     "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "
@@ -302,7 +307,7 @@ class Reconciler:
     def _reconsider_hold(self, session: Session, job: Job) -> None:
         """A HELD job goes back to being placed once what held it is gone; it is
         looked at again every placement interval until then."""
-        if (self._hold_reason(JobSpec.model_validate(job.spec)) or hardcap.budget_hold(session, job, self.clock)
+        if (self._hold_reason(job, JobSpec.model_validate(job.spec)) or hardcap.budget_hold(session, job, self.clock)
                 or checkpoint_storage.resume_hold(session, job, self.clock.now())):
             job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
             return

@@ -19,7 +19,9 @@ LOOPBACK_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="SPOTBROKER_", env_file=".env", extra="ignore")
+    # Values stay out of validation errors: several are secrets (keys, tokens, a database password).
+    model_config = SettingsConfigDict(env_prefix="SPOTBROKER_", env_file=".env", extra="ignore",
+                                      hide_input_in_errors=True)
 
     data_dir: Path = Field(default_factory=lambda: Path.home() / ".spotbroker")
     database_url: str | None = None            # default: sqlite file in data_dir
@@ -56,6 +58,10 @@ class Settings(BaseSettings):
     # Signs the per-attempt agent tokens. Brokers sharing a database need the
     # same key; unset, one is made once in data_dir.
     secret_key: SecretStr | None = None
+    # Seal what the database keeps secret (jobs' secrets, notification targets):
+    # comma-separated keys, the first seals and every one opens; unset, a key
+    # derived from the signing key seals (broker/store/sealing.py).
+    encryption_keys: SecretStr | None = None
     # Where agents on the nodes reach this broker (default: from host/port).
     advertise_url: str | None = None
     heartbeat_timeout: float = 60.0             # a silent agent's node counts as lost after this
@@ -112,6 +118,18 @@ class Settings(BaseSettings):
             except ValueError:
                 raise ValueError(f"{n!r}: a network such as 10.0.0.0/8 or fd00::/8") from None
         return networks
+
+    @field_validator("encryption_keys")
+    @classmethod
+    def _encryption_keys(cls, keys: SecretStr | None) -> SecretStr | None:
+        if keys is not None and any(len(k.strip()) < 32 for k in keys.get_secret_value().split(",")):
+            # never the keys themselves in the message
+            raise ValueError("each key is at least 32 random characters, e.g. from "
+                             "python -c 'import secrets; print(secrets.token_urlsafe(32))'")
+        return keys
+
+    def encryption_key_list(self) -> list[str]:
+        return [k.strip() for k in self.encryption_keys.get_secret_value().split(",")] if self.encryption_keys else []
 
     @field_validator("egress_usd_per_gb")
     @classmethod

@@ -94,3 +94,55 @@ def test_upgrade_fills_each_attempts_end_reason_from_its_words(empty_url):
     assert got == {attempt_id: want for attempt_id, *_, want in rows}
     migrate.downgrade(engine, "0003")
     engine.dispose()
+
+
+def test_0011_seals_the_secrets_written_in_clear_and_a_downgrade_opens_them(empty_url):
+    """0010 -> head on a database holding a job's secrets and a budget's
+    notification targets in clear: sealed with the given keyring, readable
+    as before; and back."""
+    import json
+
+    from sqlalchemy import text
+
+    from spotbroker.broker.jobs import sealed
+    from spotbroker.broker.money import budgets
+    from spotbroker.broker.store.sealing import Keyring
+
+    spec = {"name": "j", "run": "true", "secrets": {"HF_TOKEN": "hf-clear-1", "WANDB": "wb-clear-2"}}
+    targets = [{"name": "ops", "kind": "webhook", "url": "https://hooks.example.com/T/B/clear-3", "to": []},
+               {"name": "mail", "kind": "email", "smtp_url": "smtps://u:clear-4@smtp.example.com",
+                "to": ["ops@example.com"], "from": "b@example.com"}]
+    keyring = Keyring.from_material([b"the migration test's key"])
+    load = lambda v: json.loads(v) if isinstance(v, str) else v  # noqa: E731  (PostgreSQL's JSON comes parsed)
+    engine = make_engine(empty_url)
+    migrate.upgrade(engine, "0010")
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO teams (id, name, created_at) VALUES (7, 'ml', CURRENT_TIMESTAMP)"))
+        for job_id, job_spec in ((1, spec), (2, {"name": "k", "run": "true"})):
+            conn.execute(text("INSERT INTO jobs (id, team_id, name, state, spec, restarts, recoveries, created_at, "
+                              "updated_at, version) VALUES (:id, 7, 'j', 'PENDING', :spec, 0, 0, CURRENT_TIMESTAMP, "
+                              "CURRENT_TIMESTAMP, 1)"), {"id": job_id, "spec": json.dumps(job_spec)})
+        conn.execute(text("INSERT INTO budgets (team_id, amount, period, hard_cap_action, recoveries, rules, targets, "
+                          "created_at, updated_at) VALUES (7, 5, 'month', 'hold_new', 'allow', '{}', :t, "
+                          "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"), {"t": json.dumps(targets)})
+
+    def raw() -> str:
+        with engine.connect() as conn:
+            return " ".join(str(r) for q in ("SELECT spec FROM jobs ORDER BY id", "SELECT targets FROM budgets")
+                            for r in conn.execute(text(q)).scalars())
+
+    migrate.upgrade(engine, keyring=keyring)
+    assert not any(f"clear-{i}" in raw() for i in range(1, 5)), raw()
+    with engine.connect() as conn:
+        stored = load(conn.execute(text("SELECT spec FROM jobs WHERE id = 1")).scalar())
+        other = load(conn.execute(text("SELECT spec FROM jobs WHERE id = 2")).scalar())
+        (row,) = conn.execute(text("SELECT team_id, targets FROM budgets")).all()
+    assert sealed.values(stored, 7, keyring) == spec["secrets"] and other == {"name": "k", "run": "true"}
+    saved = [budgets.StoredTarget(7, t["name"], t["kind"], t["sealed"]) for t in load(row.targets)]
+    assert [t.open(keyring).model_dump(by_alias=True, exclude_none=True) for t in saved] == targets
+
+    migrate.downgrade(engine, "0010", keyring=keyring)
+    with engine.connect() as conn:
+        assert load(conn.execute(text("SELECT spec FROM jobs WHERE id = 1")).scalar()) == spec
+        assert load(conn.execute(text("SELECT targets FROM budgets")).scalar()) == targets
+    engine.dispose()

@@ -20,7 +20,9 @@ One small stdlib HTTP server plays one cloud's instance metadata service:
 A notice comes after a delay, at a given time, or on command: the Python API
 (`preempt()`, `rebalance()`, `maintenance()`) or the control endpoints under
 `/_sim/` (`POST /_sim/preempt {"notice_seconds": N}`, ...). The notice window
-(notice → the cloud's hard stop) is the cloud's own unless given. Fault
+(notice → the cloud's hard stop) is the cloud's own unless given. Given a
+control token, the `/_sim/` endpoints need it (`X-Sim-Token`): the local
+launcher's simulators take orders from the broker only. Fault
 modes (`garbage`, `500`, `hang`) let tests check that a watcher survives.
 
 Run it alone: `python -m spotbroker.agent.simulator --cloud aws --port 0`

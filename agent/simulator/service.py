@@ -5,6 +5,7 @@ fault modes, and the dispatch of each request to its cloud's protocol
 (:mod:`.aws`, :mod:`.gcp`, :mod:`.azure`)."""
 from __future__ import annotations
 
+import hmac
 import json
 import secrets
 import threading
@@ -16,6 +17,11 @@ from typing import Any
 
 from spotbroker.agent.simulator import aws, azure, gcp
 from spotbroker.agent.simulator.server import HANG_LIMIT_S, Reply, Server, json_reply
+
+CONTROL_HEADER = "x-sim-token"
+# Where the command line takes the control token from: an environment
+# variable, not an argument (arguments are readable by every user in /proc).
+CONTROL_TOKEN_ENV = "SPOTBROKER_SIM_CONTROL_TOKEN"
 
 CLOUDS = ("aws", "gcp", "azure")
 # The documented time between the notice and the hard stop (Azure: at least 30 s).
@@ -46,6 +52,7 @@ class MetadataSimulator:
         vm_name: str = "spotbroker-vm-0",
         zone: str | None = None,
         on_hard_stop: Callable[[], None] | None = None,
+        control_token: str | None = None,
     ) -> None:
         if cloud not in CLOUDS:
             raise ValueError(f"cloud must be one of {', '.join(CLOUDS)}, not {cloud!r}")
@@ -55,6 +62,10 @@ class MetadataSimulator:
         self.vm_name = vm_name
         self.zone = zone or {"aws": "us-east-1a", "gcp": "us-central1-a", "azure": "1"}[cloud]
         self.on_hard_stop = on_hard_stop
+        # With a token, the /_sim/ endpoints answer only a request that carries
+        # it (X-Sim-Token): whoever else can reach the port (another job on the
+        # host) cannot order a notice, a fault or a hard stop.
+        self.control_token = control_token
         self._host, self._port = host, port
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
@@ -230,6 +241,9 @@ class MetadataSimulator:
     def handle(self, method: str, path: str, query: dict[str, str], headers: dict[str, str],
                body: bytes) -> Reply | None:
         if path.startswith("/_sim/"):
+            if self.control_token and not hmac.compare_digest(headers.get(CONTROL_HEADER, "").encode(),
+                                                              self.control_token.encode()):
+                return json_reply({"error": f"the control endpoints need the {CONTROL_HEADER} header"}, 403)
             return self._control(method, path, body)
         mode = self._take_fault(path)
         if mode is not None:

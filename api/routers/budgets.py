@@ -19,6 +19,7 @@ from spotbroker.broker.money import budgets, service
 from spotbroker.broker.money.alerts import RULES
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
+from spotbroker.broker.store.sealing import Keyring, SealError
 
 router = APIRouter(prefix="/v1", tags=["budgets"])
 
@@ -44,8 +45,17 @@ class BudgetOut(BaseModel):
     over: bool = Field(description="the hard cap is in effect")
 
 
-def _out(name: str, row, standing: budgets.Standing, admin: bool) -> BudgetOut:
-    targets = [TargetOut(name=t.name, kind=t.kind, hint=t.hint() if admin else None) for t in budgets.targets(row)]
+def _hint(target: budgets.StoredTarget, keyring: Keyring) -> str:
+    try:
+        return target.open(keyring).hint()
+    except SealError as exc:
+        return f"unreadable: {exc}"
+
+
+def _out(name: str, row, standing: budgets.Standing, keyring: Keyring | None) -> BudgetOut:
+    """`keyring`: the admin's view, with each target's hint; None: a team's, names and kinds only."""
+    targets = [TargetOut(name=t.name, kind=t.kind, hint=_hint(t, keyring) if keyring else None)
+               for t in budgets.targets(row)]
     return BudgetOut(team=name, amount=row.amount, period=row.period, hard_cap_action=row.hard_cap_action,
                      recoveries=row.recoveries, rules=budgets.Rules.model_validate(row.rules), targets=targets,
                      period_start=standing.period.start, period_end=standing.period.end,
@@ -61,7 +71,7 @@ def get_budget(request: Request, session: SessionDep, principal: Caller, name: T
         row, standing = service.read_budget(session, name, request.app.state.clock.now())
     except (service.TeamNotFound, service.NoBudget) as exc:
         raise Problem(404, "Not found", str(exc)) from None
-    return _out(name, row, standing, principal.is_admin)
+    return _out(name, row, standing, request.app.state.keyring if principal.is_admin else None)
 
 
 @router.put("/teams/{name}/budget", response_model=BudgetOut, responses=responses(
@@ -76,10 +86,10 @@ def put_budget(request: Request, body: budgets.BudgetIn, name: TeamName, _: Admi
     state = request.app.state
     with transaction(state.session_factory) as session:
         try:
-            row, standing = service.set_budget(session, name, body, state.clock)
+            row, standing = service.set_budget(session, name, body, state.clock, state.keyring)
         except service.TeamNotFound as exc:
             raise Problem(404, "Not found", str(exc)) from None
-        out = _out(name, row, standing, True)
+        out = _out(name, row, standing, state.keyring)
     state.reconciler.hint()
     return out
 

@@ -31,7 +31,7 @@ async def accruing(app: FastAPI):
     """Accrual, alerts, the hard cap's stops and notifications, in the background."""
     settings = get_money_settings()
     loop = MoneyLoop(app.state.session_factory, settings, clock=app.state.clock,
-                     on_stopped=app.state.reconciler.hint)
+                     on_stopped=app.state.reconciler.hint, keyring=app.state.keyring)
     stop = threading.Event()
     thread = loop.start(stop)
     app.state.money = loop

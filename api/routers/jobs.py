@@ -102,6 +102,8 @@ async def submit_job(request: Request, team: CurrentTeam,
     task file without `use_spot` runs on on-demand, as in SkyPilot; a JSON
     spec without it on spot."""
     spec = await _read_spec(request)
+    if problems := spec.per_attempt_errors():
+        raise invalid(problems)
     state = request.app.state
     problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds
                                   + state.settings.deadline_margin_seconds)

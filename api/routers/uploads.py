@@ -66,7 +66,8 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
                 f"the body ({received} bytes) hashes to {digest.hexdigest()}, not to the name it was sent under")}])
         settings = request.app.state.settings
         try:
-            await run_in_threadpool(uploads.store, settings, team.team_name, sha256, path)
+            await run_in_threadpool(uploads.store, settings, request.app.state.session_factory, team.team_id,
+                                    team.team_name, sha256, path, request.app.state.clock)
         except uploads.UploadInvalid as exc:
             raise invalid([{"field": "body", "message": str(exc)}]) from None
         except uploads.QuotaExceeded as exc:

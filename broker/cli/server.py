@@ -84,6 +84,23 @@ def current() -> None:
                f"code: {migrate.head_revision(str(engine.url))}")
 
 
+@db.command()
+def reseal() -> None:
+    """Seal every stored secret with the current key (the first of
+    SPOTBROKER_ENCRYPTION_KEYS), so that older keys can be dropped."""
+    from spotbroker.broker.store import sealing
+    from spotbroker.broker.store.db import make_session_factory
+    from spotbroker.broker.store.reseal import reseal as reseal_all
+
+    engine = _ready_engine()
+    keyring = sealing.keyring(get_settings())
+    done = reseal_all(make_session_factory(engine), keyring)
+    click.echo(f"resealed with key {keyring.current}: {done.jobs} jobs, {done.budgets} budgets")
+    if done.unreadable:
+        raise click.ClickException("these do not open with this broker's keys and were left as they are:\n  "
+                                   + "\n  ".join(done.unreadable))
+
+
 @click.group()
 def teams() -> None:
     """Teams and their tokens (on the broker's own database)."""

@@ -12,7 +12,7 @@ from sqlalchemy import insert, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.jobs import logs
+from spotbroker.broker.jobs import logs, sealed
 from spotbroker.broker.jobs.spec import JobSpec, public
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
@@ -30,6 +30,7 @@ from spotbroker.broker.recovery.checkpoints import (  # CheckpointUnverified: th
     verify_and_keep,
 )
 from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, Team
+from spotbroker.broker.store.sealing import Keyring
 
 
 class JobNotFound(LookupError):
@@ -44,17 +45,21 @@ class Submission:
 
 
 def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_CLOCK,
-           idempotency_key: str | None = None) -> Job:
+           idempotency_key: str | None = None, keyring: Keyring | None = None) -> Job:
     """Create a PENDING job (see submit_many)."""
-    return submit_many(session, [Submission(team_id, spec, idempotency_key)], clock)[0]
+    return submit_many(session, [Submission(team_id, spec, idempotency_key)], clock, keyring)[0]
 
 
-def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYSTEM_CLOCK) -> list[Job]:
+def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYSTEM_CLOCK,
+                keyring: Keyring | None = None) -> list[Job]:
     """Create PENDING jobs and their "submitted" events: one statement for the
     jobs and one for the events, whatever their number (the API groups
     submissions that arrive together). With an idempotency key, a job the
     team already created with that key is returned instead (a retried
-    request); two racing requests are settled by the unique constraint."""
+    request); two racing requests are settled by the unique constraint.
+    Secrets' values are stored sealed with `keyring` (required for a job that has any)."""
+    if keyring is None and any(s.spec.secrets for s in subs):
+        raise ValueError("a job's secrets are stored sealed: submit it with the broker's keyring")
     now = clock.now()
     keys = {(s.team_id, s.idempotency_key) for s in subs if s.idempotency_key is not None}
     known: dict[tuple[int, str], Job] = {}
@@ -67,8 +72,9 @@ def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYS
         if s.idempotency_key is not None and (key in known or key in first_of_key):
             continue
         first_of_key.setdefault(key, i)
+        stored = sealed.seal(s.spec.stored(), s.team_id, keyring) if s.spec.secrets else s.spec.stored()
         rows.append((i, dict(team_id=s.team_id, name=s.spec.name, state=str(JobState.PENDING),
-                             spec=s.spec.stored(), idempotency_key=s.idempotency_key, created_at=now,
+                             spec=stored, idempotency_key=s.idempotency_key, created_at=now,
                              updated_at=now, next_check_at=now, restarts=0, recoveries=0, version=1)))
     made: dict[int, Job] = {}
     if rows:

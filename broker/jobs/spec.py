@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from spotbroker.agent import protocol
 from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI read documents through here)
     MAX_DEPTH,
     MAX_SPEC_BYTES,
@@ -237,6 +238,11 @@ class StorageMount(_Strict):
 FileMount = WorkdirUpload | StorageMount | str
 
 
+def _check_env_name(key: Any) -> None:
+    if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+        raise ValueError(f"{key!r} is not a valid environment variable name")
+
+
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] = "job"
     # Commands are kept as written (a file's `run: |` ends in a newline, and
@@ -270,8 +276,7 @@ class JobSpec(_Strict):
             return value
         out = {}
         for key, val in value.items():
-            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+            _check_env_name(key)
             if val is None or isinstance(val, dict | list):
                 raise ValueError(f"{key}: value must be a string or a number")
             out[key] = str(val).lower() if isinstance(val, bool) else str(val)
@@ -290,8 +295,7 @@ class JobSpec(_Strict):
         if not isinstance(value, dict):
             return value
         for key, val in value.items():
-            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
+            _check_env_name(key)
             if val is None or isinstance(val, dict | list | bool):
                 # never the value itself in the message: it is a secret
                 raise ValueError(f"{key}: give the secret's value as a string")
@@ -335,6 +339,21 @@ class JobSpec(_Strict):
             return (f"{self.deadline.isoformat()} is sooner than the work ({self.estimated_hours:g} h) plus a restart "
                     f"and the broker's margin ({overhead_s / 60:g} min) from now: no placement can keep it")
         return None
+
+    def per_attempt_errors(self) -> list[dict[str, str]]:
+        """`envs` and `secrets` that name a variable the broker sets for each
+        attempt, as field errors (checked at submission; `without_per_attempt`
+        is what a spec stored before gives the launch)."""
+        return [{"field": field, "message": f"{name} is set by the broker for each attempt: a job may not set it"}
+                for field, names in (("envs", self.envs), ("secrets", self.secrets))
+                for name in sorted(names) if name in protocol.PER_ATTEMPT_ENV]
+
+    def without_per_attempt(self) -> JobSpec:
+        """The spec without `envs` or `secrets` named as the broker's own per-attempt variables."""
+        if not self.per_attempt_errors():
+            return self
+        keep = lambda d: {k: v for k, v in d.items() if k not in protocol.PER_ATTEMPT_ENV}  # noqa: E731
+        return self.model_copy(update={"envs": keep(self.envs), "secrets": keep(self.secrets)})
 
     @property
     def wants_gpu(self) -> bool:

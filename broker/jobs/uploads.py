@@ -7,21 +7,35 @@ The broker alone decides that path: a client sends the bytes and their
 hash (`PUT /v1/uploads/{sha256}`), nothing else. A job refers to an upload
 by hash (`workdir: {upload: SHA256}`); each attempt's node fetches it and
 unpacks it as the attempt's working directory (`spotbroker.agent.code`).
-The same archive uploaded twice is stored once.
+The same archive uploaded twice is stored once. A team keeps at most
+`upload_quota_bytes` of uploads: an upload checks the quota and reserves its
+bytes in one database transaction before it is stored (`_reserved`), so
+uploads racing on several brokers cannot together pass it.
 """
 from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
+from sqlalchemy import delete, func, select
+from sqlalchemy.orm import Session, sessionmaker
+
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.code import CodeError, check_archive, unpack
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.launch.base import CodeRef
 from spotbroker.broker.settings import Settings
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Team, UploadReservation
 
 UPLOADS = "uploads"
+# An upload's reservation stops counting after this (its broker died while storing it).
+RESERVATION_SECONDS = 3600
 
 
 class UploadInvalid(ValueError):
@@ -51,11 +65,13 @@ def size(settings: Settings, team: str, sha256: str) -> int | None:
     return None if info is None else info.size
 
 
-def store(settings: Settings, team: str, sha256: str, archive: Path) -> int:
+def store(settings: Settings, factory: sessionmaker[Session], team_id: int, team: str, sha256: str,
+          archive: Path, clock: Clock = SYSTEM_CLOCK) -> int:
     """Store an archive whose sha256 the caller has checked; returns its unpacked bytes.
 
     Refused (UploadInvalid) when a node would refuse it, so a job never
-    learns at launch that its code cannot be unpacked."""
+    learns at launch that its code cannot be unpacked; refused
+    (QuotaExceeded) when it would take the team over its upload quota."""
     try:
         _, unpacked = check_archive(archive)
         # Unpacked once here, as a node does: links that each stay inside on
@@ -66,8 +82,8 @@ def store(settings: Settings, team: str, sha256: str, archive: Path) -> int:
     except CodeError as exc:
         raise UploadInvalid(str(exc)) from None
     team_store = _team_store(settings, team)
-    _check_quota(settings, team_store, sha256, archive.stat().st_size)
-    team_store.put_file(_key(sha256), archive)
+    with _reserved(settings, factory, team_id, team_store, sha256, archive.stat().st_size, clock):
+        team_store.put_file(_key(sha256), archive)
     _keep_from_jobs(team_store.uri)
     return unpacked
 
@@ -77,17 +93,42 @@ def used(settings: Settings, team: str) -> int:
     return sum(o.size for o in _team_store(settings, team).iter(UPLOADS))
 
 
-def _check_quota(settings: Settings, team_store: Storage, sha256: str, incoming: int) -> None:
-    """Refuse an archive that would take the team over `upload_quota_bytes`
-    (one it already has costs nothing). Two uploads racing may both pass:
-    the quota bounds a team's disk by one archive more, not to the byte."""
+@contextmanager
+def _reserved(settings: Settings, factory: sessionmaker[Session], team_id: int, team_store: Storage, sha256: str,
+              incoming: int, clock: Clock) -> Iterator[None]:
+    """Hold `incoming` bytes of the team's quota while the archive is stored,
+    or refuse it (QuotaExceeded) when the team's stored uploads, plus what its
+    other uploads in flight hold, plus it would exceed `upload_quota_bytes`
+    (one the team already has costs nothing). The check and the reservation
+    are one transaction under the team's lock, so two uploads racing, on any
+    brokers sharing the database, cannot both pass."""
     quota = settings.upload_quota_bytes
     if not quota or team_store.head(_key(sha256)) is not None:
+        yield
         return
-    stored = sum(o.size for o in team_store.iter(UPLOADS))
-    if stored + incoming > quota:
-        raise QuotaExceeded(f"your team's uploads would take {stored + incoming} bytes, over its quota of "
-                            f"{quota} bytes (SPOTBROKER_UPLOAD_QUOTA_BYTES); {stored} bytes are stored already")
+    now = clock.now()
+    with transaction(factory) as session:
+        # SQLite's writers are serialised already (BEGIN IMMEDIATE); on
+        # PostgreSQL the team's row is the lock (NO KEY: rows that refer to
+        # the team can still be written meanwhile).
+        session.execute(select(Team.id).where(Team.id == team_id).with_for_update(key_share=True))
+        session.execute(delete(UploadReservation).where(UploadReservation.expires_at < now))
+        held = session.scalar(select(func.coalesce(func.sum(UploadReservation.bytes), 0)).where(
+            UploadReservation.team_id == team_id, UploadReservation.sha256 != sha256))
+        stored = sum(o.size for o in team_store.iter(UPLOADS))
+        if stored + held + incoming > quota:
+            in_flight = f" and {held} bytes of uploads in progress" if held else ""
+            raise QuotaExceeded(f"your team's uploads would take {stored + held + incoming} bytes, over its quota "
+                                f"of {quota} bytes (SPOTBROKER_UPLOAD_QUOTA_BYTES); {stored} bytes are stored "
+                                f"already{in_flight}")
+        session.merge(UploadReservation(team_id=team_id, sha256=sha256, bytes=incoming,
+                                        expires_at=now + timedelta(seconds=RESERVATION_SECONDS)))
+    try:
+        yield
+    finally:
+        with transaction(factory) as session:
+            session.execute(delete(UploadReservation).where(UploadReservation.team_id == team_id,
+                                                            UploadReservation.sha256 == sha256))
 
 
 def _keep_from_jobs(team_uri: str) -> None:

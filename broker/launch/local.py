@@ -47,7 +47,7 @@ from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.logs import log_path
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
-from spotbroker.broker.launch.local_node import NodeSpec, sim_url_file
+from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -261,9 +261,11 @@ class LocalLauncher:
         url = url_file.read_text().split("\n", 1)[0].strip() if url_file.exists() else ""
         if not url:
             raise LaunchError("this attempt has no metadata simulator (a CPU job, or not started yet)")
+        token_file = Path(handle["run_dir"]) / sim_token_file(node)
+        headers = {"X-Sim-Token": token_file.read_text().strip()} if token_file.exists() else {}
         body = {} if self.notice_window is None else {"notice_seconds": self.notice_window}
         try:
-            r = httpx.post(f"{url}/_sim/preempt", json=body, timeout=5)
+            r = httpx.post(f"{url}/_sim/preempt", json=body, headers=headers, timeout=5)
             r.raise_for_status()
         except httpx.HTTPError as exc:
             raise LaunchError(f"the metadata simulator did not take the notice: {exc}") from None

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from spotbroker.agent import proctree
+from spotbroker.agent.simulator.service import CONTROL_TOKEN_ENV
 
 ERROR_EXIT = 125  # provisioning failed before the job's command ran
 
@@ -131,6 +133,11 @@ def sim_url_file(rank: int) -> str:
     return "sim.url" if rank == 0 else f"sim-{rank}.url"
 
 
+def sim_token_file(rank: int) -> str:
+    """Where node `rank` keeps its simulator's control token, for the broker's `simulate_preemption`."""
+    return sim_url_file(rank).replace(".url", ".token")
+
+
 def _private(path: Path, flags: int):
     return os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600), "wb")
 
@@ -143,11 +150,17 @@ def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
     url_file = run_dir / sim_url_file(spec.rank)
     # The broker's alone: the job learns the URL from its environment, and
     # another team's job that read it could send this node notices.
+    # Its port is no secret (any process on the host lists listening sockets):
+    # its control endpoints take orders only with this token, the broker's.
+    token = secrets.token_urlsafe(24)
+    with _private(run_dir / sim_token_file(spec.rank), os.O_TRUNC) as f:
+        f.write(token.encode())
     log_name = url_file.name.replace(".url", ".log")
     with _private(run_dir / log_name, os.O_APPEND) as log, _private(url_file, os.O_TRUNC) as out:
         sim = subprocess.Popen([sys.executable, "-m", "spotbroker.agent.simulator", *spec.simulator,
                                 "--kill-at-hard-stop", str(os.getpid())],
-                               stdin=subprocess.DEVNULL, stdout=out, stderr=log)
+                               stdin=subprocess.DEVNULL, stdout=out, stderr=log,
+                               env={**os.environ, CONTROL_TOKEN_ENV: token})
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         text = url_file.read_text()

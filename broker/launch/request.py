@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
-from spotbroker.broker.jobs import uploads
+from spotbroker.broker.jobs import sealed, uploads
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import CodeRef, LaunchError, LaunchRequest
 from spotbroker.broker.money import storage as checkpoint_storage
@@ -15,14 +15,21 @@ from spotbroker.broker.pricing.offers import Placement
 from spotbroker.broker.recovery.agent_channel import agent_token, newest_checkpoint
 from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.settings import Settings
+from spotbroker.broker.store import sealing
 from spotbroker.broker.store.models import Attempt, Team
+from spotbroker.broker.store.sealing import SealError
 
 
 def launch_request(session: Session, attempt: Attempt, settings: Settings, key: bytes) -> LaunchRequest:
     """The request that launches `attempt` (`key`: the broker's signing key,
     from which the attempt's agent token is derived)."""
     job = attempt.job
-    spec = JobSpec.model_validate(job.spec)
+    try:  # the secrets' values, opened only here, to be handed to the job's process
+        spec = sealed.opened(job, sealing.keyring(settings))
+    except SealError as exc:
+        raise LaunchError(f"not launched: its secrets cannot be read: {exc}") from None
+    # Refused at submission since; a spec stored before cannot set them either.
+    spec = spec.without_per_attempt()
     team = session.get(Team, job.team_id)
     job_uri = job_prefix(settings.checkpoint_uri, team.name, job.id)
     placement = Placement(cloud=attempt.cloud, region=attempt.region, zone=attempt.zone,

@@ -2,9 +2,11 @@
 alerts go, and what happens over it (the hard cap).
 
 Notification targets hold secrets (a webhook URL is a credential; so is an
-SMTP password): they are stored to be used, and never answered back; a
-reader sees each target's name, kind and a hint (the host, the last four
-characters). Periods are calendar periods in UTC.
+SMTP password): they are stored to be used, sealed (each target's name and
+kind in clear, the rest under the broker's keyring, broker/store/sealing.py),
+and never answered back; a reader sees each target's name, kind and, the
+admin, a hint (the host, the last four characters). Periods are calendar
+periods in UTC.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from sqlalchemy.orm import Session
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.money import views
 from spotbroker.broker.money.models import Budget
+from spotbroker.broker.store.sealing import Keyring, SealError
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")]
 Address = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -173,8 +176,12 @@ def get(session: Session, team_id: int) -> Budget | None:
     return session.get(Budget, team_id)
 
 
-def put(session: Session, team_id: int, body: BudgetIn, clock: Clock = SYSTEM_CLOCK) -> Budget:
-    """Set (or replace) a team's budget."""
+def put(session: Session, team_id: int, body: BudgetIn, clock: Clock = SYSTEM_CLOCK,
+        keyring: Keyring | None = None) -> Budget:
+    """Set (or replace) a team's budget; its targets are sealed with `keyring`
+    (required when the body sets any)."""
+    if body.targets and keyring is None:
+        raise ValueError("notification targets are stored sealed: set them with the broker's keyring")
     now = clock.now()
     row = session.get(Budget, team_id)
     values: dict[str, Any] = dict(
@@ -182,7 +189,7 @@ def put(session: Session, team_id: int, body: BudgetIn, clock: Clock = SYSTEM_CL
         recoveries=body.recoveries, rules=body.rules.model_dump(),
         updated_at=now)
     if body.targets is not None:
-        values["targets"] = [t.model_dump(by_alias=True, exclude_none=True) for t in body.targets]
+        values["targets"] = [seal_target(t, team_id, keyring) for t in body.targets]
     elif row is None:
         values["targets"] = []
     if row is None:
@@ -195,8 +202,48 @@ def put(session: Session, team_id: int, body: BudgetIn, clock: Clock = SYSTEM_CL
     return row
 
 
-def targets(row: Budget) -> list[Target]:
-    return [Target.model_validate(t) for t in row.targets or []]
+def _context(team_id: int, name: str) -> str:
+    return f"budget target|team {team_id}|{name}"
+
+
+def seal_target(target: Target, team_id: int, keyring: Keyring) -> dict[str, str]:
+    """A target as the budget row keeps it: its name and kind, the rest sealed."""
+    secret = target.model_dump_json(by_alias=True, exclude_none=True)
+    return {"name": target.name, "kind": target.kind, "sealed": keyring.seal(secret, _context(team_id, target.name))}
+
+
+@dataclass(frozen=True)
+class StoredTarget:
+    """A target as read back from its budget row; `open` gives the whole target."""
+
+    team_id: int
+    name: str
+    kind: str
+    sealed: str
+
+    def open(self, keyring: Keyring) -> Target:
+        """The target, or SealError saying why it cannot be read (never the secret)."""
+        return Target.model_validate_json(keyring.open(self.sealed, _context(self.team_id, self.name)))
+
+    def problem(self, keyring: Keyring) -> str | None:
+        try:
+            self.open(keyring)
+        except SealError as exc:
+            return f"target {self.name} cannot be read: {exc}"
+        return None
+
+
+def targets(row: Budget) -> list[StoredTarget]:
+    """The budget's targets, sealed; their names and kinds need no key."""
+    return [StoredTarget(row.team_id, t["name"], t["kind"], t["sealed"]) for t in row.targets or []]
+
+
+def resealed_targets(row: Budget, keyring: Keyring) -> list[dict[str, str]] | None:
+    """The row's targets all under the current key, or None when they are
+    already (key rotation: `spotbroker db reseal`); SealError if one does not open."""
+    if all(keyring.is_current(t.sealed) for t in targets(row)):
+        return None
+    return [seal_target(t.open(keyring), row.team_id, keyring) for t in targets(row)]
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from spotbroker.broker.money import alerts, hardcap, leases, notify, storage
 from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.sealing import Keyring
 
 log = logging.getLogger("spotbroker.money")
 LEASE = "alerts"
@@ -34,8 +35,9 @@ class AlertPass:
 
 class MoneyLoop:
     def __init__(self, factory: sessionmaker[Session], settings: MoneySettings, *, clock: Clock = SYSTEM_CLOCK,
-                 on_stopped: Callable[[], None] | None = None) -> None:
+                 on_stopped: Callable[[], None] | None = None, keyring: Keyring | None = None) -> None:
         self.factory, self.settings, self.clock = factory, settings, clock
+        self.keyring = keyring  # opens the notification targets (default: the broker settings')
         self.accruer = Accruer(factory, settings, clock=clock)
         self.owner = self.accruer.owner
         self.on_stopped = on_stopped     # jobs were stopped: the reconciler should release them now
@@ -56,7 +58,7 @@ class MoneyLoop:
             result.stopped = hardcap.stop_running(self.factory, self.clock)
             if result.stopped and self.on_stopped:
                 self.on_stopped()
-            result.sent = notify.deliver(self.factory, self.settings, self.clock.now())
+            result.sent = notify.deliver(self.factory, self.settings, self.clock.now(), keyring=self.keyring)
             return result
         finally:
             leases.release(self.factory, LEASE, self.owner)

@@ -1,29 +1,36 @@
-"""Delivering the outbox: each queued notification is sent to its target
-with apprise (a Slack-compatible webhook gets a JSON `{"text": ...}` POST;
-email goes through the target's SMTP server), outside any transaction,
-and marked sent after. A failure is retried with a doubling delay; a
-receiver that is down loses nothing (the row waits), and a broker that
-restarts sends nothing twice (a sent row is never picked again; the
-delivering broker holds the alerting lease).
+"""Delivering the outbox: each queued notification is sent to its target (a
+Slack-compatible webhook gets a JSON `{"text": ...}` POST; email goes through
+the target's SMTP server), outside any transaction, and marked sent after.
+A failure is retried with a doubling delay; a receiver that is down loses
+nothing (the row waits), and a broker that restarts sends nothing twice (a
+sent row is never picked again; the delivering broker holds the alerting
+lease).
 
-Before a notification goes, its host is resolved and every address it
-resolves to is checked (`budgets.address_problem`): a name that pointed
-somewhere public when the budget was set may point at the broker's own
-host or a metadata service now. (apprise resolves it again to connect: a
-name that changes in between is not caught; an operator who fears that
-lists no private network and routes the broker's egress through a proxy.)
+Where a message goes is checked where it is sent: the target's host is
+resolved once, every address it resolves to is checked
+(`budgets.address_problem`), and the connection is made to those very
+addresses, never to a name resolved again. So a name that pointed somewhere
+public when the budget was set, or when it was checked a moment ago, cannot
+lead the broker to its own host or a metadata service (DNS rebinding). TLS
+still verifies the name. Redirects are not followed.
 
-Secrets stay out of logs and of `last_error`: apprise's own logging is
-quietened, and errors are recorded as the target's name and hint.
+Targets are read from their sealed form only here (and for the admin's
+hint); one that does not open fails its notification, saying why. Secrets
+stay out of logs and of `last_error`: errors name the target and its hint.
 """
 from __future__ import annotations
 
+import json
 import logging
+import smtplib
 import socket
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from urllib.parse import parse_qsl, quote, urlencode, urlsplit
+from email.message import EmailMessage
+from urllib.parse import unquote, urlsplit
 
+import httpcore
+import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,97 +38,171 @@ from spotbroker.broker.money import budgets
 from spotbroker.broker.money.models import Budget, Notification
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.settings import get_settings
+from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.sealing import Keyring, SealError
 
 log = logging.getLogger("spotbroker.money")
-logging.getLogger("apprise").setLevel(logging.CRITICAL)  # it logs URLs, which are secrets here
 _MAX_DELAY_S = 3600.0
 
 
-def apprise_url(target: budgets.Target) -> str:
-    """The apprise URL that reaches the target."""
-    if target.kind == "webhook":
-        u = urlsplit(target.url)
-        query = [(f"-{k}", v) for k, v in parse_qsl(u.query)]  # the hook's own query, passed through
-        # Slack's shape: the message under "text", nothing else.
-        query += [(":message", "text"), (":version", ""), (":title", ""), (":attachments", ""), (":type", "")]
-        return f"{'jsons' if u.scheme == 'https' else 'json'}://{u.netloc}{u.path or '/'}?{urlencode(query)}"
-    u = urlsplit(target.smtp_url)
-    auth = ""
-    if u.username:
-        auth = quote(u.username, safe="") + (f":{quote(u.password, safe='')}" if u.password else "") + "@"
-    port = f":{u.port}" if u.port else ""
-    # A server named by its address gives no mail domain: say "localhost".
-    domain = u.hostname if any(c.isalpha() for c in u.hostname) else "localhost"
-    params = {"from": target.sender or f"spotbroker@{domain}", "to": ",".join(target.to),
-              "mode": "ssl" if u.scheme == "smtps" else "insecure"}
-    return f"{'mailtos' if u.scheme == 'smtps' else 'mailto'}://{auth}{u.hostname}{port}?{urlencode(params)}"
+class Refused(Exception):
+    """The target's host may not be reached (or does not resolve): why."""
 
 
-def destination_problem(target: budgets.Target, allowed_networks: Iterable[str]) -> str | None:
-    """Why the target may not be reached now, or None (an unresolvable name
-    is left to the sender, which fails on it)."""
+def checked_addresses(host: str, port: int, allowed_networks: Iterable[str]) -> list[str]:
+    """The addresses `host` resolves to, every one of them allowed; Refused
+    says why not. The caller connects to these, and only these."""
     allowed = list(allowed_networks)
-    host = target.host
     problem = budgets.host_problem(host, allowed)
-    if problem or budgets.literal_address(host) is not None:
-        return problem
+    if problem:
+        raise Refused(problem)
+    literal = budgets.literal_address(host)
+    if literal is not None:
+        return [str(literal)]
     try:
-        found = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        found = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
-        return None
+        raise Refused(f"{host} does not resolve") from None
+    addresses: list[str] = []
     for *_, sockaddr in found:
         address = budgets.literal_address(str(sockaddr[0]).split("%")[0])
-        problem = budgets.address_problem(address, allowed) if address else None
+        problem = budgets.address_problem(address, allowed) if address else f"{sockaddr[0]} is not an address"
         if problem:
-            return problem
-    return None
+            raise Refused(problem)
+        if str(address) not in addresses:
+            addresses.append(str(address))
+    if not addresses:
+        raise Refused(f"{host} does not resolve")
+    return addresses
 
 
-def send(target: budgets.Target, title: str, body: str, timeout: float) -> bool:
-    import apprise
+def _connect(addresses: Sequence[str], port: int, timeout: float | None) -> socket.socket:
+    """A TCP connection to the first of the checked addresses that answers."""
+    error: OSError = OSError("no address")
+    for address in addresses:
+        try:
+            return socket.create_connection((address, port), timeout)
+        except OSError as exc:
+            error = exc
+    raise error
 
-    asset = apprise.AppriseAsset(async_mode=False)
-    a = apprise.Apprise(asset=asset)
-    url = apprise_url(target)
+
+class _CheckedAddresses(httpcore.SyncBackend):
+    """httpcore's network backend, connecting to the checked addresses
+    whatever the URL's name (httpcore still gives TLS that name to verify)."""
+
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self.addresses = addresses
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        error: Exception = httpcore.ConnectError("no address")
+        for address in self.addresses:
+            try:
+                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc
+        raise error
+
+
+def _post_webhook(url: str, text: str, addresses: Sequence[str], timeout: float) -> bool:
+    body = json.dumps({"text": text}).encode()  # Slack's shape: the message under "text", nothing else
+    with httpcore.ConnectionPool(ssl_context=httpx.create_ssl_context(),
+                                 network_backend=_CheckedAddresses(addresses)) as pool:
+        response = pool.request("POST", url, content=body, headers={
+            "Content-Type": "application/json", "User-Agent": "spotbroker"},
+            extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)})
+    return 200 <= response.status < 300
+
+
+class _SMTP(smtplib.SMTP):
+    """SMTP to the checked addresses (STARTTLS, if used, verifies the name)."""
+
+    def __init__(self, addresses: Sequence[str], host: str, port: int, timeout: float) -> None:
+        self.addresses = addresses
+        super().__init__(host, port, timeout=timeout)
+
+    def _get_socket(self, host, port, timeout):
+        return _connect(self.addresses, port, timeout)
+
+
+class _SMTPS(smtplib.SMTP_SSL):
+    """SMTP over TLS to the checked addresses; the certificate must name the host."""
+
+    def __init__(self, addresses: Sequence[str], host: str, port: int, timeout: float) -> None:
+        self.addresses = addresses
+        super().__init__(host, port, timeout=timeout, context=httpx.create_ssl_context())
+
+    def _get_socket(self, host, port, timeout):
+        return self.context.wrap_socket(_connect(self.addresses, port, timeout), server_hostname=self._host)
+
+
+def _send_mail(target: budgets.Target, title: str, body: str, addresses: Sequence[str], timeout: float) -> bool:
+    u = urlsplit(target.smtp_url)
+    # A server named by its address gives no mail domain: say "localhost".
+    domain = u.hostname if any(c.isalpha() for c in u.hostname) else "localhost"
+    message = EmailMessage()
+    message["Subject"], message["From"] = title, target.sender or f"spotbroker@{domain}"
+    message["To"] = ", ".join(target.to)
+    message.set_content(body)
+    smtp_class = _SMTPS if u.scheme == "smtps" else _SMTP
+    with smtp_class(addresses, u.hostname, u.port or (465 if u.scheme == "smtps" else 25), timeout) as smtp:
+        if u.username:
+            smtp.login(unquote(u.username), unquote(u.password or ""))
+        smtp.send_message(message)
+    return True
+
+
+def send(target: budgets.Target, title: str, body: str, timeout: float, allowed_networks: Iterable[str]) -> bool:
+    """Send one message to the target, connecting only to addresses checked
+    now; Refused when its host may not be reached."""
+    u = urlsplit(target.url if target.kind == "webhook" else target.smtp_url)
+    default_port = {"https": 443, "http": 80, "smtps": 465, "smtp": 25}[u.scheme]
+    addresses = checked_addresses(target.host, u.port or default_port, allowed_networks)
     if target.kind == "webhook":
-        url += f"&cto={timeout}&rto={timeout}"
-    if not a.add(url):
-        return False
-    text = body if target.kind == "email" else f"*{title}*\n{body}"
-    return bool(a.notify(title=title, body=text))
+        return _post_webhook(target.url, f"*{title}*\n{body}", addresses, timeout)
+    return _send_mail(target, title, body, addresses, timeout)
 
 
 def deliver(factory: sessionmaker[Session], settings: MoneySettings, now: datetime, limit: int = 200,
-            allowed_networks: Iterable[str] | None = None) -> int:
-    """Send what is due; how many went out. `allowed_networks`: default,
-    the broker's SPOTBROKER_NOTIFY_ALLOWED_NETWORKS."""
+            allowed_networks: Iterable[str] | None = None, keyring: Keyring | None = None) -> int:
+    """Send what is due; how many went out. `allowed_networks` and `keyring`:
+    default, the broker's (SPOTBROKER_NOTIFY_ALLOWED_NETWORKS, its keys)."""
     if allowed_networks is None:
         allowed_networks = get_settings().notify_allowed_networks
     with factory() as session:
         due = list(session.scalars(select(Notification).where(
             Notification.sent_at.is_(None), Notification.tries < settings.notify_max_tries,
             Notification.next_try_at <= now).order_by(Notification.id).limit(limit)))
-        targets = {b.team_id: {t.name: t for t in budgets.targets(b)} for b in session.scalars(
+        stored = {b.team_id: {t.name: t for t in budgets.targets(b)} for b in session.scalars(
             select(Budget).where(Budget.team_id.in_({n.team_id for n in due})))} if due else {}
+    if due and keyring is None:
+        keyring = sealing.keyring(get_settings())
     sent = 0
     for n in due:
-        target = targets.get(n.team_id, {}).get(n.target)
-        error = None
-        if target is None:
-            error = "the target is no longer in the budget"
-        elif refused := destination_problem(target, allowed_networks):
-            error = f"{target.kind} to {target.name} refused: {refused}"
-        else:
-            try:
-                ok = send(target, n.title, n.body, settings.notify_timeout)
-            except Exception as exc:  # a sender must never end the loop
-                ok = False
-                log.warning("notification %d to %s failed: %s", n.id, n.target, type(exc).__name__)
-            error = None if ok else f"{target.kind} to {target.hint()} failed"
+        error = _send_one(n, stored.get(n.team_id, {}).get(n.target), keyring, settings, allowed_networks)
         _record(factory, settings, n, now, error)
         sent += error is None
     return sent
+
+
+def _send_one(n: Notification, saved: budgets.StoredTarget | None, keyring: Keyring, settings: MoneySettings,
+              allowed_networks: Iterable[str]) -> str | None:
+    """Why the notification did not go, or None when it went."""
+    if saved is None:
+        return "the target is no longer in the budget"
+    try:
+        target = saved.open(keyring)
+    except SealError as exc:
+        return f"{saved.kind} to {saved.name} cannot be sent: the target cannot be read: {exc}"
+    try:
+        ok = send(target, n.title, n.body, settings.notify_timeout, allowed_networks)
+    except Refused as exc:
+        return f"{target.kind} to {target.name} refused: {exc}"
+    except Exception as exc:  # a sender must never end the loop
+        ok = False
+        log.warning("notification %d to %s failed: %s", n.id, n.target, type(exc).__name__)
+    return None if ok else f"{target.kind} to {target.hint()} failed"
 
 
 def _record(factory: sessionmaker[Session], settings: MoneySettings, n: Notification, now: datetime,

@@ -12,6 +12,7 @@ from spotbroker.broker.clock import Clock
 from spotbroker.broker.money import budgets, hardcap, views
 from spotbroker.broker.money.models import Alert, AlertSilence, Budget
 from spotbroker.broker.store.models import Team
+from spotbroker.broker.store.sealing import Keyring
 
 
 class TeamNotFound(LookupError):
@@ -45,12 +46,12 @@ def read_budget(session: Session, name: str, now: datetime) -> tuple[Budget, bud
     return row, budgets.standing(session, row, now)
 
 
-def set_budget(session: Session, name: str, body: budgets.BudgetIn,
-               clock: Clock) -> tuple[Budget, budgets.Standing]:
-    """Set a team's budget; its HELD jobs are looked at again at once (a
-    raised budget releases them)."""
+def set_budget(session: Session, name: str, body: budgets.BudgetIn, clock: Clock,
+               keyring: Keyring) -> tuple[Budget, budgets.Standing]:
+    """Set a team's budget (its targets sealed with `keyring`); its HELD jobs
+    are looked at again at once (a raised budget releases them)."""
     team = team_id(session, name)
-    row = budgets.put(session, team, body, clock)
+    row = budgets.put(session, team, body, clock, keyring)
     hardcap.release_held(session, team, clock.now())
     return row, budgets.standing(session, row, clock.now())
 

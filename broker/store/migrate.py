@@ -11,6 +11,9 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
+from spotbroker.broker.store import sealing
+from spotbroker.broker.store.sealing import Keyring
+
 
 def alembic_config(url: str) -> Config:
     cfg = Config()
@@ -32,31 +35,42 @@ def is_current(engine: Engine) -> bool:
     return current_revision(engine) == head_revision(str(engine.url))
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
+def upgrade(engine: Engine, revision: str = "head", keyring: Keyring | None = None) -> None:
+    """`keyring`: what seals the secrets already stored (migration 0009);
+    default, the one the settings give (see `migration_keyring`)."""
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
+        cfg.attributes["connection"], cfg.attributes["keyring"] = conn, keyring
         command.upgrade(cfg, revision)
 
 
-def downgrade(engine: Engine, revision: str) -> None:
+def downgrade(engine: Engine, revision: str, keyring: Keyring | None = None) -> None:
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
+        cfg.attributes["connection"], cfg.attributes["keyring"] = conn, keyring
         command.downgrade(cfg, revision)
+
+
+def migration_keyring(attributes: dict) -> Keyring:
+    """The keyring a migration that seals or opens rows uses: the caller's,
+    else the settings' (the alembic command line, `spotbroker db upgrade`).
+    Asked for only when there are rows to seal, so an empty database needs no key."""
+    from spotbroker.broker.settings import get_settings
+
+    return attributes.get("keyring") or sealing.keyring(get_settings())
 
 
 class SchemaBehind(RuntimeError):
     pass
 
 
-def prepare(engine: Engine, data_dir: Path) -> None:
+def prepare(engine: Engine, data_dir: Path, keyring: Keyring | None = None) -> None:
     """Make the database ready for a broker: SQLite (the embedded default) is
     migrated here; PostgreSQL is shared by several brokers and is migrated on
     purpose, by `spotbroker db upgrade`, so one that is behind is refused."""
     if engine.dialect.name == "sqlite":
         data_dir.mkdir(parents=True, exist_ok=True)
-        upgrade(engine)
+        upgrade(engine, keyring=keyring)
     elif not is_current(engine):
         have, want = current_revision(engine), head_revision(str(engine.url))
         raise SchemaBehind(f"the database schema is at {have or 'nothing'} and this broker needs {want}: "

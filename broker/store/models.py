@@ -173,6 +173,20 @@ class Checkpoint(Base):
     committed_at: Mapped[datetime]
 
 
+class UploadReservation(Base):
+    """Bytes an upload holds against its team's quota from the moment it
+    passed the check until its archive is stored: what makes the check and
+    the store one step for every broker on the database. A broker that dies
+    in between leaves a row that stops counting at `expires_at`."""
+
+    __tablename__ = "upload_reservations"
+
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), primary_key=True)
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[datetime]
+
+
 class SpotProbe(Base):
     """One ask for spot capacity in a place, made without running a job (the
     policy asks for probes to watch a zone's spell; see broker/placement/placer.py)."""

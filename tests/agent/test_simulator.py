@@ -196,6 +196,18 @@ def test_control_endpoints(make_sim):
         assert client.post("/_sim/nothing").status_code == 404
 
 
+def test_with_a_control_token_the_control_endpoints_need_it_and_metadata_does_not(make_sim):
+    sim = make_sim("gcp", control_token="the-brokers-token")
+    with httpx.Client(base_url=sim.url) as client:
+        for headers in ({}, {"X-Sim-Token": "a-guess"}):
+            assert client.post("/_sim/preempt", headers=headers).status_code == 403
+            assert client.get("/_sim/state", headers=headers).status_code == 403
+        assert sim.notice_time is None
+        assert client.get("/computeMetadata/v1/instance/preempted", headers=GOOGLE).text == "FALSE"
+        assert client.post("/_sim/preempt", headers={"X-Sim-Token": "the-brokers-token"}).status_code == 200
+        assert client.get("/computeMetadata/v1/instance/preempted", headers=GOOGLE).text == "TRUE"
+
+
 @pytest.mark.parametrize("cloud, path, headers", [
     ("gcp", "/computeMetadata/v1/instance/preempted", GOOGLE),
     ("azure", EVENTS, AZURE),

@@ -1,6 +1,7 @@
 """Budget notification targets cannot make the broker reach its own host,
 its network or a cloud's metadata service (SSRF): such a target is refused
-at PUT naming the field, and checked again, resolved, before each send.
+at PUT naming the field, and checked again, resolved, when each message is
+sent (and connected to at the addresses checked: tests/money/test_notify.py).
 An operator lists the networks it may reach
 (SPOTBROKER_NOTIFY_ALLOWED_NETWORKS)."""
 from __future__ import annotations
@@ -59,8 +60,9 @@ def test_a_name_is_checked_again_where_it_resolves_before_sending():
     mp = pytest.MonkeyPatch()
     mp.setattr(socket, "getaddrinfo", resolver)
     try:
-        assert "127.0.0.1" in notify.destination_problem(target, [])
-        assert notify.destination_problem(target, ["127.0.0.0/8"]) is None
+        with pytest.raises(notify.Refused, match="127.0.0.1"):
+            notify.checked_addresses(target.host, 80, [])
+        assert notify.checked_addresses(target.host, 80, ["127.0.0.0/8"]) == ["127.0.0.1"]
     finally:
         mp.undo()
 

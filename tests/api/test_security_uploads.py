@@ -32,3 +32,48 @@ def test_no_quota_when_the_setting_is_0(api, team_headers, settings):
     settings.upload_quota_bytes = 0
     h = team_headers("ml")
     assert put(api, h, tgz(**{"a.txt": b"a"})).status_code == 201
+
+
+def test_two_uploads_racing_on_two_brokers_cannot_both_pass_the_quota(settings, monkeypatch):
+    """Two brokers on one database; each upload alone fits the team's quota,
+    both do not. However their checks and stores interleave (here: each
+    store waits until the other upload reaches its store too, or 3 s), one
+    is stored and the other refused."""
+    import threading
+
+    from conftest import ADMIN_TOKEN, served
+
+    from spotbroker.agent.checkpoint.storage import Storage
+
+    first, second = tgz(**{"a.txt": b"a" * 100}), tgz(**{"b.txt": b"b" * 100})
+    settings.upload_quota_bytes = len(first) + len(second) - 1
+    both_storing = threading.Barrier(2, timeout=3)
+    put_file = Storage.put_file
+
+    def put_when_both_are_here(self, key, path):
+        try:
+            both_storing.wait()
+        except threading.BrokenBarrierError:
+            pass  # the other upload never came this far
+        put_file(self, key, path)
+
+    monkeypatch.setattr(Storage, "put_file", put_when_both_are_here)
+    other = settings.model_copy()
+    with served(settings) as one, served(other) as two:
+        token = one.post("/v1/teams", json={"name": "ml"},
+                         headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).json()["token"]
+        h = {"Authorization": f"Bearer {token}"}
+        answers = {}
+
+        def upload(api, name, body):
+            answers[name] = put(api, h, body).status_code
+
+        threads = [threading.Thread(target=upload, args=(one, "first", first)),
+                   threading.Thread(target=upload, args=(two, "second", second))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert sorted(answers.values()) == [201, 413], answers
+    stored = Path(settings.data_dir) / "checkpoints" / "ml" / "uploads"
+    assert sum(p.stat().st_size for p in stored.iterdir()) <= settings.upload_quota_bytes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from money.world import T0
+from money.world import KEYRING, T0
 from sqlalchemy import select
 
 from spotbroker.broker.money import alerts, budgets, hardcap
@@ -22,7 +22,7 @@ HOOK = {"name": "ops", "kind": "webhook", "url": "http://127.0.0.1:9/hook"}
 def set_budget(factory, clock, team, **kw):
     body = budgets.BudgetIn.model_validate({"amount": 24.0, "period": "day", "targets": [HOOK], **kw})
     with transaction(factory) as s:
-        budgets.put(s, team, body, clock)
+        budgets.put(s, team, body, clock, KEYRING)
 
 
 def evaluate(factory, clock):

@@ -6,8 +6,11 @@ from datetime import UTC, datetime, timedelta
 
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Offer, PriceOffer, Team
+from spotbroker.broker.store.sealing import Keyring
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
+# What seals the budgets' notification targets these tests set, and opens them to send.
+KEYRING = Keyring.from_material([b"the money tests' key"])
 
 
 class FakeClock:

@@ -20,6 +20,7 @@ from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.placement.placer import attempt_key, load_histories
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
+from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
 
@@ -63,7 +64,7 @@ def test_a_refusal_after_launch_ends_no_capacity_counts_the_zone_and_launches_th
         team, _ = auth.create_team(s, "ml")
         job_id = jobs.submit(s, team.id, JobSpec.model_validate({
             "run": "python train.py", "resources": {"accelerators": "A10G:1", "disk_size": 300},
-            "secrets": {"HF_TOKEN": "hf-value"}})).id
+            "secrets": {"HF_TOKEN": "hf-value"}}), keyring=sealing.keyring(settings)).id
     sky = RefusedAfterLaunch()
     rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1), "skypilot": sky}, settings,
                      clock=Clock())

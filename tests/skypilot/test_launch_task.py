@@ -163,6 +163,7 @@ def test_a_local_job_sees_its_secret_in_its_env_and_no_log_shows_it(factory, set
     from spotbroker.broker.jobs import service as jobs
     from spotbroker.broker.launch.local import LocalLauncher
     from spotbroker.broker.reconciler import Reconciler
+    from spotbroker.broker.store import sealing
     from spotbroker.broker.store.db import transaction
     from spotbroker.broker.store.models import Event, Job
 
@@ -172,7 +173,8 @@ def test_a_local_job_sees_its_secret_in_its_env_and_no_log_shows_it(factory, set
     with transaction(factory) as s:
         team, _ = auth.create_team(s, "ml")
         job_id = jobs.submit(s, team.id, JobSpec.model_validate(
-            {"run": f'printf %s "$HF_TOKEN" > {out}', "secrets": {"HF_TOKEN": SECRET}})).id
+            {"run": f'printf %s "$HF_TOKEN" > {out}', "secrets": {"HF_TOKEN": SECRET}}),
+            keyring=sealing.keyring(settings)).id
     rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
