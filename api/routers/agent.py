@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm.exc import StaleDataError
@@ -21,6 +22,7 @@ from spotbroker.agent import protocol
 from spotbroker.api.errors import Problem, responses
 from spotbroker.api.schemas import BoundedData
 from spotbroker.broker.jobs import logs
+from spotbroker.broker.launch import storage_credentials
 from spotbroker.broker.recovery import agent_channel
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt
@@ -61,6 +63,13 @@ class AgentAnswer(BaseModel):
     drain: bool = Field(False, description="the broker moves the job: flush a checkpoint now, as on a "
                                            "preemption notice; the attempt is then stopped")
     drain_seconds: float | None = Field(None, description="a drain: the flush must be committed within this")
+
+
+class CredentialsAnswer(BaseModel):
+    provider: str = Field(description="s3")
+    expires_at: datetime
+    credentials: dict[str, str] = Field(description="obstore's fields for the provider (S3: access_key_id, "
+                                                    "secret_access_key, token)")
 
 
 class LogAnswer(BaseModel):
@@ -146,3 +155,26 @@ async def post_logs(request: Request, attempt: CurrentAttempt,
         raise Problem(413, "Payload too large", f"send at most {MAX_LOG_CHUNK} bytes at a time")
     path = logs.log_path(request.app.state.settings.data_dir, attempt.job_id, attempt.id)
     return LogAnswer(size=await run_in_threadpool(logs.append_at, path, offset, chunk))
+
+
+@router.post(protocol.CREDENTIALS_PATH, response_model=CredentialsAnswer,
+             responses=responses(401, 404, 409, 410, 503, s404="The checkpoint root needs no credentials (file://)",
+                                 s409="The attempt has ended", s410=_GONE))
+async def post_credentials(request: Request, attempt: CurrentAttempt) -> JSONResponse:
+    """Fresh storage credentials for the attempt's node, scoped to its job as
+    at launch (write its attempt's prefix, read its job's and its code)."""
+    state = request.app.state
+
+    def mint() -> storage_credentials.NodeCredentials | None:
+        with state.session_factory() as session:
+            return storage_credentials.renew(session, attempt.id, state.settings)
+
+    try:
+        minted = await run_in_threadpool(mint)
+    except storage_credentials.AttemptEnded as exc:
+        raise Problem(409, "Conflict", str(exc)) from None
+    except storage_credentials.NoCredentials as exc:
+        raise Problem(503, "Unavailable", str(exc), headers={"Retry-After": "15"}) from None
+    if minted is None:
+        raise Problem(404, "Not found", "this attempt's checkpoint root is a local directory: no credentials")
+    return JSONResponse(minted.document(), headers={"Cache-Control": "no-store"})

@@ -1,0 +1,236 @@
+"""A node's own storage credentials: minted per attempt, scoped to its job.
+
+A checkpoint is a pickle: whoever can write into another team's prefix runs
+code in that team's trainer. So a node never gets the broker's identity; it
+gets credentials that allow exactly
+
+* write (put, multipart, delete) under its attempt's prefix
+  ``{root}/{team}/{job}/{attempt}/``;
+* read and list under its job's prefix ``{root}/{team}/{job}/`` (resume from
+  an earlier attempt);
+* read the job's one code object ``{root}/{team}/uploads/{sha256}.tar.gz``;
+
+and nothing else: not the team's other jobs, not other teams, not the
+broker's own files. One `Scope` says that for every cloud; each cloud has
+its own way of minting it:
+
+* **S3**: STS ``AssumeRole`` on the role the operator names
+  (``SPOTBROKER_NODE_ROLE_ARN``) with an inline session ``Policy`` (the
+  session can do only what both the role's policies and this one allow),
+  ``DurationSeconds`` (``SPOTBROKER_NODE_CREDENTIALS_SECONDS``) and a session
+  name that names the attempt, so CloudTrail shows whose node did what.
+
+A cloud root without a way to mint is refused at launch (`LaunchError`,
+saying what to set): a node without credentials could not write a single
+checkpoint, and the broker's own keys are never the fallback. A ``file://``
+root needs none (the local launcher gives the job's user its directories).
+
+Sessions end (S3: one hour by default). The node's agent asks the broker
+for fresh ones over its channel (``POST /v1/agent/credentials``, answered by
+`for_attempt` again) and keeps them in a file the trainer's checkpoint
+library reads (``agent/credentials.py``, ``agent/checkpoint/storage.py``).
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from urllib.parse import unquote, urlparse
+
+from sqlalchemy.orm import Session
+
+from spotbroker.agent import protocol
+from spotbroker.broker.jobs import uploads
+from spotbroker.broker.jobs.spec import JobSpec, WorkdirUpload
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
+from spotbroker.broker.launch.base import LaunchError
+from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
+from spotbroker.broker.settings import Settings
+from spotbroker.broker.store.models import Attempt, Team
+
+# What IAM would read as a wildcard or a policy variable in a resource: a
+# prefix holding one would widen the grant, so none is minted for it.
+_WILDCARDS = re.compile(r"[*?]|\$\{")
+_SESSION_NAME_BAD = re.compile(r"[^\w+=,.@-]")
+
+
+class NoCredentials(LaunchError):
+    """The node cannot be given credentials for this checkpoint root."""
+
+
+class AttemptEnded(Exception):
+    """Fresh credentials were asked for an attempt that is over."""
+
+
+@dataclass(frozen=True)
+class Scope:
+    """What one attempt's node may touch in one bucket: keys are relative to
+    the bucket, prefixes end with ``/``."""
+
+    scheme: str               # s3 | gs | az
+    bucket: str
+    write: str                # the attempt's prefix: put, delete, multipart
+    read: str                 # the job's prefix: get and list
+    objects: tuple[str, ...]  # single objects to read (the job's code)
+
+
+@dataclass(frozen=True)
+class NodeCredentials:
+    """Minted credentials. `credentials` is obstore's shape for the provider
+    (S3: access_key_id, secret_access_key, token), what the credentials file
+    and the agent channel carry; `env` is what the node's environment gets at
+    launch (the standard names, so that the code fetch and the user's own
+    tools work before the agent runs). Both are secret: out of the repr."""
+
+    provider: str
+    expires_at: datetime
+    credentials: dict[str, str] = field(repr=False)
+    env: dict[str, str] = field(repr=False)
+
+    def document(self) -> dict:
+        """The credentials file's (and the agent channel's) JSON."""
+        return {"provider": self.provider, "expires_at": self.expires_at.isoformat(),
+                "credentials": dict(self.credentials)}
+
+
+def scope(root: str, team: str, job_id: int, attempt_id: int, code_uris: tuple[str, ...] = ()) -> Scope:
+    """The scope of attempt `attempt_id` of job `job_id` under checkpoint root `root`."""
+    scheme, bucket, write = _split(attempt_prefix(root, team, job_id, attempt_id))
+    read = _split(job_prefix(root, team, job_id))[2]
+    objects = []
+    for uri in code_uris:
+        code_scheme, code_bucket, key = _split(uri)
+        if (code_scheme, code_bucket) != (scheme, bucket):
+            raise NoCredentials(f"the job's code {uri} is not in the checkpoint root's bucket")
+        objects.append(key.rstrip("/"))
+    return Scope(scheme, bucket, write, read, tuple(objects))
+
+
+def _split(uri: str) -> tuple[str, str, str]:
+    """(scheme, bucket, key prefix ending with '/') of a cloud storage URI."""
+    parsed = urlparse(uri)
+    scheme = {"s3a": "s3"}.get(parsed.scheme.lower(), parsed.scheme.lower())
+    path = unquote(parsed.path).strip("/")
+    if _WILDCARDS.search(path) or _WILDCARDS.search(parsed.netloc):
+        raise NoCredentials(f"{uri}: a '*', '?' or '${{' in a storage path would widen a node's credentials")
+    return scheme, parsed.netloc, f"{path}/" if path else ""
+
+
+def for_attempt(session: Session, attempt: Attempt, settings: Settings) -> NodeCredentials | None:
+    """Fresh credentials for `attempt`'s node (None for a ``file://`` root);
+    NoCredentials when the root is a cloud's and they cannot be minted."""
+    root = settings.checkpoint_uri
+    scheme = urlparse(root).scheme.lower()
+    if scheme in ("file", ""):
+        return None
+    job = attempt.job
+    team = session.get(Team, job.team_id).name
+    spec = JobSpec.model_validate(job.spec)
+    code = ()
+    if isinstance(spec.workdir, WorkdirUpload):
+        code = (uploads.code_ref(settings, team, spec.workdir.upload).uri,)
+    wanted = scope(root, team, job.id, attempt.id, code)
+    name = session_name(team, job.id, attempt.id)
+    if wanted.scheme == "s3":
+        return _mint_s3(settings, wanted, name)
+    raise NoCredentials(f"the checkpoint root {root} is a {scheme}:// store, for which the broker cannot mint a "
+                        "node's scoped credentials yet: use an s3:// or file:// root")
+
+
+def renew(session: Session, attempt_id: int, settings: Settings) -> NodeCredentials | None:
+    """Fresh credentials for a live attempt's node (its agent asks before
+    the ones it holds end); AttemptEnded once the attempt is over."""
+    attempt = session.get(Attempt, attempt_id)
+    if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES:
+        raise AttemptEnded(f"attempt {attempt_id} has ended: its node gets no more storage credentials")
+    return for_attempt(session, attempt, settings)
+
+
+def session_name(team: str, job_id: int, attempt_id: int) -> str:
+    """Names the attempt in the cloud's audit log (STS: 2-64 of [\\w+=,.@-])."""
+    tail = f"-j{job_id}-a{attempt_id}"
+    return "sb-" + _SESSION_NAME_BAD.sub("-", team)[:64 - 3 - len(tail)] + tail
+
+
+# --- S3 -------------------------------------------------------------------------------------------
+
+
+def s3_policy(scope: Scope, partition: str = "aws") -> dict:
+    """The session policy: the attempt writes its prefix, reads and lists the
+    job's, reads its code. (Listing is limited by the ``s3:prefix`` key;
+    reading another job's object is refused by its ARN.)"""
+    bucket = f"arn:{partition}:s3:::{scope.bucket}"
+    statements = [
+        {"Sid": "WriteTheAttempt", "Effect": "Allow",
+         "Action": ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+         "Resource": f"{bucket}/{scope.write}*"},
+        {"Sid": "ReadTheJob", "Effect": "Allow", "Action": "s3:GetObject",
+         "Resource": [f"{bucket}/{scope.read}*", *(f"{bucket}/{key}" for key in scope.objects)]},
+        {"Sid": "ListTheJob", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket,
+         "Condition": {"StringLike": {"s3:prefix": [f"{scope.read}*"]}}},
+    ]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def _mint_s3(settings: Settings, scope: Scope, name: str) -> NodeCredentials:
+    role = settings.node_role_arn
+    if not role:
+        raise NoCredentials(
+            f"the checkpoint root {settings.checkpoint_uri} is in S3, and nodes get only credentials scoped to "
+            "their own job, minted from a role the broker may assume: set SPOTBROKER_NODE_ROLE_ARN "
+            "(see docs/skypilot.md, 'Storage credentials'); the broker never hands out its own keys")
+    partition = role.split(":")[1] if role.count(":") >= 5 else "aws"
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        answer = _sts_client(boto3).assume_role(
+            RoleArn=role, RoleSessionName=name, DurationSeconds=settings.node_credentials_seconds,
+            Policy=json.dumps(s3_policy(scope, partition), separators=(",", ":")))
+    except ClientError as exc:  # the error's code and message name no secret
+        error = exc.response.get("Error", {})
+        raise NoCredentials(f"could not mint the node's storage credentials (sts:AssumeRole on {role}): "
+                            f"{error.get('Code')}: {error.get('Message')}") from None
+    except BotoCoreError as exc:
+        raise NoCredentials(f"could not mint the node's storage credentials (sts:AssumeRole on {role}): "
+                            f"{type(exc).__name__}: {exc}") from None
+    given = answer["Credentials"]
+    expires = given["Expiration"]
+    expires = expires.astimezone(UTC) if expires.tzinfo else expires.replace(tzinfo=UTC)
+    credentials = {"access_key_id": given["AccessKeyId"], "secret_access_key": given["SecretAccessKey"],
+                   "token": given["SessionToken"]}
+    env = {"AWS_ACCESS_KEY_ID": credentials["access_key_id"],
+           "AWS_SECRET_ACCESS_KEY": credentials["secret_access_key"],
+           "AWS_SESSION_TOKEN": credentials["token"], **_s3_place()}
+    env.update(_marker("s3", expires))
+    return NodeCredentials("s3", expires, credentials, env)
+
+
+def _sts_client(boto3):
+    # The broker's own identity, from its standard AWS chain (AWS_ENDPOINT_URL
+    # included); STS answers in the region it is asked in.
+    import os
+
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return boto3.client("sts", region_name=region)
+
+
+def _s3_place() -> dict[str, str]:
+    """Where the node finds the bucket: the endpoint and region the broker's
+    own storage uses (a MinIO or a local stand-in has to be the same one)."""
+    import os
+
+    out = {}
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        out["AWS_ENDPOINT_URL_S3"] = endpoint
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        out["AWS_REGION"] = region
+    return out
+
+
+def _marker(provider: str, expires: datetime) -> dict[str, str]:
+    """Tells the node's agent what it holds and until when (not secret)."""
+    return {protocol.ENV_STORAGE_PROVIDER: provider, protocol.ENV_STORAGE_EXPIRES_AT: expires.isoformat()}
