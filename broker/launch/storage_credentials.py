@@ -130,12 +130,15 @@ def for_attempt(session: Session, attempt: Attempt, settings: Settings) -> NodeC
     code = ()
     if isinstance(spec.workdir, WorkdirUpload):
         code = (uploads.code_ref(settings, team, spec.workdir.upload).uri,)
-    wanted = scope(root, team, job.id, attempt.id, code)
-    name = session_name(team, job.id, attempt.id)
+    return mint(settings, scope(root, team, job.id, attempt.id, code), session_name(team, job.id, attempt.id))
+
+
+def mint(settings: Settings, wanted: Scope, name: str) -> NodeCredentials:
+    """Credentials allowing exactly `wanted`, named `name` where the cloud keeps a name."""
     if wanted.scheme == "s3":
         return _mint_s3(settings, wanted, name)
-    raise NoCredentials(f"the checkpoint root {root} is a {scheme}:// store, for which the broker cannot mint a "
-                        "node's scoped credentials yet: use an s3:// or file:// root")
+    raise NoCredentials(f"the checkpoint root {settings.checkpoint_uri} is a {wanted.scheme}:// store, for which "
+                        "the broker cannot mint a node's scoped credentials yet: use an s3:// or file:// root")
 
 
 def renew(session: Session, attempt_id: int, settings: Settings) -> NodeCredentials | None:
@@ -209,11 +212,12 @@ def _mint_s3(settings: Settings, scope: Scope, name: str) -> NodeCredentials:
 
 def _sts_client(boto3):
     # The broker's own identity, from its standard AWS chain (AWS_ENDPOINT_URL
-    # included); STS answers in the region it is asked in.
+    # included), read afresh for each mint (boto3's default session would keep
+    # the first keys it found); STS answers in the region it is asked in.
     import os
 
     region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.client("sts", region_name=region)
+    return boto3.session.Session().client("sts", region_name=region)
 
 
 def _s3_place() -> dict[str, str]:
