@@ -119,6 +119,7 @@ class RunnerConfig:
     final_flush_timeout: float | None = None
     kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
     node_rank: int = 0                  # > 0: events carry it; the trainer's log is node 0's to ship
+    credentials_lead: float = 600.0     # storage credentials are renewed this long before they end
 
 
 class Supervisor(NoticePath):
@@ -192,7 +193,8 @@ class Supervisor(NoticePath):
         if self.config.attempt_id:
             env[ENV_ATTEMPT_ID] = self.config.attempt_id
         env.setdefault("PYTHONUNBUFFERED", "1")  # a Python trainer's output arrives as it is written
-        self.credentials = CredentialsKeeper.start_for(self.control_dir, env)  # names its file in env
+        self.credentials = CredentialsKeeper.start_for(self.control_dir, env,  # names its file in env
+                                                       lead=self.config.credentials_lead)
         self.proc = subprocess.Popen(
             self.config.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,  # its own group: signals reach all its processes

@@ -13,20 +13,24 @@ operators other than `StringEquals` on `sts:ExternalId` are ignored (so an
 `s3:prefix` condition on ListBucket does not limit listing); a bulk delete
 (`POST ?delete`) is checked against the bucket's ARN, not each key's.
 
-`session_policies_enforced` adds the missing AWS rule, in the test process
+`session_policies_enforced` adds the missing AWS rules, in the test process
 (the server is ThreadedMotoServer, in-process): a request made with an STS
 session that was given a session policy must also be allowed by that policy,
 as evaluated by moto's own `IAMPolicy` (a session's permissions are the
-intersection of the role's policies and the session policy). Everything else
-is moto as it is.
+intersection of the role's policies and the session policy), and a bulk
+delete must be allowed `s3:DeleteObject` on every key it names, as S3 checks
+it (obstore deletes even one object that way). Everything else is moto as it
+is.
 
     from iamfixtures import aws_iam, session_policies_enforced
 """
 from __future__ import annotations
 
+import html
 import itertools
 import json
 import os
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -130,10 +134,18 @@ def session_policies_enforced(monkeypatch: pytest.MonkeyPatch) -> None:
     def check_action_permitted(self, resource: str) -> None:
         identity_check(self, resource)  # moto's own: signature, identity policies, trust
         key = self._access_key
-        if isinstance(key, ac.AssumedRoleAccessKey):
-            policy = session_policy_of(key._access_key_id)
-            if policy is not None and ac.IAMPolicy(policy).is_action_permitted(
-                    self._action, resource) != ac.PermissionResult.PERMITTED:
-                self._raise_access_denied()
+        if not isinstance(key, ac.AssumedRoleAccessKey):
+            return
+        policy = session_policy_of(key._access_key_id)
+        if policy is None:
+            return
+        resources = [resource]
+        if self._action == "s3:DeleteObject" and "/" not in resource.split(":::", 1)[-1]:  # POST ?delete
+            body = self._body.decode() if isinstance(self._body, bytes) else str(self._body)
+            resources = [f"{resource}/{html.unescape(k)}" for k in re.findall(r"<Key>(.*?)</Key>", body)]
+        session = ac.IAMPolicy(policy)
+        if not all(session.is_action_permitted(self._action, r) == ac.PermissionResult.PERMITTED
+                   for r in resources):
+            self._raise_access_denied()
 
     monkeypatch.setattr(ac.IAMRequestBase, "check_action_permitted", check_action_permitted)
