@@ -33,7 +33,9 @@ library reads (``agent/credentials.py``, ``agent/checkpoint/storage.py``).
 from __future__ import annotations
 
 import json
+import os
 import re
+import threading
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from urllib.parse import unquote, urlparse
@@ -210,21 +212,30 @@ def _mint_s3(settings: Settings, scope: Scope, name: str) -> NodeCredentials:
     return NodeCredentials("s3", expires, credentials, env)
 
 
-def _sts_client(boto3):
-    # The broker's own identity, from its standard AWS chain (AWS_ENDPOINT_URL
-    # included), read afresh for each mint (boto3's default session would keep
-    # the first keys it found); STS answers in the region it is asked in.
-    import os
+_STS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
+            "AWS_ENDPOINT_URL_STS", "AWS_REGION", "AWS_DEFAULT_REGION")
+_sts_clients: dict[tuple[str | None, ...], object] = {}
+_sts_lock = threading.Lock()
 
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.session.Session().client("sts", region_name=region)
+
+def _sts_client(boto3):
+    """The broker's own identity, from its standard AWS chain (AWS_ENDPOINT_URL
+    included). One client per environment: making one costs tens of
+    milliseconds of CPU, and a changed environment (keys rotated into it)
+    gets a new one; credentials the chain refreshes itself (an instance
+    profile) are refreshed by the client."""
+    key = tuple(os.environ.get(name) for name in _STS_ENV)
+    with _sts_lock:
+        client = _sts_clients.get(key)
+        if client is None:
+            region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            client = _sts_clients[key] = boto3.session.Session().client("sts", region_name=region)
+        return client
 
 
 def _s3_place() -> dict[str, str]:
     """Where the node finds the bucket: the endpoint and region the broker's
     own storage uses (a MinIO or a local stand-in has to be the same one)."""
-    import os
-
     out = {}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
