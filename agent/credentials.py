@@ -41,7 +41,8 @@ REFRESH_LEAD = 600.0
 RETRY_SECONDS = 15.0
 # Each provider's standard variables -> obstore's credential fields.
 ENV_FIELDS = {"s3": {"AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key",
-                     "AWS_SESSION_TOKEN": "token"}}
+                     "AWS_SESSION_TOKEN": "token"},
+              "gs": {"GOOGLE_BEARER_TOKEN": "token"}}
 
 
 class CredentialsError(ValueError):

@@ -136,7 +136,10 @@ def _open_store(scheme: str, bucket: str, path: str) -> Any:
         return S3Store(bucket, prefix=path or None, **_s3_options_from_env(), **credential_provider("s3"))
     # gs:// and az:// take their credentials and accounts from the standard
     # environment (GOOGLE_*, AZURE_STORAGE_*), as obstore documents them.
-    return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"))
+    options: dict[str, Any] = credential_provider(scheme)
+    if os.environ.get("GOOGLE_BASE_URL", "").startswith("http://") and scheme == "gs":
+        options["client_options"] = {"allow_http": True}  # a local stand-in
+    return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"), **options)
 
 
 def _not_found(exc: BaseException) -> bool:

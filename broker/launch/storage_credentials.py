@@ -19,6 +19,10 @@ its own way of minting it:
   session can do only what both the role's policies and this one allow),
   ``DurationSeconds`` (``SPOTBROKER_NODE_CREDENTIALS_SECONDS``) and a session
   name that names the attempt, so CloudTrail shows whose node did what.
+* **GCS**: a downscoped token: the broker's own application default
+  credentials exchanged at Google's STS with a Credential Access Boundary
+  (objectAdmin on the attempt's prefix, objectViewer on the job's and on the
+  code object, by `resource.name.startsWith` conditions).
 
 A cloud root without a way to mint is refused at launch (`LaunchError`,
 saying what to set): a node without credentials could not write a single
@@ -37,7 +41,7 @@ import os
 import re
 import threading
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import unquote, urlparse
 
 from sqlalchemy.orm import Session
@@ -139,8 +143,10 @@ def mint(settings: Settings, wanted: Scope, name: str) -> NodeCredentials:
     """Credentials allowing exactly `wanted`, named `name` where the cloud keeps a name."""
     if wanted.scheme == "s3":
         return _mint_s3(settings, wanted, name)
+    if wanted.scheme == "gs":
+        return _mint_gcs(settings, wanted)
     raise NoCredentials(f"the checkpoint root {settings.checkpoint_uri} is a {wanted.scheme}:// store, for which "
-                        "the broker cannot mint a node's scoped credentials yet: use an s3:// or file:// root")
+                        "the broker cannot mint a node's scoped credentials yet: use an s3://, gs:// or file:// root")
 
 
 def renew(session: Session, attempt_id: int, settings: Settings) -> NodeCredentials | None:
@@ -244,6 +250,74 @@ def _s3_place() -> dict[str, str]:
     if region:
         out["AWS_REGION"] = region
     return out
+
+
+# --- GCS -----------------------------------------------------------------------------------------
+
+GCS_RESOURCE = "//storage.googleapis.com/projects/_/buckets/{}"
+CLOUD_PLATFORM = "https://www.googleapis.com/auth/cloud-platform"
+# What google.auth.downscoped.Credentials.refresh sends to Google's STS (RFC 8693).
+TOKEN_EXCHANGE = "urn:ietf:params:oauth:grant-type:token-exchange"
+ACCESS_TOKEN = "urn:ietf:params:oauth:token-type:access_token"
+
+
+def gcs_rules(scope: Scope) -> list:
+    """The Credential Access Boundary: objectAdmin under the attempt's
+    prefix; objectViewer under the job's (reading, and listing with a prefix
+    inside it) and on the code object."""
+    from google.auth import downscoped
+
+    objects = f"projects/_/buckets/{scope.bucket}/objects/"
+    resource = GCS_RESOURCE.format(scope.bucket)
+    listing = "api.getAttribute('storage.googleapis.com/objectListPrefix', '')"
+    rules = [
+        downscoped.AccessBoundaryRule(resource, ["inRole:roles/storage.objectAdmin"], downscoped.AvailabilityCondition(
+            f"resource.name.startsWith('{objects}{scope.write}')", title="write the attempt")),
+        downscoped.AccessBoundaryRule(resource, ["inRole:roles/storage.objectViewer"], downscoped.AvailabilityCondition(
+            f"resource.name.startsWith('{objects}{scope.read}') || {listing}.startsWith('{scope.read}')",
+            title="read the job")),
+    ]
+    for key in scope.objects:
+        rules.append(downscoped.AccessBoundaryRule(
+            resource, ["inRole:roles/storage.objectViewer"],
+            downscoped.AvailabilityCondition(f"resource.name == '{objects}{key}'", title="read the code")))
+    return rules
+
+
+def _mint_gcs(settings: Settings, scope: Scope) -> NodeCredentials:
+    """A downscoped token: the broker's own credentials (its application
+    default credentials) exchanged at Google's STS for a token that carries
+    the boundary; it lasts as long as the source token (about an hour)."""
+    if "'" in scope.write + scope.read + "".join(scope.objects) or "'" in scope.bucket:
+        raise NoCredentials("a quote in a storage path cannot be put in an access boundary's condition")
+    import google.auth
+    from google.auth import downscoped
+    from google.auth import exceptions as gexc
+    from google.auth.transport.requests import Request
+    from google.oauth2 import sts
+
+    boundary = downscoped.CredentialAccessBoundary(rules=gcs_rules(scope))
+    try:
+        source, _ = google.auth.default(scopes=[CLOUD_PLATFORM])
+        request = Request()
+        source.refresh(request)
+        now = datetime.now(UTC)
+        # downscoped.Credentials does exactly this, but only against sts.googleapis.com.
+        answer = sts.Client(settings.node_gcs_sts_url).exchange_token(
+            request=request, grant_type=TOKEN_EXCHANGE, subject_token=source.token, subject_token_type=ACCESS_TOKEN,
+            requested_token_type=ACCESS_TOKEN, additional_options=boundary.to_json())
+    except gexc.GoogleAuthError as exc:
+        raise NoCredentials(f"could not mint the node's storage credentials (a downscoped token): "
+                            f"{type(exc).__name__}: {exc}") from None
+    if answer.get("expires_in"):
+        expires = now + timedelta(seconds=float(answer["expires_in"]))
+    else:
+        expires = source.expiry.replace(tzinfo=UTC) if source.expiry else now + timedelta(hours=1)
+    token = answer["access_token"]
+    env = {"GOOGLE_BEARER_TOKEN": token, **_marker("gs", expires)}
+    if os.environ.get("GOOGLE_BASE_URL"):  # a private endpoint or a stand-in: the node's must be the same
+        env["GOOGLE_BASE_URL"] = os.environ["GOOGLE_BASE_URL"]
+    return NodeCredentials("gs", expires, {"token": token}, env)
 
 
 def _marker(provider: str, expires: datetime) -> dict[str, str]:
