@@ -153,8 +153,10 @@ class CredentialsKeeper:
     def run(self, fetch: Callable[[], Mapping[str, Any]], stop: threading.Event,
             gone: tuple[type[BaseException], ...] = ()) -> None:
         """Refresh before every end until `stop` is set, or until `fetch`
-        raises one of `gone` (the broker ended the attempt)."""
-        while not stop.wait(max(0.0, self.due_in())):
+        raises one of `gone` (the broker ended the attempt). Requests are at
+        least `retry` seconds apart, whatever the lead and the lifetime."""
+        wait = max(0.0, self.due_in())
+        while not stop.wait(wait):
             try:
                 self.refresh(fetch)
             except gone:
@@ -162,5 +164,4 @@ class CredentialsKeeper:
             except Exception as exc:  # the broker is down or refused: the held ones may still last
                 left = (self.expires_at - self.clock()).total_seconds()
                 log.warning("could not renew the storage credentials (%s; %.0f s left): retrying", exc, left)
-                if stop.wait(self.retry):
-                    return
+            wait = max(self.retry, self.due_in())

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], in
 REPO = Path(__file__).resolve().parents[2]
 TRAIN = ["python", str(REPO / "examples" / "train.py"), "--steps", "120", "--seed", "3", "--every-steps", "5",
          "--log-every", "1", "--step-seconds", "0.15"]
-# The agent renews 1 s after start, then every few seconds (sessions last 900 s, the least STS allows).
+# The agent renews 6 s after start, then every 15 s, its floor (sessions last 900 s, the least STS allows).
 RENEW_EARLY = {"SPOTBROKER_CREDENTIALS_LEAD_SECONDS": "894"}
 
 
