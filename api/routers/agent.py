@@ -7,6 +7,7 @@ ended; then every route answers 410 Gone, on which the agent stops."""
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
@@ -33,6 +34,7 @@ MAX_LOG_CHUNK = 4 << 20
 MAX_EVENT_DATA = 64 << 10  # bytes of JSON in one event's data
 STORE_TRIES = 3
 DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the commit to reach us
+MINT_INTERVAL_S = 10.0  # the least time between two mints of storage credentials for one attempt
 
 
 class AgentEventIn(BaseModel):
@@ -157,8 +159,23 @@ async def post_logs(request: Request, attempt: CurrentAttempt,
     return LogAnswer(size=await run_in_threadpool(logs.append_at, path, offset, chunk))
 
 
+def _at_most_one_mint_per(state: Any, attempt_id: int, seconds: float) -> None:
+    """Each mint is a call to the cloud's STS, whose rate is the broker's:
+    a node asking in a loop gets 429, not another session (per process)."""
+    now = time.monotonic()
+    last: dict[int, float] = getattr(state, "credential_mints", None) or {}
+    state.credential_mints = last
+    if now - last.get(attempt_id, -seconds) < seconds:
+        raise Problem(429, "Too many requests", f"fresh credentials at most every {seconds:g} s",
+                      headers={"Retry-After": str(int(seconds))})
+    if len(last) > 10_000:  # forget the attempts not heard from lately
+        for key in [k for k, t in last.items() if now - t >= seconds]:
+            del last[key]
+    last[attempt_id] = now
+
+
 @router.post(protocol.CREDENTIALS_PATH, response_model=CredentialsAnswer,
-             responses=responses(401, 404, 409, 410, 503, s404="The checkpoint root needs no credentials (file://)",
+             responses=responses(401, 404, 409, 410, 429, 503, s404="The checkpoint root needs no credentials (file://)",
                                  s409="The attempt has ended", s410=_GONE))
 async def post_credentials(request: Request, attempt: CurrentAttempt) -> JSONResponse:
     """Fresh storage credentials for the attempt's node, scoped to its job as
@@ -167,7 +184,9 @@ async def post_credentials(request: Request, attempt: CurrentAttempt) -> JSONRes
 
     def mint() -> storage_credentials.NodeCredentials | None:
         with state.session_factory() as session:
-            return storage_credentials.renew(session, attempt.id, state.settings)
+            live = storage_credentials.live_attempt(session, attempt.id)
+            _at_most_one_mint_per(state, attempt.id, MINT_INTERVAL_S)
+            return storage_credentials.for_attempt(session, live, state.settings)
 
     try:
         minted = await run_in_threadpool(mint)

@@ -149,13 +149,13 @@ def mint(settings: Settings, wanted: Scope, name: str) -> NodeCredentials:
                         "the broker cannot mint a node's scoped credentials yet: use an s3://, gs:// or file:// root")
 
 
-def renew(session: Session, attempt_id: int, settings: Settings) -> NodeCredentials | None:
-    """Fresh credentials for a live attempt's node (its agent asks before
-    the ones it holds end); AttemptEnded once the attempt is over."""
+def live_attempt(session: Session, attempt_id: int) -> Attempt:
+    """The attempt whose node asks for fresh credentials (its agent asks
+    before the ones it holds end); AttemptEnded once it is over."""
     attempt = session.get(Attempt, attempt_id)
     if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES:
         raise AttemptEnded(f"attempt {attempt_id} has ended: its node gets no more storage credentials")
-    return for_attempt(session, attempt, settings)
+    return attempt
 
 
 def session_name(team: str, job_id: int, attempt_id: int) -> str:
