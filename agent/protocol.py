@@ -94,8 +94,8 @@ AGENT_EVENT_TYPES = frozenset({
 #   ignored by offset. Answer 200 {"size": int} (bytes stored so far).
 # POST CREDENTIALS_PATH (no body): fresh storage credentials for the attempt,
 #   answered 200 with CREDENTIALS_FILE's JSON while the attempt is live; 404
-#   when its checkpoint root needs none (file://); 409 once it has ended; 429
-#   when asked again within 10 s.
+#   when its checkpoint root needs none (file://); 409 once it has ended. The
+#   attempt's nodes asking within 10 s of each other get the same credentials.
 EVENTS_PATH = "/v1/agent/events"
 CREDENTIALS_PATH = "/v1/agent/credentials"
 LOGS_PATH = "/v1/agent/logs"

@@ -7,7 +7,9 @@ ended; then every route answers 410 Gone, on which the agent stops."""
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
@@ -34,7 +36,7 @@ MAX_LOG_CHUNK = 4 << 20
 MAX_EVENT_DATA = 64 << 10  # bytes of JSON in one event's data
 STORE_TRIES = 3
 DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the commit to reach us
-MINT_INTERVAL_S = 10.0  # the least time between two mints of storage credentials for one attempt
+MINT_INTERVAL_S = 10.0  # an attempt's nodes asking within this share one mint of storage credentials
 
 
 class AgentEventIn(BaseModel):
@@ -159,41 +161,53 @@ async def post_logs(request: Request, attempt: CurrentAttempt,
     return LogAnswer(size=await run_in_threadpool(logs.append_at, path, offset, chunk))
 
 
-def _at_most_one_mint_per(state: Any, attempt_id: int, seconds: float) -> None:
-    """Each mint is a call to the cloud's STS, whose rate is the broker's:
-    a node asking in a loop gets 429, not another session (per process)."""
+_mints_lock = threading.Lock()
+
+
+def _recently_minted(state: Any, attempt_id: int, mint: Callable[[], dict[str, Any] | None],
+                     seconds: float) -> dict[str, Any] | None:
+    """Each mint is a call to the cloud's STS, on the broker's own rate: an
+    attempt asking again within `seconds` (its other nodes renewing at the
+    same time, or a node asking in a loop) gets the same credentials."""
     now = time.monotonic()
-    last: dict[int, float] = getattr(state, "credential_mints", None) or {}
-    state.credential_mints = last
-    if now - last.get(attempt_id, -seconds) < seconds:
-        raise Problem(429, "Too many requests", f"fresh credentials at most every {seconds:g} s",
-                      headers={"Retry-After": str(int(seconds))})
-    if len(last) > 10_000:  # forget the attempts not heard from lately
-        for key in [k for k, t in last.items() if now - t >= seconds]:
-            del last[key]
-    last[attempt_id] = now
+    with _mints_lock:
+        recent: dict[int, tuple[float, dict[str, Any] | None]] = getattr(state, "credential_mints", None) or {}
+        state.credential_mints = recent
+        found = recent.get(attempt_id)
+        if found is not None and now - found[0] < seconds:
+            return found[1]
+        for key in [k for k, (t, _) in recent.items() if now - t >= seconds]:  # never kept longer than that
+            del recent[key]
+    document = mint()
+    with _mints_lock:
+        recent[attempt_id] = (now, document)
+    return document
 
 
 @router.post(protocol.CREDENTIALS_PATH, response_model=CredentialsAnswer,
-             responses=responses(401, 404, 409, 410, 429, 503, s404="The checkpoint root needs no credentials (file://)",
+             responses=responses(401, 404, 409, 410, 503, s404="The checkpoint root needs no credentials (file://)",
                                  s409="The attempt has ended", s410=_GONE))
 async def post_credentials(request: Request, attempt: CurrentAttempt) -> JSONResponse:
     """Fresh storage credentials for the attempt's node, scoped to its job as
     at launch (write its attempt's prefix, read its job's and its code)."""
     state = request.app.state
 
-    def mint() -> storage_credentials.NodeCredentials | None:
+    def mint() -> dict[str, Any] | None:
         with state.session_factory() as session:
             live = storage_credentials.live_attempt(session, attempt.id)
-            _at_most_one_mint_per(state, attempt.id, MINT_INTERVAL_S)
-            return storage_credentials.for_attempt(session, live, state.settings)
+
+            def fresh() -> dict[str, Any] | None:
+                minted = storage_credentials.for_attempt(session, live, state.settings)
+                return minted.document() if minted else None
+
+            return _recently_minted(state, attempt.id, fresh, MINT_INTERVAL_S)
 
     try:
-        minted = await run_in_threadpool(mint)
+        document = await run_in_threadpool(mint)
     except storage_credentials.AttemptEnded as exc:
         raise Problem(409, "Conflict", str(exc)) from None
     except storage_credentials.NoCredentials as exc:
         raise Problem(503, "Unavailable", str(exc), headers={"Retry-After": "15"}) from None
-    if minted is None:
+    if document is None:
         raise Problem(404, "Not found", "this attempt's checkpoint root is a local directory: no credentials")
-    return JSONResponse(minted.document(), headers={"Cache-Control": "no-store"})
+    return JSONResponse(document, headers={"Cache-Control": "no-store"})

@@ -56,6 +56,12 @@ def test_a_job_flushes_and_resumes_with_only_its_scoped_credentials(api, team_he
     wait_for(lambda: len(sessions_of(first_id)) >= 2, timeout=30, what="the agent to renew its credentials")
     assert all(s.session_name == f"sb-vision-j{job_id}-a{first_id}" and s.role_arn == aws_iam.role_arn
                for s in sessions_of(first_id))
+    # Asked twice at once (a multi-node attempt's agents renew together): one STS session, shared.
+    bearer = {"Authorization": f"Bearer {agent_token(settings.signing_key(), first_id)}"}
+    answers = [api.post("/v1/agent/credentials", headers=bearer) for _ in range(2)]
+    assert [a.status_code for a in answers] == [200, 200] and answers[0].json() == answers[1].json()
+    assert answers[0].headers["cache-control"] == "no-store"
+    assert answers[0].json()["credentials"]["access_key_id"] != aws_iam.broker_key
     assert api.post(f"/v1/jobs/{job_id}/simulate-preemption", headers=h).status_code == 202
 
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
