@@ -24,7 +24,7 @@ the job runs as an unprivileged user (`run_as`, by default `spotbroker-job`,
 which `make install` creates) that cannot read the broker's database,
 secret key or logs. All jobs on this host share that one user, so they are
 not isolated from each other on this host's disk: this is the development
-launcher. With a cloud checkpoint root (s3://) each job gets the same
+launcher. With a cloud checkpoint root (s3://, gs://) each job gets the same
 per-attempt credentials, scoped to its job, as a cloud node does.
 """
 from __future__ import annotations

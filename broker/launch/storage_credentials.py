@@ -133,9 +133,10 @@ def for_attempt(session: Session, attempt: Attempt, settings: Settings) -> NodeC
     job = attempt.job
     team = session.get(Team, job.team_id).name
     spec = JobSpec.model_validate(job.spec)
-    code = ()
-    if isinstance(spec.workdir, WorkdirUpload):
-        code = (uploads.code_ref(settings, team, spec.workdir.upload).uri,)
+    # The uploads the job names (its workdir, its file mounts that are uploads): the node reads each.
+    named = [spec.workdir, *spec.file_mounts.values()]
+    code = tuple(dict.fromkeys(uploads.code_ref(settings, team, source.upload).uri
+                               for source in named if isinstance(source, WorkdirUpload)))
     return mint(settings, scope(root, team, job.id, attempt.id, code), session_name(team, job.id, attempt.id))
 
 
@@ -277,10 +278,11 @@ def gcs_rules(scope: Scope) -> list:
             f"resource.name.startsWith('{objects}{scope.read}') || {listing}.startsWith('{scope.read}')",
             title="read the job")),
     ]
-    for key in scope.objects:
+    if scope.objects:  # one rule for them all: a boundary holds at most ten
+        named = " || ".join(f"resource.name == '{objects}{key}'" for key in scope.objects)
         rules.append(downscoped.AccessBoundaryRule(
             resource, ["inRole:roles/storage.objectViewer"],
-            downscoped.AvailabilityCondition(f"resource.name == '{objects}{key}'", title="read the code")))
+            downscoped.AvailabilityCondition(named, title="read the code")))
     return rules
 
 

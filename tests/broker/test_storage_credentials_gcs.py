@@ -114,3 +114,20 @@ def test_a_refused_exchange_is_a_clear_launch_error(google, tmp_path):
     with pytest.raises(sc.NoCredentials, match="downscoped token") as err:
         sc.mint(settings, sc.scope(settings.checkpoint_uri, TEAM, JOB, ATTEMPT), "x")
     assert SOURCE_TOKEN not in str(err.value)
+
+
+def test_every_upload_the_job_names_is_readable_through_one_rule(google, tmp_path, monkeypatch):
+    """A job's workdir and its file mounts that are uploads: one rule, however many (a boundary holds ten)."""
+    mount = f"root/{TEAM}/uploads/{'c' * 64}.tar.gz"
+    google.objects[(BUCKET, mount)] = b"mount"
+    settings = Settings(data_dir=tmp_path, checkpoint_root=f"gs://{BUCKET}/root",
+                        node_gcs_sts_url=f"{google.url}/v1/token", _env_file=None)
+    scope = sc.scope(settings.checkpoint_uri, TEAM, JOB, ATTEMPT, (f"gs://{BUCKET}/{CODE}", f"gs://{BUCKET}/{mount}"))
+    minted = sc.mint(settings, scope, "x")
+    assert len(json.loads(unquote(google.exchanges[-1]["options"]))["accessBoundary"]["accessBoundaryRules"]) == 3
+    path = tmp_path / protocol.CREDENTIALS_FILE
+    node_credentials.write(path, minted.document())
+    monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS_FILE, str(path))
+    uploads = Storage(f"gs://{BUCKET}/root/{TEAM}/uploads")
+    assert uploads.get(f"{'a' * 64}.tar.gz") == b"{}" and uploads.get(f"{'c' * 64}.tar.gz") == b"mount"
+    assert refused(lambda: uploads.get(f"{'b' * 64}.tar.gz"))
