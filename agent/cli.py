@@ -26,6 +26,7 @@ ENV_WORK_DIR = "SPOTBROKER_AGENT_DIR"  # outbox, trainer log, control dirs
 ENV_HEARTBEAT = "SPOTBROKER_HEARTBEAT_SECONDS"
 ENV_POLL = "SPOTBROKER_POLL_SECONDS"
 ENV_NOTICE_WINDOW = "SPOTBROKER_NOTICE_WINDOW"  # e.g. the local launcher's simulated GCP window
+ENV_CREDENTIALS_LEAD = "SPOTBROKER_CREDENTIALS_LEAD_SECONDS"
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -60,13 +61,16 @@ def agent() -> None:
 @click.option("--node-rank", envvar="SKYPILOT_NODE_RANK", show_envvar=True, type=click.IntRange(min=0), default=0,
               help="This node's rank in a multi-node job: the agents of nodes above 0 tag their events with "
                    "it and leave the log to node 0's.")
+@click.option("--credentials-lead", envvar=ENV_CREDENTIALS_LEAD, show_envvar=True, type=float, default=600.0,
+              show_default=True, help="Seconds before the attempt's storage credentials end when fresh ones are "
+                                      "asked of the broker.")
 @click.option("-v", "--verbose", is_flag=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job_id: str | None,
         attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
         heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
         log_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, node_rank: int,
-        verbose: bool) -> None:
+        credentials_lead: float, verbose: bool) -> None:
     """Run CMD under the agent: spotbroker agent run -- python train.py ..."""
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="spotbroker-agent %(asctime)s %(levelname)s %(message)s")
@@ -82,6 +86,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job
         work_dir=work_dir, heartbeat_interval=heartbeat_seconds, poll_interval=poll_seconds,
         metadata_timeout=metadata_timeout, notice_window=notice_window, log_interval=log_seconds,
         retry_max=retry_max_seconds, final_flush_timeout=final_flush_seconds, node_rank=node_rank,
+        credentials_lead=credentials_lead,
     )
     sys.exit(supervise(config))
 

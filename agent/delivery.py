@@ -26,6 +26,7 @@ from spotbroker.agent.protocol import (
     ANSWER_CANCEL,
     ANSWER_DRAIN,
     ANSWER_DRAIN_SECONDS,
+    CREDENTIALS_PATH,
     EVENT_NODE,
     EVENTS_PATH,
     LOG_OFFSET_HEADER,
@@ -77,6 +78,10 @@ class BrokerClient:
             raise BrokerUnavailable("log answer without a size")
         return size
 
+    def post_credentials(self) -> dict[str, Any]:
+        """Fresh storage credentials for the attempt (agent/credentials.py)."""
+        return _json_or_empty(self._send(CREDENTIALS_PATH))
+
     def close(self) -> None:
         self._http.close()
 
@@ -89,7 +94,8 @@ class BrokerClient:
             raise BrokerGone(f"HTTP 410 for {path}: the broker has ended this attempt")
         if answer.status_code in (401, 403):  # a broker restored or misconfigured may know us again: retry
             raise BrokerUnavailable(f"HTTP {answer.status_code}: the broker refused the agent token")
-        if answer.status_code in (400, 413, 422):
+        # 404/409: nothing to give this attempt (credentials of a file:// root, of an ended attempt).
+        if answer.status_code in (400, 404, 409, 413, 422):
             raise BrokerRejected(f"HTTP {answer.status_code} for {path}")
         if answer.status_code != 200:
             raise BrokerUnavailable(f"HTTP {answer.status_code}")

@@ -38,6 +38,17 @@ PER_ATTEMPT_ENV = frozenset({
     ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
     "SPOTBROKER_INSTANCE_TYPE", "SPOTBROKER_CODE_URI", "SPOTBROKER_CODE_SHA256"})
 
+# --- The attempt's own storage credentials, scoped to its job (the broker mints
+# them: broker/launch/storage_credentials.py). The launch gives them in the
+# provider's standard variables (AWS_ACCESS_KEY_ID, ...) with these two; the
+# agent keeps CREDENTIALS_FILE in the control directory fresh from
+# CREDENTIALS_PATH and names it to the trainer in ENV_STORAGE_CREDENTIALS_FILE.
+ENV_STORAGE_PROVIDER = "SPOTBROKER_STORAGE_PROVIDER"      # s3: what the launch's credentials are for
+ENV_STORAGE_EXPIRES_AT = "SPOTBROKER_STORAGE_EXPIRES_AT"  # iso8601: when the launch's credentials end
+ENV_STORAGE_CREDENTIALS_FILE = "SPOTBROKER_STORAGE_CREDENTIALS_FILE"
+# {"provider": "s3", "expires_at": iso8601, "credentials": {"access_key_id", "secret_access_key", "token"}}
+CREDENTIALS_FILE = "storage-credentials.json"
+
 # --- Trainer <-> agent, through files in the control directory.
 # Each process of the library announces itself at start in its own
 # library-{pid}.json: {"pid": int, "start": str (the kernel's start time of
@@ -88,7 +99,12 @@ AGENT_EVENT_TYPES = frozenset({
 # POST LOGS_PATH    raw bytes of the trainer's output, header `X-Log-Offset`:
 #   the byte offset of this chunk in the attempt's log; re-sent chunks are
 #   ignored by offset. Answer 200 {"size": int} (bytes stored so far).
+# POST CREDENTIALS_PATH (no body): fresh storage credentials for the attempt,
+#   answered 200 with CREDENTIALS_FILE's JSON while the attempt is live; 404
+#   when its checkpoint root needs none (file://); 409 once it has ended. The
+#   attempt's nodes asking within 10 s of each other get the same credentials.
 EVENTS_PATH = "/v1/agent/events"
+CREDENTIALS_PATH = "/v1/agent/credentials"
 LOGS_PATH = "/v1/agent/logs"
 LOG_OFFSET_HEADER = "X-Log-Offset"
 ANSWER_CANCEL = "cancel"  # fields of the events answer

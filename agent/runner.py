@@ -52,8 +52,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spotbroker.agent import proctree
+from spotbroker.agent.credentials import CredentialsKeeper
 from spotbroker.agent.delivery import (
     BrokerClient,
+    BrokerGone,
+    BrokerRejected,
     Delivery,
     EventSender,
     LogShipper,
@@ -116,6 +119,7 @@ class RunnerConfig:
     final_flush_timeout: float | None = None
     kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
     node_rank: int = 0                  # > 0: events carry it; the trainer's log is node 0's to ship
+    credentials_lead: float = 600.0     # storage credentials are renewed this long before they end
 
 
 class Supervisor(NoticePath):
@@ -137,6 +141,7 @@ class Supervisor(NoticePath):
         self.tail = EventTail(self.control_dir / EVENTS_FILE if self.control_dir else None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: BrokerClient | None = None
+        self.credentials: CredentialsKeeper | None = None  # the attempt's storage credentials, if launched with any
         self.watchers: Watchers | None = None
         self._threads: list[threading.Thread] = []
         self._deliveries: list[Delivery] = []
@@ -188,6 +193,8 @@ class Supervisor(NoticePath):
         if self.config.attempt_id:
             env[ENV_ATTEMPT_ID] = self.config.attempt_id
         env.setdefault("PYTHONUNBUFFERED", "1")  # a Python trainer's output arrives as it is written
+        self.credentials = CredentialsKeeper.start_for(self.control_dir, env,  # names its file in env
+                                                       lead=self.config.credentials_lead)
         self.proc = subprocess.Popen(
             self.config.command, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, start_new_session=True,  # its own group: signals reach all its processes
@@ -214,6 +221,9 @@ class Supervisor(NoticePath):
                 self._deliveries.append(LogShipper(self.log_path, self.client, self.config, on_gone=self.gone))
             for delivery in self._deliveries:
                 delivery.start()
+            if self.credentials is not None:
+                self._spawn(lambda: self.credentials.run(self.client.post_credentials, self._trainer_done,
+                                                         gone=(BrokerGone, BrokerRejected)), "credentials")
         else:
             log.warning("no broker URL: events stay in %s", self.work_dir / OUTBOX_FILE)
 

@@ -50,6 +50,13 @@ class Settings(BaseSettings):
     # A YAML/JSON file listing the operator's Kubernetes clusters, each a place
     # with a price per GPU-hour (broker/placement/kubernetes.py); unset: none.
     kubernetes_places: Path | None = None
+    # Nodes' own storage credentials, scoped to their job (broker/launch/storage_credentials.py):
+    # the role STS AssumeRole mints them from for an s3:// root, and how long a session lasts
+    # (STS: 900 s to the role's maximum; the node's agent renews it before it ends).
+    node_role_arn: str | None = None
+    node_credentials_seconds: int = Field(3600, ge=900, le=43200)
+    # Where a gs:// root's downscoped tokens are exchanged (Google's STS; another for a stand-in).
+    node_gcs_sts_url: str = "https://sts.googleapis.com/v1/token"
 
     reconcile_interval: float = 2.0             # seconds between passes when nothing hints
     lease_seconds: float = 30.0                 # a claimed job is another process's after this

@@ -17,6 +17,12 @@ plain HTTP is allowed when the endpoint is ``http://``. Over HTTPS the body is
 not hashed for the signature (as boto3 does; set ``AWS_UNSIGNED_PAYLOAD=false``
 to sign it anyway): TLS protects it, and checkpoints carry their own sha256.
 
+On a node the broker launched with credentials scoped to its job, the agent
+keeps them fresh in a file (``SPOTBROKER_STORAGE_CREDENTIALS_FILE``, see
+:mod:`spotbroker.agent.credentials`): S3 then takes its credentials from that
+file, through obstore's credential provider, read again whenever obstore's
+cached ones come near their end.
+
 ``gs://bucket/path`` and ``az://container/path`` take their credentials (and
 Azure its account, ``AZURE_STORAGE_ACCOUNT_NAME``) from the environment as
 obstore documents them.
@@ -47,6 +53,7 @@ import obstore
 from obstore.store import LocalStore, S3Store, from_url
 
 from spotbroker.agent.checkpoint import localfile
+from spotbroker.agent.credentials import credential_provider
 
 # bytes, bytearray, memoryview, or any 1-D contiguous uint8 buffer.
 BytesLike = bytes | bytearray | memoryview
@@ -126,10 +133,13 @@ def _open_store(scheme: str, bucket: str, path: str) -> Any:
         # automatic_cleanup removes directories left empty by a delete.
         return LocalStore(path, automatic_cleanup=True)
     if scheme == "s3":
-        return S3Store(bucket, prefix=path or None, **_s3_options_from_env())
+        return S3Store(bucket, prefix=path or None, **_s3_options_from_env(), **credential_provider("s3"))
     # gs:// and az:// take their credentials and accounts from the standard
     # environment (GOOGLE_*, AZURE_STORAGE_*), as obstore documents them.
-    return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"))
+    options: dict[str, Any] = credential_provider(scheme)
+    if os.environ.get("GOOGLE_BASE_URL", "").startswith("http://") and scheme == "gs":
+        options["client_options"] = {"allow_http": True}  # a local stand-in
+    return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"), **options)
 
 
 def _not_found(exc: BaseException) -> bool:

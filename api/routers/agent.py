@@ -7,12 +7,16 @@ ended; then every route answers 410 Gone, on which the agent stops."""
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm.exc import StaleDataError
@@ -21,6 +25,7 @@ from spotbroker.agent import protocol
 from spotbroker.api.errors import Problem, responses
 from spotbroker.api.schemas import BoundedData
 from spotbroker.broker.jobs import logs
+from spotbroker.broker.launch import storage_credentials
 from spotbroker.broker.recovery import agent_channel
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt
@@ -31,6 +36,7 @@ MAX_LOG_CHUNK = 4 << 20
 MAX_EVENT_DATA = 64 << 10  # bytes of JSON in one event's data
 STORE_TRIES = 3
 DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the commit to reach us
+MINT_INTERVAL_S = 10.0  # an attempt's nodes asking within this share one mint of storage credentials
 
 
 class AgentEventIn(BaseModel):
@@ -61,6 +67,13 @@ class AgentAnswer(BaseModel):
     drain: bool = Field(False, description="the broker moves the job: flush a checkpoint now, as on a "
                                            "preemption notice; the attempt is then stopped")
     drain_seconds: float | None = Field(None, description="a drain: the flush must be committed within this")
+
+
+class CredentialsAnswer(BaseModel):
+    provider: str = Field(description="s3")
+    expires_at: datetime
+    credentials: dict[str, str] = Field(description="obstore's fields for the provider (S3: access_key_id, "
+                                                    "secret_access_key, token)")
 
 
 class LogAnswer(BaseModel):
@@ -146,3 +159,55 @@ async def post_logs(request: Request, attempt: CurrentAttempt,
         raise Problem(413, "Payload too large", f"send at most {MAX_LOG_CHUNK} bytes at a time")
     path = logs.log_path(request.app.state.settings.data_dir, attempt.job_id, attempt.id)
     return LogAnswer(size=await run_in_threadpool(logs.append_at, path, offset, chunk))
+
+
+_mints_lock = threading.Lock()
+
+
+def _recently_minted(state: Any, attempt_id: int, mint: Callable[[], dict[str, Any] | None],
+                     seconds: float) -> dict[str, Any] | None:
+    """Each mint is a call to the cloud's STS, on the broker's own rate: an
+    attempt asking again within `seconds` (its other nodes renewing at the
+    same time, or a node asking in a loop) gets the same credentials."""
+    now = time.monotonic()
+    with _mints_lock:
+        recent: dict[int, tuple[float, dict[str, Any] | None]] = getattr(state, "credential_mints", None) or {}
+        state.credential_mints = recent
+        found = recent.get(attempt_id)
+        if found is not None and now - found[0] < seconds:
+            return found[1]
+        for key in [k for k, (t, _) in recent.items() if now - t >= seconds]:  # never kept longer than that
+            del recent[key]
+    document = mint()
+    with _mints_lock:
+        recent[attempt_id] = (now, document)
+    return document
+
+
+@router.post(protocol.CREDENTIALS_PATH, response_model=CredentialsAnswer,
+             responses=responses(401, 404, 409, 410, 503, s404="The checkpoint root needs no credentials (file://)",
+                                 s409="The attempt has ended", s410=_GONE))
+async def post_credentials(request: Request, attempt: CurrentAttempt) -> JSONResponse:
+    """Fresh storage credentials for the attempt's node, scoped to its job as
+    at launch (write its attempt's prefix, read its job's and its code)."""
+    state = request.app.state
+
+    def mint() -> dict[str, Any] | None:
+        with state.session_factory() as session:
+            live = storage_credentials.live_attempt(session, attempt.id)
+
+            def fresh() -> dict[str, Any] | None:
+                minted = storage_credentials.for_attempt(session, live, state.settings)
+                return minted.document() if minted else None
+
+            return _recently_minted(state, attempt.id, fresh, MINT_INTERVAL_S)
+
+    try:
+        document = await run_in_threadpool(mint)
+    except storage_credentials.AttemptEnded as exc:
+        raise Problem(409, "Conflict", str(exc)) from None
+    except storage_credentials.NoCredentials as exc:
+        raise Problem(503, "Unavailable", str(exc), headers={"Retry-After": "15"}) from None
+    if document is None:
+        raise Problem(404, "Not found", "this attempt's checkpoint root is a local directory: no credentials")
+    return JSONResponse(document, headers={"Cache-Control": "no-store"})

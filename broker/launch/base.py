@@ -52,6 +52,9 @@ class LaunchRequest:
     # The job's stored spec: what a launcher that speaks the task file's
     # language (SkyPilot) builds the node's task from. None: a bare request.
     spec: JobSpec | None = field(default=None, repr=False)
+    # The node's own storage credentials, scoped to the job's prefix, as
+    # environment variables (broker/launch/storage_credentials.py): secret.
+    storage_env: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 class RunState(StrEnum):

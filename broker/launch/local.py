@@ -23,8 +23,9 @@ allow-list (`job_env`), never inherited, and when the broker runs as root
 the job runs as an unprivileged user (`run_as`, by default `spotbroker-job`,
 which `make install` creates) that cannot read the broker's database,
 secret key or logs. All jobs on this host share that one user, so they are
-not isolated from each other: this is the development launcher; cloud nodes
-with per-attempt credentials are the boundary.
+not isolated from each other on this host's disk: this is the development
+launcher. With a cloud checkpoint root (s3://, gs://) each job gets the same
+per-attempt credentials, scoped to its job, as a cloud node does.
 """
 from __future__ import annotations
 
@@ -169,7 +170,8 @@ class LocalLauncher:
         runs in, which has the checkpoint library), its own HOME and TMPDIR, the
         job's `envs` and `secrets`, the variables SkyPilot sets on a node, and the attempt's own
         (ids, checkpoint prefixes, the broker's address; the agent's token only
-        where an agent runs, which keeps it from the trainer)."""
+        where an agent runs, which keeps it from the trainer; storage credentials
+        scoped to the job when the checkpoint root is a cloud's)."""
         p = request.placement
         user = self.run_as or pwd.getpwuid(os.getuid()).pw_name
         env = {
@@ -182,6 +184,7 @@ class LocalLauncher:
             "SPOTBROKER_CLOUD": p.cloud, "SPOTBROKER_REGION": p.region or "",
             "SPOTBROKER_ZONE": p.zone or p.zone_id or "", "SPOTBROKER_INSTANCE_TYPE": p.instance_type or "",
             **request.extra_env,
+            **request.storage_env,  # the node's own credentials, scoped to the job (none for a file:// root)
         }
         if not with_agent:
             env.pop(protocol.ENV_AGENT_TOKEN, None)

@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session
 from spotbroker.agent import protocol
 from spotbroker.broker.jobs import sealed, uploads
 from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.launch import storage_credentials
 from spotbroker.broker.launch.base import CodeRef, LaunchError, LaunchRequest
 from spotbroker.broker.money import storage as checkpoint_storage
 from spotbroker.broker.pricing.offers import Placement
@@ -48,10 +49,12 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
         protocol.ENV_BROKER_URL: settings.agent_url,
         protocol.ENV_AGENT_TOKEN: agent_token(key, attempt.id),
     }
+    code = _code(settings, spec, team.name)
+    storage = storage_credentials.for_attempt(session, attempt, settings)  # None: a file:// root
     return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, run=spec.run,
                          setup=spec.setup, envs=spec.envs, num_nodes=spec.num_nodes, placement=placement,
-                         code=_code(settings, spec, team.name), extra_env=extra,
-                         secrets=spec.secret_values(), spec=spec)
+                         code=code, extra_env=extra, secrets=spec.secret_values(), spec=spec,
+                         storage_env=storage.env if storage else {})
 
 
 def _code(settings: Settings, spec: JobSpec, team: str) -> CodeRef | None:

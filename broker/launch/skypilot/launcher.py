@@ -111,7 +111,8 @@ class SkyPilotLauncher:
         """The SkyPilot task for `request`: the job's file as SkyPilot reads
         it, running the node program, pinned to the placement with the
         chosen resource set's disk, image, cpus and memory."""
-        program = node_program(request, str(self.wheelhouse), user_secrets=request.secrets)
+        program = node_program(request, str(self.wheelhouse), credentials=request.storage_env,
+                               user_secrets=request.secrets)
         keep = {}
         if request.spec is not None:
             keep = kept_resources(chosen_alternative(request.spec, request.placement), request.placement)
