@@ -30,13 +30,6 @@ ENV_CHECKPOINT_URI = "CHECKPOINT_URI"        # {root}/{team}/{job}/{attempt}: th
 ENV_CHECKPOINT_ROOT = "SPOTBROKER_CHECKPOINT_JOB_URI"  # {root}/{team}/{job}: all attempts of the job
 ENV_RESUME_FROM = "RESUME_FROM"              # a committed checkpoint's URI, or empty
 ENV_CONTROL_DIR = "SPOTBROKER_CONTROL_DIR"   # trainer <-> agent files, private to the attempt; always absolute
-# Everything the broker sets for each attempt (the above, the place, the
-# code): a job's own `envs` and `secrets` may not name them, since on a
-# SkyPilot node a secret would win over the broker's value.
-PER_ATTEMPT_ENV = frozenset({
-    ENV_BROKER_URL, ENV_AGENT_TOKEN, ENV_JOB_ID, ENV_ATTEMPT_ID, ENV_CLOUD, ENV_METADATA_URL, ENV_CHECKPOINT_URI,
-    ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
-    "SPOTBROKER_INSTANCE_TYPE", "SPOTBROKER_CODE_URI", "SPOTBROKER_CODE_SHA256"})
 
 # --- The attempt's own storage credentials, scoped to its job (the broker mints
 # them: broker/launch/storage_credentials.py). The launch gives them in the
@@ -48,6 +41,15 @@ ENV_STORAGE_EXPIRES_AT = "SPOTBROKER_STORAGE_EXPIRES_AT"  # iso8601: when the la
 ENV_STORAGE_CREDENTIALS_FILE = "SPOTBROKER_STORAGE_CREDENTIALS_FILE"
 # {"provider": "s3", "expires_at": iso8601, "credentials": {"access_key_id", "secret_access_key", "token"}}
 CREDENTIALS_FILE = "storage-credentials.json"
+
+# Everything the broker sets for each attempt (the above, the place, the
+# code): a job's own `envs` and `secrets` may not name them, since on a
+# SkyPilot node a secret would win over the broker's value.
+PER_ATTEMPT_ENV = frozenset({
+    ENV_BROKER_URL, ENV_AGENT_TOKEN, ENV_JOB_ID, ENV_ATTEMPT_ID, ENV_CLOUD, ENV_METADATA_URL, ENV_CHECKPOINT_URI,
+    ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
+    "SPOTBROKER_INSTANCE_TYPE", "SPOTBROKER_CODE_URI", "SPOTBROKER_CODE_SHA256",
+    ENV_STORAGE_PROVIDER, ENV_STORAGE_EXPIRES_AT, ENV_STORAGE_CREDENTIALS_FILE})
 
 # --- Trainer <-> agent, through files in the control directory.
 # Each process of the library announces itself at start in its own
