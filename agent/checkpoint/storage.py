@@ -19,13 +19,16 @@ to sign it anyway): TLS protects it, and checkpoints carry their own sha256.
 
 On a node the broker launched with credentials scoped to its job, the agent
 keeps them fresh in a file (``SPOTBROKER_STORAGE_CREDENTIALS_FILE``, see
-:mod:`spotbroker.agent.credentials`): S3 then takes its credentials from that
-file, through obstore's credential provider, read again whenever obstore's
-cached ones come near their end.
+:mod:`spotbroker.agent.credentials`): the checkpoint root's bucket, and that
+bucket only, is then reached with them (through obstore's credential
+provider, read again whenever obstore's cached ones come near their end) at
+the endpoint and region the broker named. Every other bucket (a dataset the
+trainer reads with its own keys or the node's identity) is reached as off a
+node, from the standard environment.
 
 ``gs://bucket/path`` and ``az://container/path`` take their credentials (and
 Azure its account, ``AZURE_STORAGE_ACCOUNT_NAME``) from the environment as
-obstore documents them.
+obstore documents them; ``GOOGLE_BASE_URL`` is GCS's endpoint setting.
 
 ``file://`` writes are atomic and durable: the bytes go to a temporary file
 beside the target (``name#<digits>``, a name obstore's listing skips),
@@ -50,10 +53,9 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import obstore
-from obstore.store import LocalStore, S3Store, from_url
 
 from spotbroker.agent.checkpoint import localfile
-from spotbroker.agent.credentials import credential_provider
+from spotbroker.agent.checkpoint.stores import open_store
 
 # bytes, bytearray, memoryview, or any 1-D contiguous uint8 buffer.
 BytesLike = bytes | bytearray | memoryview
@@ -103,45 +105,6 @@ def _scheme_and_path(uri: str) -> tuple[str, str, str]:
     return scheme, parsed.netloc, unquote(parsed.path).strip("/")
 
 
-def _s3_options_from_env() -> dict[str, Any]:
-    """Endpoint and region from the standard AWS environment.
-
-    obstore reads the credentials itself; the endpoint needs two extra
-    settings that it does not derive: path-style requests and plain HTTP.
-    """
-    options: dict[str, Any] = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options["endpoint"] = endpoint
-        options["virtual_hosted_style_request"] = False
-        if endpoint.startswith("http://"):
-            options["client_options"] = {"allow_http": True}
-        elif "AWS_UNSIGNED_PAYLOAD" not in os.environ:
-            options["unsigned_payload"] = True
-    elif "AWS_UNSIGNED_PAYLOAD" not in os.environ:
-        # Over HTTPS, TLS already protects the body (boto3 skips signing it
-        # there too): hashing every byte for the signature would only cost CPU.
-        options["unsigned_payload"] = True
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if region:
-        options["region"] = region
-    return options
-
-
-def _open_store(scheme: str, bucket: str, path: str) -> Any:
-    if scheme == "file":
-        # automatic_cleanup removes directories left empty by a delete.
-        return LocalStore(path, automatic_cleanup=True)
-    if scheme == "s3":
-        return S3Store(bucket, prefix=path or None, **_s3_options_from_env(), **credential_provider("s3"))
-    # gs:// and az:// take their credentials and accounts from the standard
-    # environment (GOOGLE_*, AZURE_STORAGE_*), as obstore documents them.
-    options: dict[str, Any] = credential_provider(scheme)
-    if os.environ.get("GOOGLE_BASE_URL", "").startswith("http://") and scheme == "gs":
-        options["client_options"] = {"allow_http": True}  # a local stand-in
-    return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"), **options)
-
-
 def _not_found(exc: BaseException) -> bool:
     return isinstance(exc, (FileNotFoundError, obstore.exceptions.NotFoundError))
 
@@ -162,7 +125,7 @@ class Storage:
         self.part_size = part_size
         self._local_root = Path(self._path) if self.scheme == "file" else None
         # A local root may not exist yet (obstore refuses that): open on first use.
-        self._opened: Any = None if self._local_root is not None else _open_store(
+        self._opened: Any = None if self._local_root is not None else open_store(
             self.scheme, self._bucket, self._path)
 
     def __repr__(self) -> str:
@@ -174,7 +137,7 @@ class Storage:
             assert self._local_root is not None
             if not self._local_root.is_dir():
                 raise FileNotFoundError(f"no such directory: {self._local_root}")
-            self._opened = _open_store(self.scheme, self._bucket, self._path)
+            self._opened = open_store(self.scheme, self._bucket, self._path)
         return self._opened
 
     @property

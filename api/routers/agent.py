@@ -70,10 +70,13 @@ class AgentAnswer(BaseModel):
 
 
 class CredentialsAnswer(BaseModel):
-    provider: str = Field(description="s3")
+    provider: str = Field(description="s3 or gs")
     expires_at: datetime
+    bucket: str = Field(description="the checkpoint root's bucket: the only one they are for")
+    options: dict[str, str] = Field(description="where the bucket is, when not the provider's default: "
+                                                "endpoint, region")
     credentials: dict[str, str] = Field(description="obstore's fields for the provider (S3: access_key_id, "
-                                                    "secret_access_key, token)")
+                                                    "secret_access_key, token; GCS: token)")
 
 
 class LogAnswer(BaseModel):
