@@ -56,10 +56,10 @@ class CredentialsError(ValueError):
 class Document:
     """A credentials document, parsed (`credentials` is secret: out of the repr)."""
 
-    provider: str                # s3 | gs
+    provider: str                # s3 | gs | az
     expires_at: datetime
-    bucket: str                  # the checkpoint root's bucket: the only one they are for
-    options: dict[str, str]      # where it is: endpoint, region (none: the provider's default)
+    bucket: str                  # the checkpoint root's bucket (Azure: container): the only one they are for
+    options: dict[str, str]      # where it is: endpoint, region, account (none: the provider's default)
     credentials: dict[str, str] = field(repr=False)
 
 
@@ -116,10 +116,11 @@ def held() -> dict[str, Any] | None:
 class NodeCredentials:
     """obstore's credential provider over the held document: read again on
     every call (obstore calls again only when the credentials it holds come
-    within five minutes of their end)."""
+    within five minutes of their end). Azure's: the SAS token of one place."""
 
-    def __init__(self, provider: str) -> None:
+    def __init__(self, provider: str, place: str | None = None) -> None:
         self.provider = provider
+        self.place = place
 
     def __call__(self) -> dict[str, Any]:
         document = held()
@@ -128,21 +129,24 @@ class NodeCredentials:
         held_now = parse(document)
         if held_now.provider != self.provider:
             raise CredentialsError(f"the held credentials are for {held_now.provider}, not {self.provider}")
-        return {**held_now.credentials, "expires_at": held_now.expires_at}
+        if self.place is None:
+            return {**held_now.credentials, "expires_at": held_now.expires_at}
+        if self.place not in held_now.credentials:
+            raise CredentialsError(f"the held credentials have no token for {self.place}")
+        return {"sas_token": held_now.credentials[self.place], "expires_at": held_now.expires_at}
 
 
-def node_store(scheme: str, bucket: str) -> dict[str, Any] | None:
-    """For the attempt's own checkpoint bucket, on a node launched with its
-    scoped credentials: where the bucket is (`options`) and obstore's
-    `credential_provider`. None for any other bucket (the user's own data,
-    read with the user's own credentials) and off a node."""
+def node_store(scheme: str, bucket: str) -> Document | None:
+    """The held document when `bucket` is the attempt's own checkpoint bucket
+    (on a node launched with its scoped credentials): where the bucket is and
+    what the credentials are for; the store reads the credentials themselves
+    through `NodeCredentials`. None for any other bucket (the user's own
+    data, read with the user's own credentials) and off a node."""
     document = held()
     if document is None:
         return None
     given = parse(document)
-    if given.provider != scheme or given.bucket != bucket:
-        return None
-    return {"options": given.options, "credential_provider": NodeCredentials(scheme)}
+    return given if (given.provider, given.bucket) == (scheme, bucket) else None
 
 
 class CredentialsKeeper:

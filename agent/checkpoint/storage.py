@@ -55,7 +55,7 @@ from urllib.parse import unquote, urlparse
 import obstore
 
 from spotbroker.agent.checkpoint import localfile
-from spotbroker.agent.checkpoint.stores import open_store
+from spotbroker.agent.checkpoint.stores import Places, open_store
 
 # bytes, bytearray, memoryview, or any 1-D contiguous uint8 buffer.
 BytesLike = bytes | bytearray | memoryview
@@ -140,6 +140,12 @@ class Storage:
             self._opened = open_store(self.scheme, self._bucket, self._path)
         return self._opened
 
+    def _at(self, key: str) -> Any:
+        """The store that serves `key`: the root's, or on an Azure node the one
+        whose SAS covers `key` (a listing's prefix ends with '/')."""
+        store = self._store
+        return store.for_key(key) if isinstance(store, Places) else store
+
     @property
     def is_local(self) -> bool:
         return self._local_root is not None
@@ -192,7 +198,7 @@ class Storage:
                 digest.update(segment)
         view = segments[0] if len(segments) == 1 else memoryview(b"".join(segments))
         multipart = view.nbytes > self.multipart_threshold
-        obstore.put(self._store, key, view, use_multipart=multipart,
+        obstore.put(self._at(key), key, view, use_multipart=multipart,
                     chunk_size=self.part_size, max_concurrency=self.max_concurrency)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
@@ -205,7 +211,7 @@ class Storage:
             self._local_put(key, copy)
             return
         multipart = source.stat().st_size > self.multipart_threshold
-        obstore.put(self._store, key, source, use_multipart=multipart,
+        obstore.put(self._at(key), key, source, use_multipart=multipart,
                     chunk_size=self.part_size, max_concurrency=self.max_concurrency)
 
     def _local_put(self, key: str, write: Any, direct: bool = False) -> None:
@@ -236,12 +242,12 @@ class Storage:
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         """The bytes of ``key``, or of ``[start, end)`` of it (end exclusive)."""
         if start is None and end is None:
-            return bytes(obstore.get(self._store, key).bytes())
+            return bytes(obstore.get(self._at(key), key).bytes())
         begin = start or 0
         stop = end if end is not None else self.size(key)
         if stop <= begin:
             return b""
-        return bytes(obstore.get_range(self._store, key, start=begin, end=stop))
+        return bytes(obstore.get_range(self._at(key), key, start=begin, end=stop))
 
     def get_into(self, key: str, out: memoryview | bytearray, start: int = 0) -> int:
         """Read ``len(out)`` bytes of ``key`` from ``start`` into ``out``; large reads in parallel."""
@@ -261,7 +267,7 @@ class Storage:
             return length
         starts = list(range(start, start + length, READ_PIECE))
         ends = [min(s + READ_PIECE, start + length) for s in starts]
-        for s, piece in zip(starts, obstore.get_ranges(self._store, key, starts=starts, ends=ends)):
+        for s, piece in zip(starts, obstore.get_ranges(self._at(key), key, starts=starts, ends=ends)):
             chunk = memoryview(piece)
             if chunk.nbytes != min(READ_PIECE, start + length - s):
                 raise EOFError(f"{self.url(key)}: short read at offset {s}")
@@ -281,7 +287,7 @@ class Storage:
                         shutil.copyfileobj(src, f, localfile.WRITE_CHUNK)
                     written = f.tell()
                 else:
-                    for chunk in obstore.get(self._store, key).stream(min_chunk_size=PART_SIZE):
+                    for chunk in obstore.get(self._at(key), key).stream(min_chunk_size=PART_SIZE):
                         f.write(chunk)
                         written += len(chunk)
                 f.flush()
@@ -297,7 +303,7 @@ class Storage:
     def head(self, key: str) -> ObjectInfo | None:
         """Size and time of ``key``, or None when there is no such object."""
         try:
-            meta = obstore.head(self._store, key)
+            meta = obstore.head(self._at(key), key)
         except Exception as exc:
             if _not_found(exc):
                 return None
@@ -317,8 +323,9 @@ class Storage:
         """Every object whose key starts with the path segments of ``prefix`` (recursive)."""
         if self._local_root is not None and not self._local_root.is_dir():
             return
+        prefix = prefix.strip("/")
         try:
-            for batch in obstore.list(self._store, prefix.strip("/") or None, chunk_size=1000):
+            for batch in obstore.list(self._at(f"{prefix}/" if prefix else ""), prefix or None, chunk_size=1000):
                 for meta in batch:
                     yield ObjectInfo(key=meta["path"], size=int(meta["size"]),
                                      last_modified=meta["last_modified"])
@@ -344,16 +351,21 @@ class Storage:
             # One by one, in order: callers rely on it (manifest before parts).
             for key in keys:
                 try:
-                    obstore.delete(self._store, key)
+                    obstore.delete(self._at(key), key)
                 except Exception as exc:
                     if not _not_found(exc):
                         raise
             return
-        try:
-            obstore.delete(self._store, keys)
-        except Exception as exc:
-            if not _not_found(exc):
-                raise
+        by_store: dict[int, tuple[Any, list[str]]] = {}
+        for key in keys:  # one bulk delete per store (an Azure node's: per SAS place)
+            store = self._at(key)
+            by_store.setdefault(id(store), (store, []))[1].append(key)
+        for store, some in by_store.values():
+            try:
+                obstore.delete(store, some)
+            except Exception as exc:
+                if not _not_found(exc):
+                    raise
 
     def delete_prefix(self, prefix: str) -> int:
         """Remove every object under ``prefix``; returns how many."""

@@ -10,11 +10,12 @@ with the user's own keys, and the user's own buckets never with them.
 from __future__ import annotations
 
 import os
+import threading
 from typing import Any
 
-from obstore.store import LocalStore, S3Store, from_url
+from obstore.store import AzureStore, GCSStore, LocalStore, S3Store, from_url
 
-from spotbroker.agent.credentials import node_store
+from spotbroker.agent.credentials import Document, NodeCredentials, node_store
 
 
 def _s3_options(place: dict[str, str] | None = None) -> dict[str, Any]:
@@ -47,21 +48,63 @@ def _s3_options(place: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 def open_store(scheme: str, bucket: str, path: str) -> Any:
+    """obstore's store for `path` in `bucket` (a `Places` on an Azure node)."""
     if scheme == "file":
         # automatic_cleanup removes directories left empty by a delete.
         return LocalStore(path, automatic_cleanup=True)
-    # On a node, the attempt's checkpoint bucket: its scoped credentials, where the broker said.
     node = node_store(scheme, bucket)
-    provider = {"credential_provider": node["credential_provider"]} if node else {}
+    if node is None:  # not the attempt's checkpoint bucket, or off a node: the standard environment
+        if scheme == "s3":
+            return S3Store(bucket, prefix=path or None, **_s3_options())
+        local = os.environ.get("GOOGLE_BASE_URL", "").startswith("http://") and scheme == "gs"
+        return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"),
+                        **({"client_options": {"allow_http": True}} if local else {}))
+    # The attempt's checkpoint bucket on a node: its scoped credentials, where the broker said.
     if scheme == "s3":
-        return S3Store(bucket, prefix=path or None, **_s3_options(node["options"] if node else None), **provider)
-    # gs:// and az:// otherwise take their credentials and accounts from the
-    # standard environment (GOOGLE_*, AZURE_STORAGE_*), as obstore documents them.
-    options: dict[str, Any] = dict(provider)
-    endpoint = node["options"].get("endpoint") if node else os.environ.get("GOOGLE_BASE_URL")
-    if scheme == "gs" and endpoint:
-        if node:
-            options["base_url"] = endpoint
-        if endpoint.startswith("http://"):
-            options["client_options"] = {"allow_http": True}  # a local stand-in
-    return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"), **options)
+        return S3Store(bucket, prefix=path or None, **_s3_options(node.options),
+                       credential_provider=NodeCredentials("s3"))
+    if scheme == "gs":
+        endpoint = node.options.get("endpoint")
+        return GCSStore(bucket, prefix=path or None, credential_provider=NodeCredentials("gs"),
+                        **({"base_url": endpoint} if endpoint else {}), **_http(endpoint))
+    return Places(bucket, path, node)
+
+
+def _http(endpoint: str | None) -> dict[str, Any]:
+    """Plain HTTP is for a local stand-in, and only when its endpoint says so."""
+    return {"client_options": {"allow_http": True}} if endpoint and endpoint.startswith("http://") else {}
+
+
+class Places:
+    """An Azure node's checkpoint container. Its credentials are one SAS per
+    place (a directory, or one blob: broker/launch/azure_sas.py), and obstore
+    gives a store one credential, so there is one store per place, each
+    rooted at the same path, made on first use; `for_key` is the one whose
+    place holds the object. An object no place holds goes to the widest
+    place's store, and Azure refuses it."""
+
+    def __init__(self, container: str, root: str, held: Document) -> None:
+        self.container = container
+        self.root = root.strip("/")
+        self.account = held.options.get("account")
+        self.endpoint = held.options.get("endpoint")
+        self.places = sorted(held.credentials, key=len, reverse=True)  # the narrowest first
+        self._stores: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def place_of(self, key: str) -> str:
+        """The place holding `key` (relative to the root; a listing's prefix ends with '/')."""
+        full = f"{self.root}/{key}" if self.root else key
+        return next((p for p in self.places if (full.startswith(p) if p.endswith("/") else full == p)),
+                    self.places[-1])
+
+    def for_key(self, key: str) -> Any:
+        place = self.place_of(key)
+        with self._lock:
+            store = self._stores.get(place)
+            if store is None:
+                store = self._stores[place] = AzureStore(
+                    self.container, prefix=self.root or None, account_name=self.account, use_emulator=False,
+                    credential_provider=NodeCredentials("az", place), **_http(self.endpoint),
+                    **({"endpoint": self.endpoint} if self.endpoint else {}))
+            return store

@@ -23,6 +23,9 @@ its own way of minting it:
   credentials exchanged at Google's STS with a Credential Access Boundary
   (objectAdmin on the attempt's prefix, objectViewer on the job's and on the
   code object, by `resource.name.startsWith` conditions).
+* **Azure**: SAS tokens, one per place: a directory SAS on the attempt's
+  directory (write) and on the job's (read, list), a blob SAS on each code
+  object, signed with the storage account's key (`azure_sas`).
 
 A cloud root without a way to mint is refused at launch (`LaunchError`,
 saying what to set): a node without credentials could not write a single
@@ -50,6 +53,7 @@ from spotbroker.agent import protocol
 from spotbroker.broker.jobs import uploads
 from spotbroker.broker.jobs.spec import JobSpec, WorkdirUpload
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
+from spotbroker.broker.launch import azure_sas
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.settings import Settings
@@ -84,8 +88,10 @@ class Scope:
 @dataclass(frozen=True)
 class NodeCredentials:
     """Minted credentials. `credentials` is obstore's shape for the provider
-    (S3: access_key_id, secret_access_key, token; GCS: token); `bucket` and
-    `options` (endpoint, region) say the store they are for and where it is.
+    (S3: access_key_id, secret_access_key, token; GCS: token; Azure: a SAS
+    token per place, by its path: a directory's ends with '/'); `bucket` and
+    `options` (endpoint, region; Azure: account) say the store they are for
+    and where it is.
     The document carries them all: the launch's variable, the agent's file
     and the agent channel's answer. Secret: out of the repr."""
 
@@ -155,8 +161,11 @@ def mint(settings: Settings, wanted: Scope, name: str) -> NodeCredentials:
         return _mint_s3(settings, wanted, name)
     if wanted.scheme == "gs":
         return _mint_gcs(settings, wanted)
+    if wanted.scheme == "az":
+        return azure_sas.mint(settings, wanted)
     raise NoCredentials(f"the checkpoint root {settings.checkpoint_uri} is a {wanted.scheme}:// store, for which "
-                        "the broker cannot mint a node's scoped credentials yet: use an s3://, gs:// or file:// root")
+                        "the broker cannot mint a node's scoped credentials: use an s3://, gs://, az:// or file:// "
+                        "root")
 
 
 def live_attempt(session: Session, attempt_id: int) -> Attempt:

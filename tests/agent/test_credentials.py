@@ -121,11 +121,10 @@ def test_the_held_credentials_are_for_the_checkpoint_bucket_only(tmp_path, monke
     """Any other bucket (a dataset the user reads with their own keys) is the standard environment's."""
     monkeypatch.delenv(protocol.ENV_STORAGE_CREDENTIALS_FILE, raising=False)
     monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS, launch_env()[protocol.ENV_STORAGE_CREDENTIALS])
-    node = credentials.node_store("s3", "ckpt")  # before the agent runs: the launch's variable
-    assert node["options"] == {"region": "us-east-1"}
-    assert node["credential_provider"]()["access_key_id"] == "ASIALAUNCH"
+    assert credentials.node_store("s3", "ckpt").options == {"region": "us-east-1"}  # before the agent: the variable
+    assert credentials.NodeCredentials("s3")()["access_key_id"] == "ASIALAUNCH"
     assert credentials.node_store("s3", "datasets") is None and credentials.node_store("gs", "ckpt") is None
     path = tmp_path / protocol.CREDENTIALS_FILE
     credentials.write(path, document("ASIAFRESH", "s", 3600, "t"))
     monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS_FILE, str(path))  # the agent's file wins
-    assert credentials.node_store("s3", "ckpt")["credential_provider"]()["access_key_id"] == "ASIAFRESH"
+    assert credentials.NodeCredentials("s3")()["access_key_id"] == "ASIAFRESH"
