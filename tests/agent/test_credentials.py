@@ -99,7 +99,7 @@ def test_the_library_reads_the_file_again_when_its_credentials_near_their_end(aw
     assert [o.key for o in far.list()] == ["a", "c", "d", "e"]
 
 
-def test_a_document_that_is_not_one_is_refused(tmp_path):
+def test_a_document_that_is_not_one_is_refused(tmp_path, monkeypatch):
     with pytest.raises(credentials.CredentialsError):
         credentials.parse({"provider": "s3", "credentials": {}})
     with pytest.raises(credentials.CredentialsError, match="not JSON"):
@@ -109,12 +109,11 @@ def test_a_document_that_is_not_one_is_refused(tmp_path):
             {k: v for k, v in document("K", "S", 60).items() if k != "bucket"})})
     path = tmp_path / "c.json"
     credentials.write(path, document("K", "S", 60))
-    os.environ[protocol.ENV_STORAGE_CREDENTIALS_FILE] = str(path)
-    try:
-        with pytest.raises(credentials.CredentialsError, match="not gs"):
-            credentials.NodeCredentials("gs")()
-    finally:
-        del os.environ[protocol.ENV_STORAGE_CREDENTIALS_FILE]
+    monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS_FILE, str(path))
+    with pytest.raises(credentials.CredentialsError, match="not gs"):
+        credentials.NodeCredentials("gs")()
+    with pytest.raises(credentials.CredentialsError, match="no token for"):
+        credentials.NodeCredentials("s3", "root/t/1/")()
 
 
 def test_the_held_credentials_are_for_the_checkpoint_bucket_only(tmp_path, monkeypatch):
