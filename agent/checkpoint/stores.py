@@ -29,7 +29,12 @@ def _s3_options(place: dict[str, str] | None = None) -> dict[str, Any]:
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
     else:
-        endpoint, region = place.get("endpoint"), place.get("region")
+        region = place.get("region") or "us-east-1"
+        # Always an endpoint: obstore would otherwise take one from the environment, where a
+        # user's AWS_ENDPOINT_URL points at their own data store (R2, MinIO), not the checkpoints'.
+        # S3's own is what obstore uses by default (path-style).
+        suffix = ".cn" if region.startswith("cn-") else ""
+        endpoint = place.get("endpoint") or f"https://s3.{region}.amazonaws.com{suffix}"
     options: dict[str, Any] = {}
     if endpoint:
         options["endpoint"] = endpoint

@@ -127,3 +127,13 @@ def test_the_held_credentials_are_for_the_checkpoint_bucket_only(tmp_path, monke
     credentials.write(path, document("ASIAFRESH", "s", 3600, "t"))
     monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS_FILE, str(path))  # the agent's file wins
     assert credentials.NodeCredentials("s3")()["access_key_id"] == "ASIAFRESH"
+
+
+def test_the_checkpoint_bucket_is_where_the_broker_said_whatever_the_users_endpoint(monkeypatch):
+    """A user's AWS_ENDPOINT_URL (their dataset in R2 or MinIO) is for their buckets, not the checkpoints'."""
+    monkeypatch.delenv(protocol.ENV_STORAGE_CREDENTIALS_FILE, raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://data.r2.example")
+    given = {**document("ASIAX", "s", 3600, "t"), "options": {"region": "eu-west-1"}}  # real S3: no endpoint given
+    monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS, json.dumps(given))
+    assert Storage("s3://ckpt/root")._store.config["endpoint"] == "https://s3.eu-west-1.amazonaws.com"
+    assert Storage("s3://datasets/train")._store.config["endpoint"] == "https://data.r2.example"
