@@ -68,10 +68,10 @@ def open_store(scheme: str, bucket: str, path: str) -> Any:
     if scheme == "s3":
         return S3Store(bucket, prefix=path or None, **_s3_options(node.options),
                        credential_provider=NodeCredentials("s3"))
-    if scheme == "gs":
-        endpoint = node.options.get("endpoint")
-        return GCSStore(bucket, prefix=path or None, credential_provider=NodeCredentials("gs"),
-                        **({"base_url": endpoint} if endpoint else {}), **_http(endpoint))
+    if scheme == "gs":  # always a base URL, as for S3: never the user's GOOGLE_BASE_URL
+        endpoint = node.options.get("endpoint") or "https://storage.googleapis.com"
+        return GCSStore(bucket, prefix=path or None, credential_provider=NodeCredentials("gs"), base_url=endpoint,
+                        **_http(endpoint))
     return Places(bucket, path, node)
 
 
@@ -92,7 +92,8 @@ class Places:
         self.container = container
         self.root = root.strip("/")
         self.account = held.options.get("account")
-        self.endpoint = held.options.get("endpoint")
+        # Always an endpoint, as for S3: never the user's AZURE_STORAGE_ENDPOINT.
+        self.endpoint = held.options.get("endpoint") or f"https://{self.account}.blob.core.windows.net"
         self.places = sorted(held.credentials, key=len, reverse=True)  # the narrowest first
         self._stores: dict[str, Any] = {}
         self._lock = threading.Lock()
@@ -110,6 +111,5 @@ class Places:
             if store is None:
                 store = self._stores[place] = AzureStore(
                     self.container, prefix=self.root or None, account_name=self.account, use_emulator=False,
-                    credential_provider=NodeCredentials("az", place), **_http(self.endpoint),
-                    **({"endpoint": self.endpoint} if self.endpoint else {}))
+                    credential_provider=NodeCredentials("az", place), endpoint=self.endpoint, **_http(self.endpoint))
             return store

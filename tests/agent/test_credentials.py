@@ -137,3 +137,6 @@ def test_the_checkpoint_bucket_is_where_the_broker_said_whatever_the_users_endpo
     monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS, json.dumps(given))
     assert Storage("s3://ckpt/root")._store.config["endpoint"] == "https://s3.eu-west-1.amazonaws.com"
     assert Storage("s3://datasets/train")._store.config["endpoint"] == "https://data.r2.example"
+    monkeypatch.setenv("GOOGLE_BASE_URL", "https://gcs.data.example")  # the same for GCS
+    monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS, json.dumps({**given, "provider": "gs", "options": {}}))
+    assert Storage("gs://ckpt/root")._store.config["base_url"] == "https://storage.googleapis.com"
