@@ -1,23 +1,29 @@
 """The attempt's storage credentials on the node, kept fresh for the trainer.
 
-The broker launches a node with credentials scoped to its job (the
-provider's standard variables, `AWS_ACCESS_KEY_ID`... for S3, and
-`SPOTBROKER_STORAGE_PROVIDER` / `SPOTBROKER_STORAGE_EXPIRES_AT`). They end
-(an STS session lasts an hour by default) while training goes on for days.
-The trainer's checkpoint library runs in another process, without the
+The broker launches a node with credentials scoped to its job: a document
+(`protocol.ENV_STORAGE_CREDENTIALS`, JSON: the provider, when they end, the
+checkpoint bucket, where it is, and obstore's credential fields). They are
+spotbroker's own: the provider's standard variables (`AWS_ACCESS_KEY_ID`,
+`GOOGLE_APPLICATION_CREDENTIALS`...) stay the user's, so a trainer that reads
+its dataset with its own keys or the node's instance identity keeps doing so.
+They end (an STS session lasts an hour by default) while training goes on for
+days. The trainer's checkpoint library runs in another process, without the
 agent's token, so the agent:
 
-1. writes them to `storage-credentials.json` in the trainer's control
+1. writes the document to `storage-credentials.json` in the trainer's control
    directory (mode 0600: the trainer's own user) before the trainer starts,
-   and names the file in the trainer's `SPOTBROKER_STORAGE_CREDENTIALS_FILE`;
+   names the file in the trainer's `SPOTBROKER_STORAGE_CREDENTIALS_FILE` and
+   leaves the launch's variable out of the trainer's environment;
 2. asks the broker for fresh ones (`POST /v1/agent/credentials` with its
    token) `REFRESH_LEAD` seconds before they end, and replaces the file
    atomically; on failure it tries again every `RETRY_SECONDS` until they
    have ended.
 
-The library's storage (`agent/checkpoint/storage.py`) reads the file through
-obstore's credential provider whenever obstore's cached credentials come
-within five minutes of their end, so it always finds fresh ones there.
+The library's storage (`agent/checkpoint/storage.py`) uses them for the
+document's bucket only (`node_store`), through obstore's credential provider,
+which reads the file again whenever obstore's cached credentials come within
+five minutes of their end, so it always finds fresh ones there. Before the
+agent runs (a SkyPilot node's code fetch) it reads the launch's variable.
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -39,27 +46,36 @@ log = logging.getLogger("spotbroker.agent")
 # time obstore reads it again. (STS sessions last at least 15 minutes.)
 REFRESH_LEAD = 600.0
 RETRY_SECONDS = 15.0
-# Each provider's standard variables -> obstore's credential fields.
-ENV_FIELDS = {"s3": {"AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key",
-                     "AWS_SESSION_TOKEN": "token"},
-              "gs": {"GOOGLE_BEARER_TOKEN": "token"}}
 
 
 class CredentialsError(ValueError):
     """What the broker or the environment gave is not a credentials document."""
 
 
-def parse(document: Mapping[str, Any]) -> tuple[str, datetime, dict[str, str]]:
-    """(provider, expires_at, credentials) of a credentials document."""
+@dataclass(frozen=True)
+class Document:
+    """A credentials document, parsed (`credentials` is secret: out of the repr)."""
+
+    provider: str                # s3 | gs | az
+    expires_at: datetime
+    bucket: str                  # the checkpoint root's bucket (Azure: container): the only one they are for
+    options: dict[str, str]      # where it is: endpoint, region, account (none: the provider's default)
+    credentials: dict[str, str] = field(repr=False)
+
+
+def parse(document: Mapping[str, Any]) -> Document:
+    """A credentials document, checked."""
     try:
         provider = str(document["provider"])
         expires = datetime.fromisoformat(str(document["expires_at"]))
+        bucket = str(document["bucket"])
+        options = {str(k): str(v) for k, v in dict(document.get("options") or {}).items()}
         credentials = {str(k): str(v) for k, v in dict(document["credentials"]).items()}
     except (KeyError, TypeError, ValueError) as exc:
         raise CredentialsError(f"not a credentials document ({type(exc).__name__}: {exc})") from None
     if expires.tzinfo is None:
         expires = expires.replace(tzinfo=UTC)
-    return provider, expires, credentials
+    return Document(provider, expires, bucket, options, credentials)
 
 
 def write(path: Path, document: Mapping[str, Any]) -> None:
@@ -72,42 +88,65 @@ def write(path: Path, document: Mapping[str, Any]) -> None:
 
 
 def from_env(env: Mapping[str, str]) -> dict[str, Any] | None:
-    """The launch's credentials as a document, or None when the launch gave none."""
-    provider = env.get(protocol.ENV_STORAGE_PROVIDER)
-    if not provider:
+    """The launch's credentials document, or None when the launch gave none."""
+    raw = env.get(protocol.ENV_STORAGE_CREDENTIALS)
+    if not raw:
         return None
-    fields = ENV_FIELDS.get(provider)
-    if fields is None:
-        raise CredentialsError(f"credentials for {provider!r}, which this agent does not know")
-    credentials = {field: env[name] for name, field in fields.items() if env.get(name)}
-    document = {"provider": provider, "expires_at": env.get(protocol.ENV_STORAGE_EXPIRES_AT, ""),
-                "credentials": credentials}
+    try:
+        document = json.loads(raw)
+    except ValueError:
+        raise CredentialsError(f"{protocol.ENV_STORAGE_CREDENTIALS} is not JSON") from None
+    if not isinstance(document, dict):
+        raise CredentialsError(f"{protocol.ENV_STORAGE_CREDENTIALS} is not a credentials document")
     parse(document)
     return document
 
 
-class FileCredentials:
-    """obstore's credential provider over the credentials file: the file is
-    read on every call (obstore calls again only when the credentials it
-    holds come within five minutes of their end)."""
+def held() -> dict[str, Any] | None:
+    """The attempt's credentials document in this process: the agent's file
+    (kept fresh), else the launch's variable (before the agent runs); None
+    off a node, or on a node whose root needs none (file://)."""
+    path = os.environ.get(protocol.ENV_STORAGE_CREDENTIALS_FILE)
+    if path:
+        with open(path) as f:
+            return json.load(f)
+    return from_env(os.environ)
 
-    def __init__(self, path: str, provider: str) -> None:
-        self.path = path
+
+class NodeCredentials:
+    """obstore's credential provider over the held document: read again on
+    every call (obstore calls again only when the credentials it holds come
+    within five minutes of their end). Azure's: the SAS token of one place."""
+
+    def __init__(self, provider: str, place: str | None = None) -> None:
         self.provider = provider
+        self.place = place
 
     def __call__(self) -> dict[str, Any]:
-        with open(self.path) as f:
-            provider, expires_at, credentials = parse(json.load(f))
-        if provider != self.provider:
-            raise CredentialsError(f"{self.path} holds {provider} credentials, not {self.provider}")
-        return {**credentials, "expires_at": expires_at}
+        document = held()
+        if document is None:
+            raise CredentialsError("the attempt's storage credentials are gone from this process")
+        held_now = parse(document)
+        if held_now.provider != self.provider:
+            raise CredentialsError(f"the held credentials are for {held_now.provider}, not {self.provider}")
+        if self.place is None:
+            return {**held_now.credentials, "expires_at": held_now.expires_at}
+        if self.place not in held_now.credentials:
+            raise CredentialsError(f"the held credentials have no token for {self.place}")
+        return {"sas_token": held_now.credentials[self.place], "expires_at": held_now.expires_at}
 
 
-def credential_provider(provider: str) -> dict[str, Any]:
-    """The storage's `credential_provider` option on a node whose agent keeps
-    a credentials file (empty elsewhere: obstore's own environment then)."""
-    path = os.environ.get(protocol.ENV_STORAGE_CREDENTIALS_FILE)
-    return {"credential_provider": FileCredentials(path, provider)} if path else {}
+def node_store(scheme: str, bucket: str) -> Document | None:
+    """The held document when `bucket` is the attempt's own checkpoint bucket
+    (on a node launched with its scoped credentials): where the bucket is and
+    what the credentials are for; the store reads the credentials themselves
+    through `NodeCredentials`. None for any other bucket (the user's own
+    data, read with the user's own credentials) and off a node."""
+    document = held()
+    if document is None:
+        return None
+    given = parse(document)
+    return given if (given.provider, given.bucket) == (scheme, bucket) else None
 
 
 class CredentialsKeeper:
@@ -120,7 +159,7 @@ class CredentialsKeeper:
         self.lead = lead
         self.retry = retry
         self.clock = clock or (lambda: datetime.now(UTC))
-        self.expires_at = parse(document)[1]
+        self.expires_at = parse(document).expires_at
         write(path, document)
 
     @classmethod
@@ -136,6 +175,7 @@ class CredentialsKeeper:
             return None
         keeper = cls(control_dir / protocol.CREDENTIALS_FILE, document, **kwargs)
         env[protocol.ENV_STORAGE_CREDENTIALS_FILE] = str(keeper.path)
+        del env[protocol.ENV_STORAGE_CREDENTIALS]  # the file is the trainer's one source: kept fresh
         return keeper
 
     def due_in(self) -> float:
@@ -145,7 +185,7 @@ class CredentialsKeeper:
     def refresh(self, fetch: Callable[[], Mapping[str, Any]]) -> None:
         """Ask for fresh credentials and put them in the file; raises on failure."""
         document = fetch()
-        expires = parse(document)[1]
+        expires = parse(document).expires_at
         write(self.path, document)
         self.expires_at = expires
         log.info("storage credentials renewed until %s", expires.isoformat(timespec="seconds"))

@@ -32,14 +32,19 @@ ENV_RESUME_FROM = "RESUME_FROM"              # a committed checkpoint's URI, or 
 ENV_CONTROL_DIR = "SPOTBROKER_CONTROL_DIR"   # trainer <-> agent files, private to the attempt; always absolute
 
 # --- The attempt's own storage credentials, scoped to its job (the broker mints
-# them: broker/launch/storage_credentials.py). The launch gives them in the
-# provider's standard variables (AWS_ACCESS_KEY_ID, ...) with these two; the
-# agent keeps CREDENTIALS_FILE in the control directory fresh from
-# CREDENTIALS_PATH and names it to the trainer in ENV_STORAGE_CREDENTIALS_FILE.
-ENV_STORAGE_PROVIDER = "SPOTBROKER_STORAGE_PROVIDER"      # s3: what the launch's credentials are for
-ENV_STORAGE_EXPIRES_AT = "SPOTBROKER_STORAGE_EXPIRES_AT"  # iso8601: when the launch's credentials end
+# them: broker/launch/storage_credentials.py). They are spotbroker's alone: never
+# in the provider's standard variables (AWS_ACCESS_KEY_ID, GOOGLE_*...), which
+# stay the user's own (their secrets, the node's instance identity). The launch
+# gives the credentials document in ENV_STORAGE_CREDENTIALS (secret); the agent
+# writes it to CREDENTIALS_FILE in the control directory, keeps it fresh from
+# CREDENTIALS_PATH, names it to the trainer in ENV_STORAGE_CREDENTIALS_FILE and
+# takes ENV_STORAGE_CREDENTIALS out of the trainer's environment. The
+# checkpoint library uses them for the document's bucket only.
+ENV_STORAGE_CREDENTIALS = "SPOTBROKER_STORAGE_CREDENTIALS"  # the launch's document, as JSON
 ENV_STORAGE_CREDENTIALS_FILE = "SPOTBROKER_STORAGE_CREDENTIALS_FILE"
-# {"provider": "s3", "expires_at": iso8601, "credentials": {"access_key_id", "secret_access_key", "token"}}
+# {"provider": "s3" | "gs", "expires_at": iso8601, "bucket": the checkpoint root's bucket,
+#  "options": {"endpoint": url, "region": ...} (where the bucket is, when not the provider's default),
+#  "credentials": obstore's fields (S3: access_key_id, secret_access_key, token; GCS: token)}
 CREDENTIALS_FILE = "storage-credentials.json"
 
 # Everything the broker sets for each attempt (the above, the place, the
@@ -49,7 +54,7 @@ PER_ATTEMPT_ENV = frozenset({
     ENV_BROKER_URL, ENV_AGENT_TOKEN, ENV_JOB_ID, ENV_ATTEMPT_ID, ENV_CLOUD, ENV_METADATA_URL, ENV_CHECKPOINT_URI,
     ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
     "SPOTBROKER_INSTANCE_TYPE", "SPOTBROKER_CODE_URI", "SPOTBROKER_CODE_SHA256",
-    ENV_STORAGE_PROVIDER, ENV_STORAGE_EXPIRES_AT, ENV_STORAGE_CREDENTIALS_FILE})
+    ENV_STORAGE_CREDENTIALS, ENV_STORAGE_CREDENTIALS_FILE})
 
 # --- Trainer <-> agent, through files in the control directory.
 # Each process of the library announces itself at start in its own

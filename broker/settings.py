@@ -51,8 +51,8 @@ class Settings(BaseSettings):
     # with a price per GPU-hour (broker/placement/kubernetes.py); unset: none.
     kubernetes_places: Path | None = None
     # Nodes' own storage credentials, scoped to their job (broker/launch/storage_credentials.py):
-    # the role STS AssumeRole mints them from for an s3:// root, and how long a session lasts
-    # (STS: 900 s to the role's maximum; the node's agent renews it before it ends).
+    # the role STS AssumeRole mints them from for an s3:// root, and how long a session (or an
+    # az:// root's SAS tokens) lasts (STS: 900 s to the role's maximum; the agent renews before the end).
     node_role_arn: str | None = None
     node_credentials_seconds: int = Field(3600, ge=900, le=43200)
     # Where a gs:// root's downscoped tokens are exchanged (Google's STS; another for a stand-in).

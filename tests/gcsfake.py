@@ -8,8 +8,8 @@ credentials go through, real HTTP in their real shapes:
   request: the grant type, the subject token (the broker's own), the token
   types, and an ``accessBoundary`` whose rules all name a bucket resource;
   the token it issues carries that boundary;
-* the Cloud Storage XML API as obstore speaks it (``PUT``/``GET``/``HEAD``/
-  ``DELETE /{bucket}/{object}``, ``GET /{bucket}?list-type=2&prefix=``),
+* the Cloud Storage XML API as obstore speaks it (``PUT``/``GET`` (ranged
+  too)/``HEAD``/``DELETE /{bucket}/{object}``, ``GET /{bucket}?list-type=2&prefix=``),
   enforcing the boundary of the token presented: a request is allowed when a
   rule whose role covers it (objectViewer: read and list; objectAdmin: also
   write and delete) has a condition that holds. Conditions are judged for
@@ -63,6 +63,7 @@ class GoogleFake:
     objects: dict[tuple[str, str], bytes] = field(default_factory=dict)
     boundaries: dict[str, dict] = field(default_factory=dict)  # issued token -> its access boundary
     exchanges: list[dict] = field(default_factory=list)         # every STS request's form, as received
+    requests: list[tuple[str, str, str]] = field(default_factory=list)  # storage: (method, object or listing, token)
 
     def allowed(self, token: str, write: bool, bucket: str, name: str | None, list_prefix: str | None) -> bool:
         if token == SOURCE_TOKEN:
@@ -89,8 +90,11 @@ class GoogleFake:
             def log_message(self, *args):
                 pass
 
-            def _answer(self, status: int, body: bytes = b"", ctype: str = "application/json") -> None:
+            def _answer(self, status: int, body: bytes = b"", ctype: str = "application/json",
+                        headers: dict[str, str] | None = None) -> None:
                 self.send_response(status)
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
                 self.send_header("content-type", ctype)
                 self.send_header("content-length", str(len(body)))
                 self.send_header("etag", '"e"')
@@ -135,6 +139,7 @@ class GoogleFake:
                 bucket, _, name = url.path.lstrip("/").partition("/")
                 token = self.headers.get("authorization", "").removeprefix("Bearer ")
                 query = parse_qs(url.query)
+                fake.requests.append((self.command, unquote(name) or f"?prefix={query.get('prefix', [''])[0]}", token))
                 if not name and self.command == "GET":  # a listing
                     prefix = query.get("prefix", [""])[0]
                     if not fake.allowed(token, False, bucket, None, prefix):
@@ -159,6 +164,12 @@ class GoogleFake:
                 data = fake.objects.get((bucket, name))
                 if data is None:
                     return self._answer(404, b"<Error><Code>NoSuchKey</Code></Error>", "application/xml")
+                wanted = re.fullmatch(r"bytes=(\d+)-(\d*)", self.headers.get("range") or "")
+                if wanted and self.command == "GET":  # a ranged read, as a resume makes
+                    start = int(wanted.group(1))
+                    end = min(int(wanted.group(2) or len(data) - 1), len(data) - 1)
+                    return self._answer(206, data[start:end + 1], "application/octet-stream",
+                                        {"content-range": f"bytes {start}-{end}/{len(data)}"})
                 return self._answer(200, data, "application/octet-stream")
 
             def do_GET(self):

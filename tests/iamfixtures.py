@@ -88,6 +88,25 @@ def make_world(endpoint: str, role_policy: Callable[[str], dict] | None = None, 
     return IamWorld(endpoint, bucket, role_arn, key["AccessKeyId"], key["SecretAccessKey"])
 
 
+def make_user(endpoint: str) -> tuple[str, str, str]:
+    """A user of the cloud with a bucket of their own: (bucket, key, secret),
+    an IAM user allowed s3:* on that bucket and nothing else (a trainer's
+    own dataset, read with the user's own keys). Made with IAM not enforced."""
+    n = f"{os.getpid()}-{next(_worlds)}"
+    bucket, user = f"user-data-{n}", f"user-{n}"
+    from moto.core.authorization import disable_iam_authentication
+
+    with disable_iam_authentication():
+        _admin(endpoint, "s3").create_bucket(Bucket=bucket)
+        iam = _admin(endpoint, "iam")
+        iam.create_user(UserName=user)
+        key = iam.create_access_key(UserName=user)["AccessKey"]
+        iam.put_user_policy(UserName=user, PolicyName="own-data", PolicyDocument=json.dumps({
+            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": [
+                f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"]}]}))
+    return bucket, key["AccessKeyId"], key["SecretAccessKey"]
+
+
 @pytest.fixture
 def iam_enforced() -> Iterator[None]:
     """IAM enforced on moto's servers of this process for the test."""

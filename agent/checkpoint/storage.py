@@ -19,13 +19,16 @@ to sign it anyway): TLS protects it, and checkpoints carry their own sha256.
 
 On a node the broker launched with credentials scoped to its job, the agent
 keeps them fresh in a file (``SPOTBROKER_STORAGE_CREDENTIALS_FILE``, see
-:mod:`spotbroker.agent.credentials`): S3 then takes its credentials from that
-file, through obstore's credential provider, read again whenever obstore's
-cached ones come near their end.
+:mod:`spotbroker.agent.credentials`): the checkpoint root's bucket, and that
+bucket only, is then reached with them (through obstore's credential
+provider, read again whenever obstore's cached ones come near their end) at
+the endpoint and region the broker named. Every other bucket (a dataset the
+trainer reads with its own keys or the node's identity) is reached as off a
+node, from the standard environment.
 
 ``gs://bucket/path`` and ``az://container/path`` take their credentials (and
 Azure its account, ``AZURE_STORAGE_ACCOUNT_NAME``) from the environment as
-obstore documents them.
+obstore documents them; ``GOOGLE_BASE_URL`` is GCS's endpoint setting.
 
 ``file://`` writes are atomic and durable: the bytes go to a temporary file
 beside the target (``name#<digits>``, a name obstore's listing skips),
@@ -50,10 +53,9 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 import obstore
-from obstore.store import LocalStore, S3Store, from_url
 
 from spotbroker.agent.checkpoint import localfile
-from spotbroker.agent.credentials import credential_provider
+from spotbroker.agent.checkpoint.stores import Places, open_store
 
 # bytes, bytearray, memoryview, or any 1-D contiguous uint8 buffer.
 BytesLike = bytes | bytearray | memoryview
@@ -103,45 +105,6 @@ def _scheme_and_path(uri: str) -> tuple[str, str, str]:
     return scheme, parsed.netloc, unquote(parsed.path).strip("/")
 
 
-def _s3_options_from_env() -> dict[str, Any]:
-    """Endpoint and region from the standard AWS environment.
-
-    obstore reads the credentials itself; the endpoint needs two extra
-    settings that it does not derive: path-style requests and plain HTTP.
-    """
-    options: dict[str, Any] = {}
-    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
-    if endpoint:
-        options["endpoint"] = endpoint
-        options["virtual_hosted_style_request"] = False
-        if endpoint.startswith("http://"):
-            options["client_options"] = {"allow_http": True}
-        elif "AWS_UNSIGNED_PAYLOAD" not in os.environ:
-            options["unsigned_payload"] = True
-    elif "AWS_UNSIGNED_PAYLOAD" not in os.environ:
-        # Over HTTPS, TLS already protects the body (boto3 skips signing it
-        # there too): hashing every byte for the signature would only cost CPU.
-        options["unsigned_payload"] = True
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if region:
-        options["region"] = region
-    return options
-
-
-def _open_store(scheme: str, bucket: str, path: str) -> Any:
-    if scheme == "file":
-        # automatic_cleanup removes directories left empty by a delete.
-        return LocalStore(path, automatic_cleanup=True)
-    if scheme == "s3":
-        return S3Store(bucket, prefix=path or None, **_s3_options_from_env(), **credential_provider("s3"))
-    # gs:// and az:// take their credentials and accounts from the standard
-    # environment (GOOGLE_*, AZURE_STORAGE_*), as obstore documents them.
-    options: dict[str, Any] = credential_provider(scheme)
-    if os.environ.get("GOOGLE_BASE_URL", "").startswith("http://") and scheme == "gs":
-        options["client_options"] = {"allow_http": True}  # a local stand-in
-    return from_url(f"{scheme}://{bucket}/{path}".rstrip("/"), **options)
-
-
 def _not_found(exc: BaseException) -> bool:
     return isinstance(exc, (FileNotFoundError, obstore.exceptions.NotFoundError))
 
@@ -162,7 +125,7 @@ class Storage:
         self.part_size = part_size
         self._local_root = Path(self._path) if self.scheme == "file" else None
         # A local root may not exist yet (obstore refuses that): open on first use.
-        self._opened: Any = None if self._local_root is not None else _open_store(
+        self._opened: Any = None if self._local_root is not None else open_store(
             self.scheme, self._bucket, self._path)
 
     def __repr__(self) -> str:
@@ -174,8 +137,14 @@ class Storage:
             assert self._local_root is not None
             if not self._local_root.is_dir():
                 raise FileNotFoundError(f"no such directory: {self._local_root}")
-            self._opened = _open_store(self.scheme, self._bucket, self._path)
+            self._opened = open_store(self.scheme, self._bucket, self._path)
         return self._opened
+
+    def _at(self, key: str) -> Any:
+        """The store that serves `key`: the root's, or on an Azure node the one
+        whose SAS covers `key` (a listing's prefix ends with '/')."""
+        store = self._store
+        return store.for_key(key) if isinstance(store, Places) else store
 
     @property
     def is_local(self) -> bool:
@@ -229,7 +198,7 @@ class Storage:
                 digest.update(segment)
         view = segments[0] if len(segments) == 1 else memoryview(b"".join(segments))
         multipart = view.nbytes > self.multipart_threshold
-        obstore.put(self._store, key, view, use_multipart=multipart,
+        obstore.put(self._at(key), key, view, use_multipart=multipart,
                     chunk_size=self.part_size, max_concurrency=self.max_concurrency)
 
     def put_file(self, key: str, path: str | os.PathLike[str]) -> None:
@@ -242,7 +211,7 @@ class Storage:
             self._local_put(key, copy)
             return
         multipart = source.stat().st_size > self.multipart_threshold
-        obstore.put(self._store, key, source, use_multipart=multipart,
+        obstore.put(self._at(key), key, source, use_multipart=multipart,
                     chunk_size=self.part_size, max_concurrency=self.max_concurrency)
 
     def _local_put(self, key: str, write: Any, direct: bool = False) -> None:
@@ -273,12 +242,12 @@ class Storage:
     def get(self, key: str, start: int | None = None, end: int | None = None) -> bytes:
         """The bytes of ``key``, or of ``[start, end)`` of it (end exclusive)."""
         if start is None and end is None:
-            return bytes(obstore.get(self._store, key).bytes())
+            return bytes(obstore.get(self._at(key), key).bytes())
         begin = start or 0
         stop = end if end is not None else self.size(key)
         if stop <= begin:
             return b""
-        return bytes(obstore.get_range(self._store, key, start=begin, end=stop))
+        return bytes(obstore.get_range(self._at(key), key, start=begin, end=stop))
 
     def get_into(self, key: str, out: memoryview | bytearray, start: int = 0) -> int:
         """Read ``len(out)`` bytes of ``key`` from ``start`` into ``out``; large reads in parallel."""
@@ -298,7 +267,7 @@ class Storage:
             return length
         starts = list(range(start, start + length, READ_PIECE))
         ends = [min(s + READ_PIECE, start + length) for s in starts]
-        for s, piece in zip(starts, obstore.get_ranges(self._store, key, starts=starts, ends=ends)):
+        for s, piece in zip(starts, obstore.get_ranges(self._at(key), key, starts=starts, ends=ends)):
             chunk = memoryview(piece)
             if chunk.nbytes != min(READ_PIECE, start + length - s):
                 raise EOFError(f"{self.url(key)}: short read at offset {s}")
@@ -318,7 +287,7 @@ class Storage:
                         shutil.copyfileobj(src, f, localfile.WRITE_CHUNK)
                     written = f.tell()
                 else:
-                    for chunk in obstore.get(self._store, key).stream(min_chunk_size=PART_SIZE):
+                    for chunk in obstore.get(self._at(key), key).stream(min_chunk_size=PART_SIZE):
                         f.write(chunk)
                         written += len(chunk)
                 f.flush()
@@ -334,7 +303,7 @@ class Storage:
     def head(self, key: str) -> ObjectInfo | None:
         """Size and time of ``key``, or None when there is no such object."""
         try:
-            meta = obstore.head(self._store, key)
+            meta = obstore.head(self._at(key), key)
         except Exception as exc:
             if _not_found(exc):
                 return None
@@ -354,8 +323,9 @@ class Storage:
         """Every object whose key starts with the path segments of ``prefix`` (recursive)."""
         if self._local_root is not None and not self._local_root.is_dir():
             return
+        prefix = prefix.strip("/")
         try:
-            for batch in obstore.list(self._store, prefix.strip("/") or None, chunk_size=1000):
+            for batch in obstore.list(self._at(f"{prefix}/" if prefix else ""), prefix or None, chunk_size=1000):
                 for meta in batch:
                     yield ObjectInfo(key=meta["path"], size=int(meta["size"]),
                                      last_modified=meta["last_modified"])
@@ -381,16 +351,21 @@ class Storage:
             # One by one, in order: callers rely on it (manifest before parts).
             for key in keys:
                 try:
-                    obstore.delete(self._store, key)
+                    obstore.delete(self._at(key), key)
                 except Exception as exc:
                     if not _not_found(exc):
                         raise
             return
-        try:
-            obstore.delete(self._store, keys)
-        except Exception as exc:
-            if not _not_found(exc):
-                raise
+        by_store: dict[int, tuple[Any, list[str]]] = {}
+        for key in keys:  # one bulk delete per store (an Azure node's: per SAS place)
+            store = self._at(key)
+            by_store.setdefault(id(store), (store, []))[1].append(key)
+        for store, some in by_store.values():
+            try:
+                obstore.delete(store, some)
+            except Exception as exc:
+                if not _not_found(exc):
+                    raise
 
     def delete_prefix(self, prefix: str) -> int:
         """Remove every object under ``prefix``; returns how many."""

@@ -70,10 +70,14 @@ class AgentAnswer(BaseModel):
 
 
 class CredentialsAnswer(BaseModel):
-    provider: str = Field(description="s3")
+    provider: str = Field(description="s3, gs or az")
     expires_at: datetime
+    bucket: str = Field(description="the checkpoint root's bucket (Azure: container): the only one they are for")
+    options: dict[str, str] = Field(description="where the bucket is, when not the provider's default: "
+                                                "endpoint, region (Azure: account, endpoint)")
     credentials: dict[str, str] = Field(description="obstore's fields for the provider (S3: access_key_id, "
-                                                    "secret_access_key, token)")
+                                                    "secret_access_key, token; GCS: token; Azure: a SAS token per "
+                                                    "place, by its path, a directory's ending with '/')")
 
 
 class LogAnswer(BaseModel):

@@ -23,6 +23,9 @@ its own way of minting it:
   credentials exchanged at Google's STS with a Credential Access Boundary
   (objectAdmin on the attempt's prefix, objectViewer on the job's and on the
   code object, by `resource.name.startsWith` conditions).
+* **Azure**: SAS tokens, one per place: a directory SAS on the attempt's
+  directory (write) and on the job's (read, list), a blob SAS on each code
+  object, signed with the storage account's key (`azure_sas`).
 
 A cloud root without a way to mint is refused at launch (`LaunchError`,
 saying what to set): a node without credentials could not write a single
@@ -50,6 +53,7 @@ from spotbroker.agent import protocol
 from spotbroker.broker.jobs import uploads
 from spotbroker.broker.jobs.spec import JobSpec, WorkdirUpload
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
+from spotbroker.broker.launch import azure_sas
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.settings import Settings
@@ -84,20 +88,31 @@ class Scope:
 @dataclass(frozen=True)
 class NodeCredentials:
     """Minted credentials. `credentials` is obstore's shape for the provider
-    (S3: access_key_id, secret_access_key, token), what the credentials file
-    and the agent channel carry; `env` is what the node's environment gets at
-    launch (the standard names, so that the code fetch and the user's own
-    tools work before the agent runs). Both are secret: out of the repr."""
+    (S3: access_key_id, secret_access_key, token; GCS: token; Azure: a SAS
+    token per place, by its path: a directory's ends with '/'); `bucket` and
+    `options` (endpoint, region; Azure: account) say the store they are for
+    and where it is.
+    The document carries them all: the launch's variable, the agent's file
+    and the agent channel's answer. Secret: out of the repr."""
 
     provider: str
     expires_at: datetime
+    bucket: str
+    options: dict[str, str]
     credentials: dict[str, str] = field(repr=False)
-    env: dict[str, str] = field(repr=False)
 
     def document(self) -> dict:
         """The credentials file's (and the agent channel's) JSON."""
-        return {"provider": self.provider, "expires_at": self.expires_at.isoformat(),
-                "credentials": dict(self.credentials)}
+        return {"provider": self.provider, "expires_at": self.expires_at.isoformat(), "bucket": self.bucket,
+                "options": dict(self.options), "credentials": dict(self.credentials)}
+
+    @property
+    def env(self) -> dict[str, str]:
+        """What the node's environment gets at launch: the document under
+        spotbroker's own name only. The provider's standard variables
+        (AWS_ACCESS_KEY_ID, AWS_REGION, GOOGLE_*...) stay the user's: their
+        own secrets or the node's identity reach their own data."""
+        return {protocol.ENV_STORAGE_CREDENTIALS: json.dumps(self.document(), separators=(",", ":"))}
 
 
 def scope(root: str, team: str, job_id: int, attempt_id: int, code_uris: tuple[str, ...] = ()) -> Scope:
@@ -146,8 +161,11 @@ def mint(settings: Settings, wanted: Scope, name: str) -> NodeCredentials:
         return _mint_s3(settings, wanted, name)
     if wanted.scheme == "gs":
         return _mint_gcs(settings, wanted)
+    if wanted.scheme == "az":
+        return azure_sas.mint(settings, wanted)
     raise NoCredentials(f"the checkpoint root {settings.checkpoint_uri} is a {wanted.scheme}:// store, for which "
-                        "the broker cannot mint a node's scoped credentials yet: use an s3://, gs:// or file:// root")
+                        "the broker cannot mint a node's scoped credentials: use an s3://, gs://, az:// or file:// "
+                        "root")
 
 
 def live_attempt(session: Session, attempt_id: int) -> Attempt:
@@ -212,11 +230,7 @@ def _mint_s3(settings: Settings, scope: Scope, name: str) -> NodeCredentials:
     expires = expires.astimezone(UTC) if expires.tzinfo else expires.replace(tzinfo=UTC)
     credentials = {"access_key_id": given["AccessKeyId"], "secret_access_key": given["SecretAccessKey"],
                    "token": given["SessionToken"]}
-    env = {"AWS_ACCESS_KEY_ID": credentials["access_key_id"],
-           "AWS_SECRET_ACCESS_KEY": credentials["secret_access_key"],
-           "AWS_SESSION_TOKEN": credentials["token"], **_s3_place()}
-    env.update(_marker("s3", expires))
-    return NodeCredentials("s3", expires, credentials, env)
+    return NodeCredentials("s3", expires, scope.bucket, _s3_place(), credentials)
 
 
 _STS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
@@ -242,14 +256,12 @@ def _sts_client(boto3):
 
 def _s3_place() -> dict[str, str]:
     """Where the node finds the bucket: the endpoint and region the broker's
-    own storage uses (a MinIO or a local stand-in has to be the same one)."""
-    out = {}
+    own storage uses (a MinIO or a local stand-in has to be the same one).
+    Always a region: else the node's client would take the user's own."""
+    out = {"region": os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"}
     endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if endpoint:
-        out["AWS_ENDPOINT_URL_S3"] = endpoint
-    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-    if region:
-        out["AWS_REGION"] = region
+        out["endpoint"] = endpoint
     return out
 
 
@@ -315,13 +327,6 @@ def _mint_gcs(settings: Settings, scope: Scope) -> NodeCredentials:
         expires = now + timedelta(seconds=float(answer["expires_in"]))
     else:
         expires = source.expiry.replace(tzinfo=UTC) if source.expiry else now + timedelta(hours=1)
-    token = answer["access_token"]
-    env = {"GOOGLE_BEARER_TOKEN": token, **_marker("gs", expires)}
-    if os.environ.get("GOOGLE_BASE_URL"):  # a private endpoint or a stand-in: the node's must be the same
-        env["GOOGLE_BASE_URL"] = os.environ["GOOGLE_BASE_URL"]
-    return NodeCredentials("gs", expires, {"token": token}, env)
-
-
-def _marker(provider: str, expires: datetime) -> dict[str, str]:
-    """Tells the node's agent what it holds and until when (not secret)."""
-    return {protocol.ENV_STORAGE_PROVIDER: provider, protocol.ENV_STORAGE_EXPIRES_AT: expires.isoformat()}
+    # A private endpoint or a stand-in (obstore's GOOGLE_BASE_URL setting): the node's must be the same.
+    place = {"endpoint": os.environ["GOOGLE_BASE_URL"]} if os.environ.get("GOOGLE_BASE_URL") else {}
+    return NodeCredentials("gs", expires, scope.bucket, place, {"token": answer["access_token"]})

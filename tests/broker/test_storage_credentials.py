@@ -166,9 +166,11 @@ def test_a_session_names_the_attempt_and_lasts_what_the_setting_says(aws_iam, tm
     assert session.session_name == name == "sb-vision-j41-a702"
     lasts = (minted.expires_at - datetime.now(UTC)).total_seconds()
     assert 890 < lasts <= 900 and session.role_arn == aws_iam.role_arn
-    assert minted.env[protocol.ENV_STORAGE_PROVIDER] == "s3"
-    assert minted.env["AWS_SESSION_TOKEN"] == minted.credentials["token"]
-    assert minted.env["AWS_ENDPOINT_URL_S3"] == aws_iam.endpoint  # the node talks to the broker's S3
+    # The launch's one variable: spotbroker's own name, never the standard ones (those stay the user's).
+    assert list(minted.env) == [protocol.ENV_STORAGE_CREDENTIALS]
+    assert json.loads(minted.env[protocol.ENV_STORAGE_CREDENTIALS]) == minted.document()
+    assert minted.document()["bucket"] == aws_iam.bucket
+    assert minted.options == {"endpoint": aws_iam.endpoint, "region": "us-east-1"}  # the node talks to the broker's S3
     assert "AKIA" not in repr(minted) and minted.credentials["secret_access_key"] not in repr(minted)
 
 

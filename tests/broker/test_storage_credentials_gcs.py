@@ -69,7 +69,8 @@ def test_a_downscoped_token_reaches_the_job_and_nothing_else(google, tmp_path, m
                                                           ["inRole:roles/storage.objectViewer"],
                                                           ["inRole:roles/storage.objectViewer"]]
     assert minted.provider == "gs" and minted.credentials["token"] != SOURCE_TOKEN
-    assert minted.env["GOOGLE_BEARER_TOKEN"] == minted.credentials["token"]
+    assert list(minted.env) == [protocol.ENV_STORAGE_CREDENTIALS]  # never GOOGLE_*: those stay the user's
+    assert minted.bucket == BUCKET and minted.options == {"endpoint": google.url}
     assert SOURCE_TOKEN not in json.dumps(minted.document()) and SOURCE_TOKEN not in json.dumps(minted.env)
 
     # The node: the agent's file, none of the broker's credentials.
@@ -98,9 +99,11 @@ def test_a_downscoped_token_reaches_the_job_and_nothing_else(google, tmp_path, m
 
 
 def test_before_the_agent_runs_the_launch_variables_alone_fetch_the_code(google, tmp_path, monkeypatch):
-    """What a SkyPilot node's code fetch has: the launch's environment, no credentials file yet."""
+    """What a SkyPilot node's code fetch has: the launch's environment, no credentials file yet
+    (and obstore's endpoint setting nowhere but in the document)."""
     minted = mint(google, tmp_path)
     monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+    monkeypatch.delenv("GOOGLE_BASE_URL")
     for name, value in minted.env.items():
         monkeypatch.setenv(name, value)
     assert Storage(f"gs://{BUCKET}/root/{TEAM}/uploads").get(f"{'a' * 64}.tar.gz") == b"{}"

@@ -8,7 +8,10 @@ A training run flushes to S3 with its scoped credentials, is preempted, and
 resumes on the next attempt from the first attempt's checkpoint; its agent
 renews the credentials over its channel; another team's job, holding its own
 scoped credentials, is refused when it writes into the first job's prefix
-or reads its checkpoint."""
+or reads its checkpoint. A job whose `secrets` carry its own AWS keys (an IAM
+user of its own, allowed only its own bucket) reads its dataset with them,
+while its checkpoints go through the
+scoped credentials, which no standard variable of the trainer holds."""
 from __future__ import annotations
 
 import shlex
@@ -16,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_for, wait_state
-from iamfixtures import aws_iam, session_policies_enforced  # noqa: F401  (fixtures, found by name)
+from iamfixtures import aws_iam, make_user, session_policies_enforced  # noqa: F401  (fixtures, found by name)
 from s3fixtures import moto_endpoint  # noqa: F401
 
 from spotbroker.broker.recovery.agent_channel import agent_token
@@ -102,7 +105,52 @@ def test_a_job_flushes_and_resumes_with_only_its_scoped_credentials(api, team_he
     assert done["state"] == "SUCCEEDED", out
     assert "write refused" in out and "read refused" in out, out
     assert aws_iam.broker_secret not in out and aws_iam.broker_key not in out  # never the broker's keys
-    assert "AWS_SESSION_TOKEN=" in out  # its own STS session
+    assert "SPOTBROKER_STORAGE_CREDENTIALS_FILE=" in out  # its own STS session, in the agent's file
+    assert "AWS_SESSION_TOKEN=" not in out and "AWS_ACCESS_KEY_ID=" not in out  # never in the standard variables
+
+
+# The jobs' interpreter has the agent's dependencies only (no boto3): obstore, through the library, reads
+# the standard AWS variables as any SDK's default chain does.
+READ_OWN_DATA = (
+    "import sys; from spotbroker.agent.checkpoint.storage import Storage\n"
+    "print('own data', Storage('s3://' + sys.argv[1]).get('data.csv').decode())\n"
+)
+
+
+def test_a_jobs_own_keys_read_its_own_data_while_checkpoints_use_the_scoped_ones(api, team_headers, settings,
+                                                                                 aws_iam, moto_endpoint):  # noqa: F811
+    """On SkyPilot a trainer reads its dataset with the keys in its `secrets`
+    (or the node's instance profile); under spotbroker it must still, and
+    its checkpoints must go through the attempt's scoped credentials.
+    (Failed before the credentials left the standard variables: the scoped
+    keys shadowed the job's own and its read got a 403.)"""
+    bucket, key, secret = make_user(moto_endpoint)
+    user_s3 = aws_iam.client("s3", key, secret)
+    user_s3.put_object(Bucket=bucket, Key="data.csv", Body=b"x,y\n1,2")
+    with pytest.raises(user_s3.exceptions.ClientError, match="AccessDenied"):  # not the broker's bucket
+        user_s3.list_objects_v2(Bucket=aws_iam.bucket, Prefix="root/")
+    h = team_headers("vision")
+    run = (f"python -c {shlex.quote(READ_OWN_DATA)} {bucket} && env && "
+           f"python {REPO / 'examples' / 'train.py'} --steps 10 --seed 3 --every-steps 5 --log-every 1")
+    job_id = api.post("/v1/jobs", json={
+        "name": "own-data", "run": run, "max_restarts": 0, "resources": {"accelerators": "T4:1"},
+        "envs": {"AWS_ENDPOINT_URL": moto_endpoint, "AWS_REGION": "us-east-1"},
+        "secrets": {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}}, headers=h).json()["id"]
+    job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
+    out = api.get(f"/v1/jobs/{job_id}/logs", headers=h).text
+    assert job["state"] == "SUCCEEDED", (job, out[-3000:])
+    assert "own data x,y\n1,2" in out, out
+    attempt_id = job["attempts"][0]["id"]
+    keys = [o["Key"] for o in aws_iam.client("s3").list_objects_v2(
+        Bucket=aws_iam.bucket, Prefix=f"root/vision/{job_id}/{attempt_id}/")["Contents"]]
+    assert any(k.endswith("/MANIFEST.json") for k in keys), keys  # written with the scoped session
+    environment = dict(line.split("=", 1) for line in out.splitlines()
+                       if "=" in line and line.split("=", 1)[0].isupper())
+    assert environment["AWS_ACCESS_KEY_ID"] == key and environment["AWS_SECRET_ACCESS_KEY"] == secret
+    assert environment["AWS_REGION"] == "us-east-1" and "AWS_SESSION_TOKEN" not in environment
+    scoped = [s.access_key_id for s in sessions_of(attempt_id)]
+    assert scoped and not any(k in out for k in scoped)  # no scoped key anywhere in the trainer's environment
+    assert "SPOTBROKER_STORAGE_CREDENTIALS" not in environment  # the agent's file replaced the launch's variable
 
 
 def test_an_s3_root_without_a_node_role_fails_the_launch_saying_what_to_set(api, team_headers, settings):

@@ -32,7 +32,7 @@ NODE_ROOT = "$HOME/.spotbroker/attempts"
 # The interpreters the agent runs on, newest first (it needs Python >= 3.11).
 PYTHONS = ("python3.13", "python3.12", "python3.11", "python3")
 # Variables of the attempt that are secret: SkyPilot `secrets`, never `envs`.
-SECRET_NAMES = (protocol.ENV_AGENT_TOKEN, "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+SECRET_NAMES = (protocol.ENV_AGENT_TOKEN, protocol.ENV_STORAGE_CREDENTIALS)
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,10 @@ def run_script(user_run: str, with_code: bool) -> str:
 def node_program(request: LaunchRequest, wheelhouse: str, credentials: dict[str, str] | None = None,
                  user_secrets: dict[str, str] | None = None) -> NodeProgram:
     """Everything the node is given for `request`. `credentials`: the node's
-    own storage credentials (scoped to the job's prefix), if any."""
+    own storage credentials (scoped to the job's prefix), if any, under
+    spotbroker's own name: the user's `secrets` (their own AWS_* keys, say)
+    reach their process unchanged, and the node's instance identity stays
+    theirs, since no standard variable shadows it."""
     p = request.placement
     envs = {**request.envs,
             protocol.ENV_CLOUD: p.cloud, "SPOTBROKER_REGION": p.region or "",
