@@ -34,6 +34,7 @@ templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=
                         lstrip_blocks=True)
 templates.filters["money"] = charts.money
 templates.filters["size"] = charts.size
+templates.globals["svg"] = charts.svg
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 Days = Annotated[int, Query(ge=1, le=400, description="how many days back")]
