@@ -115,51 +115,21 @@ class Prices:
     def load(cls, session: Session, attempts: Sequence[tuple[Attempt, datetime | None]], now: datetime) -> Prices:
         """Everything `pending(attempt, accrued_to, now)` needs, for each of `attempts`."""
         started = [(a, accrued_to) for a, accrued_to in attempts if a.started_at is not None]
-        reclaimed = [a.id for a, accrued_to in started
-                     if _span(a, accrued_to, now)[2] and a.end_reason in _RECLAIMED]
-        checkpoints: dict[int, datetime] = {}
-        if reclaimed:
-            checkpoints = {i: at for i, at in session.execute(
-                select(Attempt.id, func.max(Checkpoint.committed_at))
-                .join(Checkpoint, and_(Checkpoint.job_id == Attempt.job_id,
-                                       Checkpoint.committed_at <= Attempt.ended_at))
-                .where(Attempt.id.in_(reclaimed)).group_by(Attempt.id)) if at is not None}
-        book = cls({}, {}, checkpoints)
-        # Per place, the earliest instant whose price in force is wanted and the latest end.
+        reclaimed = [a.id for a, accrued_to in started if _span(a, accrued_to, now)[2] and a.end_reason in _RECLAIMED]
+        prices = cls({}, {}, _newest_checkpoints(session, reclaimed))
+        # Per place, the earliest instant whose price in force is wanted, and the latest end.
         spans: dict[tuple, tuple[datetime, datetime]] = {}
         for a, accrued_to in started:
             if not _priced_by_history(a):
                 continue
             start, end, _ = _span(a, accrued_to, now)
-            lo, hi = min(start, end), max(start, end)
-            lost = book.lost_since(a)
-            if lost is not None:
-                lo = min(lo, lost)
-            key = _place_key(a)
-            known = spans.get(key)
-            spans[key] = (lo, hi) if known is None else (min(known[0], lo), max(known[1], hi))
-        if spans:
-            # Each place's samples from the newest one at or before its earliest instant (the price
-            # in force then) to its latest end: the changes in between are all the rest needs.
-            when = [and_(*_same_place(key), Offer.observed_at >= func.coalesce(
-                        select(func.max(Offer.observed_at)).where(*_same_place(key), Offer.observed_at <= lo)
-                        .scalar_subquery(), literal(lo, Offer.observed_at.type)), Offer.observed_at < hi)
-                    for key, (lo, hi) in spans.items()]
-            for row in session.execute(
-                    select(Offer.cloud, Offer.instance_type, Offer.region, Offer.zone, Offer.zone_id,
-                           Offer.observed_at, Offer.id, Offer.spot_price)
-                    .where(or_(*when)).order_by(Offer.observed_at, Offer.id)):
-                for key in _keys_of(row):
-                    if key in spans:
-                        book.history.setdefault(key, []).append((row.observed_at, row.id, row.spot_price))
-        shapes = {(a.cloud, a.region or "", a.instance_type) for a, _ in started if _priced_by_history(a)}
-        if shapes:
-            for cloud, region, instance_type, where, price in session.execute(
-                    select(PriceOffer.cloud, PriceOffer.region, PriceOffer.instance_type, PriceOffer.place,
-                           PriceOffer.ondemand_price)
-                    .where(tuple_(PriceOffer.cloud, PriceOffer.region, PriceOffer.instance_type).in_(shapes))):
-                book.ondemand.setdefault((cloud, region, instance_type), {})[where] = price
-        return book
+            lo, hi = min(start, end, prices.lost_since(a) or start), max(start, end)
+            known = spans.get(_place_key(a), (lo, hi))
+            spans[_place_key(a)] = min(known[0], lo), max(known[1], hi)
+        prices.history = _history(session, spans)
+        prices.ondemand = _ondemand(session, {(a.cloud, a.region or "", a.instance_type)
+                                              for a, _ in started if _priced_by_history(a)})
+        return prices
 
     # --- the arithmetic ------------------------------------------------------------------
 
@@ -245,6 +215,36 @@ class Prices:
         return drafts, end, closing
 
 
+def _newest_checkpoints(session: Session, attempt_ids: list[int]) -> dict[int, datetime]:
+    """Reclaimed attempt id -> its job's newest checkpoint committed before its end."""
+    if not attempt_ids:
+        return {}
+    return {i: at for i, at in session.execute(
+        select(Attempt.id, func.max(Checkpoint.committed_at))
+        .join(Checkpoint, and_(Checkpoint.job_id == Attempt.job_id, Checkpoint.committed_at <= Attempt.ended_at))
+        .where(Attempt.id.in_(attempt_ids)).group_by(Attempt.id)) if at is not None}
+
+
+def _history(session: Session, spans: dict[tuple, tuple[datetime, datetime]]) -> dict[tuple, list]:
+    """Each place's samples from the newest one at or before its span's
+    start (the price in force then) to its span's end: the changes in
+    between are all the arithmetic needs. One statement for every place."""
+    if not spans:
+        return {}
+    when = [and_(*_same_place(key), Offer.observed_at < hi, Offer.observed_at >= func.coalesce(
+                select(func.max(Offer.observed_at)).where(*_same_place(key), Offer.observed_at <= lo)
+                .scalar_subquery(), literal(lo, Offer.observed_at.type)))
+            for key, (lo, hi) in spans.items()]
+    out: dict[tuple, list] = {}
+    for row in session.execute(select(Offer.cloud, Offer.instance_type, Offer.region, Offer.zone, Offer.zone_id,
+                                      Offer.observed_at, Offer.id, Offer.spot_price)
+                               .where(or_(*when)).order_by(Offer.observed_at, Offer.id)):
+        for key in _keys_of(row):
+            if key in spans:
+                out.setdefault(key, []).append((row.observed_at, row.id, row.spot_price))
+    return out
+
+
 def _keys_of(sample) -> list[tuple]:
     """The place keys a history sample counts for (see _place_key)."""
     base = (sample.cloud, sample.instance_type, sample.region)
@@ -252,6 +252,18 @@ def _keys_of(sample) -> list[tuple]:
         return [(*base, None, None)]
     return [(*base, by, value) for by, value in (("zone_id", sample.zone_id), ("zone", sample.zone))
             if value is not None]
+
+
+def _ondemand(session: Session, shapes: set[tuple[str, str, str]]) -> dict[tuple, dict[str, float | None]]:
+    """(cloud, region, instance type) -> place -> its current on-demand price."""
+    out: dict[tuple, dict[str, float | None]] = {}
+    if shapes:
+        for cloud, region, instance_type, where, price in session.execute(
+                select(PriceOffer.cloud, PriceOffer.region, PriceOffer.instance_type, PriceOffer.place,
+                       PriceOffer.ondemand_price)
+                .where(tuple_(PriceOffer.cloud, PriceOffer.region, PriceOffer.instance_type).in_(shapes))):
+            out.setdefault((cloud, region, instance_type), {})[where] = price
+    return out
 
 
 def edge(at: datetime, step_s: float) -> datetime:
