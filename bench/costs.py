@@ -1,4 +1,4 @@
-"""The money's figures (issue #14), on PostgreSQL:
+"""The money's figures (issue #14), on PostgreSQL (parts 1 and 2 on SQLite too):
 
 1. the costs API's p50/p99 for a 90-day team view, by each grouping, over
    1,000,000 ledger entries (100 teams, 90 days), through HTTP on a real
@@ -18,9 +18,10 @@
    real clock (goal: <= 1 evaluation interval + 1 s).
 
     python bench/costs.py [--entries 1000000] [--teams 100] [--requests 60] [--interval 10] [--trials 3]
+    python bench/costs.py --only-api [--database sqlite]      # parts 1 and 2 (on SQLite: a file)
 
-Seeding uses COPY, so it takes seconds, not minutes. Prices come from the
-bundled catalog only (SPOTBROKER_PRICES_SOURCES=catalog): the figures are the
+Seeding uses COPY on PostgreSQL, so it takes a minute, not ten. Prices come
+from the bundled catalog only (SPOTBROKER_PRICES_SOURCES=catalog): the figures are the
 ledger's, and a benchmark reaches for no network.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import threading
@@ -91,6 +93,8 @@ class CpuMeter:
         self.tick = os.sysconf("SC_CLK_TCK")
 
     def _backends(self) -> float | None:
+        if self.engine.dialect.name != "postgresql":
+            return None                                       # SQLite works in this process
         with self.engine.connect() as c:
             pids = c.scalars(text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
                                   "AND pid <> pg_backend_pid()")).all()
@@ -108,9 +112,10 @@ class CpuMeter:
 
     @staticmethod
     def per_request(before: tuple[float, float | None], after: tuple[float, float | None], n: int) -> str:
-        broker = (after[0] - before[0]) / n * 1000
-        db = "n/a" if before[1] is None or after[1] is None else f"{(after[1] - before[1]) / n * 1000:5.1f} ms"
-        return f"CPU/request {broker:5.1f} ms here + {db} PostgreSQL"
+        here = f"CPU/request {(after[0] - before[0]) / n * 1000:5.1f} ms here"
+        if before[1] is None or after[1] is None:
+            return here
+        return f"{here} + {(after[1] - before[1]) / n * 1000:5.1f} ms PostgreSQL"
 
 
 # --- seeding ---------------------------------------------------------------------------
@@ -157,23 +162,36 @@ def seed_attempts(factory, teams: list[int], now: datetime) -> dict[int, list[tu
 
 def seed_ledger(engine, attempts: dict[int, list[tuple[int, int, tuple]]], entries: int, now: datetime) -> float:
     """`entries` usage rows spread evenly over the teams and the last 90 days,
-    by COPY, in time order with the teams interleaved, as accrual appends
-    them (so a team's rows lie scattered over the table's pages, as they
-    would after 90 days of a live broker)."""
+    in time order with the teams interleaved, as accrual appends them (so a
+    team's rows lie scattered over the table's pages, as they would after 90
+    days of a live broker): by COPY on PostgreSQL, one executemany on SQLite."""
     rng = random.Random(7)
     teams = list(attempts.items())
     span = DAYS * 86400
+
+    def rows():
+        for i in range(entries):
+            team, runs = teams[i % len(teams)]
+            job, attempt, (cloud, region, zone, gpu) = rng.choice(runs)
+            start = now - timedelta(seconds=span * (1 - i / entries) + 60)
+            price = rng.uniform(1.0, 4.0)
+            yield (team, job, attempt, "usage", start, start + timedelta(minutes=1), 1 / 60, price, price / 60,
+                   price * 3 / 60, 0.0, cloud, region, zone, gpu, True, start)
+
     started = time.perf_counter()
     raw = engine.raw_connection()
     try:
-        with raw.cursor() as cur, cur.copy(f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN") as cp:
-            for i in range(entries):
-                team, runs = teams[i % len(teams)]
-                job, attempt, (cloud, region, zone, gpu) = rng.choice(runs)
-                start = now - timedelta(seconds=span * (1 - i / entries) + 60)
-                price = rng.uniform(1.0, 4.0)
-                cp.write_row((team, job, attempt, "usage", start, start + timedelta(minutes=1), 1 / 60, price,
-                              price / 60, price * 3 / 60, 0.0, cloud, region, zone, gpu, True, start))
+        if engine.dialect.name == "sqlite":
+            def stored(v):   # as the UTC column type stores a time on SQLite: naive UTC, microseconds
+                return v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f") if isinstance(v, datetime) else v
+
+            marks = ", ".join("?" * len(LEDGER_COLUMNS))
+            raw.cursor().executemany(f"INSERT INTO ledger_entries ({', '.join(LEDGER_COLUMNS)}) VALUES ({marks})",
+                                     (tuple(stored(v) for v in row) for row in rows()))
+        else:
+            with raw.cursor() as cur, cur.copy(f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN") as cp:
+                for row in rows():
+                    cp.write_row(row)
         raw.commit()
     finally:
         raw.close()
@@ -181,8 +199,11 @@ def seed_ledger(engine, attempts: dict[int, list[tuple[int, int, tuple]]], entri
     # visibility map lets the covering index answer without the heap.
     raw = engine.raw_connection()
     try:
-        raw.driver_connection.autocommit = True
-        raw.driver_connection.execute("VACUUM ANALYZE ledger_entries")
+        if engine.dialect.name == "sqlite":
+            raw.driver_connection.execute("ANALYZE")
+        else:
+            raw.driver_connection.autocommit = True
+            raw.driver_connection.execute("VACUUM ANALYZE ledger_entries")
     finally:
         raw.close()
     return time.perf_counter() - started
@@ -449,10 +470,12 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--growth-hours", type=float, default=2.0)
     p.add_argument("--only-api", action="store_true", help="parts 1 and 2 only")
+    p.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql",
+                   help="for parts 1 and 2 (with sqlite, only those run: 3 and 4 measure PostgreSQL)")
     args = p.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
-    url, drop = temporary_database("postgresql", data_dir)
+    url, drop = temporary_database(args.database, data_dir)
     engine = make_engine(url)
     try:
         migrate.upgrade(engine)
@@ -462,8 +485,8 @@ def main() -> None:
         teams = seed_teams(factory, 0, args.teams, now)
         attempts = seed_attempts(factory, teams, now)
         copy_s = seed_ledger(engine, attempts, args.entries, now)
-        print(f"seeded {args.entries:,} entries for {args.teams} teams over {DAYS} days in "
-              f"{time.perf_counter() - t:.0f} s (COPY {copy_s:.0f} s)")
+        print(f"seeded {args.entries:,} entries for {args.teams} teams over {DAYS} days on {args.database} in "
+              f"{time.perf_counter() - t:.0f} s (the entries {copy_s:.0f} s)")
         print("1. costs API, 90-day team view, through HTTP:")
         served = Served(url, data_dir)
         try:
@@ -473,7 +496,7 @@ def main() -> None:
         print("2. alert evaluation:")
         more = seed_teams(factory, args.teams, args.alert_teams - args.teams, now)
         alert_passes(factory, teams + more, now)
-        if args.only_api:
+        if args.only_api or args.database != "postgresql":
             return
         print("3. ledger growth:")
         table_size(engine, args.entries, fresh(data_dir, lambda f: growth(f, args.growth_hours, 60.0)), args.teams)
@@ -482,7 +505,8 @@ def main() -> None:
     finally:
         engine.dispose()
         drop()
-    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        shutil.rmtree(data_dir, ignore_errors=True)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":
