@@ -1,8 +1,11 @@
 """Reads of the ledger: a job's and its attempts' cost, a team's spend over
-a time range grouped by day, job, cloud, GPU or zone, and spend over a
-window (for budgets and alerts). Each is the written entries plus the tail
-the next accrual will write for attempts still open (`ledger.pending`), so
-every total is exact to now and all of them agree."""
+a time range grouped by day, job, cloud, GPU or zone, a dashboard page's
+sums (`breakdown`), every team's totals, and spend over a window (for
+budgets and alerts). Each is the written entries plus the tail the next
+accrual will write for attempts still open (`ledger.pending`), so every
+total is exact to now and all of them agree. A read adds all its open
+attempts' tails at once (`unwritten`): a fixed number of statements however
+many attempts run."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -103,11 +106,13 @@ def attempt_costs(session: Session, attempts: Iterable[Attempt], now: datetime,
             .where(LedgerCursor.attempt_id.in_(ids)))}
         opens = [(a, cursors[a.id].accrued_to if a.id in cursors else None) for a in attempts
                  if a.id not in cursors or not cursors[a.id].closed]
-        tails = [Unwritten(a, 0, drafts) for (a, _), (drafts, _, _)
-                 in zip(opens, ledger.pending_all(session, opens, now, PENDING_STEP_S), strict=True)]
-    for tail in tails:
-        if tail.attempt.id in out:
-            out[tail.attempt.id] += sum(d.amount for d in tail.drafts)
+        tail_of = {a.id: drafts for (a, _), (drafts, _, _)
+                   in zip(opens, ledger.pending_all(session, opens, now, PENDING_STEP_S), strict=True)}
+    else:
+        tail_of = {t.attempt.id: t.drafts for t in tails}
+    for attempt_id, drafts in tail_of.items():
+        if attempt_id in out:
+            out[attempt_id] += sum(d.amount for d in drafts)
     return out
 
 
