@@ -186,6 +186,7 @@ def seed_ledger(engine, attempts: dict[int, list[tuple[int, int, tuple]]], entri
                 return v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f") if isinstance(v, datetime) else v
 
             marks = ", ".join("?" * len(LEDGER_COLUMNS))
+            raw.driver_connection.execute("BEGIN")      # one transaction (the engine's connections autocommit)
             raw.cursor().executemany(f"INSERT INTO ledger_entries ({', '.join(LEDGER_COLUMNS)}) VALUES ({marks})",
                                      (tuple(stored(v) for v in row) for row in rows()))
         else:
