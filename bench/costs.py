@@ -1,10 +1,13 @@
-"""The money's figures (issue #14), on PostgreSQL:
+"""The money's figures (issue #14), on PostgreSQL (parts 1 and 2 on SQLite too):
 
 1. the costs API's p50/p99 for a 90-day team view, by each grouping, over
    1,000,000 ledger entries (100 teams, 90 days), through HTTP on a real
    server (goal: p99 <= 100 ms); the dashboard's 90-day team page, rendered
-   for a team logged in through the form (its session cookie), and the
-   admin's overview of every team; and a /metrics scrape over the same data;
+   for a team logged in through the form (its session cookie) that has a
+   monthly budget, and the admin's overview of every team; and a /metrics
+   scrape over the same data. Beside each wall time, the CPU one request
+   costs (this process: the server and the client; and PostgreSQL: the
+   bench database's backends), which moves far less with the machine's load;
 2. one alert evaluation for 1,000 budgeted teams (goal: <= 1 s per pass);
 3. ledger rows per running attempt per day, written by the real accrual
    passes as the loop runs them (every interval plus up to one wake-up
@@ -15,9 +18,10 @@
    real clock (goal: <= 1 evaluation interval + 1 s).
 
     python bench/costs.py [--entries 1000000] [--teams 100] [--requests 60] [--interval 10] [--trials 3]
+    python bench/costs.py --only-api [--database sqlite]      # parts 1 and 2 (on SQLite: a file)
 
-Seeding uses COPY, so it takes seconds, not minutes. Prices come from the
-bundled catalog only (SPOTBROKER_PRICES_SOURCES=catalog): the figures are the
+Seeding uses COPY on PostgreSQL, so it takes a minute, not ten. Prices come
+from the bundled catalog only (SPOTBROKER_PRICES_SOURCES=catalog): the figures are the
 ledger's, and a benchmark reaches for no network.
 """
 from __future__ import annotations
@@ -27,6 +31,7 @@ import json
 import logging
 import os
 import random
+import shutil
 import statistics
 import tempfile
 import threading
@@ -76,6 +81,44 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+class CpuMeter:
+    """CPU seconds spent so far by this process and by the PostgreSQL
+    backends connected to the bench database (read from /proc: the server
+    runs on this machine). A backend that exits takes its seconds with it,
+    and so does a parallel worker: the pool keeps the app's backends, and
+    the team views' plans have no parallel workers (the overview's scan of
+    every entry does: its database figure is left out)."""
+
+    def __init__(self, engine) -> None:
+        self.engine = engine
+        self.tick = os.sysconf("SC_CLK_TCK")
+
+    def _backends(self) -> float | None:
+        if self.engine.dialect.name != "postgresql":
+            return None                                       # SQLite works in this process
+        with self.engine.connect() as c:
+            pids = c.scalars(text("SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                                  "AND pid <> pg_backend_pid()")).all()
+        total = 0
+        try:
+            for pid in pids:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += int(fields[11]) + int(fields[12])     # utime, stime
+        except (OSError, IndexError, ValueError):
+            return None
+        return total / self.tick
+
+    def read(self) -> tuple[float, float | None]:
+        return time.process_time(), self._backends()
+
+    @staticmethod
+    def per_request(before: tuple[float, float | None], after: tuple[float, float | None], n: int) -> str:
+        here = f"CPU/request {(after[0] - before[0]) / n * 1000:5.1f} ms here"
+        if before[1] is None or after[1] is None:
+            return here
+        return f"{here} + {(after[1] - before[1]) / n * 1000:5.1f} ms PostgreSQL"
+
+
 # --- seeding ---------------------------------------------------------------------------
 
 
@@ -120,23 +163,37 @@ def seed_attempts(factory, teams: list[int], now: datetime) -> dict[int, list[tu
 
 def seed_ledger(engine, attempts: dict[int, list[tuple[int, int, tuple]]], entries: int, now: datetime) -> float:
     """`entries` usage rows spread evenly over the teams and the last 90 days,
-    by COPY, in time order with the teams interleaved, as accrual appends
-    them (so a team's rows lie scattered over the table's pages, as they
-    would after 90 days of a live broker)."""
+    in time order with the teams interleaved, as accrual appends them (so a
+    team's rows lie scattered over the table's pages, as they would after 90
+    days of a live broker): by COPY on PostgreSQL, one executemany on SQLite."""
     rng = random.Random(7)
     teams = list(attempts.items())
     span = DAYS * 86400
+
+    def rows():
+        for i in range(entries):
+            team, runs = teams[i % len(teams)]
+            job, attempt, (cloud, region, zone, gpu) = rng.choice(runs)
+            start = now - timedelta(seconds=span * (1 - i / entries) + 60)
+            price = rng.uniform(1.0, 4.0)
+            yield (team, job, attempt, "usage", start, start + timedelta(minutes=1), 1 / 60, price, price / 60,
+                   price * 3 / 60, 0.0, cloud, region, zone, gpu, True, start)
+
     started = time.perf_counter()
     raw = engine.raw_connection()
     try:
-        with raw.cursor() as cur, cur.copy(f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN") as cp:
-            for i in range(entries):
-                team, runs = teams[i % len(teams)]
-                job, attempt, (cloud, region, zone, gpu) = rng.choice(runs)
-                start = now - timedelta(seconds=span * (1 - i / entries) + 60)
-                price = rng.uniform(1.0, 4.0)
-                cp.write_row((team, job, attempt, "usage", start, start + timedelta(minutes=1), 1 / 60, price,
-                              price / 60, price * 3 / 60, 0.0, cloud, region, zone, gpu, True, start))
+        if engine.dialect.name == "sqlite":
+            def stored(v):   # as the UTC column type stores a time on SQLite: naive UTC, microseconds
+                return v.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f") if isinstance(v, datetime) else v
+
+            marks = ", ".join("?" * len(LEDGER_COLUMNS))
+            raw.driver_connection.execute("BEGIN")      # one transaction (the engine's connections autocommit)
+            raw.cursor().executemany(f"INSERT INTO ledger_entries ({', '.join(LEDGER_COLUMNS)}) VALUES ({marks})",
+                                     (tuple(stored(v) for v in row) for row in rows()))
+        else:
+            with raw.cursor() as cur, cur.copy(f"COPY ledger_entries ({', '.join(LEDGER_COLUMNS)}) FROM STDIN") as cp:
+                for row in rows():
+                    cp.write_row(row)
         raw.commit()
     finally:
         raw.close()
@@ -144,8 +201,11 @@ def seed_ledger(engine, attempts: dict[int, list[tuple[int, int, tuple]]], entri
     # visibility map lets the covering index answer without the heap.
     raw = engine.raw_connection()
     try:
-        raw.driver_connection.autocommit = True
-        raw.driver_connection.execute("VACUUM ANALYZE ledger_entries")
+        if engine.dialect.name == "sqlite":
+            raw.driver_connection.execute("ANALYZE")
+        else:
+            raw.driver_connection.autocommit = True
+            raw.driver_connection.execute("VACUUM ANALYZE ledger_entries")
     finally:
         raw.close()
     return time.perf_counter() - started
@@ -185,22 +245,23 @@ class Served:
         self.thread.join(timeout=30)
 
 
-def costs_api(served: Served, names: list[str], requests: int, now: datetime) -> None:
+def costs_api(served: Served, names: list[str], requests: int, now: datetime, cpu: CpuMeter) -> None:
     rng = random.Random(11)
     since = (now - timedelta(days=DAYS)).isoformat()
     for group_by in (None, "day", "job", "cloud", "gpu", "zone"):
         params = {"since": since} | ({"group_by": group_by} if group_by else {})
         served.client.get(f"/v1/teams/{names[0]}/costs", params=params).raise_for_status()  # warm
-        times = []
+        times, before = [], cpu.read()
         for _ in range(requests):
             t = time.perf_counter()
             r = served.client.get(f"/v1/teams/{rng.choice(names)}/costs", params=params)
             times.append((time.perf_counter() - t) * 1000)
             r.raise_for_status()
+        used = cpu.per_request(before, cpu.read(), requests)
         print(f"  GET /v1/teams/{{team}}/costs?since=-90d&group_by={group_by or '-':5}  "
-              f"p50 {statistics.median(times):6.1f} ms  p99 {pct(times, 0.99):6.1f} ms  "
+              f"p50 {statistics.median(times):6.1f} ms  p99 {pct(times, 0.99):6.1f} ms  {used}  "
               f"({requests} requests, {len(r.json()['groups'])} groups)")
-    dashboard(served, names, requests, rng)
+    dashboard(served, names, requests, rng, cpu)
     times = []
     for _ in range(10):
         t = time.perf_counter()
@@ -210,11 +271,13 @@ def costs_api(served: Served, names: list[str], requests: int, now: datetime) ->
           f"max {max(times):6.1f} ms  (10 scrapes)")
 
 
-def dashboard(served: Served, names: list[str], requests: int, rng: random.Random) -> None:
+def dashboard(served: Served, names: list[str], requests: int, rng: random.Random, cpu: CpuMeter) -> None:
     """The 90-day team page as a browser gets it: a team's token logs in
-    through the form once, then the page is requested with its cookie."""
+    through the form once, then the page is requested with its cookie. Each
+    of these teams has a monthly budget (its page draws the burn chart)."""
     browsers = {}
     for name in names[:10]:
+        served.client.put(f"/v1/teams/{name}/budget", json={"amount": 5000, "period": "month"}).raise_for_status()
         token = served.client.post(f"/v1/teams/{name}/tokens").json()["token"]
         browser = httpx.Client(base_url=served.client.base_url, timeout=60)
         r = browser.post("/dashboard/login", data={"token": token}, headers={"Origin": str(served.client.base_url)})
@@ -223,25 +286,26 @@ def dashboard(served: Served, names: list[str], requests: int, rng: random.Rando
     try:
         for name, browser in browsers.items():
             browser.get(f"/dashboard/teams/{name}", params={"days": DAYS}).raise_for_status()   # warm
-        times = []
+        times, before = [], cpu.read()
         for _ in range(requests):
             name = rng.choice(list(browsers))
             t = time.perf_counter()
             r = browsers[name].get(f"/dashboard/teams/{name}", params={"days": DAYS})
             times.append((time.perf_counter() - t) * 1000)
-            assert r.status_code == 200 and f"Team {name}" in r.text, r.status_code
+            assert r.status_code == 200 and f"Team {name}" in r.text and "burn-chart" in r.text, r.status_code
+        used = cpu.per_request(before, cpu.read(), requests)
         print(f"  GET /dashboard/teams/{{team}}?days=90, a team's session  p50 {statistics.median(times):6.1f} ms  "
-              f"p99 {pct(times, 0.99):6.1f} ms  ({requests} pages, {len(r.content) // 1024} KiB)")
+              f"p99 {pct(times, 0.99):6.1f} ms  {used}  ({requests} pages, {len(r.content) // 1024} KiB)")
     finally:
         for browser in browsers.values():
             browser.close()
-    times = []
+    times, before = [], time.process_time()
     for _ in range(10):
         t = time.perf_counter()
         served.client.get("/dashboard", params={"days": DAYS}).raise_for_status()
         times.append((time.perf_counter() - t) * 1000)
     print(f"  GET /dashboard?days=90, the admin's overview (every team) p50 {statistics.median(times):6.1f} ms  "
-          f"max {max(times):6.1f} ms  (10 pages)")
+          f"max {max(times):6.1f} ms  CPU/request {(time.process_time() - before) * 100:5.1f} ms here  (10 pages)")
 
 
 # --- 2. alert evaluation -----------------------------------------------------------------
@@ -251,10 +315,11 @@ def alert_passes(factory, teams: list[int], now: datetime, passes: int = 5) -> N
     rng = random.Random(13)
     rules = budgets.Rules().model_dump()
     with transaction(factory) as s:
+        unset = sorted(set(teams) - set(s.scalars(select(Budget.team_id))))   # part 1 set the dashboard's
         s.execute(insert(Budget), [{"team_id": t, "amount": rng.choice([50.0, 500.0, 5000.0, 50000.0]),
                                     "period": rng.choice(["day", "week", "month"]), "hard_cap_action": "hold_new",
                                     "recoveries": "allow", "rules": rules, "targets": [], "created_at": now,
-                                    "updated_at": now} for t in teams])
+                                    "updated_at": now} for t in unset])
     times, opened = [], []
     for _ in range(passes):
         t = time.perf_counter()
@@ -409,10 +474,12 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--growth-hours", type=float, default=2.0)
     p.add_argument("--only-api", action="store_true", help="parts 1 and 2 only")
+    p.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql",
+                   help="for parts 1 and 2 (with sqlite, only those run: 3 and 4 measure PostgreSQL)")
     args = p.parse_args()
     print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
-    url, drop = temporary_database("postgresql", data_dir)
+    url, drop = temporary_database(args.database, data_dir)
     engine = make_engine(url)
     try:
         migrate.upgrade(engine)
@@ -422,18 +489,18 @@ def main() -> None:
         teams = seed_teams(factory, 0, args.teams, now)
         attempts = seed_attempts(factory, teams, now)
         copy_s = seed_ledger(engine, attempts, args.entries, now)
-        print(f"seeded {args.entries:,} entries for {args.teams} teams over {DAYS} days in "
-              f"{time.perf_counter() - t:.0f} s (COPY {copy_s:.0f} s)")
+        print(f"seeded {args.entries:,} entries for {args.teams} teams over {DAYS} days on {args.database} in "
+              f"{time.perf_counter() - t:.0f} s (the entries {copy_s:.0f} s)")
         print("1. costs API, 90-day team view, through HTTP:")
         served = Served(url, data_dir)
         try:
-            costs_api(served, [f"team{i:04d}" for i in range(args.teams)], args.requests, now)
+            costs_api(served, [f"team{i:04d}" for i in range(args.teams)], args.requests, now, CpuMeter(engine))
         finally:
             served.close()
         print("2. alert evaluation:")
         more = seed_teams(factory, args.teams, args.alert_teams - args.teams, now)
         alert_passes(factory, teams + more, now)
-        if args.only_api:
+        if args.only_api or args.database != "postgresql":
             return
         print("3. ledger growth:")
         table_size(engine, args.entries, fresh(data_dir, lambda f: growth(f, args.growth_hours, 60.0)), args.teams)
@@ -442,7 +509,8 @@ def main() -> None:
     finally:
         engine.dispose()
         drop()
-    print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        shutil.rmtree(data_dir, ignore_errors=True)
+        print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=
                         lstrip_blocks=True)
 templates.filters["money"] = charts.money
 templates.filters["size"] = charts.size
+templates.globals["svg"] = charts.svg
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
 Days = Annotated[int, Query(ge=1, le=400, description="how many days back")]
@@ -131,7 +132,8 @@ def team(request: Request, name: str, days: Days = 30) -> Response:
     since = now - timedelta(days=days)
     try:
         with request.app.state.session_factory() as s:
-            data = dashboard.team_page(s, name, since, now, now, with_teams=principal.is_admin)
+            data = dashboard.team_page(s, name, since, now, with_teams=principal.is_admin,
+                                       settings=session.money_settings(request))
     except service.TeamNotFound:
         return page("error.html", 404, title="Not found", detail=f"no team {name!r}", admin=principal.is_admin)
     return page("team.html", p=data, now=now, days=days, admin=principal.is_admin, **_charts(data, now))

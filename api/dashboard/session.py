@@ -39,7 +39,8 @@ def _key(request: Request) -> bytes:
     return key
 
 
-def _settings(request: Request) -> MoneySettings:
+def money_settings(request: Request) -> MoneySettings:
+    """The money settings, read once per app."""
     state = request.app.state
     settings = getattr(state, "dashboard_settings", None)
     if settings is None:
@@ -69,7 +70,7 @@ def _session_id(request: Request) -> str | None:
 def issue(request: Request, response: Response, token: str) -> Principal | None:
     """Log in with a token: open a session, set the cookie and return who it
     is, or None (unknown or revoked token; nothing is set)."""
-    settings, state = _settings(request), request.app.state
+    settings, state = money_settings(request), request.app.state
     lifetime = timedelta(seconds=settings.dashboard_lifetime_seconds)
     with transaction(state.session_factory) as s:
         opened = sessions.open_session(s, token, _admin_token(request), state.clock.now(), lifetime)
@@ -99,6 +100,6 @@ def read(request: Request) -> Principal | None:
     if session_id is None:
         return None
     state = request.app.state
-    idle = timedelta(seconds=_settings(request).dashboard_idle_seconds)
+    idle = timedelta(seconds=money_settings(request).dashboard_idle_seconds)
     with transaction(state.session_factory) as s:
         return sessions.resolve(s, session_id, _admin_token(request), state.clock.now(), idle)

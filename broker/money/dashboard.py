@@ -14,13 +14,14 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import RECLAIMED
 from spotbroker.broker.money import budgets, ledger, service, storage, views
 from spotbroker.broker.money.alerts import WINDOWS
-from spotbroker.broker.money.models import Alert, LedgerEntry
+from spotbroker.broker.money.models import Alert, Budget
+from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.models import Attempt, Job, Team
 
 TOP_JOBS = 8
@@ -102,84 +103,84 @@ def _days(since: datetime, until: datetime) -> list[str]:
     return out
 
 
-def _grid(session: Session, team_id: int, since: datetime, until: datetime,
-          now: datetime) -> tuple[dict, dict]:
-    """Dollars per (day, cloud) and per (day, GPU) with `start_at` in the
-    range, written entries plus the open attempts' tail, keyed as the costs
-    API keys its groups (views' own key functions)."""
-    day_cols = views._key_columns(session, "day")
-    query = (select(*day_cols, LedgerEntry.cloud, LedgerEntry.accelerator, func.sum(LedgerEntry.amount))
-             .where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since, LedgerEntry.start_at < until)
-             .group_by(*day_cols, LedgerEntry.cloud, LedgerEntry.accelerator))
-    by_cloud, by_gpu = defaultdict(lambda: defaultdict(float)), defaultdict(lambda: defaultdict(float))
-
-    def add(day: str, cloud: str, gpu: str, amount: float) -> None:
-        by_cloud[day][cloud] += amount
-        by_gpu[day][gpu] += amount
-
-    for day, cloud, gpu, amount in session.execute(query):
-        add(views._key("day", (day,)), views._key("cloud", (cloud,)), views._key("gpu", (gpu,)), amount or 0.0)
-    for attempt, accrued_to in views.open_attempts(session, team_id):
-        drafts, _, _ = ledger.pending(session, attempt, accrued_to, min(now, until))
-        for d in drafts:
-            if since <= d.start_at < until:
-                add(*(views._draft_key(k, d, attempt) for k in ("day", "cloud", "gpu")), d.amount)
-    return by_cloud, by_gpu
-
-
-def _jobs(session: Session, report: views.Report, now: datetime) -> list[JobLine]:
-    top = sorted(report.groups.items(), key=lambda kv: -kv[1].cost)[:TOP_JOBS]
+def _jobs(session: Session, by_job: dict[str, views.Money], tails: list[views.Unwritten],
+          now: datetime) -> list[JobLine]:
+    """The top jobs by cost in the range, each with all its attempts (their
+    whole cost, as the job's own API answers it)."""
+    top = sorted(by_job.items(), key=lambda kv: (-kv[1].cost, kv[0]))[:TOP_JOBS]
     if not top:
         return []
-    ids = [int(k) for k, _ in top]
-    jobs = {j.id: j for j in session.scalars(select(Job).where(Job.id.in_(ids)))}
-    attempts = list(session.scalars(select(Attempt).where(Attempt.job_id.in_(ids), Attempt.started_at.is_not(None))
-                                    .order_by(Attempt.started_at)))
-    costs = views.attempt_costs(session, attempts, now)
-    spans = defaultdict(list)
+    jobs, spans, attempts = {}, defaultdict(list), []
+    for job_id, name, state, a in session.execute(
+            select(Job.id, Job.name, Job.state, Attempt)
+            .outerjoin(Attempt, and_(Attempt.job_id == Job.id, Attempt.started_at.is_not(None)))
+            .where(Job.id.in_([int(k) for k, _ in top])).order_by(Attempt.started_at)):
+        jobs[job_id] = (name, state)
+        if a is not None:
+            attempts.append(a)
+    costs = views.attempt_costs(session, attempts, now, tails)
     for a in attempts:
         spans[a.job_id].append(AttemptSpan(
             id=a.id, start=a.started_at, end=a.ended_at or now, running=a.ended_at is None,
             reclaimed=a.end_reason in _RECLAIMED, end_reason=a.end_reason, cloud=a.cloud,
             where="/".join(p for p in (a.region, ledger.place(a)) if p) or "local", gpu=a.accelerator or "none",
             spot=a.use_spot, price=a.price_per_hour, nodes=a.num_nodes, cost=costs.get(a.id, 0.0)))
-    return [JobLine(id=int(k), name=jobs[int(k)].name, state=str(jobs[int(k)].state), cost=m.cost,
+    return [JobLine(id=int(k), name=jobs[int(k)][0], state=str(jobs[int(k)][1]), cost=m.cost,
                     attempts=spans[int(k)]) for k, m in top if int(k) in jobs]
 
 
-def _budget(session: Session, team_id: int, now: datetime) -> BudgetView | None:
-    row = budgets.get(session, team_id)
-    if row is None:
-        return None
+def _budget(row: Budget, sums: views.Breakdown, now: datetime) -> BudgetView:
+    """Where the budget's period stands, from the page's sums by day (read
+    from the period's start, marked at the last 6 hours and the last hour)."""
     period = budgets.period_of(row.period, now)
-    daily = views.team_costs(session, team_id, period.start, now, "day", now)
+    first = period.start.date().isoformat()
+    daily, windows = defaultdict(float), {"6h": 0.0, "1h": 0.0}
+    for (day, _, _, (_, in_6h, in_1h)), m in sums.by_day.items():
+        if day >= first:
+            daily[day] += m.cost
+        windows["6h"] += m.cost if in_6h else 0.0
+        windows["1h"] += m.cost if in_1h else 0.0
     cumulative, running = [(period.start, 0.0)], 0.0
     for day in _days(period.start, now):
-        running += daily.groups.get(day, views.Money()).cost
+        running += daily.get(day, 0.0)
         end = min(datetime.fromisoformat(day).replace(tzinfo=period.start.tzinfo) + timedelta(days=1), now)
         cumulative.append((end, running))
-    windows = {k: views.spend(session, team_id, now - WINDOWS[k], now) for k in ("1h", "6h")}
     even = row.amount / period.hours
     rate = windows["6h"] / 6
     return BudgetView(amount=row.amount, period=row.period, start=period.start, end=period.end,
-                      spent=daily.total.cost, cumulative=cumulative, rate_6h=rate,
-                      forecast=daily.total.cost + rate * (period.end - now).total_seconds() / 3600,
+                      spent=running, cumulative=cumulative, rate_6h=rate,
+                      forecast=running + rate * (period.end - now).total_seconds() / 3600,
                       burn={k: v / (WINDOWS[k].total_seconds() / 3600) / even for k, v in windows.items()})
 
 
-def team_page(session: Session, name: str, since: datetime, until: datetime, now: datetime,
-              with_teams: bool = False) -> TeamPage:
-    """Everything a team's page shows (raises service.TeamNotFound). The
-    total and the per-job figures are the costs API's own (views.team_costs)."""
+def team_page(session: Session, name: str, since: datetime, now: datetime, with_teams: bool = False,
+              settings: MoneySettings | None = None) -> TeamPage:
+    """Everything a team's page shows, from `since` to now (raises
+    service.TeamNotFound). Every chart, total and burn window is a sum of
+    one grouped read of the team's entries (views.breakdown) from the
+    earliest instant any of them needs; the costs API groups the same
+    entries with the same keys, so the page shows what it answers."""
     team_id = service.team_id(session, name)
-    report = views.team_costs(session, team_id, since, until, "job", now)
-    by_cloud, by_gpu = _grid(session, team_id, since, until, now)
-    stored = storage.storage_summary(session, team_id)
+    row = budgets.get(session, team_id)
+    marks = (since, now - WINDOWS["6h"], now - WINDOWS["1h"])
+    first = min(since, marks[1], budgets.period_of(row.period, now).start if row else since)
+    sums = views.breakdown(session, team_id, first, now, marks)
+    total, by_job = views.Money(), defaultdict(views.Money)
+    for (job, (in_range, _, _)), m in sums.by_job.items():
+        if in_range:
+            total.add(m.cost, m.on_demand_cost, m.wasted, m.node_hours)
+            by_job[job].add(m.cost, m.on_demand_cost, m.wasted, m.node_hours)
+    by_cloud, by_gpu = defaultdict(lambda: defaultdict(float)), defaultdict(lambda: defaultdict(float))
+    for (day, cloud, gpu, (in_range, _, _)), m in sums.by_day.items():
+        if in_range:
+            by_cloud[day][cloud] += m.cost
+            by_gpu[day][gpu] += m.cost
+    stored = storage.storage_summary(session, team_id, settings)
     alerts = list(session.scalars(select(Alert).where(Alert.team_id == team_id, Alert.open_key.is_not(None))
                                   .order_by(Alert.id.desc())))
-    return TeamPage(team=name, since=since, until=until, total=report.total, days=_days(since, until),
-                    by_cloud=by_cloud, by_gpu=by_gpu, jobs=_jobs(session, report, now),
-                    budget=_budget(session, team_id, now), checkpoints=stored.checkpoints,
+    return TeamPage(team=name, since=since, until=now, total=total, days=_days(since, now),
+                    by_cloud=by_cloud, by_gpu=by_gpu, jobs=_jobs(session, by_job, sums.tails, now),
+                    budget=_budget(row, sums, now) if row else None, checkpoints=stored.checkpoints,
                     checkpoint_bytes=stored.bytes, storage_monthly_cost=stored.monthly_cost,
                     alerts=alerts, teams=team_names(session) if with_teams else [])
 

@@ -32,7 +32,9 @@ class LedgerEntry(Base):
         # Every team's spend since a time (alerts, /metrics): index-only on PostgreSQL.
         Index("ix_ledger_entries_start_at", "start_at", postgresql_include=["team_id", "amount"]),
         Index("ix_ledger_entries_job_id", "job_id"),
-        Index("ix_ledger_entries_attempt_id", "attempt_id"),
+        # An attempt's cost (a job's, the dashboard's timeline) sums all its
+        # entries, one per heap page: index-only on PostgreSQL (0011).
+        Index("ix_ledger_entries_attempt_id", "attempt_id", postgresql_include=["amount"]),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

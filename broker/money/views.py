@@ -1,8 +1,11 @@
 """Reads of the ledger: a job's and its attempts' cost, a team's spend over
-a time range grouped by day, job, cloud, GPU or zone, and spend over a
-window (for budgets and alerts). Each is the written entries plus the tail
-the next accrual will write for attempts still open (`ledger.pending`), so
-every total is exact to now and all of them agree."""
+a time range grouped by day, job, cloud, GPU or zone, a dashboard page's
+sums (`breakdown`), every team's totals, and spend over a window (for
+budgets and alerts). Each is the written entries plus the tail the next
+accrual will write for attempts still open (`ledger.pending`), so every
+total is exact to now and all of them agree. A read adds all its open
+attempts' tails at once (`unwritten`): a fixed number of statements however
+many attempts run."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -10,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Date, cast, func, or_, select
+from sqlalchemy import Date, cast, func, literal, null, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.money import ledger
@@ -45,16 +48,49 @@ class Report:
     names: dict[str, str] = field(default_factory=dict)   # job groups: id -> name
 
 
-# --- one job ---------------------------------------------------------------------------
-
-
 # The grain of the unwritten cost a reader adds (accrual writes at most a
 # minute apart, so the finest window, 5 minutes, is right to the minute).
 PENDING_STEP_S = 60.0
 
 
-def attempt_costs(session: Session, attempts: Iterable[Attempt], now: datetime) -> dict[int, float]:
-    """attempt id -> dollars to now."""
+def open_attempts(session: Session, team_id: int | None) -> list[tuple[Attempt, datetime | None, int]]:
+    """A team's (or, with None, every team's) attempts whose cost is not all
+    written yet, each with how far it is written and its team."""
+    query = (select(Attempt, LedgerCursor.accrued_to, Job.team_id).join(Job, Job.id == Attempt.job_id)
+             .outerjoin(LedgerCursor, LedgerCursor.attempt_id == Attempt.id)
+             .where(Attempt.started_at.is_not(None),
+                    or_(LedgerCursor.closed.is_(False), LedgerCursor.attempt_id.is_(None))))
+    if team_id is not None:
+        query = query.where(Job.team_id == team_id)
+    return [tuple(r) for r in session.execute(query)]
+
+
+@dataclass(frozen=True)
+class Unwritten:
+    """An open attempt and the entries the next accrual will write for it
+    up to now, cut as accrual cuts them (so each piece falls in the window
+    it was spent in)."""
+
+    attempt: Attempt
+    team_id: int
+    drafts: list[ledger.Draft]
+
+
+def unwritten(session: Session, team_id: int | None, now: datetime) -> list[Unwritten]:
+    """A team's (or every team's) open attempts' unwritten tails, in a fixed
+    number of statements whatever their number (ledger.pending_all)."""
+    opens = open_attempts(session, team_id)
+    tails = ledger.pending_all(session, [(a, accrued_to) for a, accrued_to, _ in opens], now, PENDING_STEP_S)
+    return [Unwritten(a, team, drafts) for (a, _, team), (drafts, _, _) in zip(opens, tails, strict=True)]
+
+
+# --- attempts --------------------------------------------------------------------------
+
+
+def attempt_costs(session: Session, attempts: Iterable[Attempt], now: datetime,
+                  tails: list[Unwritten] | None = None) -> dict[int, float]:
+    """attempt id -> dollars to now. `tails`: the unwritten tails of (at
+    least) the attempts' team, when the caller has read them already."""
     attempts = [a for a in attempts if a.started_at is not None]
     if not attempts:
         return {}
@@ -64,30 +100,41 @@ def attempt_costs(session: Session, attempts: Iterable[Attempt], now: datetime) 
             select(LedgerEntry.attempt_id, func.sum(LedgerEntry.amount))
             .where(LedgerEntry.attempt_id.in_(ids)).group_by(LedgerEntry.attempt_id)):
         out[attempt_id] = amount or 0.0
-    cursors = {r.attempt_id: r for r in session.execute(
-        select(LedgerCursor.attempt_id, LedgerCursor.accrued_to, LedgerCursor.closed)
-        .where(LedgerCursor.attempt_id.in_(ids)))}
-    for a in attempts:
-        cursor = cursors.get(a.id)
-        if cursor is None or not cursor.closed:
-            drafts, _, _ = ledger.pending(session, a, cursor.accrued_to if cursor else None, now)
-            out[a.id] += sum(d.amount for d in drafts)
+    if tails is None:
+        cursors = {r.attempt_id: r for r in session.execute(
+            select(LedgerCursor.attempt_id, LedgerCursor.accrued_to, LedgerCursor.closed)
+            .where(LedgerCursor.attempt_id.in_(ids)))}
+        opens = [(a, cursors[a.id].accrued_to if a.id in cursors else None) for a in attempts
+                 if a.id not in cursors or not cursors[a.id].closed]
+        tail_of = {a.id: drafts for (a, _), (drafts, _, _)
+                   in zip(opens, ledger.pending_all(session, opens, now, PENDING_STEP_S), strict=True)}
+    else:
+        tail_of = {t.attempt.id: t.drafts for t in tails}
+    for attempt_id, drafts in tail_of.items():
+        if attempt_id in out:
+            out[attempt_id] += sum(d.amount for d in drafts)
     return out
 
 
 # --- a team ----------------------------------------------------------------------------
 
 
+def day_column(session: Session):
+    """An entry's UTC day, as the database computes it."""
+    if session.get_bind().dialect.name == "postgresql":
+        return cast(func.timezone("UTC", LedgerEntry.start_at), Date)
+    return func.date(LedgerEntry.start_at)
+
+
 def _key_columns(session: Session, group_by: str) -> list:
     if group_by == "day":
-        if session.get_bind().dialect.name == "postgresql":
-            return [cast(func.timezone("UTC", LedgerEntry.start_at), Date)]
-        return [func.date(LedgerEntry.start_at)]
+        return [day_column(session)]
     return {"job": [LedgerEntry.job_id], "cloud": [LedgerEntry.cloud], "gpu": [LedgerEntry.accelerator],
             "zone": [LedgerEntry.cloud, LedgerEntry.region, LedgerEntry.place]}[group_by]
 
 
-def _key(group_by: str, parts: tuple) -> str:
+def key(group_by: str, parts: tuple) -> str:
+    """A group's key, as the costs API answers it, from its columns' values."""
     if group_by == "day":
         return str(parts[0])[:10]
     if group_by == "gpu":
@@ -97,22 +144,20 @@ def _key(group_by: str, parts: tuple) -> str:
     return str(parts[0])
 
 
-def _draft_key(group_by: str, d: ledger.Draft, a: Attempt) -> str:
+def draft_key(group_by: str, d: ledger.Draft, a: Attempt) -> str:
+    """The key of the group an unwritten entry falls in."""
     parts = {"day": (d.start_at.date().isoformat(),), "job": (a.job_id,), "cloud": (a.cloud,),
              "gpu": (a.accelerator,), "zone": (a.cloud, a.region, ledger.place(a))}[group_by]
-    return _key(group_by, parts)
+    return key(group_by, parts)
 
 
-def open_attempts(session: Session, team_id: int | None) -> list[tuple[Attempt, datetime | None]]:
-    """A team's (or, with None, every team's) attempts whose cost is not all
-    written yet, each with how far it is written."""
-    query = (select(Attempt, LedgerCursor.accrued_to)
-             .outerjoin(LedgerCursor, LedgerCursor.attempt_id == Attempt.id)
-             .where(Attempt.started_at.is_not(None),
-                    or_(LedgerCursor.closed.is_(False), LedgerCursor.attempt_id.is_(None))))
-    if team_id is not None:
-        query = query.join(Job, Job.id == Attempt.job_id).where(Job.team_id == team_id)
-    return [tuple(r) for r in session.execute(query)]
+def _sums() -> list:
+    return [func.sum(LedgerEntry.amount), func.sum(LedgerEntry.ondemand_amount), func.sum(LedgerEntry.wasted),
+            func.sum(LedgerEntry.node_hours)]
+
+
+def _values(d: ledger.Draft) -> tuple[float, float, float, float]:
+    return d.amount, d.ondemand_amount, d.wasted, d.node_hours
 
 
 def team_costs(session: Session, team_id: int, since: datetime, until: datetime, group_by: str | None,
@@ -120,26 +165,21 @@ def team_costs(session: Session, team_id: int, since: datetime, until: datetime,
     """A team's spend with `start_at` in [since, until), optionally grouped."""
     total, groups = Money(), defaultdict(Money)
     keys = _key_columns(session, group_by) if group_by else []
-    sums = [func.sum(LedgerEntry.amount), func.sum(LedgerEntry.ondemand_amount), func.sum(LedgerEntry.wasted),
-            func.sum(LedgerEntry.node_hours)]
-    query = select(*keys, *sums).where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since,
-                                       LedgerEntry.start_at < until)
+    query = select(*keys, *_sums()).where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since,
+                                          LedgerEntry.start_at < until)
     if keys:
         query = query.group_by(*keys)
     for row in session.execute(query):
         values = [v or 0.0 for v in row[len(keys):]]
         total.add(*values)
         if group_by:
-            groups[_key(group_by, tuple(row[:len(keys)]))].add(*values)
-    for attempt, accrued_to in open_attempts(session, team_id):
-        # Cut as accrual will write it, so each piece falls in the window it was spent in.
-        drafts, _, _ = ledger.pending(session, attempt, accrued_to, min(now, until), step_s=PENDING_STEP_S)
-        for d in drafts:
+            groups[key(group_by, tuple(row[:len(keys)]))].add(*values)
+    for tail in unwritten(session, team_id, min(now, until)):
+        for d in tail.drafts:
             if since <= d.start_at < until:
-                total.add(d.amount, d.ondemand_amount, d.wasted, d.node_hours)
+                total.add(*_values(d))
                 if group_by:
-                    groups[_draft_key(group_by, d, attempt)].add(d.amount, d.ondemand_amount, d.wasted,
-                                                                 d.node_hours)
+                    groups[draft_key(group_by, d, tail.attempt)].add(*_values(d))
     report = Report(total, dict(sorted(groups.items())))
     if group_by == "job" and groups:
         report.names = {str(i): n for i, n in session.execute(
@@ -147,24 +187,69 @@ def team_costs(session: Session, team_id: int, since: datetime, until: datetime,
     return report
 
 
+@dataclass
+class Breakdown:
+    """A team's spend summed two ways, each split by whether it starts at or
+    after each of a few instants (`marks`: the page's start, the last 6
+    hours, the last hour): by job, and by day, cloud and GPU."""
+
+    by_job: dict[tuple[str, tuple[bool, ...]], Money]
+    by_day: dict[tuple[str, str, str, tuple[bool, ...]], Money]
+    tails: list[Unwritten]   # the open attempts' unwritten entries it counts
+
+
+def breakdown(session: Session, team_id: int, since: datetime, now: datetime,
+              marks: tuple[datetime, ...]) -> Breakdown:
+    """A team's spend with `start_at` in [since, now), keyed as the costs
+    API keys its groups, in one statement: the team's entries are read once
+    (an index-only scan on PostgreSQL) into cells by day, job, cloud, GPU
+    and marks, which are then summed by job and by day, cloud and GPU. A
+    page draws every chart, total and burn window from these sums. Written
+    entries plus the unwritten tails, which are returned too (an attempt's
+    own cost adds them)."""
+    day = day_column(session)
+    after = [LedgerEntry.start_at >= m for m in marks]
+    keys = [day, LedgerEntry.job_id, LedgerEntry.cloud, LedgerEntry.accelerator, *after]
+    cells = (select(*(k.label(f"k{i}") for i, k in enumerate(keys)),
+                    *(s.label(n) for s, n in zip(_sums(), ("cost", "od", "wasted", "hours"), strict=True)))
+             .where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since, LedgerEntry.start_at < now)
+             .group_by(*keys).cte("cells"))
+    c = cells.c
+    flags = [c[f"k{4 + i}"] for i in range(len(marks))]
+    summed = [func.sum(c.cost), func.sum(c.od), func.sum(c.wasted), func.sum(c.hours)]
+    by_day = select(literal("day"), c.k0, null(), c.k2, c.k3, *flags, *summed).group_by(c.k0, c.k2, c.k3, *flags)
+    by_job = select(literal("job"), null(), c.k1, null(), null(), *flags, *summed).group_by(c.k1, *flags)
+    out = Breakdown(defaultdict(Money), defaultdict(Money), [])
+    for part, when, job, cloud, gpu, *rest in session.execute(union_all(by_day, by_job)):
+        mark = tuple(bool(f) for f in rest[:len(marks)])
+        values = (v or 0.0 for v in rest[len(marks):])
+        if part == "job":
+            out.by_job[str(job), mark].add(*values)
+        else:
+            out.by_day[key("day", (when,)), str(cloud), key("gpu", (gpu,)), mark].add(*values)
+    out.tails = unwritten(session, team_id, now)
+    for tail in out.tails:
+        a = tail.attempt
+        for d in tail.drafts:
+            if since <= d.start_at < now:
+                mark = tuple(d.start_at >= m for m in marks)
+                out.by_job[str(a.job_id), mark].add(*_values(d))
+                out.by_day[draft_key("day", d, a), str(a.cloud), key("gpu", (a.accelerator,)), mark].add(*_values(d))
+    return out
+
+
 def every_team(session: Session, since: datetime, until: datetime, now: datetime) -> dict[int, Money]:
     """Every team's totals with `start_at` in [since, until), as `team_costs`
-    gives each, in one statement (and the open attempts' tail)."""
+    gives each, in one statement (and the open attempts' tails, read at once)."""
     out: dict[int, Money] = defaultdict(Money)
     for team_id, *values in session.execute(
-            select(LedgerEntry.team_id, func.sum(LedgerEntry.amount), func.sum(LedgerEntry.ondemand_amount),
-                   func.sum(LedgerEntry.wasted), func.sum(LedgerEntry.node_hours))
+            select(LedgerEntry.team_id, *_sums())
             .where(LedgerEntry.start_at >= since, LedgerEntry.start_at < until).group_by(LedgerEntry.team_id)):
         out[team_id].add(*(v or 0.0 for v in values))
-    unwritten = (select(Attempt, LedgerCursor.accrued_to, Job.team_id).join(Job, Job.id == Attempt.job_id)
-                 .outerjoin(LedgerCursor, LedgerCursor.attempt_id == Attempt.id)
-                 .where(Attempt.started_at.is_not(None),
-                        or_(LedgerCursor.closed.is_(False), LedgerCursor.attempt_id.is_(None))))
-    for attempt, accrued_to, team_id in session.execute(unwritten):
-        drafts, _, _ = ledger.pending(session, attempt, accrued_to, min(now, until), step_s=PENDING_STEP_S)
-        for d in drafts:
+    for tail in unwritten(session, None, min(now, until)):
+        for d in tail.drafts:
             if since <= d.start_at < until:
-                out[team_id].add(d.amount, d.ondemand_amount, d.wasted, d.node_hours)
+                out[tail.team_id].add(*_values(d))
     return out
 
 
