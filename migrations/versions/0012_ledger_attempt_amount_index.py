@@ -4,16 +4,16 @@ as many heap pages as rows once accrual interleaves every attempt's
 minutes; with the amount in the index the sum is an index-only scan on
 PostgreSQL (0.8 ms instead of ~145 ms cold for 8 attempts of ~500 entries)
 
-Revision ID: 0011_dashboard_perf
-Revises: 0010
+Revision ID: 0012
+Revises: 0011
 Create Date: 2026-11-27
 """
 from __future__ import annotations
 
 from alembic import op
 
-revision = '0011_dashboard_perf'
-down_revision = '0010'
+revision = '0012'
+down_revision = '0011'
 branch_labels = None
 depends_on = None
 
