@@ -109,15 +109,25 @@ def _give_tree(root: Path, owner: tuple[int, int]) -> None:
 
 
 def _adopt(root: Path, owner: tuple[int, int]) -> None:
-    """A job prefix another uid owns (written before each team had its own,
-    or under another range): the job's now, to resume from. Not a file with
-    other links: through one, another's file would change hands."""
-    for top, dirs, files in os.walk(root):
+    """A job prefix that another uid owns (written before each team ran as
+    its own, or under another range): its directories and files become the
+    team's, to resume from. What root wrote (KEEP markers) stays root's, and
+    a file with other links keeps its owner (through one, another's file
+    would change hands). Walked by descriptors, never through a link, as the
+    old owner may still run and swap names."""
+    for _top, dirs, files, dir_fd in os.fwalk(root, follow_symlinks=False):
         for name in (*dirs, *files):
-            path = os.path.join(top, name)
-            info = os.lstat(path)
-            if info.st_uid != owner[0] and (stat.S_ISDIR(info.st_mode) or info.st_nlink == 1):
-                os.chown(path, *owner, follow_symlinks=False)
+            try:  # O_NOFOLLOW: a link is skipped; O_NONBLOCK: a FIFO does not wait
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                info = os.fstat(fd)
+                own = stat.S_ISDIR(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink == 1)
+                if own and info.st_uid not in (0, owner[0]):
+                    os.fchown(fd, *owner)
+            finally:
+                os.close(fd)
 
 
 def provision(spec: NodeSpec) -> Path:

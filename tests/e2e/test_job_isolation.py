@@ -259,3 +259,28 @@ def test_a_link_a_job_leaves_in_its_prefix_does_not_lead_the_next_attempts_provi
     info = target.stat()
     assert (info.st_mode & 0o777, info.st_uid) == (0o755, 0), job
     assert "is a link or not a directory" in job["reason"], job
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root: files change hands only as root")
+def test_a_job_prefix_another_uid_wrote_becomes_the_teams_but_not_what_root_wrote(
+        broker_env, api, team_headers, settings, tmp_path):
+    """Checkpoints written before each team had its own uid (as one shared
+    user): the job's next attempt can resume from them, what the broker
+    wrote (a KEEP marker) stays root's, and a file with another link keeps
+    its owner."""
+    old_uid = 4242
+    a = team_headers("a")
+    step = settings.data_dir / "checkpoints" / "a" / "1" / "7" / "step-000000000001"
+    step.mkdir(parents=True)
+    (step / "data").write_text("OLD-CKPT\n")
+    (step / "KEEP").touch()
+    (tmp_path / "elsewhere").write_text("another's\n")
+    os.link(tmp_path / "elsewhere", step / "linked")
+    for path in (step.parent.parent, step.parent, step, step / "data", step / "linked"):
+        os.chown(path, old_uid, old_uid)
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    job, out = run_job(api, a, 'cat "${SPOTBROKER_CHECKPOINT_JOB_URI#file://}/7/step-000000000001/data"')
+    assert job["id"] == 1 and job["state"] == "SUCCEEDED" and "OLD-CKPT" in out, out
+    team_uid = os.stat(step / "data").st_uid
+    assert team_uid in settings.local_uids and os.stat(step).st_uid == team_uid
+    assert os.stat(step / "KEEP").st_uid == 0 and os.stat(step / "linked").st_uid == old_uid
