@@ -74,8 +74,7 @@ def agent() -> None:
 @click.option("-v", "--verbose", is_flag=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(command: tuple[str, ...], broker_url: str | None, token: str | None, token_fd: int | None,
-        job_id: str | None,
-        attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
+        job_id: str | None, attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
         heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
         log_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, node_rank: int,
         credentials_lead: float, max_log_bytes: int, verbose: bool) -> None:
@@ -85,8 +84,12 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, tok
     # First: the token is about to be in this process's memory, and the trainer runs as the same user.
     become_private()
     if token_fd is not None:
-        with open(token_fd, "rb", closefd=True) as source:
-            token = source.read().decode().strip()
+        try:
+            with open(token_fd, "rb", closefd=True) as source:
+                token = source.read().decode().strip()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read a token from fd {token_fd} ({exc.strerror})",
+                                     param_hint="--token-fd") from None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="spotbroker-agent %(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too much
