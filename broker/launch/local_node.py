@@ -57,7 +57,7 @@ class NodeSpec:
     rank: int
     run_dir: str                       # the attempt's directory: node-N.self, exit-N, error-N, sim*.url
     node_dir: str                      # this node's own: home/, tmp/, workdir/, agent/
-    command: list[str]                 # run in workdir/ as `user`
+    command: list[str]                 # run in workdir/ as `owner`
     env: dict[str, str]                # the job's whole environment
     owner: list[int] | None = None     # [uid, gid] the job runs as; None: the broker's own user
     agent_token: str | None = None     # handed to the agent (the command) through a pipe
