@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) job-user
 
-# As root, local jobs run as an unprivileged user (see README): make it, and let it use the venv.
+# As root, local jobs run as unprivileged uids, one per team (see README): let them use the venv.
 job-user: $(STAMP)
 	@scripts/ensure-job-user $(VENV)
 

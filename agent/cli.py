@@ -14,6 +14,7 @@ import click
 
 from spotbroker.agent.protocol import (
     ENV_AGENT_TOKEN,
+    ENV_AGENT_TOKEN_FD,
     ENV_ATTEMPT_ID,
     ENV_BROKER_URL,
     ENV_CLOUD,
@@ -38,6 +39,9 @@ def agent() -> None:
 @click.option("--broker-url", envvar=ENV_BROKER_URL, show_envvar=True,
               help="Where to report (none: events stay on disk).")
 @click.option("--token", envvar=ENV_AGENT_TOKEN, show_envvar=True, help="This attempt's agent token.")
+@click.option("--token-fd", envvar=ENV_AGENT_TOKEN_FD, show_envvar=True, type=click.IntRange(min=0), default=None,
+              help="Read the token from this file descriptor instead (then closed): it is then in no "
+                   "process's environment.")
 @click.option("--job-id", envvar=ENV_JOB_ID, show_envvar=True)
 @click.option("--attempt-id", envvar=ENV_ATTEMPT_ID, show_envvar=True)
 @click.option("--cloud", envvar=ENV_CLOUD, show_envvar=True, help="aws, gcp, azure or local (default: detect).")
@@ -64,14 +68,28 @@ def agent() -> None:
 @click.option("--credentials-lead", envvar=ENV_CREDENTIALS_LEAD, show_envvar=True, type=float, default=600.0,
               show_default=True, help="Seconds before the attempt's storage credentials end when fresh ones are "
                                       "asked of the broker.")
+@click.option("--max-log-bytes", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The most bytes of the trainer's output kept in its log (and shipped); past them a marker. "
+                   "0: no bound.")
 @click.option("-v", "--verbose", is_flag=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
-def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job_id: str | None,
-        attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
+def run(command: tuple[str, ...], broker_url: str | None, token: str | None, token_fd: int | None,
+        job_id: str | None, attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
         heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
         log_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, node_rank: int,
-        credentials_lead: float, verbose: bool) -> None:
+        credentials_lead: float, max_log_bytes: int, verbose: bool) -> None:
     """Run CMD under the agent: spotbroker agent run -- python train.py ..."""
+    from spotbroker.agent.proctree import become_private
+
+    # First: the token is about to be in this process's memory, and the trainer runs as the same user.
+    become_private()
+    if token_fd is not None:
+        try:
+            with open(token_fd, "rb", closefd=True) as source:
+                token = source.read().decode().strip()
+        except OSError as exc:
+            raise click.BadParameter(f"cannot read a token from fd {token_fd} ({exc.strerror})",
+                                     param_hint="--token-fd") from None
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="spotbroker-agent %(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too much
@@ -86,7 +104,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, job
         work_dir=work_dir, heartbeat_interval=heartbeat_seconds, poll_interval=poll_seconds,
         metadata_timeout=metadata_timeout, notice_window=notice_window, log_interval=log_seconds,
         retry_max=retry_max_seconds, final_flush_timeout=final_flush_seconds, node_rank=node_rank,
-        credentials_lead=credentials_lead,
+        credentials_lead=credentials_lead, max_log_bytes=max_log_bytes,
     )
     sys.exit(supervise(config))
 

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 PR_SET_CHILD_SUBREAPER = 36  # linux/prctl.h
+PR_SET_DUMPABLE = 4
 
 
 def _stat_fields(pid: int) -> list[str] | None:
@@ -125,3 +126,16 @@ def become_subreaper() -> bool:
     import ctypes
 
     return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+
+
+def become_private() -> bool:
+    """Keep this process's memory from the other processes of its user: its
+    /proc files (environ, mem, maps) become root's and ptrace cannot attach
+    (Linux; False elsewhere). The node agent holds the attempt's token and
+    shares its uid with the trainer; the trainer it starts is dumpable again
+    from its exec, so debugging it is unchanged."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) == 0

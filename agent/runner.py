@@ -67,6 +67,7 @@ from spotbroker.agent.protocol import (
     CHECKPOINT_COMMITTED,
     CONTROL_UNAVAILABLE,
     ENV_AGENT_TOKEN,
+    ENV_AGENT_TOKEN_FD,
     ENV_ATTEMPT_ID,
     ENV_CONTROL_DIR,
     ENV_JOB_ID,
@@ -120,6 +121,7 @@ class RunnerConfig:
     kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
     node_rank: int = 0                  # > 0: events carry it; the trainer's log is node 0's to ship
     credentials_lead: float = 600.0     # storage credentials are renewed this long before they end
+    max_log_bytes: int = 0              # of the trainer's output kept in its log (and shipped); 0: no bound
 
 
 class Supervisor(NoticePath):
@@ -185,6 +187,7 @@ class Supervisor(NoticePath):
     def _start_trainer(self) -> None:
         env = dict(os.environ)
         env.pop(ENV_AGENT_TOKEN, None)  # the trainer never needs the agent's credential
+        env.pop(ENV_AGENT_TOKEN_FD, None)
         env.pop(ENV_CONTROL_DIR, None)  # only this agent's own
         if self.control_dir is not None:
             env[ENV_CONTROL_DIR] = str(self.control_dir)
@@ -311,7 +314,7 @@ class Supervisor(NoticePath):
 
     def _pump_output(self) -> None:
         assert self.proc is not None and self.proc.stdout is not None
-        pump_output(self.proc.stdout.fileno(), self.log_path)
+        pump_output(self.proc.stdout.fileno(), self.log_path, self.config.max_log_bytes)
 
     def _tail_events(self) -> None:
         while not self._stopping.is_set():

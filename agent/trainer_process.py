@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from spotbroker.agent.logbound import BoundedWriter
 from spotbroker.agent.protocol import CHECKPOINT_COMMITTED, EVENTS_FILE, NO_FLUSH, RESUMED
 
 log = logging.getLogger("spotbroker.agent")
@@ -101,15 +102,17 @@ def signal_name(signum: int) -> str:
     return True
 
 
-def pump_output(fd: int, log_path: Path) -> None:
-    """Copy the trainer's output to our stdout and to the log file the shipper reads.
+def pump_output(fd: int, log_path: Path, max_log_bytes: int = 0) -> None:
+    """Copy the trainer's output to our stdout and to the log file the shipper
+    reads, that one up to `max_log_bytes` (0: no bound; past it, a marker).
 
     The pipe is drained whatever fails downstream: a trainer blocked on a full
     pipe would stop training.
     """
     sinks: dict[str, Any] = {}
     try:
-        sinks["log"] = open(log_path, "ab")  # noqa: SIM115 - closed below, when the pipe ends
+        log_file = open(log_path, "ab")  # noqa: SIM115 - closed below, when the pipe ends
+        sinks["log"] = BoundedWriter(log_file, max_log_bytes, stored=log_file.tell())
     except OSError as exc:
         log.error("trainer output: cannot open %s (%s): it is not shipped to the broker", log_path, exc)
     sinks["stdout"] = sys.stdout.buffer

@@ -35,9 +35,12 @@ class Settings(BaseSettings):
     local_launcher: bool | None = None
     local_max_running: int = Field(default_factory=lambda: os.cpu_count() or 1)
     local_kill_grace_seconds: float = 10.0
-    # Who local jobs run as: unset, `spotbroker-job` when the broker is root
-    # (else the broker's own user); "" forces the broker's own user.
+    # Who local jobs run as (broker/launch/identity.py): unset, as root, each
+    # team its own uid and gid, `first + team id` from this range "FIRST-LAST"
+    # (no account of the host may hold one); not root, the broker's own user.
+    # A user's name runs every team's jobs as that one user; "" as the broker's.
     local_run_as: str | None = None
+    local_uid_range: str = "1900000000-1900999999"
     # The jobs' interpreter, first on their PATH (default: the broker's own).
     local_job_python: str | None = None
 
@@ -77,6 +80,9 @@ class Settings(BaseSettings):
     # Networks (CIDR) that budget notification targets may reach besides public
     # addresses: private, loopback, link-local (metadata) ones are refused unless listed.
     notify_allowed_networks: list[str] = Field(default_factory=list)
+    # Bytes of a job's output the broker keeps per attempt (node 0's log, and
+    # each node's own): past it, a marker and a `log_truncated` event. 0: no bound.
+    max_log_bytes: int = Field(1 << 30, ge=0)
     max_followers_per_team: int = Field(64, ge=1)  # concurrent `logs?follow=true` a team holds per server process
     # An ended attempt's agent token still works this long (its last events
     # and logs); then the broker answers 410 Gone and the agent stops.
@@ -113,6 +119,21 @@ class Settings(BaseSettings):
     @property
     def checkpoint_uri(self) -> str:
         return self.checkpoint_root or (self.data_dir / "checkpoints").as_uri()
+
+    @property
+    def local_uids(self) -> range:
+        first, last = (int(n) for n in self.local_uid_range.split("-"))
+        return range(first, last + 1)
+
+    @field_validator("local_uid_range")
+    @classmethod
+    def _uid_range(cls, value: str) -> str:
+        first, sep, last = value.strip().partition("-")
+        if not (sep and first.isdigit() and last.isdigit()):
+            raise ValueError("FIRST-LAST, e.g. 1900000000-1900999999")
+        if not 1000 <= int(first) < int(last) <= 2**32 - 2:
+            raise ValueError("1000 <= FIRST < LAST <= 4294967294 (no system account's, nor root's)")
+        return f"{int(first)}-{int(last)}"
 
     @field_validator("notify_allowed_networks")
     @classmethod

@@ -80,9 +80,23 @@ def login_form(request: Request) -> HTMLResponse:
     return page("login.html", error=None)
 
 
+def posted_from_here(request: Request) -> bool:
+    """A login form posted from a page of this server: its Origin says so,
+    else (a browser that sends none) its Referer. A post with neither, or
+    from another site, could log a victim's browser into the poster's team
+    (login CSRF); scripts send the bearer header and never post this form."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        origin = request.headers.get("referer")
+    if origin is None or origin == "null":
+        return False
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc == request.headers.get("host")
+
+
 @router.post("/login")
 async def login(request: Request) -> Response:
-    if not same_origin(request):
+    if not posted_from_here(request):
         return page("login.html", 403, error="this form is posted from the dashboard's own page only")
     form = parse_qs((await request.body()).decode(errors="replace"))
     token = (form.get("token") or [""])[0].strip()

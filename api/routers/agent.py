@@ -81,7 +81,8 @@ class CredentialsAnswer(BaseModel):
 
 
 class LogAnswer(BaseModel):
-    size: int = Field(description="bytes of this attempt's log stored so far")
+    size: int = Field(description="the offset of the trainer's output up to which the broker has it (past "
+                                  "SPOTBROKER_MAX_LOG_BYTES, taken and dropped)")
 
 
 @dataclass(frozen=True)
@@ -157,12 +158,23 @@ async def post_logs(request: Request, attempt: CurrentAttempt,
                     ) -> LogAnswer:
     """Append the trainer's output at `X-Log-Offset`. A chunk that starts past
     the end is refused (the answer says where to resume); one that overlaps
-    what is stored adds only its new bytes."""
+    what is stored adds only its new bytes. The log keeps at most
+    SPOTBROKER_MAX_LOG_BYTES: the chunk that reaches it ends the log with a
+    marker and a `log_truncated` event, and what comes after is dropped."""
     chunk = await request.body()
     if len(chunk) > MAX_LOG_CHUNK:
         raise Problem(413, "Payload too large", f"send at most {MAX_LOG_CHUNK} bytes at a time")
-    path = logs.log_path(request.app.state.settings.data_dir, attempt.job_id, attempt.id)
-    return LogAnswer(size=await run_in_threadpool(logs.append_at, path, offset, chunk))
+    state = request.app.state
+    path = logs.log_path(state.settings.data_dir, attempt.job_id, attempt.id)
+    appended = await run_in_threadpool(logs.append_at, path, offset, chunk, state.settings.max_log_bytes)
+    if appended.cut:
+        def record() -> None:
+            with transaction(state.session_factory) as session:
+                agent_channel.log_truncated(session, attempt.job_id, attempt.id, state.settings.max_log_bytes,
+                                            state.clock)
+
+        await run_in_threadpool(record)
+    return LogAnswer(size=appended.size)
 
 
 _mints_lock = threading.Lock()

@@ -1,14 +1,20 @@
 """Attempt logs on the broker's disk: `{data_dir}/logs/{job_id}/{attempt_id}.log`.
 
-The local launcher writes them directly; on cloud nodes the agent ships the
-trainer's output here over HTTP. Reading is by tail and by following.
+Node 0's agent ships the trainer's output here over HTTP (`append_at`); the
+local launcher's other nodes write theirs directly. Each keeps at most
+SPOTBROKER_MAX_LOG_BYTES, then a marker (agent/logbound.py). Reading is by
+tail and by following.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+
+from spotbroker.agent import logbound
 
 
 def log_path(data_dir: Path, job_id: int, attempt_id: int, rank: int = 0) -> Path:
@@ -61,15 +67,27 @@ def follow(path: Path, offset: int, still_running: Callable[[], bool], poll: flo
         time.sleep(poll)
 
 
-def append_at(path: Path, offset: int, chunk: bytes) -> int:
-    """Store `chunk` as the bytes at `offset` of the log; returns the size.
+@dataclass(frozen=True)
+class Appended:
+    size: int   # the output's offset up to which the log has it (stored, or dropped past the bound)
+    cut: bool   # this chunk reached the bound: the log now ends with the marker
+
+
+def append_at(path: Path, offset: int, chunk: bytes, limit: int = 0) -> Appended:
+    """Store `chunk` as the bytes at `offset` of the log, keeping at most
+    `limit` bytes (0: no bound): past them the marker, once, and nothing more.
 
     Idempotent for re-sent chunks; a chunk past the end is not stored (the
-    caller resends from the returned size)."""
+    caller resends from the returned size), unless the log is cut already:
+    then every chunk is taken and dropped."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # a re-sent chunk racing the first: one writes, one cut
         size = f.seek(0, os.SEEK_END)
-        if offset <= size < offset + len(chunk):
-            f.write(chunk[size - offset:])
-            size = offset + len(chunk)
-    return size
+        if limit and size > limit:  # cut already: what the node sends now is dropped
+            return Appended(offset + len(chunk), cut=False)
+        if not offset <= size < offset + len(chunk):
+            return Appended(size, cut=False)
+        kept, cut = logbound.cut(size, chunk[size - offset:], limit)
+        f.write(kept)
+    return Appended(offset + len(chunk), cut)

@@ -55,6 +55,8 @@ class LaunchRequest:
     # The node's own storage credentials, scoped to the job's prefix, as
     # environment variables (broker/launch/storage_credentials.py): secret.
     storage_env: dict[str, str] = field(default_factory=dict, repr=False)
+    # The team's id in the database: on the local launcher, which uid the team's jobs run as.
+    team_id: int | None = None
 
 
 class RunState(StrEnum):

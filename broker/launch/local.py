@@ -20,12 +20,14 @@ own metadata simulator, as every VM of a real cluster has its own.
 
 A job sees nothing of the broker's: its environment is built from an
 allow-list (`job_env`), never inherited, and when the broker runs as root
-the job runs as an unprivileged user (`run_as`, by default `spotbroker-job`,
-which `make install` creates) that cannot read the broker's database,
-secret key or logs. All jobs on this host share that one user, so they are
-not isolated from each other on this host's disk: this is the development
-launcher. With a cloud checkpoint root (s3://, gs://) each job gets the same
-per-attempt credentials, scoped to its job, as a cloud node does.
+each team's jobs run as a uid of the team's own (`identity.py`), which
+cannot read the broker's database, secret key or logs, nor another team's
+processes, node directories or file:// checkpoint prefixes. The node agent
+gets its token through a pipe, not the environment, and keeps its memory
+from the trainer, which shares its uid. A job's output is kept up to
+SPOTBROKER_MAX_LOG_BYTES per log. With a cloud checkpoint root (s3://,
+gs://) each job gets the same per-attempt credentials, scoped to its job,
+as a cloud node does.
 """
 from __future__ import annotations
 
@@ -48,15 +50,13 @@ from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.logs import log_path
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
+from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers
 from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
 
 SIMULATED_CLOUDS = ("aws", "gcp", "azure")
-DEFAULT_JOB_USER = "spotbroker-job"
-# After the job interpreter's own directory (see `job_env`).
-SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 def job_python_default() -> str:
     """The jobs' interpreter unless told: the one `make install` recorded in
@@ -67,33 +67,29 @@ def job_python_default() -> str:
     return sys.executable
 
 
-def job_user_default() -> str | None:
-    """Who jobs run as unless told: an unprivileged user when the broker is root
-    (file modes protect nothing from root's own processes), else the broker's user."""
-    return DEFAULT_JOB_USER if os.geteuid() == 0 else None
-
-
 class LocalLauncher:
     name = "local"
 
     def __init__(self, data_dir: Path, kill_grace_seconds: float = 10.0, notice_window: float | None = None,
-                 python: str = sys.executable, agent: bool = True, run_as: str | None = None) -> None:
+                 python: str = sys.executable, agent: bool = True, run_as: str | None = None,
+                 users: JobUsers | None = None, max_log_bytes: int = 0) -> None:
         self.data_dir = data_dir
         self.agent = agent  # off only where a run's own agent would get in the way (benchmarks)
         self.kill_grace_seconds = kill_grace_seconds
         self.notice_window = notice_window
         self.python = python  # the jobs' interpreter: first on their PATH, runs their agent
-        self.run_as = run_as or None
+        self.users = users or JobUsers(shared=run_as)  # who each team's jobs run as
+        self.max_log_bytes = max_log_bytes  # per log: node 0's trainer log, each node's output (0: no bound)
         self._ready = False
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._lock = threading.Lock()
 
     @classmethod
     def from_settings(cls, settings) -> LocalLauncher:
-        run_as = settings.local_run_as if settings.local_run_as is not None else job_user_default()
         launcher = cls(settings.data_dir, settings.local_kill_grace_seconds, notice_window=settings.local_notice_window,
-                       python=settings.local_job_python or job_python_default(), run_as=run_as)
-        if launcher.run_as:
+                       python=settings.local_job_python or job_python_default(), users=JobUsers.from_settings(settings),
+                       max_log_bytes=settings.max_log_bytes)
+        if launcher.users.separate:
             secure_data_dir(settings.data_dir)
         return launcher
 
@@ -104,6 +100,7 @@ class LocalLauncher:
 
     def launch(self, request: LaunchRequest) -> Handle:
         self._check_ready()
+        self.users.for_team(request.team_id, request.team)  # a team without a user fails before anything starts
         run_dir = self.run_dir(request.attempt_id)
         run_dir.mkdir(parents=True, exist_ok=True)
         run_dir.chmod(0o711)  # the job's user reaches its node dir, and nothing else here
@@ -142,13 +139,17 @@ class LocalLauncher:
         command = ["bash", "-c", script]
         if with_agent:
             command = [self.python, "-m", "spotbroker.agent.cli", "run", "--work-dir", str(node_dir / "agent"),
-                       "--", *command]
+                       "--max-log-bytes", str(self.max_log_bytes), "--", *command]
         simulated = with_agent and request.placement.cloud in SIMULATED_CLOUDS
+        user = self.users.for_team(request.team_id, request.team)
         spec = NodeSpec(
             rank=rank, run_dir=str(run_dir), node_dir=str(node_dir), command=command,
-            env=self.job_env(request, rank, node_dir, with_agent), user=self.run_as,
+            env=self.job_env(request, rank, node_dir, with_agent),
+            owner=[user.uid, user.gid] if user else None,
+            agent_token=request.extra_env.get(protocol.ENV_AGENT_TOKEN) if with_agent else None,
             code=asdict(request.code) if request.code else None,
             checkpoint_dirs=_local_prefixes(request.extra_env), kill_grace=self.kill_grace_seconds,
+            max_log_bytes=self.max_log_bytes,
             simulator=self._simulator_args(request.placement.cloud) if simulated else None)
         spec_file = run_dir / f"node-{rank}.spec.json"
         fd = os.open(spec_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds the agent's token
@@ -169,11 +170,12 @@ class LocalLauncher:
         PATH whose `python` is the jobs' interpreter (the environment spotbroker
         runs in, which has the checkpoint library), its own HOME and TMPDIR, the
         job's `envs` and `secrets`, the variables SkyPilot sets on a node, and the attempt's own
-        (ids, checkpoint prefixes, the broker's address; the agent's token only
-        where an agent runs, which keeps it from the trainer; storage credentials
-        scoped to the job when the checkpoint root is a cloud's)."""
+        (ids, checkpoint prefixes, the broker's address; storage credentials
+        scoped to the job when the checkpoint root is a cloud's). Never the
+        agent's token: the node hands it to the agent through a pipe."""
         p = request.placement
-        user = self.run_as or pwd.getpwuid(os.getuid()).pw_name
+        job_user = self.users.for_team(request.team_id, request.team)
+        user = job_user.name if job_user else pwd.getpwuid(os.getuid()).pw_name
         env = {
             "PATH": f"{Path(self.python).parent}:{SYSTEM_PATH}", "HOME": str(node_dir / "home"),
             "TMPDIR": str(node_dir / "tmp"), "LANG": "C.UTF-8", "SHELL": "/bin/bash", "USER": user,
@@ -186,9 +188,8 @@ class LocalLauncher:
             **request.extra_env,
             **request.storage_env,  # the node's own credentials, scoped to the job (none for a file:// root)
         }
-        if not with_agent:
-            env.pop(protocol.ENV_AGENT_TOKEN, None)
-        elif p.cloud in SIMULATED_CLOUDS and self.notice_window is not None:
+        env.pop(protocol.ENV_AGENT_TOKEN, None)  # in no process's environment, which its uid could read
+        if with_agent and p.cloud in SIMULATED_CLOUDS and self.notice_window is not None:
             env["SPOTBROKER_NOTICE_WINDOW"] = f"{self.notice_window:g}"  # GCP publishes no deadline
         return env
 
@@ -218,38 +219,11 @@ class LocalLauncher:
         return None  # nothing was started under the earlier claim
 
     def _check_ready(self) -> None:
-        """Once per launcher: can the jobs' user run the jobs' interpreter and
+        """Once per launcher: can the jobs' users run the jobs' interpreter and
         reach the run directories? Else every launch fails saying what to fix."""
-        if self._ready:
-            return
-        if self.run_as:
-            self._check_user()
-        self._ready = True
-
-    def _check_user(self) -> None:
-        try:
-            entry = pwd.getpwnam(self.run_as)
-        except KeyError:
-            raise LaunchError(
-                f"the local launcher runs jobs as the user {self.run_as!r}, which does not exist: create it "
-                f"(as root: useradd --system --user-group --no-create-home {self.run_as}; `make install` does) "
-                "or name another with SPOTBROKER_LOCAL_RUN_AS") from None
-        runs = self.data_dir / "runs"
-        runs.mkdir(parents=True, exist_ok=True)
-        probe = ("import os, sys, spotbroker.agent.cli; "
-                 "sys.exit(0 if os.access(sys.argv[1], os.X_OK) else 'cannot enter ' + sys.argv[1])")
-        try:
-            result = subprocess.run([self.python, "-c", probe, str(runs)], user=entry.pw_uid, group=entry.pw_gid,
-                                    extra_groups=[], env={"PATH": SYSTEM_PATH, "HOME": "/"}, cwd="/",
-                                    capture_output=True, text=True, timeout=60)
-            problem = result.stderr.strip().splitlines()[-1] if result.returncode else None
-        except OSError as exc:
-            problem = exc.strerror or str(exc)
-        if problem:
-            raise LaunchError(
-                f"the local launcher runs jobs as {self.run_as!r}, who cannot run {self.python} with spotbroker "
-                f"or enter {runs} ({problem}): every directory above them must be searchable by that user "
-                "(chmod o+x), or set SPOTBROKER_LOCAL_JOB_PYTHON / SPOTBROKER_DATA_DIR")
+        if not self._ready:
+            self.users.check(self.python, self.data_dir / "runs")
+            self._ready = True
 
     # --- the simulated cloud ---------------------------------------------------------
 

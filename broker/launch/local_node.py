@@ -12,13 +12,17 @@ agent token); see `NodeSpec`. The node:
    its session (torchrun's workers, daemons), stays below it;
 3. provisions the node directory (`home/`, `tmp/`, the job's code in
    `workdir/`, the agent's `agent/`) and the job's file:// checkpoint
-   prefixes, owned by the user the job runs as;
+   prefixes, owned by the user the job runs as (its team's uid, when the
+   broker is root: `identity.py`) with mode 0700;
 4. starts the node's metadata-service simulator, if the attempt simulates a
    cloud: it plays the cloud, so it runs as the broker's user and its hard
    stop ends every process of the node, this one included (no exit recorded:
    the node vanished);
 5. runs the job's command as that user, with exactly the environment the
-   launcher built (nothing of the broker's own), in `workdir/`;
+   launcher built (nothing of the broker's own), in `workdir/`; the agent's
+   token goes through a pipe (`--token-fd`), never an environment; the
+   job's output goes through a pipe too, into the node's output file, up to
+   `max_log_bytes` (then a marker, and the rest is read and dropped);
 6. records the command's exit code (`exit-{rank}`), ends what the job left
    behind, and exits with that code. A provisioning failure is recorded in
    `error-{rank}` instead, with the reason.
@@ -32,14 +36,17 @@ import json
 import os
 import secrets
 import signal
+import stat
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotbroker.agent import proctree
+from spotbroker.agent import proctree, protocol
+from spotbroker.agent.logbound import BoundedWriter
 from spotbroker.agent.simulator.service import CONTROL_TOKEN_ENV
 
 ERROR_EXIT = 125  # provisioning failed before the job's command ran
@@ -50,13 +57,15 @@ class NodeSpec:
     rank: int
     run_dir: str                       # the attempt's directory: node-N.self, exit-N, error-N, sim*.url
     node_dir: str                      # this node's own: home/, tmp/, workdir/, agent/
-    command: list[str]                 # run in workdir/ as `user`
+    command: list[str]                 # run in workdir/ as `owner`
     env: dict[str, str]                # the job's whole environment
-    user: str | None = None            # None: the broker's own user
+    owner: list[int] | None = None     # [uid, gid] the job runs as; None: the broker's own user
+    agent_token: str | None = None     # handed to the agent (the command) through a pipe
     code: dict[str, str] | None = None  # {"uri", "sha256"}: the job's uploaded workdir
     checkpoint_dirs: list[str] = field(default_factory=list)  # file:// prefixes the job writes or reads
     simulator: list[str] | None = None  # the simulator's arguments, if the node simulates a cloud
     kill_grace: float = 10.0
+    max_log_bytes: int = 0             # of the job's output kept in the node's output file (0: no bound)
 
     @classmethod
     def load(cls, path: str) -> NodeSpec:
@@ -73,24 +82,23 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp.replace(path)
 
 
-def _owner(user: str | None) -> tuple[int, int] | None:
-    if user is None:
-        return None
-    import pwd
-
-    try:
-        entry = pwd.getpwnam(user)
-    except KeyError:
-        raise ProvisionError(f"the user {user!r} that jobs run as does not exist") from None
-    return entry.pw_uid, entry.pw_gid
-
-
 def _give(path: Path, owner: tuple[int, int] | None, mode: int = 0o700) -> None:
-    """Make `path` a directory that belongs to the job's user (and no one else)."""
+    """Make `path` a directory that belongs to the job's user (and no one
+    else). Never through a link: where the job owns the parent (its job
+    prefix, written by an earlier attempt that may still run), one there
+    would have root change the mode and owner of whatever it points to."""
     path.mkdir(parents=True, exist_ok=True)
-    if owner is not None:
-        os.chown(path, *owner, follow_symlinks=False)
-    path.chmod(mode)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ProvisionError(f"{path} is a link or not a directory ({exc.strerror}): nothing is made "
+                              "through it") from None
+    try:
+        if owner is not None:
+            os.fchown(fd, *owner)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
 
 
 def _give_tree(root: Path, owner: tuple[int, int]) -> None:
@@ -100,9 +108,31 @@ def _give_tree(root: Path, owner: tuple[int, int]) -> None:
     os.chown(root, *owner, follow_symlinks=False)
 
 
+def _adopt(root: Path, owner: tuple[int, int]) -> None:
+    """A job prefix that another uid owns (written before each team ran as
+    its own, or under another range): its directories and files become the
+    team's, to resume from. What root wrote (KEEP markers) stays root's, and
+    a file with other links keeps its owner (through one, another's file
+    would change hands). Walked by descriptors, never through a link, as the
+    old owner may still run and swap names."""
+    for _top, dirs, files, dir_fd in os.fwalk(root, follow_symlinks=False):
+        for name in (*dirs, *files):
+            try:  # O_NOFOLLOW: a link is skipped; O_NONBLOCK: a FIFO does not wait
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
+            except OSError:
+                continue
+            try:
+                info = os.fstat(fd)
+                own = stat.S_ISDIR(info.st_mode) or (stat.S_ISREG(info.st_mode) and info.st_nlink == 1)
+                if own and info.st_uid not in (0, owner[0]):
+                    os.fchown(fd, *owner)
+            finally:
+                os.close(fd)
+
+
 def provision(spec: NodeSpec) -> Path:
     """The node directory and the job's checkpoint prefixes; returns workdir/."""
-    owner = _owner(spec.user)
+    owner = tuple(spec.owner) if spec.owner else None
     node = Path(spec.node_dir)
     _give(node, owner)
     for name in ("home", "tmp", "agent"):
@@ -120,12 +150,26 @@ def provision(spec: NodeSpec) -> Path:
     else:
         _give(workdir, owner)
     for prefix in spec.checkpoint_dirs:
-        # The parents stay the broker's (traversable, not listable); the job's
-        # own prefix is the job's.
+        # The parents ({root}/{team}) stay the broker's (traversable, not
+        # listable); the job's own prefix is the job's uid's alone: no other
+        # team's job can read it or plant a checkpoint in it.
         path = Path(prefix)
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o711)
+        if owner is not None and path.is_dir() and not path.is_symlink() and path.stat().st_uid != owner[0]:
+            _adopt(path, owner)
         _give(path, owner)
     return workdir
+
+
+def _pipe_holding(secret: str) -> int:
+    """The read end of a pipe that holds `secret` (for a child's --token-fd):
+    unlike an environment or a file, no other process of the child's uid can read it."""
+    read, write = os.pipe()
+    try:
+        os.write(write, secret.encode())  # far below a pipe's buffer: never blocks
+    finally:
+        os.close(write)
+    return read
 
 
 def sim_url_file(rank: int) -> str:
@@ -201,15 +245,41 @@ class Node:
             return ERROR_EXIT
         if self.stopping:
             return 128 + signal.SIGTERM
-        owner = _owner(self.spec.user)
-        self.job = subprocess.Popen(
-            self.spec.command, cwd=workdir, env=self.spec.env, stdin=subprocess.DEVNULL,
-            user=owner[0] if owner else None, group=owner[1] if owner else None,
-            extra_groups=[] if owner else None, umask=0o077)
+        owner, env = self.spec.owner, dict(self.spec.env)
+        env.pop(protocol.ENV_AGENT_TOKEN_FD, None)
+        token_fd = _pipe_holding(self.spec.agent_token) if self.spec.agent_token else None
+        if token_fd is not None:
+            env[protocol.ENV_AGENT_TOKEN_FD] = str(token_fd)
+        output, into_output = os.pipe()
+        try:
+            self.job = subprocess.Popen(
+                self.spec.command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=into_output,
+                stderr=subprocess.STDOUT, pass_fds=() if token_fd is None else (token_fd,),
+                user=owner[0] if owner else None, group=owner[1] if owner else None,
+                extra_groups=[] if owner else None, umask=0o077)
+        finally:
+            os.close(into_output)
+            if token_fd is not None:
+                os.close(token_fd)
+        pump = threading.Thread(target=self._pump_output, args=(output,), name="output", daemon=True)
+        pump.start()
         code = self._wait_for_job()
+        pump.join(1.0)  # the job's last words before its exit is recorded (unless a leftover holds the pipe)
         _write_atomic(run_dir / f"exit-{rank}", f"{code}\n")
         self._end_leftovers()
+        pump.join(5.0)
         return code
+
+    def _pump_output(self, fd: int) -> None:
+        """The job's output into the node's output file (this process's
+        stdout), up to `max_log_bytes`; past them the marker, and the rest is
+        read and dropped: the job never blocks on a full pipe, and never fills
+        the broker's disk."""
+        with open(fd, "rb", buffering=0) as source, open(os.dup(sys.stdout.fileno()), "ab") as sink:
+            out = BoundedWriter(sink, self.spec.max_log_bytes, stored=os.fstat(sink.fileno()).st_size)
+            while chunk := source.read(65536):
+                out.write(chunk)
+                out.flush()
 
     def _wait_for_job(self) -> int:
         """Reap every child (orphans come to us) until the job's own process ends."""

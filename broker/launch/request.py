@@ -51,7 +51,7 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
     }
     code = _code(settings, spec, team.name)
     storage = storage_credentials.for_attempt(session, attempt, settings)  # None: a file:// root
-    return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, run=spec.run,
+    return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, team_id=team.id, run=spec.run,
                          setup=spec.setup, envs=spec.envs, num_nodes=spec.num_nodes, placement=placement,
                          code=code, extra_env=extra, secrets=spec.secret_values(), spec=spec,
                          storage_env=storage.env if storage else {})

@@ -37,7 +37,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from spotbroker.agent import protocol
+from spotbroker.agent import logbound, protocol
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
@@ -227,6 +227,12 @@ def _check_committed(data: dict[str, Any]) -> tuple[str | None, str]:
     if reason is not None and (not isinstance(reason, str) or len(reason) > MAX_REASON):
         return "reason", f"a string of at most {MAX_REASON} characters"
     return None, ""
+
+
+def log_truncated(session: Session, job_id: int, attempt_id: int, limit: int, clock: Clock = SYSTEM_CLOCK) -> None:
+    """The attempt's log reached its bound (it ends with the marker): the job's events say so."""
+    session.add(Event(job_id=job_id, attempt_id=attempt_id, type=logbound.TRUNCATED_EVENT, at=clock.now(),
+                      data={"bytes": limit, "setting": "SPOTBROKER_MAX_LOG_BYTES"}))
 
 
 def _is_int(value: object) -> bool:

@@ -81,6 +81,34 @@ def test_logs_are_stored_by_offset(api, team_headers, settings):
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
 
 
+def test_a_log_keeps_at_most_max_log_bytes_then_a_marker_and_one_event(api, team_headers, settings):
+    """Past SPOTBROKER_MAX_LOG_BYTES the chunk that crosses it is cut and
+    ends with the marker; what the agent sends after is taken (it moves on)
+    and dropped; the job's events say so once, whatever is re-sent."""
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    auth = {"Authorization": f"Bearer {token}"}
+    base = api.post("/v1/agent/logs", content=b"", headers={**auth, "X-Log-Offset": "0"}).json()["size"]
+    settings.max_log_bytes = limit = base + 100
+
+    def send(offset: int, data: bytes) -> int:
+        r = api.post("/v1/agent/logs", content=data, headers={**auth, "X-Log-Offset": str(offset)})
+        assert r.status_code == 200, r.text
+        return r.json()["size"]
+
+    assert send(base, b"a" * 60) == base + 60
+    assert send(base + 60, b"b" * 60) == base + 120          # crosses the bound: cut, and taken whole
+    assert send(base + 60, b"b" * 60) == base + 120          # re-sent after the cut: taken, dropped
+    assert send(base + 120, b"c" * 10_000) == base + 10_120  # later output: taken, dropped
+    text = api.get(f"/v1/jobs/{job['id']}/logs", headers=h).text
+    assert text.endswith("a" * 60 + "b" * 40 + f"\n[spotbroker: output truncated here: a log keeps at most {limit} "
+                         "bytes (SPOTBROKER_MAX_LOG_BYTES); the rest was not stored]\n")
+    events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    assert [e["data"] for e in events if e["type"] == "log_truncated"] == [
+        {"bytes": limit, "setting": "SPOTBROKER_MAX_LOG_BYTES"}]
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
 def test_a_node_whose_agent_goes_silent_is_recovered(api, team_headers, settings, job_scratch):
     h = team_headers()
     marker = job_scratch / "first"

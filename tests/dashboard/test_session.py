@@ -26,6 +26,25 @@ def log_in(site, token: str, origin: str | None = None) -> httpx.Response:
     return site.client.post("/dashboard/login", data={"token": token}, headers=headers)
 
 
+def test_a_login_post_is_taken_only_from_the_dashboards_own_page(site):
+    """A login form posted from another site (login CSRF: the victim's browser
+    logged into the poster's team) is refused whatever it sends: another
+    Origin, "null", another Referer, or no header at all. A browser whose
+    Origin is left out sends its Referer, from this server's page."""
+    refused = [{}, {"Origin": "null"}, {"Origin": "https://evil.example"}, {"Referer": "https://evil.example/x"},
+               {"Referer": f"{site.url}.evil.example/dashboard/login"}, {"Referer": "not a url"},
+               {"Origin": "https://evil.example", "Referer": f"{site.url}/dashboard/login"}]
+    for headers in refused:
+        r = site.client.post("/dashboard/login", data={"token": site.tokens["ml"]}, headers=headers)
+        assert r.status_code == 403 and "set-cookie" not in r.headers, headers
+    r = site.client.post("/dashboard/login", data={"token": site.tokens["ml"]},
+                         headers={"Referer": f"{site.url}/dashboard/login"})
+    assert r.status_code == 303 and session.COOKIE in r.cookies
+    site.client.cookies.clear()
+    r = httpx.get(f"{site.url}/dashboard/teams/ml", headers={"Authorization": f"Bearer {site.tokens['ml']}"})
+    assert r.status_code == 200  # a script: the bearer header, no form
+
+
 def cookie_of(r: httpx.Response) -> str:
     (line,) = [v for k, v in r.headers.multi_items() if k == "set-cookie"]
     return line

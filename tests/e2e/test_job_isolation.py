@@ -1,20 +1,24 @@
-"""A job's process sees nothing of the broker's: not its environment, not its
-files. Run as a hostile tenant would, through the real server and the local
-launcher (SQLite only: the database plays no part here)."""
+"""A job's process sees nothing of the broker's, nor of another team's jobs:
+not their environment, not their files, not their processes; and its output
+is bounded. Run as a hostile tenant would, through the real server and the
+local launcher (SQLite only: the database plays no part here)."""
 from __future__ import annotations
 
 import os
 import shlex
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ADMIN_TOKEN
 from helpers import wait_for, wait_state
 
-from spotbroker.broker.launch.local import DEFAULT_JOB_USER, SYSTEM_PATH, job_python_default
+from spotbroker.broker.launch.local import SYSTEM_PATH, job_python_default
+from spotbroker.broker.recovery.agent_channel import agent_token
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 ROOT = os.geteuid() == 0
+LOG_BOUND = 64 * 1024
 # What a broker is typically started with: every one of them must stay out of jobs.
 BROKER_SECRETS = {
     "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN,
@@ -27,9 +31,11 @@ BROKER_SECRETS = {
 
 @pytest.fixture
 def settings(settings):
-    """The embedded default: the SQLite database and the secret key inside the data directory."""
+    """The embedded default: the SQLite database and the secret key inside the
+    data directory; a log bound that a test's job reaches in a moment."""
     settings.database_url = None
     settings.secret_key = None
+    settings.max_log_bytes = LOG_BOUND
     return settings
 
 
@@ -60,8 +66,8 @@ def test_a_job_that_prints_its_environment_sees_nothing_of_the_brokers(broker_en
     # The documented PATH: the jobs' interpreter first, then the system's.
     assert env["PATH"] == f"{os.path.dirname(job_python_default())}:{SYSTEM_PATH}"
     assert env["HOME"].startswith(str(settings.data_dir / "runs")) and env["LANG"] == "C.UTF-8"
-    if ROOT:
-        assert f"user={DEFAULT_JOB_USER}" in out
+    if ROOT:  # the team's own uid, which needs no passwd entry: USER names it
+        assert env["USER"] == env["LOGNAME"] == "spotbroker-b" and "user=root" not in out
 
 
 def test_the_admin_token_cannot_be_read_and_used_by_another_teams_job(broker_env, api, team_headers):
@@ -129,3 +135,152 @@ def test_a_job_cannot_read_another_attempts_output_or_its_simulated_cloud(broker
     api.post(f"/v1/jobs/{job_id}/cancel", headers=a)
     for name in probes:
         assert f"{name}=DENIED" in out, out
+
+
+def probes_script(probes: dict[str, str]) -> str:
+    """A shell script that says of each probe whether it worked (DONE) or was refused (DENIED)."""
+    return "; ".join(f"if {cmd} >/dev/null 2>&1; then echo {name}=DONE; else echo {name}=DENIED; fi"
+                     for name, cmd in probes.items())
+
+
+def a_running_victim(api, a, settings) -> tuple[dict, Path, dict[str, int]]:
+    """Team a's running job: a secret in its environment, a private file in
+    its working directory, a checkpoint file in its prefix. Returns the job,
+    its node directory and the pids of its trainer and agent."""
+    run = ('echo A-PRIVATE-LINE > private.txt; p="${CHECKPOINT_URI#file://}"; echo A-CKPT > "$p/data"; '
+           'echo "$$ $PPID" > pids.tmp && mv pids.tmp pids; sleep 120')
+    job_id = api.post("/v1/jobs", json={"name": "victim", "run": run, "secrets": {"A_SECRET": "a-secret-7f3e"}},
+                      headers=a).json()["id"]
+    job = wait_state(api, a, job_id, {"RUNNING"}, timeout=60)
+    node = settings.data_dir / "runs" / str(job["attempts"][0]["id"]) / "node-0"
+    wait_for(lambda: (node / "workdir" / "pids").exists(), timeout=30, what="the victim's pids")
+    trainer, agent = map(int, (node / "workdir" / "pids").read_text().split())
+    return job, node, {"trainer": trainer, "agent": agent}
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root: only root can run each team's jobs as a uid of its own")
+def test_another_teams_job_cannot_read_write_or_signal_a_teams_job(broker_env, api, team_headers, settings):
+    """Each team's jobs run as a uid of the team's own: from team b's job,
+    team a's running job is out of reach through /proc, its node directory,
+    its checkpoint prefix and signals."""
+    a, b = team_headers("a"), team_headers("b")
+    victim, node, pids = a_running_victim(api, a, settings)
+    job_prefix = settings.data_dir / "checkpoints" / "a" / str(victim["id"])
+    attempt_prefix = job_prefix / str(victim["attempts"][0]["id"])
+    q = shlex.quote
+    probes = {
+        "trainer_environ": f"cat /proc/{pids['trainer']}/environ",
+        "agent_environ": f"cat /proc/{pids['agent']}/environ",
+        "workdir_file": f"cat {q(str(node / 'workdir' / 'private.txt'))}",
+        "workdir_list": f"ls {q(str(node / 'workdir'))}",
+        "node_home": f"ls {q(str(node / 'home'))}",
+        "checkpoint_read": f"cat {q(str(attempt_prefix / 'data'))}",
+        "checkpoint_list": f"ls {q(str(job_prefix))}",
+        "checkpoint_plant": f"mkdir {q(str(job_prefix / '99999'))}",
+        "checkpoint_overwrite": f"echo planted > {q(str(attempt_prefix / 'data'))}",
+        "signal_trainer": f"kill -CONT {pids['trainer']}",
+        "signal_agent": f"kill -CONT {pids['agent']}",
+    }
+    job, out = run_job(api, b, probes_script(probes) + "; echo uid-of-b=$(id -u)")
+    assert job["state"] == "SUCCEEDED", out
+    for name in probes:
+        assert f"{name}=DENIED" in out, out
+    assert "a-secret-7f3e" not in out and "A-PRIVATE-LINE" not in out and "A-CKPT" not in out
+    # Two uids of the range, each its team's: a's files and processes are a's.
+    b_uid = int(out.split("uid-of-b=", 1)[1].split()[0])
+    a_uid = os.stat(node / "workdir" / "private.txt").st_uid
+    assert a_uid != b_uid and {a_uid, b_uid} <= set(settings.local_uids)
+    assert os.stat(f"/proc/{pids['trainer']}").st_uid == a_uid
+    assert (attempt_prefix / "data").read_text() == "A-CKPT\n" and not (job_prefix / "99999").exists()
+    assert api.get(f"/v1/jobs/{victim['id']}", headers=a).json()["state"] == "RUNNING"
+    api.post(f"/v1/jobs/{victim['id']}/cancel", headers=a)
+
+
+def test_a_jobs_trainer_cannot_read_its_own_agents_token(broker_env, api, team_headers, settings):
+    """The agent shares the trainer's uid (it starts it), but not its token:
+    the token reaches the agent through a pipe, and the agent keeps its
+    /proc files (environ, mem) from the processes of its uid."""
+    h = team_headers("a")
+    probes = {"agent_environ": "cat /proc/$PPID/environ", "agent_maps": "cat /proc/$PPID/maps",
+              "agent_mem": "( exec 3</proc/$PPID/mem )"}
+    run = (probes_script(probes) + '; echo "fd=[${SPOTBROKER_AGENT_TOKEN_FD-}]"; '
+           'echo "agent=$(tr "\\0" " " < /proc/$PPID/cmdline | cut -c1-100)"')
+    job, out = run_job(api, h, run)
+    assert job["state"] == "SUCCEEDED", out  # its agent shipped this output: it had its token
+    for name in probes:
+        assert f"{name}=DENIED" in out, out
+    token = agent_token(settings.signing_key(), job["attempts"][0]["id"])
+    assert "fd=[]" in out and token not in out and "agent=" in out and "spotbroker.agent.cli run" in out
+    events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    assert "trainer_started" in [e["type"] for e in events]
+
+
+def test_a_job_that_prints_without_end_keeps_a_bounded_log(api, team_headers, settings):
+    """Past SPOTBROKER_MAX_LOG_BYTES a log ends with a marker, the job's
+    events say so once, and nothing more of the output is stored anywhere
+    (the broker's log, the node's raw output, the agent's trainer.log); the
+    job itself runs on, and its log can still be read and followed."""
+    limit = LOG_BOUND
+    h = team_headers("a")
+    run = ("python -c \"import sys\nfor i in range(40000): sys.stdout.write(f'{i:09d} ' + 'x' * 90 + chr(10))\"; "
+           "echo exit-seen > done")
+    job, out = run_job(api, h, run)
+    assert job["state"] == "SUCCEEDED", out[-300:]
+    marker = f"[spotbroker: output truncated here: a log keeps at most {limit} bytes"
+    assert marker in out and len(out.encode()) <= limit + 200 and out.startswith("000000000 ")
+    assert out.rstrip().endswith("the rest was not stored]")
+    followed = api.get(f"/v1/jobs/{job['id']}/logs", params={"follow": "true"}, headers=h)
+    assert followed.status_code == 200 and followed.text == out
+    events = [e for e in api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+              if e["type"] == "log_truncated"]
+    assert len(events) == 1 and events[0]["data"]["bytes"] == limit
+    run_dir = settings.data_dir / "runs" / str(job["attempts"][0]["id"])
+    for path in (run_dir / "node-0.out", run_dir / "node-0" / "agent" / "trainer.log"):
+        assert path.stat().st_size <= limit + 4096, path  # the agent's own lines and the marker
+    assert (run_dir / "node-0" / "workdir" / "done").exists()  # the job ran to its end
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root: a job of the broker's own user changes nothing root would not")
+def test_a_link_a_job_leaves_in_its_prefix_does_not_lead_the_next_attempts_provisioning(
+        broker_env, api, team_headers, settings, tmp_path):
+    """The job owns its job prefix, so an attempt can leave a link where the
+    next attempt's prefix will be made: the node (root) must not change the
+    mode or owner of what it points to."""
+    target = tmp_path / "the-brokers"
+    target.mkdir()
+    target.chmod(0o755)
+    h = team_headers("a")
+    run = ('p="${SPOTBROKER_CHECKPOINT_JOB_URI#file://}"; '
+           'if [ ! -e "$p/once" ]; then touch "$p/once"; '
+           f'ln -s {shlex.quote(str(target))} "$p/$((SPOTBROKER_ATTEMPT_ID + 1))"; exit 1; fi; echo second')
+    job_id = api.post("/v1/jobs", json={"name": "link", "run": run, "max_restarts": 1}, headers=h).json()["id"]
+    job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED"}, timeout=60)
+    assert len(job["attempts"]) == 2
+    info = target.stat()
+    assert (info.st_mode & 0o777, info.st_uid) == (0o755, 0), job
+    assert "is a link or not a directory" in job["reason"], job
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root: files change hands only as root")
+def test_a_job_prefix_another_uid_wrote_becomes_the_teams_but_not_what_root_wrote(
+        broker_env, api, team_headers, settings, tmp_path):
+    """Checkpoints written before each team had its own uid (as one shared
+    user): the job's next attempt can resume from them, what the broker
+    wrote (a KEEP marker) stays root's, and a file with another link keeps
+    its owner."""
+    old_uid = 4242
+    a = team_headers("a")
+    step = settings.data_dir / "checkpoints" / "a" / "1" / "7" / "step-000000000001"
+    step.mkdir(parents=True)
+    (step / "data").write_text("OLD-CKPT\n")
+    (step / "KEEP").touch()
+    (tmp_path / "elsewhere").write_text("another's\n")
+    os.link(tmp_path / "elsewhere", step / "linked")
+    for path in (step.parent.parent, step.parent, step, step / "data", step / "linked"):
+        os.chown(path, old_uid, old_uid)
+        path.chmod(0o700 if path.is_dir() else 0o600)
+    job, out = run_job(api, a, 'cat "${SPOTBROKER_CHECKPOINT_JOB_URI#file://}/7/step-000000000001/data"')
+    assert job["id"] == 1 and job["state"] == "SUCCEEDED" and "OLD-CKPT" in out, out
+    team_uid = os.stat(step / "data").st_uid
+    assert team_uid in settings.local_uids and os.stat(step).st_uid == team_uid
+    assert os.stat(step / "KEEP").st_uid == 0 and os.stat(step / "linked").st_uid == old_uid
