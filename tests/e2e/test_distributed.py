@@ -20,6 +20,7 @@ from e2e.test_job_shapes import assert_flushed_and_resumed, copy_in, final_loss,
 from helpers import wait_for, wait_state
 
 from spotbroker.agent import proctree
+from spotbroker.broker.launch.local_node import sim_token_file, sim_url_file
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
@@ -85,8 +86,11 @@ def test_a_notice_on_the_second_node_flushes_both_and_the_job_resumes_once(api, 
     wait_for(lambda: "step=5 " in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text, timeout=60,
              what="training to be under way")
     attempt_id = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][0]["id"]
-    sim_url = (Path(settings.data_dir) / "runs" / str(attempt_id) / "sim-1.url").read_text().split("\n", 1)[0]
-    httpx.post(f"{sim_url}/_sim/preempt", json={"notice_seconds": 5}, timeout=5).raise_for_status()
+    run_dir = Path(settings.data_dir) / "runs" / str(attempt_id)
+    sim_url = (run_dir / sim_url_file(1)).read_text().split("\n", 1)[0]
+    token = (run_dir / sim_token_file(1)).read_text().strip()  # the simulator takes orders from the broker only
+    httpx.post(f"{sim_url}/_sim/preempt", json={"notice_seconds": 5}, headers={"X-Sim-Token": token},
+               timeout=5).raise_for_status()
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=150)
     assert job["state"] == "SUCCEEDED", job
     assert len(job["attempts"]) == 2  # preempted once, recovered once
