@@ -30,6 +30,8 @@ import sys
 import tempfile
 import time
 import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -179,10 +181,45 @@ def over_http(url: str, data_dir: Path) -> None:
         stop()
 
 
-def refresh_figures(factory) -> None:
-    import boto3
+def _moto_child(conn) -> None:
+    """moto's EC2 in a process of its own, answering spot prices from the
+    snapshot: the refresh's time and memory are then the broker's, as
+    against AWS, and moto's work does not share the broker's interpreter."""
     from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
     from moto.server import ThreadedMotoServer
+
+    names = {z.zone_id: z.name for zones in RegionsAndZonesBackend.zones.values() for z in zones}
+    spot = {(names[zid], t): [(NOW - timedelta(minutes=5), p)] for (zid, t), p in fake_data.aws_spot_prices().items()
+            if zid in names}
+    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    moto.start()
+    with fakes.moto_spot_prices(spot):
+        conn.send(moto.get_host_and_port())
+        conn.recv()  # until the bench is done
+    moto.stop()
+
+
+@contextmanager
+def moto_process() -> Iterator[str]:
+    """The endpoint of moto's server running in a child process."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_moto_child, args=(child,), daemon=True)
+    proc.start()
+    try:
+        host, port = parent.recv()
+        yield f"http://{host}:{port}"
+    finally:
+        parent.send("stop")
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+
+
+def refresh_figures(factory) -> None:
+    import boto3
 
     from spotbroker.broker.pricing.aws import AwsSource
     from spotbroker.broker.pricing.azure import AzureSource
@@ -195,38 +232,32 @@ def refresh_figures(factory) -> None:
                             gcp_accelerator_types=fake_data.gcp_accelerator_types(scale=4),
                             aws_products=fake_data.aws_products(), aws_advisor=fake_data.aws_advisor(),
                             page_size=1000).start()
-    moto = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    moto.start()
-    host, port = moto.get_host_and_port()
-    names = {z.zone_id: z.name for zones in RegionsAndZonesBackend.zones.values() for z in zones}
-    spot = {(names[zid], t): [(NOW - timedelta(minutes=5), p)] for (zid, t), p in fake_data.aws_spot_prices().items()
-            if zid in names}
-    # One region at a time: moto runs in this process, so requests side by
-    # side only queue on its lock (against AWS, the default 8 overlap the
-    # network round trips).
-    # moto answers one call in seconds, and in minutes on a loaded machine.
-    settings = PricingSettings(_env_file=None, aws_endpoint_url=f"http://{host}:{port}", timeout=600,
-                               aws_region_workers=1,
-                               aws_pricing_endpoint_url=fake.url, aws_scores_endpoint_url=fake.url,
-                               aws_advisor_url=f"{fake.url}/spot-advisor-data.json", gcp_endpoint=fake.url,
-                               gcp_project="bench")
-    session = boto3.session.Session(aws_access_key_id="bench", aws_secret_access_key="bench")
-    sources = {"aws": AwsSource(settings, session=session),
-               "azure": AzureSource(f"{fake.url}/api/retail/prices", regions=[], timeout=60,
-                                    evictions=EvictionRates(_Token(), fake.url, 60)),
-               "gcp": GcpSource.from_settings(settings)}
     print(f"  inputs: Azure {len(fake.azure_items):,} meters and {len(fake.azure_evictions):,} eviction bands, "
           f"GCP {len(fake.gcp_skus):,} SKUs and {len(fake.gcp_machine_types):,} zonal machine types, "
-          f"AWS {len(fake.aws_products):,} products + moto's regions")
-    tracker = PriceTracker(factory, sources, settings)
+          f"AWS {len(fake.aws_products):,} products + moto's regions (moto in a process of its own)")
     total = 0.0
     try:
-        with fakes.moto_spot_prices(spot):
+        with moto_process() as moto_url:
+            # The source's default region workers: moto answers them side by
+            # side from its own process, as AWS's regional endpoints would.
+            settings = PricingSettings(_env_file=None, aws_endpoint_url=moto_url, timeout=600,
+                                       aws_pricing_endpoint_url=fake.url, aws_scores_endpoint_url=fake.url,
+                                       aws_advisor_url=f"{fake.url}/spot-advisor-data.json",
+                                       gcp_endpoint=fake.url, gcp_project="bench")
+
+            def new_sources() -> dict:  # no client nor cached list from an earlier refresh
+                session = boto3.session.Session(aws_access_key_id="bench", aws_secret_access_key="bench")
+                return {"aws": AwsSource(settings, session=session),
+                        "azure": AzureSource(f"{fake.url}/api/retail/prices", regions=[], timeout=60,
+                                             evictions=EvictionRates(_Token(), fake.url, 60)),
+                        "gcp": GcpSource.from_settings(settings)}
+            sources = new_sources()
+            tracker = PriceTracker(factory, sources, settings)
             for name in sources:
                 tracemalloc.start()
-                t = time.perf_counter()
+                t, cpu = time.perf_counter(), time.process_time()
                 result = tracker.refresh(name, force=True)
-                took = time.perf_counter() - t
+                took, cpu = time.perf_counter() - t, time.process_time() - cpu
                 peak = tracemalloc.get_traced_memory()[1] / 2**20
                 tracemalloc.stop()
                 if result is None:
@@ -234,12 +265,42 @@ def refresh_figures(factory) -> None:
                     continue
                 total += took
                 written = result.new + result.changed + result.samples
-                print(f"    {name:6} {took:6.1f} s  {result.new:6,} offers  {written / took:8,.0f} rows/s  "
-                      f"peak {peak:6.1f} MB (Python heap)")
+                print(f"    {name:6} {took:6.1f} s (CPU {cpu:5.1f} s)  {result.new:6,} offers  "
+                      f"{written / took:8,.0f} rows/s  peak {peak:6.1f} MB (Python heap)")
+            print(f"    all three: {total:.1f} s, one after the other")
+            side_by_side(factory, new_sources(), settings)
     finally:
-        moto.stop()
         fake.stop()
-    print(f"    all three: {total:.1f} s")
+
+
+def side_by_side(factory, sources: dict, settings: PricingSettings) -> None:
+    """All three refreshed at once into empty tables, as `serve` starts
+    them (the tracker gives each source a thread of its own)."""
+    import threading
+
+    from sqlalchemy import delete
+
+    from spotbroker.broker.store.models import Offer, PriceOffer, PriceSourceLease
+    with transaction(factory) as s:
+        for table in (Offer, PriceOffer, PriceSourceLease):
+            s.execute(delete(table))
+    tracker = PriceTracker(factory, sources, settings)
+    results: dict = {}
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, tracker.refresh(n, force=True)))
+               for n in sources]
+    tracemalloc.start()
+    t, cpu = time.perf_counter(), time.process_time()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    took, cpu = time.perf_counter() - t, time.process_time() - cpu
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    offers = sum(r.new for r in results.values() if r is not None)
+    failed = [n for n, r in results.items() if r is None]
+    print(f"    all three side by side (as serve runs them): {took:.1f} s (CPU {cpu:.1f} s), {offers:,} offers, "
+          f"peak {peak:.1f} MB (Python heap){'; failed: ' + ', '.join(failed) if failed else ''}")
 
 
 def aws_public_figures(factory, largest_mb: float) -> None:

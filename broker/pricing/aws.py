@@ -76,14 +76,18 @@ class AwsSource:
             raise SourceUnavailable(f"AWS unreachable ({exc})") from exc
         specs, ondemand = self._list_prices(ec2, regions, report)
         advisor = self._advisor(report)
-        clients = {r: (self._client("ec2", r, self.settings.aws_endpoint_url),
-                       self._client("ec2", r, self.settings.aws_scores_endpoint_url or self.settings.aws_endpoint_url))
-                   for r in regions}
+        # Placement scores name their regions in the request: one client (a
+        # client is thread-safe) asks for every region, where a client per
+        # region would cost ~1 MB and ~50 ms of CPU each to build.
+        scores_client = self._client("ec2", "us-east-1",
+                                     self.settings.aws_scores_endpoint_url or self.settings.aws_endpoint_url)
+        clients = {r: self._client("ec2", r, self.settings.aws_endpoint_url) for r in regions}
         # Regions are independent and each is a few round trips: asked side by
         # side, a refresh takes about the slowest region's time, not the sum.
         with ThreadPoolExecutor(max_workers=max(1, self.settings.aws_region_workers),
                                 thread_name_prefix="prices-aws") as pool:
-            per_region = pool.map(lambda r: self._region_rows(r, *clients[r], specs, ondemand, advisor, report),
+            per_region = pool.map(lambda r: self._region_rows(r, clients[r], scores_client, specs, ondemand, advisor,
+                                                                report),
                                   regions)
             rows = [row for region_rows in per_region for row in region_rows]
         scope = {"aws": frozenset(regions) if self.settings.aws_regions else None}
