@@ -216,10 +216,8 @@ class Placer:
             for want, where in groups:
                 if want.use_spot:
                     both = priced(where, want, spot=True, ondemand=True)
-                    rows = {o.id: o for price, k in ((PriceOffer.spot_price, 2 * MAX_ZONES),
-                                                     (PriceOffer.ondemand_price, 1))
-                            for o in cheapest(session, both, price, k)}
-                    self._add_zones(zones, (rows[i] for i in sorted(rows)), want)
+                    rows = cheapest(session, both, PriceOffer.spot_price, 2 * MAX_ZONES, (PriceOffer.ondemand_price, 1))
+                    self._add_zones(zones, rows, want)
             listed: list[Placement] = []
             if not zones:
                 k = max(MAX_ZONES, self.settings.launch_failover_limit)

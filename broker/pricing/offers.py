@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Select, func, literal, or_, select, text
+from sqlalchemy import Select, func, literal, or_, select, text, union
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
@@ -136,14 +136,19 @@ def any_fits(session: Session, where: list) -> bool:
     return session.execute(select(literal(1)).where(*where).limit(1)).first() is not None
 
 
-def cheapest(session: Session, where: list, price, k: int) -> list[OfferRow]:
+def cheapest(session: Session, where: list, price, k: int, *more: tuple) -> list[OfferRow]:
     """The offers matching `where` whose `price` is at most the k-th cheapest
     one's (ties at the cut all come, so the caller's own ordering decides
-    among them), in the order they were first listed."""
-    kth: Select = select(price).where(*where).order_by(price).offset(k - 1).limit(1)
-    cut = func.coalesce(kth.scalar_subquery(), float("inf")) if k > 0 else literal(None)
-    rows = session.execute(select(*OFFER_COLUMNS).where(*where, price <= cut)).all()
-    return sorted(rows, key=lambda o: o.id)
+    among them), in the order they were first listed. `more` adds (price, k)
+    pairs: the offers within any of the cuts, in one statement (on
+    PostgreSQL a statement is a round trip and a plan)."""
+    def within(price, k: int) -> Select:
+        kth: Select = select(price).where(*where).order_by(price).offset(k - 1).limit(1)
+        cut = func.coalesce(kth.scalar_subquery(), float("inf")) if k > 0 else literal(None)
+        return select(*OFFER_COLUMNS).where(*where, price <= cut)
+    parts = [within(price, k), *(within(p, n) for p, n in more)]
+    statement = parts[0] if len(parts) == 1 else union(*parts)  # UNION: an offer within two cuts comes once
+    return sorted(session.execute(statement).all(), key=lambda o: o.id)
 
 
 def groups_of(session: Session, spec: JobSpec) -> list[tuple[ResourceSet, list]]:
