@@ -189,3 +189,20 @@ def test_a_local_job_sees_its_secret_in_its_env_and_no_log_shows_it(factory, set
     assert out.read_text() == SECRET
     assert SECRET not in caplog.text
     assert not any(SECRET in e for e in events)
+
+
+def test_a_nodes_agent_bounds_the_job_output_as_the_broker_does(tmp_path):
+    """The broker keeps at most SPOTBROKER_MAX_LOG_BYTES of a job's log; the
+    agent on a SkyPilot node is told the same bound, so it neither fills
+    the node's disk nor ships what the broker would drop."""
+    from spotbroker.broker.launch.skypilot.launcher import SkyPilotLauncher
+    from spotbroker.broker.settings import Settings
+
+    settings = Settings(database_url="sqlite://", admin_token="a", secret_key="k", data_dir=tmp_path,
+                        max_log_bytes=12345, _env_file=None)
+    launcher = SkyPilotLauncher.from_settings(settings)
+    try:
+        task = launcher.task(request(stored_spec(), placement("T4", "g4dn.xlarge")))
+    finally:
+        launcher.close()
+    assert "spotbroker agent run --max-log-bytes 12345 " in task.run

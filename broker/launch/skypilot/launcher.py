@@ -58,13 +58,15 @@ class SkyPilotLauncher:
     name = "skypilot"
 
     def __init__(self, wheelhouse: Path, prefix: str = "spotbroker", launch_timeout_s: float = 900.0,
-                 poll_s: float = 1.0, cluster_poll_s: float = 15.0, sky: Any = None) -> None:
+                 poll_s: float = 1.0, cluster_poll_s: float = 15.0, sky: Any = None,
+                 max_log_bytes: int = 0) -> None:
         if sky is None:
             import sky  # 1.5-3 s: only a broker that launches through SkyPilot pays it
         self.sky = sky
         self.prefix = check_prefix(prefix)
         self.wheelhouse = wheelhouse
         self.launch_timeout_s = launch_timeout_s
+        self.max_log_bytes = max_log_bytes  # of a job's output, per node (0: no bound)
         self.follower = Follower(sky, poll_s=poll_s, cluster_poll_s=cluster_poll_s)
         self._clouds: frozenset[str] | None = None
 
@@ -73,7 +75,7 @@ class SkyPilotLauncher:
         from spotbroker.broker.launch.skypilot.wheel import wheelhouse
 
         return cls(wheelhouse(settings.data_dir / "wheels"), prefix=settings.skypilot_cluster_prefix,
-                   launch_timeout_s=settings.skypilot_launch_timeout)
+                   launch_timeout_s=settings.skypilot_launch_timeout, max_log_bytes=settings.max_log_bytes)
 
     def set_on_change(self, callback) -> None:
         """Called (from the follower's thread) whenever SkyPilot said something new."""
@@ -112,7 +114,7 @@ class SkyPilotLauncher:
         it, running the node program, pinned to the placement with the
         chosen resource set's disk, image, cpus and memory."""
         program = node_program(request, str(self.wheelhouse), credentials=request.storage_env,
-                               user_secrets=request.secrets)
+                               user_secrets=request.secrets, max_log_bytes=self.max_log_bytes)
         keep = {}
         if request.spec is not None:
             keep = kept_resources(chosen_alternative(request.spec, request.placement), request.placement)

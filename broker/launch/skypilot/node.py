@@ -60,9 +60,10 @@ def setup_script(user_setup: str | None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_script(user_run: str, with_code: bool) -> str:
+def run_script(user_run: str, with_code: bool, max_log_bytes: int = 0) -> str:
     """Fetch the job's code into a fresh working directory, then run the
-    user's command under the agent (on every node)."""
+    user's command under the agent (on every node), its output bounded as
+    the broker bounds the log it keeps (0: no bound)."""
     node = f'{NODE_ROOT}/"${protocol.ENV_ATTEMPT_ID}"/node-"$SKYPILOT_NODE_RANK"'
     lines = [
         "set -e",
@@ -78,13 +79,14 @@ def run_script(user_run: str, with_code: bool) -> str:
                      '"$SB_NODE/workdir"')
     lines += [
         'cd "$SB_NODE/workdir"',
-        f'exec spotbroker agent run --work-dir "$SB_NODE/agent" -- bash -c {shlex.quote(user_run)}',
+        f"exec spotbroker agent run --max-log-bytes {int(max_log_bytes)} "
+        f'--work-dir "$SB_NODE/agent" -- bash -c {shlex.quote(user_run)}',
     ]
     return "\n".join(lines) + "\n"
 
 
 def node_program(request: LaunchRequest, wheelhouse: str, credentials: dict[str, str] | None = None,
-                 user_secrets: dict[str, str] | None = None) -> NodeProgram:
+                 user_secrets: dict[str, str] | None = None, max_log_bytes: int = 0) -> NodeProgram:
     """Everything the node is given for `request`. `credentials`: the node's
     own storage credentials (scoped to the job's prefix), if any, under
     spotbroker's own name: the user's `secrets` (their own AWS_* keys, say)
@@ -101,5 +103,6 @@ def node_program(request: LaunchRequest, wheelhouse: str, credentials: dict[str,
     if request.code is not None:
         envs["SPOTBROKER_CODE_URI"] = request.code.uri
         envs["SPOTBROKER_CODE_SHA256"] = request.code.sha256
-    return NodeProgram(setup=setup_script(request.setup), run=run_script(request.run, request.code is not None),
+    return NodeProgram(setup=setup_script(request.setup),
+                       run=run_script(request.run, request.code is not None, max_log_bytes),
                        envs=envs, secrets=secrets, file_mounts={WHEELHOUSE: wheelhouse})
