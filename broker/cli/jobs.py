@@ -163,8 +163,9 @@ def list_jobs(states: tuple[str, ...], limit: int, as_json: bool) -> None:
     if as_json:
         _echo_json(page)
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from spotbroker.broker.cli.output import console
 
     table = Table("ID", "NAME", "STATE", "WHERE", "ATTEMPTS", "COST $", "SUBMITTED")
     for j in page["jobs"]:
@@ -173,7 +174,7 @@ def list_jobs(states: tuple[str, ...], limit: int, as_json: bool) -> None:
         table.add_row(str(j["id"]), j["name"], f"[{style}]{j['state']}[/]" if style else j["state"],
                       _where(last) if last else "-", str(len(j["attempts"])), f"{j['cost']:.4f}",
                       j["created_at"][:19].replace("T", " "))
-    Console().print(table)
+    console().print(table)
 
 
 @click.command("job")
@@ -190,24 +191,25 @@ def show_job(job_id: int, as_json: bool) -> None:
 
 
 def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
-    console.print(f"[bold]job {job['id']}[/] {job['name']}: {job['state']}"
-                  + (f" ({job['reason']})" if job.get("reason") else "") + f", cost ${job['cost']:.6f}")
+    from spotbroker.broker.cli.output import console
+
+    out = console()
+    out.print(f"[bold]job {job['id']}[/] {job['name']}: {job['state']}"
+              + (f" ({job['reason']})" if job.get("reason") else "") + f", cost ${job['cost']:.6f}")
     attempts = Table("ATTEMPT", "STATE", "WHERE", "STARTED", "ENDED", "COST $", title="attempts")
     for a in job["attempts"]:
         attempts.add_row(str(a["id"]), a["state"] + (f" ({a['reason']})" if a["reason"] else ""), _where(a),
                          (a["started_at"] or "-")[11:19], (a["ended_at"] or "-")[11:19], f"{a['cost']:.6f}")
-    console.print(attempts)
+    out.print(attempts)
     table = Table("AT", "EVENT", "ATTEMPT", "DETAIL", title="events")
     for e in events:
         data = {k: v for k, v in e["data"].items() if k not in ("raw", "agent_at")}  # cloud payloads: see --json
         change = f"{data.pop('from')} -> {data.pop('to')} " if "to" in data else ""
         detail = change + " ".join(f"{k}={v}" for k, v in data.items())
         table.add_row(e["at"][11:23], e["type"], str(e["attempt_id"] or ""), detail)
-    console.print(table)
+    out.print(table)
 
 
 @click.command()
@@ -257,12 +259,13 @@ def checkpoints(job_id: int, as_json: bool) -> None:
     if as_json:
         _echo_json(found)
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from spotbroker.broker.cli.output import console
 
     table = Table("ID", "ATTEMPT", "STEP", "MB", "SECONDS", "REASON", "KEEP", "URI")
     for c in found:
         table.add_row(str(c["id"]), str(c["attempt_id"]), str(c["step"]), f"{c['bytes'] / 1e6:.1f}",
                       f"{c['seconds']:.2f}" if c["seconds"] is not None else "-", c["reason"] or "-",
                       "yes" if c["keep"] else "", c["uri"])
-    Console().print(table)
+    console().print(table)

@@ -40,8 +40,9 @@ def costs(team: str | None, since: str | None, until: str | None, group_by: str 
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from spotbroker.broker.cli.output import console
 
     t = report["total"]
     title = (f"team {report['team']}: ${t['cost']:.2f} from {report['since'][:16]} to {report['until'][:16]}; "
@@ -54,7 +55,7 @@ def costs(team: str | None, since: str | None, until: str | None, group_by: str 
                       f"{g['wasted']:.2f}", f"{g['node_hours']:.1f}")
     table.add_row("total", f"{t['cost']:.2f}", f"{t['on_demand_cost']:.2f}", f"{t['savings']:.2f}",
                   f"{t['wasted']:.2f}", f"{t['node_hours']:.1f}", style="bold")
-    Console().print(table)
+    console().print(table)
 
 
 @click.group(invoke_without_command=True)

@@ -75,8 +75,9 @@ def _print_offers(body: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(body, indent=2))
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from spotbroker.broker.cli.output import console
 
     table = Table("CLOUD", "REGION", "ZONE", "INSTANCE", "GPUS", "VCPUS", "MEM GiB", "SPOT $/h", "ON-DEMAND $/h",
                   "SAVING", "AGE", "SOURCE", "RISK")
@@ -88,7 +89,7 @@ def _print_offers(body: dict[str, Any], as_json: bool) -> None:
                       f"{o['accelerator']}:{o['accelerator_count']:g}", f"{o['vcpus'] or 0:g}",
                       f"{o['memory_gib'] or 0:g}", _money(o["spot_price"]), _money(o["on_demand_price"]), saving,
                       age, o["source"], risk)
-    Console().print(table)
+    console().print(table)
     if body.get("next_cursor"):
         click.echo("(more: raise --limit, or page with the API's cursor)")
 

@@ -37,6 +37,23 @@ def test_prices_lists_offers_and_history_from_the_broker(api, team_headers, sett
     assert r.returncode == 2 and "--zone" in r.stderr
 
 
+def test_piped_into_a_file_the_table_keeps_every_column_whole(api, team_headers, settings):
+    """No terminal, no COLUMNS (a pipe, a file, cron): the rows are not
+    folded to 80 columns, so `grep p4d` and a reader see whole values."""
+    token = team_headers()["Authorization"].split()[1]
+    env = {k: v for k, v in user_env(SPOTBROKER_URL=f"http://127.0.0.1:{settings.port}",
+                                     SPOTBROKER_TOKEN=token).items() if k not in ("COLUMNS", "LINES")}
+    r = spotbroker("A100:8", "--limit", "5", "--json", env=env)
+    offers = json.loads(r.stdout)["offers"]
+    r = spotbroker("A100:8", "--limit", "5", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ON-DEMAND $/h" in r.stdout
+    rows = [line for line in r.stdout.splitlines() if " A100:8 " in line]
+    assert len(rows) == len(offers) == 5
+    for offer, row in zip(offers, rows):
+        assert offer["instance_type"] in row and offer["region"] in row
+
+
 def test_refresh_runs_once_and_prints_what_changed(tmp_path):
     url = f"sqlite:///{tmp_path / 'b.db'}"
     engine = make_engine(url)

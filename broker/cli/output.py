@@ -1,0 +1,19 @@
+"""Where the commands print their tables.
+
+In a terminal, rich fits a table to its width. Piped or redirected (a file,
+`grep`, cron) there is no width to fit, and rich's default of 80 columns
+folded every value of a wide table into unreadable slivers: there, tables
+keep their natural width, one row per line.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+
+def console():
+    from rich.console import Console
+
+    if sys.stdout.isatty() or os.environ.get("COLUMNS"):
+        return Console()
+    return Console(width=10_000)
