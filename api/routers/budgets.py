@@ -119,13 +119,7 @@ def list_alerts(session: SessionDep, principal: Caller,
                 state: Literal["open", "resolved", "all"] = "all",
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> AlertList:
     """Budget alerts, newest first."""
-    team = team or principal.team_name
-    if team is not None:
-        may_read(principal, team)
-    try:
-        team_id = service.team_id(session, team) if team is not None else None
-    except service.TeamNotFound as exc:
-        raise Problem(404, "Not found", str(exc)) from None
+    team_id = _readable_team(session, principal, team)
     found = service.list_alerts(session, team_id, state, limit)
     return AlertList(alerts=[AlertOut(
         id=a.id, team=n, rule=a.rule, state="open" if a.open_key else "resolved", severity=a.severity,
@@ -151,6 +145,19 @@ class SilenceOut(BaseModel):
 
 class SilenceList(BaseModel):
     silences: list[SilenceOut]
+
+
+def _readable_team(session, principal, team: str | None) -> int | None:
+    """The id of the team a list is filtered to (default: the caller's; an
+    admin with none: every team, None), once the caller may read it."""
+    team = team or principal.team_name
+    if team is None:
+        return None
+    may_read(principal, team)
+    try:
+        return service.team_id(session, team)
+    except service.TeamNotFound as exc:
+        raise Problem(404, "Not found", str(exc)) from None
 
 
 def _silence_out(row, team: str) -> SilenceOut:
@@ -179,13 +186,7 @@ def list_silences(request: Request, session: SessionDep, principal: Caller,
                   expired: Annotated[bool, Query(description="also those whose time is over")] = False
                   ) -> SilenceList:
     """The silences on a team's budget (a team reads its own), newest first."""
-    team = team or principal.team_name
-    if team is not None:
-        may_read(principal, team)
-    try:
-        team_id = service.team_id(session, team) if team is not None else None
-    except service.TeamNotFound as exc:
-        raise Problem(404, "Not found", str(exc)) from None
+    team_id = _readable_team(session, principal, team)
     found = service.list_silences(session, team_id, request.app.state.clock.now(), active_only=not expired)
     return SilenceList(silences=[_silence_out(row, name) for row, name in found])
 
