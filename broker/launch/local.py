@@ -138,7 +138,10 @@ class LocalLauncher:
         script = "\n".join(([f"( {request.setup}\n) || exit $?"] if request.setup else []) + [request.run])
         command = ["bash", "-c", script]
         if with_agent:
-            command = [self.python, "-m", "spotbroker.agent.cli", "run", "--work-dir", str(node_dir / "agent"),
+            # Isolated (-I): the agent starts in the job's workdir with its
+            # `envs`, but imports nothing from there nor from PYTHONPATH, which
+            # are the trainer's (a job's `random.py` once ran inside the agent).
+            command = [self.python, "-I", "-m", "spotbroker.agent.cli", "run", "--work-dir", str(node_dir / "agent"),
                        "--max-log-bytes", str(self.max_log_bytes), "--", *command]
         simulated = with_agent and request.placement.cloud in SIMULATED_CLOUDS
         user = self.users.for_team(request.team_id, request.team)
