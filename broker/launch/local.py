@@ -284,11 +284,15 @@ class LocalLauncher:
         states = [self._node_state(run_dir, n) for n in handle["nodes"]]
         if any(s == RunState.GONE for s, _ in states):
             return RunStatus(RunState.GONE)
-        if any(s == RunState.RUNNING for s, _ in states):
-            return RunStatus(RunState.RUNNING)
         failed = [code for s, code in states if s == RunState.FAILED]
         if failed:
+            # One node failing fails the run, and the others are stopped, as
+            # SkyPilot's driver does: they may wait for it forever (torchrun).
+            if any(s == RunState.RUNNING for s, _ in states):
+                self.terminate(handle)
             return RunStatus(RunState.FAILED, failed[0])
+        if any(s == RunState.RUNNING for s, _ in states):
+            return RunStatus(RunState.RUNNING)
         return RunStatus(RunState.SUCCEEDED, 0)
 
     def terminate(self, handle: Handle) -> None:
