@@ -29,11 +29,32 @@ from pathlib import Path
 MAX_FILES_BYTES = 256 * 1024 * 1024
 MAX_ARCHIVE_BYTES = MAX_FILES_BYTES + 64 * 1024 * 1024
 MAX_MEMBERS = 100_000
+MAX_NAME_BYTES = 4096  # PATH_MAX: no file system takes a longer name
+MAX_NAME_DEPTH = 256   # directories deep: unpacking recurses once per level
+MAX_HEADER_BYTES = 16 * 1024  # a long name's or a pax header's: a name within MAX_NAME_BYTES, and a few records
 _CHUNK = 1024 * 1024
 
 
 class CodeError(Exception):
     """The job's code cannot be used: why, naming the member at fault."""
+
+
+class _BoundedInfo(tarfile.TarInfo):
+    """tarfile reads a long name or a pax header into memory whole, at the
+    size its header claims (and a sparse file's map block by block): past
+    the bound it is refused unread, or one small upload could take more
+    memory than the broker has."""
+
+    def _proc_member(self, tarfile_: tarfile.TarFile) -> tarfile.TarInfo:
+        if self.type == tarfile.GNUTYPE_SPARSE:
+            raise CodeError(f"{self.name[:100]!r}: a sparse file (pack it without --sparse)")
+        if self.type in _NAME_HEADERS and self.size > MAX_HEADER_BYTES:
+            raise CodeError(f"a long name or pax header of {self.size} bytes (at most {MAX_HEADER_BYTES})")
+        return super()._proc_member(tarfile_)
+
+
+_NAME_HEADERS = (tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE, tarfile.XGLTYPE,
+                 tarfile.SOLARIS_XHDTYPE)
 
 
 def sha256_file(path: Path) -> str:
@@ -58,6 +79,11 @@ def _check_member(member: tarfile.TarInfo, seen_files: set[str]) -> None:
     name = _inside(member.name)
     if name is None:
         raise CodeError(f"{member.name!r}: a name outside the working directory")
+    if len(name.encode(errors="surrogateescape")) > MAX_NAME_BYTES:
+        raise CodeError(f"{name[:100]!r}...: a name {len(name.encode(errors='surrogateescape'))} bytes long "
+                        f"(at most {MAX_NAME_BYTES})")
+    if name.count("/") >= MAX_NAME_DEPTH:
+        raise CodeError(f"{name[:100]!r}...: {name.count('/')} directories deep (at most {MAX_NAME_DEPTH})")
     if member.isfile() or member.isdir():
         return
     if member.issym():
@@ -83,7 +109,7 @@ def check_archive(path: Path) -> tuple[list[tarfile.TarInfo], int]:
     seen_files: set[str] = set()
     total = 0
     try:
-        with tarfile.open(path, "r:gz") as tar:
+        with tarfile.open(path, "r:gz", tarinfo=_BoundedInfo) as tar:
             for member in tar:
                 _check_member(member, seen_files)
                 if member.isfile():
@@ -108,7 +134,7 @@ def unpack(archive: Path, workdir: Path) -> None:
         raise CodeError(f"{workdir} is already there: an attempt's working directory is made once")
     staging = Path(tempfile.mkdtemp(prefix=".workdir-", dir=workdir.parent))
     try:
-        with tarfile.open(archive, "r:gz") as tar:
+        with tarfile.open(archive, "r:gz", tarinfo=_BoundedInfo) as tar:
             # The "data" filter refuses again what check_archive refused, and
             # clears setuid bits and group/other write.
             tar.extractall(staging, members=members, filter="data")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +62,16 @@ def submit(file: Path, as_json: bool) -> None:
         raise click.ClickException(f"{where}: {exc.message}") from None
     base = Path.cwd() if str(file) == "-" else file.resolve().parent
     c = client()
+
+    def at(field: str) -> str:
+        """Where a field is, for a message about it: FILE:LINE."""
+        from spotbroker.broker.jobs.taskyaml import line_of
+
+        line = line_of(data.decode("utf-8", "replace"), field)
+        return f"{file}:{line}" if line else str(file)
+
     try:
-        doc, uploaded = _upload_local(c, doc, base)
+        doc, uploaded = _upload_local(c, doc, base, at)
         if fmt == "json":
             job = c.submit(doc)
         else:
@@ -87,24 +96,25 @@ def _says_use_spot(res: Any) -> bool:
     return "use_spot" in res or (bool(alts) and all("use_spot" in a for a in alts))
 
 
-def _upload_local(c: Client, doc: dict[str, Any], base: Path) -> tuple[dict[str, Any], bool]:
+def _upload_local(c: Client, doc: dict[str, Any], base: Path,
+                  at: Callable[[str], str]) -> tuple[dict[str, Any], bool]:
     """The document with its local directories (workdir, file mount sources:
     paths relative to the file, as SkyPilot reads them) uploaded and named
-    by their sha256; and whether anything was."""
+    by their sha256; and whether anything was. `at(field)`: its FILE:LINE."""
     doc, uploaded = dict(doc), False
     if isinstance(doc.get("workdir"), str):
-        doc["workdir"] = {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser())}
+        doc["workdir"] = {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser(), at("workdir"))}
         uploaded = True
     mounts = doc.get("file_mounts")
     if isinstance(mounts, dict):
         mounts = dict(mounts)
         for remote, source in mounts.items():
             if isinstance(source, str) and "://" not in source:
-                local = base / Path(source).expanduser()
+                local, field = base / Path(source).expanduser(), f"file_mounts.{remote}"
                 if not local.is_dir():
-                    raise click.ClickException(f"file_mounts.{remote}: {local} is not a directory: the broker "
+                    raise click.ClickException(f"{at(field)}: {field}: {local} is not a directory: the broker "
                                                "mounts a directory (uploaded) or a storage URI")
-                mounts[remote] = {"upload": upload_workdir(c, local)}
+                mounts[remote] = {"upload": upload_workdir(c, local, at(field), field)}
                 uploaded = True
         doc["file_mounts"] = mounts
     return doc, uploaded
@@ -125,10 +135,11 @@ def _located(exc: ApiError, text: bytes | None) -> str:
     return "\n".join(lines)
 
 
-def upload_workdir(c: Client, workdir: Path) -> str:
+def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir") -> str:
     """Pack a workdir (a path relative to the job's file, as SkyPilot reads
     it) and upload it; its sha256, which the job names. Problems with the
-    directory are the user's to fix: a message naming it, no traceback."""
+    directory are the user's to fix: a message naming it, the field (at
+    `where` in the file), no traceback."""
     import tempfile
 
     from spotbroker.broker.jobs.workdir import WorkdirError, pack
@@ -136,8 +147,9 @@ def upload_workdir(c: Client, workdir: Path) -> str:
     with tempfile.TemporaryFile() as archive:
         try:
             packed = pack(workdir, archive)
-        except WorkdirError as exc:
-            raise click.ClickException(str(exc)) from None
+        except WorkdirError as exc:  # its message says "workdir {path} ...": a file mount says its own field
+            message = str(exc) if field == "workdir" else f"{field}: {str(exc).removeprefix('workdir ')}"
+            raise click.ClickException(f"{where}: {message}") from None
         archive.flush()
         archive.seek(0)
         click.echo(f"uploading workdir {workdir}: {packed.files} files, {packed.file_bytes / 1e6:.1f} MB "

@@ -93,6 +93,9 @@ def _take_prices(res: Any) -> tuple[Any, dict[str, Any]]:
         prices[""] = res.pop("max_price_per_hour")
     for key in _ALTERNATIVES:
         if isinstance(res.get(key), list):
+            if wrong := [i for i, alt in enumerate(res[key]) if not isinstance(alt, dict)]:
+                raise TaskFileError([{"field": f"resources.{key}.{i}", "message": "each alternative is a mapping "
+                                      "of resources ({accelerators: A100:1, infra: aws})"} for i in wrong])
             res[key] = [dict(alt) for alt in res[key]]
             for i, alt in enumerate(res[key]):
                 if isinstance(alt, dict) and "max_price_per_hour" in alt:

@@ -82,9 +82,9 @@ def store(settings: Settings, factory: sessionmaker[Session], team_id: int, team
     except CodeError as exc:
         raise UploadInvalid(str(exc)) from None
     team_store = _team_store(settings, team)
+    _keep_from_jobs(team_store.uri)
     with _reserved(settings, factory, team_id, team_store, sha256, archive.stat().st_size, clock):
         team_store.put_file(_key(sha256), archive)
-    _keep_from_jobs(team_store.uri)
     return unpacked
 
 
@@ -135,10 +135,15 @@ def _keep_from_jobs(team_uri: str) -> None:
     """On a local disk, the uploads are the broker's alone: the node fetches
     them as the broker's user, and local jobs (all one user) cannot read
     another team's stored uploads (a running job's unpacked copy is another
-    matter: see the README on what the local launcher does not isolate)."""
+    matter: see the README on what the local launcher does not isolate).
+    The team's directory is entered, not listed, as the node makes it.
+    Both are made so before an archive is written there."""
     parsed = urlparse(team_uri)
     if parsed.scheme == "file":
-        os.chmod(Path(unquote(parsed.path)) / UPLOADS, 0o700)
+        team_dir = Path(unquote(parsed.path))
+        (team_dir / UPLOADS).mkdir(parents=True, exist_ok=True)
+        os.chmod(team_dir, 0o711)
+        os.chmod(team_dir / UPLOADS, 0o700)
 
 
 def workdir_error(settings: Settings, team: str, workdir: object) -> dict[str, str] | None:

@@ -138,7 +138,10 @@ class LocalLauncher:
         script = "\n".join(([f"( {request.setup}\n) || exit $?"] if request.setup else []) + [request.run])
         command = ["bash", "-c", script]
         if with_agent:
-            command = [self.python, "-m", "spotbroker.agent.cli", "run", "--work-dir", str(node_dir / "agent"),
+            # Isolated (-I): the agent starts in the job's workdir with its
+            # `envs`, but imports nothing from there nor from PYTHONPATH, which
+            # are the trainer's (a job's `random.py` once ran inside the agent).
+            command = [self.python, "-I", "-m", "spotbroker.agent.cli", "run", "--work-dir", str(node_dir / "agent"),
                        "--max-log-bytes", str(self.max_log_bytes), "--", *command]
         simulated = with_agent and request.placement.cloud in SIMULATED_CLOUDS
         user = self.users.for_team(request.team_id, request.team)
@@ -281,11 +284,15 @@ class LocalLauncher:
         states = [self._node_state(run_dir, n) for n in handle["nodes"]]
         if any(s == RunState.GONE for s, _ in states):
             return RunStatus(RunState.GONE)
-        if any(s == RunState.RUNNING for s, _ in states):
-            return RunStatus(RunState.RUNNING)
         failed = [code for s, code in states if s == RunState.FAILED]
         if failed:
+            # One node failing fails the run, and the others are stopped, as
+            # SkyPilot's driver does: they may wait for it forever (torchrun).
+            if any(s == RunState.RUNNING for s, _ in states):
+                self.terminate(handle)
             return RunStatus(RunState.FAILED, failed[0])
+        if any(s == RunState.RUNNING for s, _ in states):
+            return RunStatus(RunState.RUNNING)
         return RunStatus(RunState.SUCCEEDED, 0)
 
     def terminate(self, handle: Handle) -> None:

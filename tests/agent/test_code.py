@@ -2,6 +2,7 @@
 S3), verified, and unpacked only when every member stays inside the tree."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import tarfile
@@ -98,3 +99,34 @@ def test_the_code_comes_from_s3_too(tmp_path, s3_uri):
     uri, sha = stored(tmp_path, archive(tmp_path, file("train.py", b"s3\n")), root=s3_uri)
     fetch_code(uri, sha, tmp_path / "workdir")
     assert (tmp_path / "workdir" / "train.py").read_text() == "s3\n"
+
+
+def _claiming(tmp_path: Path, kind: bytes, claimed: int) -> Path:
+    """An archive whose first header (a GNU long name, a pax header) claims
+    `claimed` bytes of name, which tarfile reads into memory whole."""
+    header = tarfile.TarInfo("././@LongLink")
+    header.type, header.size = kind, claimed
+    path = tmp_path / "claiming.tar.gz"
+    with gzip.open(path, "wb") as gz:
+        gz.write(header.tobuf(tarfile.GNU_FORMAT) + b"a" * 4096 + b"\0" * 10240)
+    return path
+
+
+@pytest.mark.parametrize("kind", [tarfile.GNUTYPE_LONGNAME, tarfile.GNUTYPE_LONGLINK, tarfile.XHDTYPE])
+def test_a_header_past_the_bound_is_refused_before_it_is_read(tmp_path, kind):
+    """A 100 kB upload whose long names took 100 MB each of the broker's
+    memory: one header can claim more than the broker has (a 500, or the
+    broker killed for memory)."""
+    with pytest.raises(CodeError, match="header of 1099511627776 bytes"):
+        check_archive(_claiming(tmp_path, kind, 1 << 40))
+
+
+@pytest.mark.parametrize("name, why", [("d/" * 1500 + "f", "directories deep"), ("n" * 5000, "bytes long")])
+def test_a_name_too_deep_or_too_long_is_refused_before_anything_is_unpacked(tmp_path, name, why):
+    """Past these no file system takes it, and the deep one's unpacking
+    overflowed the broker's stack at the upload's check (a 500)."""
+    path = archive(tmp_path, file(name))
+    with pytest.raises(CodeError, match=why):
+        check_archive(path)
+    with pytest.raises(CodeError, match=why):
+        fetch_code(*stored(tmp_path, path), tmp_path / "node" / "workdir")

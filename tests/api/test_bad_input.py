@@ -52,6 +52,8 @@ BAD_SPECS = [
     (b'{"run": "x", "resources": {"accelerators": "A100:1e309"}}', JSON, "resources.accelerators", "1024"),
     (b'{"run": "x", "resources": {"accelerators": "A100:1025"}}', JSON, "resources.accelerators", "1024"),
     (b"run: x\nresources: {accelerators: {A100: 1e309}}\n", YAML, "resources.accelerators", "1024"),
+    (b"run: x\nresources:\n  any_of: [T4]\n", YAML, "resources.any_of.0", "mapping"),
+    (b"run: x\nresources:\n  ordered: [{accelerators: T4}, 3]\n", YAML, "resources.ordered.1", "mapping"),
     (b'{"run": "x", "resources": {"cpus": "' + b"9" * 400 + b'"}}', JSON, "resources.cpus", "1,000,000"),
     (b'{"run": "x", "num_nodes": 1025}', JSON, "num_nodes", "1024"),
     (json.dumps({"run": "x", "estimated_hours": 1, "deadline": FAR}).encode(), JSON, "deadline", "365 days"),

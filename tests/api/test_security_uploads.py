@@ -77,3 +77,27 @@ def test_two_uploads_racing_on_two_brokers_cannot_both_pass_the_quota(settings, 
     assert sorted(answers.values()) == [201, 413], answers
     stored = Path(settings.data_dir) / "checkpoints" / "ml" / "uploads"
     assert sum(p.stat().st_size for p in stored.iterdir()) <= settings.upload_quota_bytes
+
+
+def test_a_teams_uploads_are_the_brokers_alone_from_the_first_one(api, team_headers, settings, monkeypatch):
+    """On a local disk the team's directory is entered, not listed (its job
+    prefixes are each job's own), and its uploads directory is the broker's:
+    so already when the first archive is written there. The team's directory
+    was once left listable, and the first archive readable while it was stored."""
+    from spotbroker.broker.jobs import uploads
+
+    team_dir = Path(settings.data_dir) / "checkpoints" / "ml"
+    modes = []
+    put_file = uploads.Storage.put_file
+
+    def mode(path: Path) -> int | None:
+        return path.stat().st_mode & 0o777 if path.exists() else None
+
+    def watched(self, key, path):
+        modes.append((mode(team_dir), mode(team_dir / "uploads")))
+        return put_file(self, key, path)
+
+    monkeypatch.setattr(uploads.Storage, "put_file", watched)
+    assert put(api, team_headers("ml"), tgz(**{"a.txt": b"a"})).status_code == 201
+    assert modes == [(0o711, 0o700)]
+    assert (mode(team_dir), mode(team_dir / "uploads")) == (0o711, 0o700)

@@ -3,6 +3,7 @@ between starting it and recording it."""
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from spotbroker.agent.proctree import start_time
 from spotbroker.broker.launch.base import LaunchRequest, RunState
@@ -83,3 +84,22 @@ def test_what_a_finished_job_left_running_ends_with_its_node(tmp_path):
         time.sleep(0.05)
     assert launcher.status(handle).exit_code == 3
     assert _wait_gone(int(pid_file.read_text()))
+
+
+def test_a_multi_node_run_fails_when_one_node_fails_as_on_skypilot(tmp_path):
+    """One node's non-zero exit fails the run and stops the others, as
+    SkyPilot does: the nodes still running (a torchrun waiting for its peer)
+    once kept the attempt RUNNING, and paid for, without end."""
+    launcher = LocalLauncher(tmp_path, 2)
+    req = request(tmp_path, 'if [ "$SKYPILOT_NODE_RANK" = 1 ]; then exit 3; fi; sleep 60')
+    handle = launcher.launch(replace(req, num_nodes=2))
+    try:
+        deadline = time.monotonic() + 10
+        while launcher.status(handle).state == RunState.RUNNING:
+            assert time.monotonic() < deadline, "still RUNNING with a failed node"
+            time.sleep(0.05)
+        status = launcher.status(handle)
+        assert (status.state, status.exit_code) == (RunState.FAILED, 3)
+        assert _wait_gone(handle["nodes"][0]["pid"])
+    finally:
+        launcher.terminate(handle)

@@ -103,6 +103,23 @@ def test_a_workdir_that_cannot_travel_is_named_at_submission(tmp_path):
     assert r.returncode == 1 and "cannot reach the broker" in r.stderr and "Traceback" not in r.stderr
 
 
+def test_a_directory_that_cannot_travel_is_named_with_its_file_line_and_field(tmp_path):
+    """As any other mistake in the file: where it is, and which field (a file
+    mount's directory was once called the workdir, with no file or line)."""
+    proj = tmp_path / "proj"
+    task = tree(proj, {"task.yaml": "run: python train.py\nworkdir: ./code\n", "data/x": ""}) / "task.yaml"
+    (proj / "data" / "escape").symlink_to(tmp_path)
+    r = submit(task, tmp_path)
+    assert r.returncode == 1 and f"{task}:2: workdir {proj / 'code'} does not exist" in r.stderr, r.stderr
+    task.write_text("run: python train.py\nfile_mounts:\n  /data: ./data\n")
+    r = submit(task, tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{task}:3: file_mounts./data: {proj / 'data'} holds a link out of itself: escape" in r.stderr, r.stderr
+    task.write_text("run: python train.py\nfile_mounts:\n  /data: ./nowhere\n")
+    r = submit(task, tmp_path)
+    assert r.returncode == 1 and f"{task}:3: file_mounts./data: {proj / 'nowhere'} is not a directory" in r.stderr
+
+
 def hide(path: Path, user: int | None) -> None:
     if user is not None:
         os.chown(path, 0, 0)  # root's, out of the user's reach

@@ -215,6 +215,32 @@ def test_a_jobs_trainer_cannot_read_its_own_agents_token(broker_env, api, team_h
     assert "trainer_started" in [e["type"] for e in events]
 
 
+def test_the_jobs_code_is_the_trainers_never_imported_by_its_agent(broker_env, api, team_headers, settings,
+                                                                   tmp_path):
+    """The agent starts in the job's working directory with the job's `envs`,
+    yet imports nothing of the job's: a module of the user's named like one
+    the agent uses (`random.py`) once failed the job before it started, and
+    one that `PYTHONPATH` names ran inside the agent and read its token."""
+    from spotbroker.broker.jobs.workdir import pack
+
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "random.py").write_text("raise SystemExit('the job\\'s random.py ran in the agent')\n")
+    (code / "sitecustomize.py").write_text(
+        "import os\nfd = os.environ.get('SPOTBROKER_AGENT_TOKEN_FD')\nif fd:\n"
+        "    open(os.path.join(os.environ['HOME'], 'stolen'), 'wb').write(os.read(int(fd), 4096))\n")
+    h = team_headers("a")
+    with (tmp_path / "code.tgz").open("w+b") as archive:
+        sha = pack(code, archive).sha256
+        archive.seek(0)
+        r = api.put(f"/v1/uploads/{sha}", content=archive.read(), headers={**h, "Content-Type": "application/gzip"})
+    assert r.status_code == 201, r.text
+    job, out = run_job(api, h, 'cat "$HOME/stolen" 2>/dev/null; echo; echo trainer-ran',
+                       workdir={"upload": sha}, envs={"PYTHONPATH": "."})
+    assert job["state"] == "SUCCEEDED" and "trainer-ran" in out, out
+    assert agent_token(settings.signing_key(), job["attempts"][0]["id"]) not in out
+
+
 def test_a_job_that_prints_without_end_keeps_a_bounded_log(api, team_headers, settings):
     """Past SPOTBROKER_MAX_LOG_BYTES a log ends with a marker, the job's
     events say so once, and nothing more of the output is stored anywhere

@@ -83,7 +83,7 @@ def test_the_task_is_the_files_on_the_chosen_place_field_by_field(launcher):
 
     assert (task.name, task.num_nodes) == ("finetune", 1)
     assert "pip list" in task.setup and "--no-index" in task.setup
-    assert "spotbroker agent run" in task.run and "python train.py --epochs $EPOCHS" in task.run
+    assert "python -I -m spotbroker.agent.cli run" in task.run and "python train.py --epochs $EPOCHS" in task.run
     assert task.envs["EPOCHS"] == "3" and task.envs["SPOTBROKER_ATTEMPT_ID"] == "41"
     assert {k: v.get_secret_value() for k, v in task.secrets.items()} == {
         "HF_TOKEN": SECRET, "SPOTBROKER_AGENT_TOKEN": "agent-token"}
@@ -205,4 +205,4 @@ def test_a_nodes_agent_bounds_the_job_output_as_the_broker_does(tmp_path):
         task = launcher.task(request(stored_spec(), placement("T4", "g4dn.xlarge")))
     finally:
         launcher.close()
-    assert "spotbroker agent run --max-log-bytes 12345 " in task.run
+    assert "spotbroker.agent.cli run --max-log-bytes 12345 " in task.run

@@ -106,12 +106,14 @@ def test_the_node_installs_the_wheel_fetches_the_code_and_reports_to_the_broker(
     api = agent_endpoint
     r = api.post("/v1/teams", json={"name": "ml"}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
     h = {"Authorization": f"Bearer {r.json()['token']}"}
-    archive = tgz(**{"train.py": TRAINER})
+    # A module of the job's named like one the agent imports, on the job's
+    # PYTHONPATH: the trainer's alone (it once failed the agent).
+    archive = tgz(**{"train.py": TRAINER, "httpx.py": b"raise SystemExit('the job\\'s httpx.py ran in the agent')"})
     sha = hashlib.sha256(archive).hexdigest()
     assert api.put(f"/v1/uploads/{sha}", content=archive, headers={**h, "Content-Type": "application/gzip"}
                    ).status_code == 201
     r = api.post("/v1/jobs", headers=h, json={
-        "run": "python train.py", "envs": {"EPOCHS": "3"}, "workdir": {"upload": sha},
+        "run": "python train.py", "envs": {"EPOCHS": "3", "PYTHONPATH": "."}, "workdir": {"upload": sha},
         "resources": {"accelerators": "T4:1"}})
     assert r.status_code in (200, 201, 202), r.text
     job_id = r.json()["id"]

@@ -8,7 +8,7 @@ that environment, as the local launcher's jobs share the jobs' interpreter).
 `run` fetches the job's uploaded code from the team's storage prefix into
 a fresh working directory, checks its sha256 (`agent/code.py`), and runs the
 user's command under the agent on every node:
-`spotbroker agent run -- bash -c RUN`.
+`python -I -m spotbroker.agent.cli run -- bash -c RUN`.
 
 Nothing of the broker's host reaches the node but the wheelhouse: the
 job's code is the upload (never a host path), and the node's environment is
@@ -75,11 +75,13 @@ def run_script(user_run: str, with_code: bool, max_log_bytes: int = 0) -> str:
     if with_code:
         fetch = ("import sys, pathlib; from spotbroker.agent.code import fetch_code; "
                  "fetch_code(sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]))")
-        lines.append(f'python -c {shlex.quote(fetch)} "$SPOTBROKER_CODE_URI" "$SPOTBROKER_CODE_SHA256" '
+        lines.append(f'python -I -c {shlex.quote(fetch)} "$SPOTBROKER_CODE_URI" "$SPOTBROKER_CODE_SHA256" '
                      '"$SB_NODE/workdir"')
+    # Isolated (-I): the job's PYTHONPATH and modules are its trainer's, never
+    # imported by the agent (a job's random.py on its PYTHONPATH failed it).
     lines += [
         'cd "$SB_NODE/workdir"',
-        f"exec spotbroker agent run --max-log-bytes {int(max_log_bytes)} "
+        f"exec python -I -m spotbroker.agent.cli run --max-log-bytes {int(max_log_bytes)} "
         f'--work-dir "$SB_NODE/agent" -- bash -c {shlex.quote(user_run)}',
     ]
     return "\n".join(lines) + "\n"
