@@ -241,6 +241,33 @@ def test_the_jobs_code_is_the_trainers_never_imported_by_its_agent(broker_env, a
     assert agent_token(settings.signing_key(), job["attempts"][0]["id"]) not in out
 
 
+LISTENER = """
+import socket
+s = socket.create_server(("127.0.0.1", {port}))
+s.settimeout(8)
+try:
+    print("proxy saw:", s.accept()[0].recv(65536).decode(errors="replace"))
+except socket.timeout:
+    print("proxy saw nothing")
+"""
+
+
+def test_a_jobs_proxy_settings_never_carry_its_agents_reports(broker_env, api, team_headers, settings):
+    """The agent starts with the job's `envs`: its reports, and its token,
+    once went through the HTTP_PROXY the job named, which the job itself served."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    h = team_headers("a")
+    proxy = f"http://127.0.0.1:{port}"
+    job, out = run_job(api, h, f"python -c {shlex.quote(LISTENER.format(port=port))}",
+                       envs={"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "ALL_PROXY": proxy})
+    assert job["state"] == "SUCCEEDED" and "proxy saw nothing" in out, out
+    assert agent_token(settings.signing_key(), job["attempts"][0]["id"]) not in out
+
+
 def test_a_job_that_prints_without_end_keeps_a_bounded_log(api, team_headers, settings):
     """Past SPOTBROKER_MAX_LOG_BYTES a log ends with a marker, the job's
     events say so once, and nothing more of the output is stored anywhere
