@@ -20,6 +20,7 @@ from spotbroker.agent.protocol import (
     ENV_CLOUD,
     ENV_JOB_ID,
     ENV_METADATA_URL,
+    ENV_TRAINER_ENV_FD,
 )
 
 # The agent's own settings (not part of protocol.py: only the launcher and the agent use them).
@@ -42,6 +43,9 @@ def agent() -> None:
 @click.option("--token-fd", envvar=ENV_AGENT_TOKEN_FD, show_envvar=True, type=click.IntRange(min=0), default=None,
               help="Read the token from this file descriptor instead (then closed): it is then in no "
                    "process's environment.")
+@click.option("--trainer-env-fd", envvar=ENV_TRAINER_ENV_FD, show_envvar=True, type=click.IntRange(min=0),
+              default=None, help="Read variables for the trainer only (a JSON object) from this file descriptor "
+                                 "(then closed): the local launcher's, kept out of the agent's own environment.")
 @click.option("--job-id", envvar=ENV_JOB_ID, show_envvar=True)
 @click.option("--attempt-id", envvar=ENV_ATTEMPT_ID, show_envvar=True)
 @click.option("--cloud", envvar=ENV_CLOUD, show_envvar=True, help="aws, gcp, azure or local (default: detect).")
@@ -74,7 +78,8 @@ def agent() -> None:
 @click.option("-v", "--verbose", is_flag=True)
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 def run(command: tuple[str, ...], broker_url: str | None, token: str | None, token_fd: int | None,
-        job_id: str | None, attempt_id: str | None, cloud: str | None, metadata_url: str | None, work_dir: Path | None,
+        trainer_env_fd: int | None, job_id: str | None, attempt_id: str | None, cloud: str | None,
+        metadata_url: str | None, work_dir: Path | None,
         heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
         log_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, node_rank: int,
         credentials_lead: float, max_log_bytes: int, verbose: bool) -> None:
@@ -90,6 +95,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, tok
         except OSError as exc:
             raise click.BadParameter(f"cannot read a token from fd {token_fd} ({exc.strerror})",
                                      param_hint="--token-fd") from None
+    trainer_env = {} if trainer_env_fd is None else _read_variables(trainer_env_fd)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
                         format="spotbroker-agent %(asctime)s %(levelname)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too much
@@ -104,9 +110,24 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, tok
         work_dir=work_dir, heartbeat_interval=heartbeat_seconds, poll_interval=poll_seconds,
         metadata_timeout=metadata_timeout, notice_window=notice_window, log_interval=log_seconds,
         retry_max=retry_max_seconds, final_flush_timeout=final_flush_seconds, node_rank=node_rank,
-        credentials_lead=credentials_lead, max_log_bytes=max_log_bytes,
+        credentials_lead=credentials_lead, max_log_bytes=max_log_bytes, trainer_env=trainer_env,
     )
     sys.exit(supervise(config))
+
+
+def _read_variables(fd: int) -> dict[str, str]:
+    """The JSON object of variables at `fd` (then closed)."""
+    import json
+
+    try:
+        with open(fd, "rb", closefd=True) as source:
+            variables = json.loads(source.read())
+    except (OSError, ValueError) as exc:
+        raise click.BadParameter(f"cannot read variables from fd {fd} ({exc})", param_hint="--trainer-env-fd") \
+            from None
+    if not isinstance(variables, dict) or not all(isinstance(v, str) for v in variables.values()):
+        raise click.BadParameter(f"fd {fd} holds no JSON object of strings", param_hint="--trainer-env-fd")
+    return variables
 
 
 @agent.command(context_settings={"ignore_unknown_options": True, "help_option_names": []})

@@ -65,7 +65,10 @@ class BrokerClient:
 
         self._httpx = httpx
         headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._http: httpx.Client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout)
+        # trust_env=False: the agent starts with the job's `envs`, and a proxy
+        # (or CA file) the job names there would carry, or read, its token.
+        self._http: httpx.Client = httpx.Client(base_url=url.rstrip("/"), headers=headers, timeout=timeout,
+                                                trust_env=False)
 
     def post_events(self, events: list[dict[str, Any]]) -> dict[str, Any]:
         answer = self._send(EVENTS_PATH, json={"events": events})

@@ -23,6 +23,9 @@ from typing import Any
 ENV_BROKER_URL = "SPOTBROKER_URL"            # e.g. http://10.0.0.5:8000
 ENV_AGENT_TOKEN = "SPOTBROKER_AGENT_TOKEN"   # per-attempt token; may post only for its attempt
 ENV_AGENT_TOKEN_FD = "SPOTBROKER_AGENT_TOKEN_FD"  # or: the fd to read it from (the local launcher's pipe)
+# The local launcher's: an fd holding a JSON object of variables for the trainer
+# only (the dynamic loader's, LD_*, which would load the job's code into the agent).
+ENV_TRAINER_ENV_FD = "SPOTBROKER_TRAINER_ENV_FD"
 ENV_JOB_ID = "SPOTBROKER_JOB_ID"
 ENV_ATTEMPT_ID = "SPOTBROKER_ATTEMPT_ID"
 ENV_CLOUD = "SPOTBROKER_CLOUD"               # aws | gcp | azure | local; unset = detect
@@ -52,7 +55,8 @@ CREDENTIALS_FILE = "storage-credentials.json"
 # code): a job's own `envs` and `secrets` may not name them, since on a
 # SkyPilot node a secret would win over the broker's value.
 PER_ATTEMPT_ENV = frozenset({
-    ENV_BROKER_URL, ENV_AGENT_TOKEN, ENV_AGENT_TOKEN_FD, ENV_JOB_ID, ENV_ATTEMPT_ID, ENV_CLOUD, ENV_METADATA_URL,
+    ENV_BROKER_URL, ENV_AGENT_TOKEN, ENV_AGENT_TOKEN_FD, ENV_TRAINER_ENV_FD, ENV_JOB_ID, ENV_ATTEMPT_ID, ENV_CLOUD,
+    ENV_METADATA_URL,
     ENV_CHECKPOINT_URI, ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
     "SPOTBROKER_INSTANCE_TYPE", "SPOTBROKER_CODE_URI", "SPOTBROKER_CODE_SHA256",
     ENV_STORAGE_CREDENTIALS, ENV_STORAGE_CREDENTIALS_FILE})

@@ -71,6 +71,7 @@ from spotbroker.agent.protocol import (
     ENV_ATTEMPT_ID,
     ENV_CONTROL_DIR,
     ENV_JOB_ID,
+    ENV_TRAINER_ENV_FD,
     EVENTS_FILE,
     HEARTBEAT,
     TRAINER_EXITED,
@@ -122,6 +123,7 @@ class RunnerConfig:
     node_rank: int = 0                  # > 0: events carry it; the trainer's log is node 0's to ship
     credentials_lead: float = 600.0     # storage credentials are renewed this long before they end
     max_log_bytes: int = 0              # of the trainer's output kept in its log (and shipped); 0: no bound
+    trainer_env: dict[str, str] = field(default_factory=dict)  # the trainer's, never in the agent's own environment
 
 
 class Supervisor(NoticePath):
@@ -188,6 +190,8 @@ class Supervisor(NoticePath):
         env = dict(os.environ)
         env.pop(ENV_AGENT_TOKEN, None)  # the trainer never needs the agent's credential
         env.pop(ENV_AGENT_TOKEN_FD, None)
+        env.pop(ENV_TRAINER_ENV_FD, None)
+        env.update(self.config.trainer_env)
         env.pop(ENV_CONTROL_DIR, None)  # only this agent's own
         if self.control_dir is not None:
             env[ENV_CONTROL_DIR] = str(self.control_dir)

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from spotbroker.api.deps import get_principal
 from spotbroker.api.errors import Problem, responses
+from spotbroker.broker.jobs.spec import parse_accelerator
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
 from spotbroker.broker.pricing.settings import get_pricing_settings, source_label
@@ -22,6 +23,7 @@ from spotbroker.broker.pricing.sources import build_source
 from spotbroker.broker.pricing.tracker import PriceTracker
 
 log = logging.getLogger("spotbroker.pricing")
+MAX_COUNT = 64  # accelerators in one offer
 
 
 @asynccontextmanager
@@ -101,7 +103,7 @@ async def list_prices(
     cloud: Annotated[str | None, Query(pattern="^(aws|gcp|azure)$")] = None,
     region: Annotated[str | None, Query(max_length=64)] = None,
     accelerator: Annotated[str | None, Query(max_length=32)] = None,
-    count: Annotated[float | None, Query(gt=0, le=64)] = None,
+    count: Annotated[float | None, Query(gt=0, le=MAX_COUNT)] = None,
     spot: bool = True,
     max_price: Annotated[float | None, Query(gt=0)] = None,
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 50,
@@ -109,6 +111,8 @@ async def list_prices(
 ) -> PricesOut:
     """Current offers, fresh ones cheapest first (by the spot price, or the
     on-demand one with `spot=false`), then stale ones; `next_cursor` pages on."""
+    if accelerator and ":" in accelerator:  # NAME:COUNT, as the CLI and a job spec take it
+        accelerator, count = _shape(accelerator, count)
     now = request.app.state.clock.now()
     q = PriceQuery(cloud, region, accelerator, count, spot, max_price, limit, cursor)
     try:
@@ -130,6 +134,19 @@ async def list_prices(
             age_seconds=round((now - o.checked_at).total_seconds(), 1), source=source_label(o.source), stale=p.stale,
             risk=o.risk, risk_source=o.risk_source))
     return PricesOut(offers=offers, next_cursor=next_cursor)
+
+
+def _shape(shape: str, count: float | None) -> tuple[str, float]:
+    """`A100:8` -> ("A100", 8); the count was once dropped, answering 1-GPU offers."""
+    try:
+        name, in_shape = parse_accelerator(shape)
+    except ValueError as exc:
+        raise _invalid("accelerator", str(exc)) from None
+    if in_shape > MAX_COUNT:
+        raise _invalid("accelerator", f"{shape!r}: at most {MAX_COUNT} accelerators per offer")
+    if count is not None and count != in_shape:
+        raise _invalid("count", f"{count:g}, while accelerator says {in_shape:g}: give the count once")
+    return name, in_shape
 
 
 def _ranked(request: Request, q: PriceQuery, now: datetime):

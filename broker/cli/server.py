@@ -48,13 +48,15 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
     click.echo(f"spotbroker: serving on http://{host}:{port} (database: "
                f"{settings.sqlalchemy_url.split('@')[-1]}, data: {settings.data_dir}, workers: {workers})",
                err=True)
+    from spotbroker.api.headlimit import BoundedHead  # a request's head is bounded
+
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, http=BoundedHead)
         return
     # Worker processes build their own app from the environment.
     os.environ.update(SPOTBROKER_HOST=host, SPOTBROKER_PORT=str(port))
     uvicorn.run("spotbroker.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level)
+                log_level=log_level, http=BoundedHead)
 
 
 @click.group()

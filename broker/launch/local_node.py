@@ -172,6 +172,15 @@ def _pipe_holding(secret: str) -> int:
     return read
 
 
+def _memory_file_holding(text: str) -> int:
+    """A file in memory holding `text`, read from its start: of any size,
+    where a pipe's writer would wait for a reader that has not started."""
+    fd = os.memfd_create("spotbroker-trainer-env")
+    os.write(fd, text.encode())
+    os.lseek(fd, 0, os.SEEK_SET)
+    return fd
+
+
 def sim_url_file(rank: int) -> str:
     """Where node `rank`'s simulator writes its URL (node 0's name is the one older runs have)."""
     return "sim.url" if rank == 0 else f"sim-{rank}.url"
@@ -247,20 +256,27 @@ class Node:
             return 128 + signal.SIGTERM
         owner, env = self.spec.owner, dict(self.spec.env)
         env.pop(protocol.ENV_AGENT_TOKEN_FD, None)
+        env.pop(protocol.ENV_TRAINER_ENV_FD, None)
         token_fd = _pipe_holding(self.spec.agent_token) if self.spec.agent_token else None
+        fds = [] if token_fd is None else [token_fd]
         if token_fd is not None:
             env[protocol.ENV_AGENT_TOKEN_FD] = str(token_fd)
+            # The dynamic loader's variables would load the job's code into the
+            # agent, which holds the token: they reach its trainer only.
+            if loader := {name: env.pop(name) for name in list(env) if name.startswith("LD_")}:
+                fds.append(_memory_file_holding(json.dumps(loader)))
+                env[protocol.ENV_TRAINER_ENV_FD] = str(fds[-1])
         output, into_output = os.pipe()
         try:
             self.job = subprocess.Popen(
                 self.spec.command, cwd=workdir, env=env, stdin=subprocess.DEVNULL, stdout=into_output,
-                stderr=subprocess.STDOUT, pass_fds=() if token_fd is None else (token_fd,),
+                stderr=subprocess.STDOUT, pass_fds=tuple(fds),
                 user=owner[0] if owner else None, group=owner[1] if owner else None,
                 extra_groups=[] if owner else None, umask=0o077)
         finally:
             os.close(into_output)
-            if token_fd is not None:
-                os.close(token_fd)
+            for fd in fds:
+                os.close(fd)
         pump = threading.Thread(target=self._pump_output, args=(output,), name="output", daemon=True)
         pump.start()
         code = self._wait_for_job()

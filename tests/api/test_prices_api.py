@@ -36,6 +36,18 @@ def test_cheapest_first_across_the_three_clouds(api, team_headers):
     assert [o["on_demand_price"] for o in on_demand] == sorted(o["on_demand_price"] for o in on_demand)
 
 
+def test_an_accelerator_with_its_count_is_the_shape_the_cli_and_a_job_spec_take(api, team_headers):
+    """`accelerator=A100:8` once answered 1-GPU offers: the count was dropped."""
+    h = team_headers()
+    shaped = api.get("/v1/prices", params={"accelerator": "A100:8"}, headers=h)
+    apart = api.get("/v1/prices", params={"accelerator": "A100", "count": 8}, headers=h)
+    assert shaped.status_code == 200 and shaped.json()["offers"] and shaped.json() == apart.json()
+    for params, field in (({"accelerator": "A100:8", "count": 4}, "count"), ({"accelerator": "A100:x"}, "accelerator"),
+                          ({"accelerator": "A100:65"}, "accelerator"), ({"accelerator": "A100:0"}, "accelerator")):
+        r = api.get("/v1/prices", params=params, headers=h)
+        assert r.status_code == 422 and [e["field"] for e in r.json()["errors"]] == [field], (params, r.text)
+
+
 def test_limit_and_cursor_page_through_every_offer_once(api, team_headers):
     h = team_headers()
     everything = api.get("/v1/prices", params={"limit": 1000}, headers=h).json()

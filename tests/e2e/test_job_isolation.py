@@ -241,6 +241,52 @@ def test_the_jobs_code_is_the_trainers_never_imported_by_its_agent(broker_env, a
     assert agent_token(settings.signing_key(), job["attempts"][0]["id"]) not in out
 
 
+@pytest.mark.skipif(not ROOT, reason="needs root: to read the agent's environment, which it keeps from its uid")
+def test_the_loaders_variables_reach_the_trainer_never_its_agent(broker_env, api, team_headers, settings):
+    """LD_PRELOAD in a job's `envs` once loaded the job's library into its
+    agent as well, where it could read the agent's token."""
+    h = team_headers("a")
+    loader = {"LD_PRELOAD": "libm.so.6", "LD_LIBRARY_PATH": "/opt/job-libs"}
+    run = 'echo "$$ $PPID" > pids.tmp && mv pids.tmp pids; sleep 60'
+    job_id = api.post("/v1/jobs", json={"name": "loader", "run": run, "envs": loader}, headers=h).json()["id"]
+    job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    node = settings.data_dir / "runs" / str(job["attempts"][0]["id"]) / "node-0"
+    wait_for(lambda: (node / "workdir" / "pids").exists(), timeout=30, what="the job's pids")
+    trainer, agent = (Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                      for pid in (node / "workdir" / "pids").read_text().split())
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    for name, value in loader.items():
+        assert f"{name}={value}".encode() in trainer
+        assert not [v for v in agent if v.startswith(f"{name}=".encode())], agent
+
+
+LISTENER = """
+import socket
+s = socket.create_server(("127.0.0.1", {port}))
+s.settimeout(8)
+try:
+    print("proxy saw:", s.accept()[0].recv(65536).decode(errors="replace"))
+except socket.timeout:
+    print("proxy saw nothing")
+"""
+
+
+def test_a_jobs_proxy_settings_never_carry_its_agents_reports(broker_env, api, team_headers, settings):
+    """The agent starts with the job's `envs`: its reports, and its token,
+    once went through the HTTP_PROXY the job named, which the job itself served."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    h = team_headers("a")
+    proxy = f"http://127.0.0.1:{port}"
+    job, out = run_job(api, h, f"python -c {shlex.quote(LISTENER.format(port=port))}",
+                       envs={"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "ALL_PROXY": proxy})
+    assert job["state"] == "SUCCEEDED" and "proxy saw nothing" in out, out
+    assert agent_token(settings.signing_key(), job["attempts"][0]["id"]) not in out
+
+
 def test_a_job_that_prints_without_end_keeps_a_bounded_log(api, team_headers, settings):
     """Past SPOTBROKER_MAX_LOG_BYTES a log ends with a marker, the job's
     events say so once, and nothing more of the output is stored anywhere
