@@ -93,6 +93,7 @@ log = logging.getLogger("spotbroker.agent")
 
 TRAINER_LOG_FILE = "trainer.log"
 COMMAND_NOT_STARTED = 127  # the shell's code for a command that could not be run
+LOG_BEFORE_EXIT_SECONDS = 10.0  # the longest the exit waits for the log to be shipped
 
 
 @dataclass
@@ -149,6 +150,7 @@ class Supervisor(NoticePath):
         self.watchers: Watchers | None = None
         self._threads: list[threading.Thread] = []
         self._deliveries: list[Delivery] = []
+        self._finish_by: float | None = None  # monotonic: delivery ends then (final_flush_timeout)
         self._notices: queue.Queue[Notice | None] = queue.Queue()
         self._trainer_done = threading.Event()
         self._stopping = threading.Event()
@@ -252,15 +254,31 @@ class Supervisor(NoticePath):
         data: dict[str, Any] = {"exit_code": exit_code}
         if returncode < 0:
             data["signal"] = signal_name(-returncode)
+        self._ship_log_first()
         self.outbox.add(TRAINER_EXITED, data)
         self._deliver_and_close()
         return exit_code
+
+    def _ship_log_first(self) -> None:
+        """The trainer's output reaches the broker before its exit does: a
+        script that waits for the job to end and then reads the log gets all
+        of it. Bounded: a broker that cannot take the log now still hears of
+        the exit (the log follows, as everything left does)."""
+        deadline = self._final_deadline()
+        for shipper in (d for d in self._deliveries if isinstance(d, LogShipper)):
+            shipper.finish(deadline)
+            shipper.join(LOG_BEFORE_EXIT_SECONDS)
+
+    def _final_deadline(self) -> float | None:
+        if self._finish_by is None and self.config.final_flush_timeout is not None:
+            self._finish_by = time.monotonic() + self.config.final_flush_timeout
+        return self._finish_by
 
     def _deliver_and_close(self) -> None:
         """Give the broker everything (within final_flush_timeout, if set), unless
         it says the attempt is gone; what is left stays on disk."""
         timeout = self.config.final_flush_timeout
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = self._final_deadline()
         for delivery in self._deliveries:
             delivery.finish(deadline)
         if any(d.is_alive() for d in self._deliveries):

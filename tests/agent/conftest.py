@@ -104,6 +104,7 @@ class FakeBroker:
     arrivals: list[tuple[float, dict[str, Any]]] = field(default_factory=list)  # (monotonic, event) as received
     log_bytes: bytearray = field(default_factory=bytearray)
     log_posts: list[tuple[int, int]] = field(default_factory=list)     # (offset, length)
+    log_size_at: dict[str, int] = field(default_factory=dict)  # event type -> log bytes held when it first came
     refused: int = 0          # requests with a wrong or missing token
     answers: int = 0          # event posts answered 200
     cancel: bool = False      # answer "cancel": true to the agent
@@ -145,6 +146,7 @@ class FakeBroker:
         with self.lock:
             for event in body["events"]:
                 self.arrivals.append((time.monotonic(), event))
+                self.log_size_at.setdefault(event["type"], len(self.log_bytes))
                 self.events.setdefault(int(event["seq"]), event)  # a known seq is ignored
             last = max(self.events) if self.events else 0
             answer = {"accepted": len(body["events"]), "last_seq": last, "cancel": self.cancel}

@@ -222,6 +222,18 @@ def test_logs_are_shipped_with_offsets_and_mirrored(agent, broker):
     assert offsets[-1] == len(broker.log_bytes) == len((process.work_dir / "trainer.log").read_bytes())
 
 
+def test_the_whole_log_reaches_the_broker_before_the_trainers_exit(agent, broker):
+    """A script that waits for the job to end and then reads its log gets all
+    of it: the broker hears of the exit only once it holds the output."""
+    process = agent("--lines", "40000", "--steps", "1", options=["--log-seconds", "30"],
+                    broker_url=broker.url, sim_url=None)
+    code, _, err = process.finish(timeout=60)
+    assert code == 0, err
+    size = len((process.work_dir / "trainer.log").read_bytes())
+    assert size > 1 << 20  # more than one request's chunk
+    assert broker.log_size_at["trainer_exited"] == size
+
+
 @pytest.mark.parametrize("trainer_code", [0, 7])
 def test_exit_code_is_passed_through(agent, broker, trainer_code):
     code, _, err = agent("--steps", "3", "--exit-code", str(trainer_code), broker_url=broker.url,
