@@ -81,6 +81,9 @@ def parse_amount(value: str) -> tuple[float, bool]:
     return amount, bool(match["plus"])
 
 
+_PLACE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,63}")  # us-east-1a, us-central1-a, eastus
+
+
 class Infra:
     """"aws", "gcp/us-central1", "aws/us-east-1/us-east-1a" ("*" = any);
     "k8s" (or "kubernetes"): the broker's Kubernetes places, "k8s/CONTEXT"
@@ -101,6 +104,10 @@ class Infra:
         self.cloud = None if cloud == "*" else cloud
         self.region = parts[1] if len(parts) > 1 and parts[1] != "*" else None
         self.zone = parts[2] if len(parts) > 2 and parts[2] != "*" else None
+        if self.cloud != KUBERNETES[0]:  # a kube context is the operator's name; a cloud's places are not
+            for what, name in (("region", self.region), ("zone", self.zone)):
+                if name is not None and not _PLACE_NAME.fullmatch(name):
+                    raise ValueError(f"{text!r}: {name!r} is not a {what} name (letters, digits and '-')")
 
 
 class ResourceSet(_Strict):

@@ -33,6 +33,8 @@ BAD_SPECS = [
     (b'{"run": "x", "workdir": "/tmp/\\u0000"}', JSON, "workdir", "NUL"),
     (b'{"run": "x", "resources": {"infra": "aws/us-east-1\\u0000"}}', JSON, "resources.infra", "NUL"),
     (b'run: "a\\0b"\n', YAML, "run", "NUL"),
+    (b'{"run": "x", "resources": {"infra": "aws/.."}}', JSON, "resources.infra", "region"),
+    (b'{"run": "x", "resources": {"infra": "gcp/us-central1/a;b"}}', JSON, "resources.infra", "zone"),
     (b'{"run": "x", "envs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", JSON, "body", "nested"),
     (b'{"run": "x", "envs": ' + b"[" * 40 + b"]" * 40 + b"}", JSON, "envs.0.0.0", "nested"),
     (b"run: x\nenvs: " + b"[" * 100_000 + b"]" * 100_000 + b"\n", YAML, "body", "nested"),
