@@ -358,9 +358,13 @@ def test_drain_without_a_commit_ends_in_no_flush_once(agent, broker, wait):
 
 
 @pytest.mark.parametrize("drain", [None, False])  # None: the answer has no "drain" (an older broker)
-def test_an_answer_without_drain_is_no_drain(agent, broker, drain):
+def test_an_answer_without_drain_is_no_drain(agent, broker, drain, wait, tmp_path):
     broker.drain = drain
-    process = agent("--library", "--steps", "50", broker_url=broker.url, sim_url=None)
+    stop = tmp_path / "stop"
+    process = agent("--library", "--until-file", str(stop), broker_url=broker.url, sim_url=None)
+    # Training goes on until the agent has heard a few such answers (however slowly they come).
+    wait(lambda: broker.answers >= 3, what="three answers")
+    stop.touch()
     code, out, err = process.finish()
     assert code == 0, err
     assert broker.answers >= 3
