@@ -50,7 +50,7 @@ def _file_seconds() -> dict[str, float]:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # xdist's loadfile hands whole files to the workers in this order (with
     # --no-loadscope-reorder): the slowest first, so that the run does not end
-    # on one worker still in a long file while the other has nothing left.
+    # on one worker still in a long file while the others have nothing left.
     # A stable sort: tests keep their order within a file, unlisted files
     # theirs after the listed ones. The same order in every worker.
     seconds = _file_seconds()
