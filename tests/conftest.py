@@ -37,6 +37,26 @@ def pytest_configure(config: pytest.Config) -> None:
     os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -n 0".strip()
 
 
+def _file_seconds() -> dict[str, float]:
+    """tests/durations.txt: seconds per test file, from a measured run."""
+    table = {}
+    for line in Path(__file__).with_name("durations.txt").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            seconds, name = line.split()
+            table[name] = float(seconds)
+    return table
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # xdist's loadfile hands whole files to the workers in this order (with
+    # --no-loadscope-reorder): the slowest first, so that the run does not end
+    # on one worker still in a long file while the others have nothing left.
+    # A stable sort: tests keep their order within a file, unlisted files
+    # theirs after the listed ones. The same order in every worker.
+    seconds = _file_seconds()
+    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0].removeprefix("tests/"), 0.0))
+
+
 def _pg_unavailable(reason: str) -> None:
     message = (f"PostgreSQL is not reachable at {make_url(PG_ADMIN_URL).render_as_string()} ({reason}); "
                "start it (scripts/ensure-postgres) or point SPOTBROKER_TEST_PG_URL at a server")

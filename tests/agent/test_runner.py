@@ -105,6 +105,13 @@ def _assert_seq_contiguous(broker) -> None:
     assert seqs == list(range(1, len(seqs) + 1))
 
 
+def _outboxed(process) -> list[str]:
+    """The types of the events the agent has written to its outbox (whole lines only)."""
+    path = process.work_dir / "outbox.jsonl"
+    lines = path.read_text().splitlines(keepends=True) if path.exists() else []
+    return [json.loads(line)["type"] for line in lines if line.endswith("\n")]
+
+
 def _control_dir(process) -> Path:
     [control] = process.work_dir.glob("control-*")
     return control
@@ -287,7 +294,8 @@ def test_sigterm_while_only_delivery_is_left_ends_it(agent, free_port, tmp_path,
     process = agent("--steps", "3", "--done-file", str(done), broker_url=f"http://127.0.0.1:{free_port}",
                     sim_url=None)
     wait(done.exists, what="the trainer to finish while the broker is down")
-    time.sleep(0.5)
+    # Only delivery is left once the agent has seen the trainer exit (it then records trainer_exited).
+    wait(lambda: TRAINER_EXITED in _outboxed(process), what="the agent to see the trainer exit")
     process.proc.send_signal(signal.SIGTERM)
     code, _, err = process.finish(timeout=15)
     assert code == 0 and "Traceback" not in err, err
@@ -362,9 +370,13 @@ def test_drain_without_a_commit_ends_in_no_flush_once(agent, broker, wait):
 
 
 @pytest.mark.parametrize("drain", [None, False])  # None: the answer has no "drain" (an older broker)
-def test_an_answer_without_drain_is_no_drain(agent, broker, drain):
+def test_an_answer_without_drain_is_no_drain(agent, broker, drain, wait, tmp_path):
     broker.drain = drain
-    process = agent("--library", "--steps", "50", broker_url=broker.url, sim_url=None)
+    stop = tmp_path / "stop"
+    process = agent("--library", "--until-file", str(stop), broker_url=broker.url, sim_url=None)
+    # Training goes on until the agent has heard a few such answers (however slowly they come).
+    wait(lambda: broker.answers >= 3, what="three answers")
+    stop.touch()
     code, out, err = process.finish()
     assert code == 0, err
     assert broker.answers >= 3

@@ -32,6 +32,7 @@ def main() -> int:
     parser.add_argument("--ignore-flush", action="store_true", help="use the library but never commit")
     parser.add_argument("--stay", action="store_true", help="train on after a flush commit")
     parser.add_argument("--steps", type=int, default=1_000_000)
+    parser.add_argument("--until-file", help="stop training (as after the last step) once this file exists")
     parser.add_argument("--step-seconds", type=float, default=0.02)
     parser.add_argument("--exit-code", type=int, default=0)
     parser.add_argument("--lines", type=int, default=0, help="print this many lines to stdout and stderr first")
@@ -64,7 +65,7 @@ def main() -> int:
         print(f"err line {i}", file=sys.stderr, flush=True)
 
     step = handled = 0
-    while step < args.steps:
+    while step < args.steps and not (args.until_file and os.path.exists(args.until_file)):
         time.sleep(args.step_seconds)
         step += 1
         if len(flush_asked) > handled:  # the next step boundary after the signal

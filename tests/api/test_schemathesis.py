@@ -2,8 +2,9 @@
 admin: no 5xx, every status the document lists, every body the shape it
 says. Against a server whose launchers run nothing (the local launcher off,
 no reconciler), so a generated `run` string never executes; the log route
-is fuzzed without `follow` (a stream is not one answer). Bounded: a few
-examples per operation and mode, about a minute for the four runs."""
+is fuzzed without `follow` (a stream is not one answer). Bounded by a
+number of cases (EXAMPLES per operation and mode), never by seconds: how
+long that takes depends on the machine's load, not on the broker."""
 from __future__ import annotations
 
 import time
@@ -18,8 +19,7 @@ from schemathesis.generation import GenerationMode
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 CHECKS = [not_a_server_error, status_code_conformance, response_schema_conformance]
-EXAMPLES = 12    # per operation and generation mode
-BUDGET_S = 60     # a run that takes longer fails: the suite must stay quick
+EXAMPLES = 12    # per operation and generation mode: what keeps the run short
 
 
 def without_follow(document: dict) -> dict:
@@ -67,5 +67,4 @@ def test_the_openapi_document_holds_under_fuzzing(quiet_server, who):
     took = time.monotonic() - started
     assert tried >= 30
     assert not failures, "\n\n".join(failures)
-    assert took < BUDGET_S, f"fuzzing took {took:.0f} s"
     print(f"{who}: {tried} operation-modes in {took:.1f} s")

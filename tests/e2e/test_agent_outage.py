@@ -83,6 +83,11 @@ def test_a_broker_down_at_the_jobs_end_gets_every_event_once_when_back(db_url, d
         final = wait_for(lambda: (j := job())["state"] in ("SUCCEEDED", "FAILED") and j, timeout=120,
                          what="the job to end")
         assert final["state"] == "FAILED" and len(final["attempts"]) == 1
+        # The agent sends events and output on two channels, each with its own back-off: the
+        # job can end (its trainer_exited came in) before the output does. The agent exits
+        # once it has delivered both, and its node then records the exit.
+        exit_file = data_dir / "runs" / str(final["attempts"][0]["id"]) / "exit-0"
+        wait_for(exit_file.exists, timeout=60, what="the agent to deliver everything and exit")
         logs = httpx.get(f"{broker.url}/v1/jobs/{job_id}/logs", headers=h).text
         assert "first line\n" in logs and "line 3\n" in logs
     finally:

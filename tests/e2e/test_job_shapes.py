@@ -44,6 +44,13 @@ def uninterrupted(script: Path, args: str) -> str:
     return final_loss(done.stdout)
 
 
+@pytest.fixture(scope="module")
+def uninterrupted_loss() -> str:
+    """The final loss of TRAIN with ARGS, never stopped: the same for every
+    test here, so computed once (each run is a torch start, about 3 s)."""
+    return uninterrupted(TRAIN, ARGS)
+
+
 def preempt_once_stepping(api, h, job_id: int) -> dict:
     try:
         wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
@@ -108,14 +115,15 @@ SHAPES = {
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_a_job_shape_flushes_on_notice_and_resumes_where_it_stopped(api, team_headers, settings, shape):
+def test_a_job_shape_flushes_on_notice_and_resumes_where_it_stopped(api, team_headers, settings, shape,
+                                                                    uninterrupted_loss):
     cloud, spec, files = SHAPES[shape]
     h = team_headers()
     resources = {"accelerators": GPU[cloud], "infra": cloud}
     job_id = api.post("/v1/jobs", json={"name": shape, **spec, "resources": resources}, headers=h).json()["id"]
     job = preempt_once_stepping(api, h, job_id)
     assert_flushed_and_resumed(api, h, job, cloud)
-    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted(TRAIN, ARGS)
+    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted_loss
     for attempt in job["attempts"]:  # the job's tree holds what the job put there, nothing of the agent's
         assert files_under(node_workdir(settings, attempt["id"])) == files
 
@@ -198,11 +206,12 @@ def submit_file(settings, h, task: Path) -> int:
     return json.loads(done.stdout)["id"]
 
 
-def check_uploaded_run(api, h, settings, job_id: int, root: Path, files: set[str], cloud: str | None) -> None:
+def check_uploaded_run(api, h, settings, job_id: int, root: Path, files: set[str], cloud: str | None,
+                       uninterrupted_loss: str) -> None:
     before = files_under(root)
     job = preempt_once_stepping(api, h, job_id)
     assert_flushed_and_resumed(api, h, job, cloud)
-    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted(TRAIN, ARGS)
+    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted_loss
     for attempt in job["attempts"]:  # a fresh copy each attempt: the uploaded files, what the job made
         assert files_under(node_workdir(settings, attempt["id"])) == files
     assert files_under(root) == before  # nothing lands in the user's own tree
@@ -218,7 +227,8 @@ UPLOADED = {
 
 
 @pytest.mark.parametrize("shape", UPLOADED)
-def test_an_uploaded_workdir_is_each_attempts_working_directory(api, team_headers, settings, project, shape):
+def test_an_uploaded_workdir_is_each_attempts_working_directory(api, team_headers, settings, project, shape,
+                                                               uninterrupted_loss):
     cloud, setup, run, made = UPLOADED[shape]
     root, files = project
     h = team_headers()
@@ -229,7 +239,7 @@ def test_an_uploaded_workdir_is_each_attempts_working_directory(api, team_header
         spec["setup"] = setup
     r = api.post("/v1/jobs", json=spec, headers=h)
     assert r.status_code == 201, r.text
-    check_uploaded_run(api, h, settings, r.json()["id"], root, files | made, cloud)
+    check_uploaded_run(api, h, settings, r.json()["id"], root, files | made, cloud, uninterrupted_loss)
 
 
 SKYPILOT_TASKS = {
@@ -241,7 +251,8 @@ SKYPILOT_TASKS = {
 
 
 @pytest.mark.parametrize("shape", SKYPILOT_TASKS)
-def test_a_skypilot_task_file_submitted_with_its_workdir(api, team_headers, settings, project, shape):
+def test_a_skypilot_task_file_submitted_with_its_workdir(api, team_headers, settings, project, shape,
+                                                        uninterrupted_loss):
     setup, run, made = SKYPILOT_TASKS[shape]
     root, files = project
     task = root / "task.yaml"
@@ -255,4 +266,4 @@ def test_a_skypilot_task_file_submitted_with_its_workdir(api, team_headers, sett
     h = team_headers()
     job_id = submit_file(settings, h, task)
     assert api.get(f"/v1/jobs/{job_id}", headers=h).json()["spec"]["workdir"]["upload"]
-    check_uploaded_run(api, h, settings, job_id, root, files | {"task.yaml"} | made, None)
+    check_uploaded_run(api, h, settings, job_id, root, files | {"task.yaml"} | made, None, uninterrupted_loss)

@@ -25,7 +25,15 @@ def final_loss(text: str) -> str:
     return re.findall(r"final_loss=(\S+)", text)[-1]
 
 
-def test_preempted_run_resumes_elsewhere_from_its_flushed_checkpoint(api, team_headers):
+@pytest.fixture(scope="module")
+def uninterrupted_loss() -> str:
+    """TRAIN's final loss, never stopped: one run for every test here (a torch start each)."""
+    uninterrupted = subprocess.run(TRAIN, capture_output=True, text=True, timeout=120)
+    assert uninterrupted.returncode == 0, uninterrupted.stderr
+    return final_loss(uninterrupted.stdout)
+
+
+def test_preempted_run_resumes_elsewhere_from_its_flushed_checkpoint(api, team_headers, uninterrupted_loss):
     h = team_headers()
     run = " ".join(JOB_TRAIN + ["--step-seconds", "0.15"])
     job_id = api.post("/v1/jobs", json={"name": "train", "run": run, "max_restarts": 0,
@@ -64,10 +72,8 @@ def test_preempted_run_resumes_elsewhere_from_its_flushed_checkpoint(api, team_h
     assert f"/{first['id']}/step-" in flushed[0]["uri"]  # under the first attempt's own prefix
 
     # The resumed run ends exactly where an uninterrupted one does.
-    uninterrupted = subprocess.run(TRAIN, capture_output=True, text=True, timeout=120)
-    assert uninterrupted.returncode == 0, uninterrupted.stderr
     resumed_log = api.get(f"/v1/jobs/{job_id}/logs", headers=h).text
-    assert final_loss(resumed_log) == final_loss(uninterrupted.stdout)
+    assert final_loss(resumed_log) == uninterrupted_loss
     # The first attempt's output is still readable after its node is gone.
     assert "step=5 " in api.get(f"/v1/jobs/{job_id}/logs", params={"attempt": first["id"]}, headers=h).text
 
@@ -86,7 +92,7 @@ def test_simulate_preemption_is_refused_without_a_local_running_attempt(api, tea
 # One database is enough here: the move's database side runs on both in
 # tests/broker/test_reconciler.py; this is the agent and trainer side.
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_a_run_short_of_slack_is_drained_and_resumes_on_demand(api, team_headers, settings):
+def test_a_run_short_of_slack_is_drained_and_resumes_on_demand(api, team_headers, settings, uninterrupted_loss):
     """The broker moves a job itself: the deadline comes closer than the work
     left, so the policy wants on-demand; the agent drains (flushes) the spot
     attempt, and the run resumes on-demand from that checkpoint."""
@@ -126,5 +132,4 @@ def test_a_run_short_of_slack_is_drained_and_resumes_on_demand(api, team_headers
     assert moving["data"]["towards"][0].endswith(" on-demand")
     resumed = next(e for e in events if e["type"] == "resumed" and e["attempt_id"] == second["id"])
     assert resumed["data"]["step"] > 0
-    uninterrupted = subprocess.run(TRAIN, capture_output=True, text=True, timeout=120)
-    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == final_loss(uninterrupted.stdout)
+    assert final_loss(api.get(f"/v1/jobs/{job_id}/logs", headers=h).text) == uninterrupted_loss

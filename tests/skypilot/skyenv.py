@@ -188,6 +188,11 @@ def _reload_sky(catalog_dir: str) -> None:
         sys.modules["sky.server.common"].get_server_url.cache_clear()
     if "sky.skypilot_config" in sys.modules:
         sys.modules["sky.skypilot_config"].reload_config()
+    if "sky.utils.annotations" in sys.modules:
+        # What SkyPilot cached per request: the AWS identity above all (moto's,
+        # inside; none, outside), which decides whether the AWS catalog asks
+        # AWS for its zones when it is next read.
+        sys.modules["sky.utils.annotations"].clear_request_level_cache()
 
 
 @pytest.fixture(scope="module")
