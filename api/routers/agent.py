@@ -27,14 +27,13 @@ from spotbroker.api.schemas import BoundedData
 from spotbroker.broker.jobs import logs
 from spotbroker.broker.launch import storage_credentials
 from spotbroker.broker.recovery import agent_channel
-from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.store.models import Attempt
 
 router = APIRouter(tags=["agent"])
 _bearer = HTTPBearer(auto_error=False, description="the attempt's agent token")
 MAX_LOG_CHUNK = 4 << 20
 MAX_EVENT_DATA = 64 << 10  # bytes of JSON in one event's data
-STORE_TRIES = 3
 DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the commit to reach us
 MINT_INTERVAL_S = 10.0  # an attempt's nodes asking within this share one mint of storage credentials
 
@@ -128,15 +127,13 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
         # Another writer of the job (the reconciler, another broker) may win the
         # race for its row: take the batch again on the new row (events are
         # idempotent by seq) rather than answer a 500.
-        for tries_left in range(STORE_TRIES - 1, -1, -1):
-            try:
-                with transaction(state.session_factory) as session:
-                    return agent_channel.record(session, session.get(Attempt, attempt.id), events,
-                                                state.settings.checkpoint_uri, clock=state.clock)
-            except StaleDataError:
-                if not tries_left:
-                    raise Problem(503, "Unavailable", "the job changed under every try: send the batch again",
-                                  headers={"Retry-After": "1"}) from None
+        try:
+            return retrying(state.session_factory, lambda session: agent_channel.record(
+                session, session.get(Attempt, attempt.id), events, state.settings.checkpoint_uri,
+                clock=state.clock))
+        except StaleDataError:
+            raise Problem(503, "Unavailable", "the job changed under every try: send the batch again",
+                          headers={"Retry-After": "1"}) from None
 
     outcome = await run_in_threadpool(store)
     if outcome.refused:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import PlainTextResponse, Response
 from pydantic import ValidationError
+from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, SessionDep
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
@@ -19,7 +20,7 @@ from spotbroker.broker.jobs import mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
 from spotbroker.broker.jobs.states import JobState
-from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.db import retrying, transaction
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -196,12 +197,18 @@ async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
 def cancel_job(request: Request, job_id: JobId, team: CurrentTeam) -> JobOut:
     """Cancel a job; what still runs is stopped right after (SIGTERM, then SIGKILL)."""
     state = request.app.state
-    with transaction(state.session_factory) as session:
+
+    def cancel(session) -> JobOut:
         try:
             job = jobs.cancel(session, team.team_id, job_id, clock=state.clock)
         except jobs.JobNotFound:
             raise _not_found(job_id) from None
-        out = JobOut.of(job, team.team_name, state.clock.now())
+        return JobOut.of(job, team.team_name, state.clock.now())
+    try:
+        out = retrying(state.session_factory, cancel)
+    except StaleDataError:
+        raise Problem(503, "Unavailable", "the job changed under every try: cancel again",
+                      headers={"Retry-After": "1"}) from None
     state.reconciler.hint()
     return out
 

@@ -1,14 +1,15 @@
 """Engine, sessions and the declarative base shared by every model."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import DateTime, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
+from sqlalchemy.orm.exc import StaleDataError
 
 # Named constraints make migrations reproducible on both databases.
 NAMING_CONVENTION = {
@@ -96,3 +97,21 @@ def transaction(factory: sessionmaker[Session]) -> Iterator[Session]:
     with factory() as session, session.begin():
         session.connection(execution_options={IMMEDIATE: True})
         yield session
+
+
+T = TypeVar("T")
+CONFLICT_TRIES = 3
+
+
+def retrying(factory: sessionmaker[Session], work: Callable[[Session], T], tries: int = CONFLICT_TRIES) -> T:
+    """`work` in a transaction, taken again from a fresh read when another
+    writer (the reconciler, an agent's report, another broker) changed a
+    versioned row it writes meanwhile; StaleDataError after the last try."""
+    for tries_left in range(tries - 1, -1, -1):
+        try:
+            with transaction(factory) as session:
+                return work(session)
+        except StaleDataError:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")

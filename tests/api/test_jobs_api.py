@@ -60,6 +60,36 @@ def test_restarts_recover_a_failing_run(api, team_headers, job_scratch):
     assert [a["state"] for a in job["attempts"]] == ["FAILED", "SUCCEEDED"]
 
 
+def test_a_cancel_that_races_another_writer_is_not_a_500(api, team_headers):
+    """The reconciler or an agent's report may change the attempt between the
+    cancel's read and its write (its version moves on): the cancel is taken
+    again on the new row, as the agent channel does, never a 500."""
+    from sqlalchemy import event, update
+    from sqlalchemy.orm import Session
+
+    from spotbroker.broker.store.models import Attempt
+
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "sleep 60"}, headers=h).json()["id"]
+    wait_state(api, h, job_id, {"RUNNING"})
+
+    raced: list[int] = []
+
+    def another_writer(session, flush_context, instances) -> None:
+        cancelled = [a for a in session.dirty if isinstance(a, Attempt) and a.state == "CANCELLED"]
+        if cancelled and not raced:  # once: the retry must then go through
+            raced.append(cancelled[0].id)
+            session.execute(update(Attempt).where(Attempt.id == cancelled[0].id)
+                            .values(version=Attempt.version + 1).execution_options(synchronize_session=False))
+    event.listen(Session, "before_flush", another_writer)
+    try:
+        r = api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    finally:
+        event.remove(Session, "before_flush", another_writer)
+    assert raced and r.status_code == 200, r.text
+    assert r.json()["state"] == "CANCELLED" and r.json()["attempts"][0]["state"] == "CANCELLED"
+
+
 def test_cancel_stops_the_process(api, team_headers, settings):
     h = team_headers()
     job_id = api.post("/v1/jobs", json={"run": "echo started; sleep 60"}, headers=h).json()["id"]
