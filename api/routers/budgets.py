@@ -11,13 +11,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.api.deps import MAX_ID, Admin, SessionDep
 from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
 from spotbroker.broker.money import budgets, service
 from spotbroker.broker.money.alerts import RULES
-from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.store.models import Team
 from spotbroker.broker.store.sealing import Keyring, SealError
 
@@ -84,12 +85,18 @@ def put_budget(request: Request, body: budgets.BudgetIn, name: TeamName, _: Admi
         if problem:
             raise invalid([{"field": f"targets.{i}.{problem[0]}", "message": problem[1]}])
     state = request.app.state
-    with transaction(state.session_factory) as session:
+
+    def put(session) -> BudgetOut:  # taken again if the reconciler moved a held job meanwhile
         try:
             row, standing = service.set_budget(session, name, body, state.clock, state.keyring)
         except service.TeamNotFound as exc:
             raise Problem(404, "Not found", str(exc)) from None
-        out = _out(name, row, standing, state.keyring)
+        return _out(name, row, standing, state.keyring)
+    try:
+        out = retrying(state.session_factory, put)
+    except StaleDataError:
+        raise Problem(503, "Unavailable", "the team's jobs changed under every try: set it again",
+                      headers={"Retry-After": "1"}) from None
     state.reconciler.hint()
     return out
 
