@@ -128,13 +128,18 @@ def test_a_job_shape_flushes_on_notice_and_resumes_where_it_stopped(api, team_he
         assert files_under(node_workdir(settings, attempt["id"])) == files
 
 
-def test_a_trainer_without_the_library_restarts_from_the_newest_committed_checkpoint(api, team_headers, settings):
+def test_a_trainer_without_the_library_restarts_from_the_newest_committed_checkpoint(api, team_headers, settings,
+                                                                                  job_scratch):
     """No library: the agent says so at the notice, nothing is flushed, and
     the next attempt starts from the newest committed checkpoint (none here:
     step 0). The agent writes nothing into the job's tree."""
     h = team_headers()
-    job_id = api.post("/v1/jobs", json={"name": "plain", "setup": copy_in(PLAIN),
-                                        "run": "python plain_trainer.py --steps 40 --step-seconds 0.15",
+    # The first attempt trains until the notice's deadline ends it (a short
+    # run could finish first under load: one attempt, no restart to see).
+    marker = job_scratch / "first-attempt"
+    run = (f"if [ -e {marker} ]; then steps=40; else touch {marker}; steps=4000; fi; "
+           "python plain_trainer.py --steps $steps --step-seconds 0.15")
+    job_id = api.post("/v1/jobs", json={"name": "plain", "setup": copy_in(PLAIN), "run": run,
                                         "resources": {"accelerators": "T4:1", "infra": "aws"}},
                       headers=h).json()["id"]
     job = preempt_once_stepping(api, h, job_id)

@@ -101,7 +101,13 @@ def test_a_job_flushes_and_resumes_with_only_its_scoped_credentials(api, team_he
     run = f"python -c {shlex.quote(probe)} {shlex.quote(manifest)}; env"
     probe_id = api.post("/v1/jobs", json={"name": "probe", "run": run}, headers=other).json()["id"]
     done = wait_state(api, other, probe_id, {"SUCCEEDED", "FAILED"}, timeout=60)
-    out = api.get(f"/v1/jobs/{probe_id}/logs", headers=other).text
+    # The whole output, up to `env`'s last variable (once, under load, the job
+    # was seen ended with only its first line in the log: the agent now ships
+    # the log before the exit, but that run's cause is not pinned down).
+    def whole_output() -> str | None:
+        text = api.get(f"/v1/jobs/{probe_id}/logs", headers=other).text
+        return text if "SPOTBROKER_STORAGE_CREDENTIALS_FILE=" in text else None
+    out = wait_for(whole_output, timeout=30, what="the probe's output")
     assert done["state"] == "SUCCEEDED", out
     assert "write refused" in out and "read refused" in out, out
     assert aws_iam.broker_secret not in out and aws_iam.broker_key not in out  # never the broker's keys
