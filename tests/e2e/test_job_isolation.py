@@ -92,8 +92,7 @@ def test_a_job_cannot_read_the_brokers_files_but_writes_its_own_prefix(broker_en
         "list_runs": f"ls {shlex.quote(str(data / 'runs'))}",
         "list_checkpoints": f"ls {shlex.quote(str(data / 'checkpoints'))}",
     }
-    script = "; ".join(f"if {cmd} >/dev/null 2>&1; then echo {name}=READ; else echo {name}=DENIED; fi"
-                       for name, cmd in probes.items())
+    script = probes_script(probes)
     script += '; prefix=$(echo $CHECKPOINT_URI | sed s,file://,,); echo hi > "$prefix/x" && echo own=WROTE'
     job, out = run_job(api, h, script)
     assert job["state"] == "SUCCEEDED", out
@@ -129,8 +128,7 @@ def test_a_job_cannot_read_another_attempts_output_or_its_simulated_cloud(broker
     wait_for(lambda: (run_dir / "sim.url").exists() and b"A-PRIVATE-LINE" in (run_dir / "node-0.out").read_bytes(),
              timeout=30, what="the victim's output")
     probes = {name: f"cat {shlex.quote(str(run_dir / name))}" for name in ("node-0.out", "sim.url", "sim.log")}
-    script = "; ".join(f"if {cmd} >/dev/null 2>&1; then echo {name}=READ; else echo {name}=DENIED; fi"
-                       for name, cmd in probes.items())
+    script = probes_script(probes)
     _, out = run_job(api, b, script)
     api.post(f"/v1/jobs/{job_id}/cancel", headers=a)
     for name in probes:
