@@ -40,6 +40,15 @@ def wait_state(api, headers, job_id: int, states: set[str], timeout: float = 20)
     return wait_for(reached, timeout, what=f"job {job_id} to reach {sorted(states)}")
 
 
+def timeline(api, headers, job_id: int) -> str:
+    """The job's events, one line each: what a failed end-to-end assertion
+    shows, so that a run that went wrong once can be read afterwards."""
+    events = api.get(f"/v1/jobs/{job_id}/events", headers=headers).json()["events"]
+    keep = ("to", "reason", "node", "kind", "exit_code", "signal", "step", "deadline")
+    return "\n".join(f"{e['at']} attempt={e['attempt_id']} {e['type']} "
+                     f"{ {k: v for k, v in e['data'].items() if k in keep} }" for e in events)
+
+
 def create_pg_database(prefix: str = "spotbroker_test") -> str:
     name = f"{prefix}_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")

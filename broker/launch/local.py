@@ -9,6 +9,8 @@ stop runs that another one launched.
 
     {data_dir}/runs/{attempt_id}/node-{rank}.json   pid and start time (the launcher's record)
     {data_dir}/runs/{attempt_id}/node-{rank}.self   the same, written by the node itself first
+    {data_dir}/runs/{attempt_id}/node-{rank}.spec.json  what the node is to do, secrets included:
+                                                    0600, removed by the node once read
     {data_dir}/runs/{attempt_id}/exit-{rank}        the job's exit code, written last
     {data_dir}/runs/{attempt_id}/error-{rank}       why the node could not start the job
     {data_dir}/runs/{attempt_id}/sim.url            node 0's metadata simulator (sim-{rank}.url: others')

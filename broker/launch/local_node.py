@@ -3,7 +3,9 @@
 The local launcher starts `python -m spotbroker.broker.launch.local_node SPEC`
 in a session of its own, as the broker's user, for every node of an attempt.
 SPEC is a JSON file only the broker's user can read (it holds the attempt's
-agent token); see `NodeSpec`. The node:
+agent token, the job's secrets and its storage credentials); see `NodeSpec`.
+The node reads it once and removes it, so that no secret stays on the
+broker's disk in a run directory that outlives the job. The node:
 
 1. records its own pid and kernel start time (`node-{rank}.self`) before
    anything else, so that a launcher that died while starting it finds it
@@ -328,6 +330,7 @@ class Node:
 
 def main(argv: list[str]) -> int:
     spec = NodeSpec.load(argv[0])
+    Path(argv[0]).unlink(missing_ok=True)  # in memory only from now on (see the module's docstring)
     run_dir = Path(spec.run_dir)
     _write_atomic(run_dir / f"node-{spec.rank}.self", f"{os.getpid()} {proctree.start_time(os.getpid())}\n")
     proctree.become_subreaper()

@@ -103,3 +103,21 @@ def test_a_multi_node_run_fails_when_one_node_fails_as_on_skypilot(tmp_path):
         assert _wait_gone(handle["nodes"][0]["pid"])
     finally:
         launcher.terminate(handle)
+
+
+def test_no_secret_of_a_node_stays_on_the_brokers_disk_once_it_has_started(tmp_path):
+    """The node's spec carries the job's secrets and storage credentials: the
+    node reads it once and removes it, so that a run's directory kept after the
+    job (for its logs and exit codes) holds none of them."""
+    launcher = LocalLauncher(tmp_path, 1)
+    req = replace(request(tmp_path, "sleep 0.2"), secrets={"HF_TOKEN": "hf-secret-value"},
+                  storage_env={"AWS_SECRET_ACCESS_KEY": "scoped-secret-value"})
+    handle = launcher.launch(req)
+    deadline = time.monotonic() + 10
+    while launcher.status(handle).state == RunState.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert launcher.status(handle).state == RunState.SUCCEEDED
+    kept = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()
+            and any(s in p.read_bytes() for s in (b"hf-secret-value", b"scoped-secret-value"))]
+    assert kept == []

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e.test_job_shapes import assert_flushed_and_resumed, copy_in, final_loss, preempt_once_stepping
-from helpers import wait_for, wait_state
+from helpers import timeline, wait_for, wait_state
 
 from spotbroker.agent import proctree
 from spotbroker.broker.launch.local_node import sim_token_file, sim_url_file
@@ -92,8 +92,8 @@ def test_a_notice_on_the_second_node_flushes_both_and_the_job_resumes_once(api, 
     httpx.post(f"{sim_url}/_sim/preempt", json={"notice_seconds": 5}, headers={"X-Sim-Token": token},
                timeout=5).raise_for_status()
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=150)
-    assert job["state"] == "SUCCEEDED", job
-    assert len(job["attempts"]) == 2  # preempted once, recovered once
+    assert job["state"] == "SUCCEEDED", timeline(api, h, job_id)
+    assert len(job["attempts"]) == 2, timeline(api, h, job_id)  # preempted once, recovered once
     events = events_of(api, h, job_id)
     notices = [e for e in events if e["type"] == "preemption_notice" and e["data"].get("kind") != "drain"]
     assert [e["data"].get("node") for e in notices] == [1]  # node 1's own notice, and only it
@@ -127,7 +127,7 @@ def test_a_node_that_vanishes_without_a_notice_recovers_the_job_from_its_newest_
     assert proctree.kill_tree(int(node_1[0])) > 0  # no notice: the node is simply gone
     lost_at = len(committed())
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=150)
-    assert job["state"] == "SUCCEEDED", job
+    assert job["state"] == "SUCCEEDED", timeline(api, h, job_id)
     assert len(job["attempts"]) == 2, job["attempts"]
     lost, second = job["attempts"]
     assert (lost["state"], lost["reason"]) == ("PREEMPTED", "vanished")

@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from helpers import wait_for, wait_state
+from helpers import timeline, wait_for, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 REPO = Path(__file__).resolve().parents[2]
@@ -61,7 +61,7 @@ def preempt_once_stepping(api, h, job_id: int) -> dict:
     r = api.post(f"/v1/jobs/{job_id}/simulate-preemption", headers=h)
     assert r.status_code == 202, r.text
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=150)
-    assert job["state"] == "SUCCEEDED", job
+    assert job["state"] == "SUCCEEDED", timeline(api, h, job_id)
     return job
 
 
