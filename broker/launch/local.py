@@ -13,6 +13,7 @@ stop runs that another one launched.
                                                     0600, removed by the node once read
     {data_dir}/runs/{attempt_id}/exit-{rank}        the job's exit code, written last
     {data_dir}/runs/{attempt_id}/error-{rank}       why the node could not start the job
+    {data_dir}/runs/{attempt_id}/stopping           the run was stopped for a failed node (once)
     {data_dir}/runs/{attempt_id}/sim.url            node 0's metadata simulator (sim-{rank}.url: others')
     {data_dir}/runs/{attempt_id}/node-{rank}/       the node's own: home/, tmp/, workdir/, agent/
     {data_dir}/logs/{job_id}/{attempt_id}.log       node 0's output (node-{rank} for others)
@@ -33,6 +34,7 @@ as a cloud node does.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -162,7 +165,7 @@ class LocalLauncher:
             json.dump(asdict(spec), f)
         out.parent.mkdir(parents=True, exist_ok=True)
         # The raw output is the broker's: a job of another team that guesses the path must not read it.
-        with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as sink:
+        with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as sink, _sigterm_held():
             proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.launch.local_node", str(spec_file)],
                                     stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
                                     start_new_session=True, cwd=str(run_dir))
@@ -286,16 +289,30 @@ class LocalLauncher:
         states = [self._node_state(run_dir, n) for n in handle["nodes"]]
         if any(s == RunState.GONE for s, _ in states):
             return RunStatus(RunState.GONE)
-        failed = [code for s, code in states if s == RunState.FAILED]
-        if failed:
-            # One node failing fails the run, and the others are stopped, as
-            # SkyPilot's driver does: they may wait for it forever (torchrun).
-            if any(s == RunState.RUNNING for s, _ in states):
-                self.terminate(handle)
-            return RunStatus(RunState.FAILED, failed[0])
+        failed = [(node["rank"], code) for node, (s, code) in zip(handle["nodes"], states, strict=True)
+                  if s == RunState.FAILED]
         if any(s == RunState.RUNNING for s, _ in states):
+            if failed:
+                # One node failing fails the run, and the others are stopped, as
+                # SkyPilot's driver does: they may wait for it forever (torchrun).
+                self._stop_once(handle)
+            # The run is judged once every node has ended: a peer's failure is
+            # often the echo of a node being lost, whose agent is still
+            # delivering its notice (it does so before its node ends).
             return RunStatus(RunState.RUNNING)
+        if failed:  # the first to fail says why: the others' codes may be our stop's
+            first = min(failed, key=lambda f: ((run_dir / f"exit-{f[0]}").stat().st_mtime_ns, f[0]))
+            return RunStatus(RunState.FAILED, first[1])
         return RunStatus(RunState.SUCCEEDED, 0)
+
+    def _stop_once(self, handle: Handle) -> None:
+        """`terminate`, the first time only: the node's grace period starts
+        again with every SIGTERM, and a pass comes every few seconds."""
+        try:
+            os.close(os.open(Path(handle["run_dir"]) / "stopping", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            return
+        self.terminate(handle)
 
     def terminate(self, handle: Handle) -> None:
         """SIGTERM each node (it passes it to every process of its job), then
@@ -322,6 +339,19 @@ class LocalLauncher:
             if start_time(node["pid"]) == node["start"]:
                 kill_tree(node["pid"])
         self._reap(pids)
+
+
+@contextlib.contextmanager
+def _sigterm_held() -> Iterator[None]:
+    """SIGTERM blocked in this thread while it starts a node, which inherits
+    the mask: a stop that comes while the node's interpreter starts waits
+    until the node can take it (`local_node` unblocks it once its handler is
+    in), so that the node ends with a code instead of vanishing."""
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
 
 def _local_prefixes(extra_env: dict[str, str]) -> list[str]:

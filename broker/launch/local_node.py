@@ -246,6 +246,7 @@ class Node:
     def run(self) -> int:
         signal.signal(signal.SIGTERM, self.on_term)
         signal.signal(signal.SIGALRM, self.on_alarm)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # held by the launcher until now
         run_dir, rank = Path(self.spec.run_dir), self.spec.rank
         try:
             workdir = provision(self.spec)
@@ -254,7 +255,8 @@ class Node:
             _write_atomic(run_dir / f"error-{rank}", json.dumps({"reason": str(exc)}))
             print(f"spotbroker: node {rank}: {exc}", file=sys.stderr, flush=True)
             return ERROR_EXIT
-        if self.stopping:
+        if self.stopping:  # stopped while starting: it ends with a code all the same
+            _write_atomic(run_dir / f"exit-{rank}", f"{128 + signal.SIGTERM}\n")
             return 128 + signal.SIGTERM
         owner, env = self.spec.owner, dict(self.spec.env)
         env.pop(protocol.ENV_AGENT_TOKEN_FD, None)

@@ -121,3 +121,41 @@ def test_no_secret_of_a_node_stays_on_the_brokers_disk_once_it_has_started(tmp_p
     kept = [p for p in (tmp_path / "runs").rglob("*") if p.is_file()
             and any(s in p.read_bytes() for s in (b"hf-secret-value", b"scoped-secret-value"))]
     assert kept == []
+
+
+def test_a_failed_multi_node_run_is_judged_once_every_node_has_ended(tmp_path):
+    """A peer's failure is often the echo of a node being lost whose agent is
+    still reporting the notice (it does so before its node ends): the run
+    stays RUNNING until the stopped nodes are down, and the exit code is the
+    first failure's, not the stop's."""
+    launcher = LocalLauncher(tmp_path, 10)
+    ready, ended = tmp_path / "node-0-ready", tmp_path / "node-0-ended"
+    req = request(tmp_path, f'if [ "$SKYPILOT_NODE_RANK" = 1 ]; then while [ ! -e {ready} ]; do sleep 0.05; done; '
+                            f"exit 3; fi; trap 'sleep 1; touch {ended}; exit 143' TERM; touch {ready}; "
+                            "sleep 60 & wait")
+    handle = launcher.launch(replace(req, num_nodes=2))
+    try:
+        deadline = time.monotonic() + 15
+        while (status := launcher.status(handle)).state == RunState.RUNNING:
+            assert time.monotonic() < deadline, "still RUNNING with every node down"
+            time.sleep(0.05)
+        assert ended.exists(), "judged while node 0 was still stopping"
+        assert (status.state, status.exit_code) == (RunState.FAILED, 3)
+    finally:
+        launcher.terminate(handle)
+
+
+def test_a_node_stopped_while_it_starts_ends_with_a_code_and_never_vanishes(tmp_path):
+    """A stop can come before the node's interpreter is up (a peer failed at
+    once): the node takes it when it can, and its run ends stopped (143),
+    never GONE, which the broker would take for a lost node to recover."""
+    launcher = LocalLauncher(tmp_path, 10)
+    marker = tmp_path / "ran"
+    handle = launcher.launch(request(tmp_path, f"touch {marker}; sleep 60"))
+    launcher.terminate(handle)  # at once: the node has not started Python yet
+    deadline = time.monotonic() + 15
+    while (status := launcher.status(handle)).state == RunState.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert (status.state, status.exit_code) == (RunState.FAILED, 143)
+    assert not marker.exists()  # the job itself never started
