@@ -29,12 +29,73 @@ ADMIN_TOKEN = "admin-token-for-tests"
 os.environ.setdefault("SPOTBROKER_PRICES_SOURCES", "catalog")
 
 
+# Every process the suite starts carries this mark in its environment (the
+# jobs' own processes excepted: their environment is the launcher's
+# allow-list, and their node ends them): what still carries it once the
+# session is over was left behind.
+SESSION_MARK = "SPOTBROKER_TEST_SESSION"
+LEFTOVER_GRACE = 15.0
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # The suite runs on xdist workers (pyproject's addopts). A test that runs
     # pytest itself (tests/test_pg_required.py) wants one process, not two
     # more workers: it passes its environment on, and workers read their
     # options from the controller, not from PYTEST_ADDOPTS.
     os.environ["PYTEST_ADDOPTS"] = f"{os.environ.get('PYTEST_ADDOPTS', '')} -n 0".strip()
+    if not hasattr(config, "workerinput"):  # the controller: its workers inherit the mark
+        import uuid
+
+        os.environ[SESSION_MARK] = uuid.uuid4().hex
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has ended its workers
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The suite leaves no process behind: what is still running with this
+    session's mark after a grace is killed, named, and fails the run."""
+    if hasattr(session.config, "workerinput"):
+        return
+    import time
+
+    from spotbroker.agent.proctree import kill_tree, start_time
+
+    mark = f"{SESSION_MARK}={os.environ[SESSION_MARK]}".encode()
+    workers = session.config.pluginmanager.has_plugin("dsession")  # our children are xdist's workers
+    deadline = time.monotonic() + LEFTOVER_GRACE
+    while (left := _marked_processes(mark, spare_children=workers)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if not left:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.ensure_newline()
+        reporter.write_sep("=", "processes left behind by the suite (killed)", red=True)
+    for pid, (start, argv) in left.items():
+        if start_time(pid) == start:
+            kill_tree(pid)
+        if reporter is not None:
+            reporter.write_line(f"pid {pid}: {argv[:300]}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _marked_processes(mark: bytes, spare_children: bool) -> dict[int, tuple[str, str]]:
+    from spotbroker.agent.proctree import parent_of, start_time
+
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        if spare_children and parent_of(int(entry.name)) == os.getpid():  # an xdist worker still ending
+            continue
+        try:
+            if mark not in Path(entry.path, "environ").read_bytes().split(b"\0"):
+                continue
+            argv = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        if start := start_time(int(entry.name)):
+            found[int(entry.name)] = (start, argv.strip())
+    return found
 
 
 def _file_seconds() -> dict[str, float]:

@@ -1,6 +1,7 @@
 """Small helpers for tests (importable as `helpers`: pytest puts tests/ on the path)."""
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -14,7 +15,7 @@ from pathlib import Path
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
-from spotbroker.agent.proctree import start_time
+from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.recovery.agent_channel import agent_token
 
 PG_ADMIN_URL = os.environ.get("SPOTBROKER_TEST_PG_URL",
@@ -81,17 +82,43 @@ def tgz(**files: bytes) -> bytes:
     return buf.getvalue()
 
 
-def stop_local_nodes(data_dir: Path) -> None:
-    """SIGTERM every node the local launcher started (they outlive the broker
-    by design, and an agent whose broker is gone keeps trying to deliver), so
-    that a test leaves no job running. Each node process ends its whole tree."""
-    for self_file in Path(data_dir).glob("runs/*/node-*.self"):
-        try:
+def stop_local_nodes(data_dir: Path, grace: float = 15.0) -> None:
+    """Stop every node the local launcher started under `data_dir` (they
+    outlive the broker by design, and an agent whose broker is gone keeps
+    trying to deliver), and wait for them to end before the directory goes:
+    a test leaves no process behind. A node is found by its command line as
+    well as by its `.self` file, which one that has just started has not
+    written yet. Each node ends its whole tree; one that does not within
+    `grace` is killed with it."""
+    nodes = _local_nodes(Path(data_dir))
+    for pid, start in nodes:
+        if start_time(pid) == start:  # the same process, not a reused pid
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while any(start_time(pid) == start for pid, start in nodes) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for pid, start in nodes:
+        if start_time(pid) == start:
+            kill_tree(pid)
+
+
+def _local_nodes(data_dir: Path) -> set[tuple[int, str]]:
+    found = set()
+    for self_file in data_dir.glob("runs/*/node-*.self"):
+        with contextlib.suppress(OSError, ValueError):
             pid, start = self_file.read_text().split()
-            if start_time(int(pid)) == start:  # the same process, not a reused pid
-                os.kill(int(pid), signal.SIGTERM)
-        except (ProcessLookupError, ValueError, IndexError, OSError):
-            pass
+            found.add((int(pid), start))
+    runs = f"{data_dir}/runs/".encode()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            if b"spotbroker.broker.launch.local_node" in argv and any(a.startswith(runs) for a in argv):
+                if start := start_time(int(entry.name)):
+                    found.add((int(entry.name), start))
+    return found
 
 
 # --- speaking as a job's agent ---------------------------------------------------------

@@ -285,9 +285,11 @@ class Node:
         pump.start()
         code = self._wait_for_job()
         pump.join(1.0)  # the job's last words before its exit is recorded (unless a leftover holds the pipe)
-        _write_atomic(run_dir / f"exit-{rank}", f"{code}\n")
-        self._end_leftovers()
-        pump.join(5.0)
+        try:
+            _write_atomic(run_dir / f"exit-{rank}", f"{code}\n")
+        finally:  # even with its run directory gone, nothing of the node outlives it (its simulator)
+            self._end_leftovers()
+            pump.join(5.0)
         return code
 
     def _pump_output(self, fd: int) -> None:
