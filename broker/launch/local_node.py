@@ -232,6 +232,7 @@ class Node:
     def __init__(self, spec: NodeSpec) -> None:
         self.spec = spec
         self.job: subprocess.Popen[bytes] | None = None
+        self.pump: threading.Thread | None = None  # the job's output into the node's file
         self.stopping = False
 
     def on_term(self, signum: int, frame: Any) -> None:
@@ -247,10 +248,18 @@ class Node:
         signal.signal(signal.SIGTERM, self.on_term)
         signal.signal(signal.SIGALRM, self.on_alarm)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})  # held by the launcher until now
-        run_dir, rank = Path(self.spec.run_dir), self.spec.rank
+        try:
+            return self._run(Path(self.spec.run_dir), self.spec.rank)
+        finally:  # on every way out, even with its run directory gone: nothing of the node outlives it
+            self._end_leftovers()
+            if self.pump is not None:
+                self.pump.join(5.0)
+
+    def _run(self, run_dir: Path, rank: int) -> int:
         try:
             workdir = provision(self.spec)
-            start_simulator(self.spec)
+            if not self.stopping:
+                start_simulator(self.spec)
         except (ProvisionError, OSError) as exc:
             _write_atomic(run_dir / f"error-{rank}", json.dumps({"reason": str(exc)}))
             print(f"spotbroker: node {rank}: {exc}", file=sys.stderr, flush=True)
@@ -281,15 +290,11 @@ class Node:
             os.close(into_output)
             for fd in fds:
                 os.close(fd)
-        pump = threading.Thread(target=self._pump_output, args=(output,), name="output", daemon=True)
-        pump.start()
+        self.pump = threading.Thread(target=self._pump_output, args=(output,), name="output", daemon=True)
+        self.pump.start()
         code = self._wait_for_job()
-        pump.join(1.0)  # the job's last words before its exit is recorded (unless a leftover holds the pipe)
-        try:
-            _write_atomic(run_dir / f"exit-{rank}", f"{code}\n")
-        finally:  # even with its run directory gone, nothing of the node outlives it (its simulator)
-            self._end_leftovers()
-            pump.join(5.0)
+        self.pump.join(1.0)  # the job's last words before its exit is recorded (unless a leftover holds the pipe)
+        _write_atomic(run_dir / f"exit-{rank}", f"{code}\n")
         return code
 
     def _pump_output(self, fd: int) -> None:

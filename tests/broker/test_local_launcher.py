@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
+from pathlib import Path
 
+from spotbroker.agent import protocol
 from spotbroker.agent.proctree import start_time
 from spotbroker.broker.launch.base import LaunchRequest, RunState
 from spotbroker.broker.launch.local import LocalLauncher
@@ -159,3 +161,32 @@ def test_a_node_stopped_while_it_starts_ends_with_a_code_and_never_vanishes(tmp_
         time.sleep(0.05)
     assert (status.state, status.exit_code) == (RunState.FAILED, 143)
     assert not marker.exists()  # the job itself never started
+
+
+def _simulators_of(node_pid: int) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"spotbroker.agent.simulator" in argv and str(node_pid).encode() in argv and start_time(int(entry.name)):
+            found.append(int(entry.name))
+    return found
+
+
+def test_a_node_stopped_while_it_starts_leaves_no_simulator_behind(tmp_path):
+    """The stop is taken once the node can: it starts nothing more (its
+    metadata simulator once outlived it, found by the suite's leftover check)."""
+    launcher = LocalLauncher(tmp_path, 10)
+    aws = replace(LOCAL_PLACEMENT, cloud="aws", region="us-east-1", zone="us-east-1a")
+    req = replace(request(tmp_path, "sleep 60"), placement=aws,
+                  extra_env={protocol.ENV_AGENT_TOKEN: "agent-token", protocol.ENV_BROKER_URL: "http://127.0.0.1:9"})
+    handle = launcher.launch(req)
+    launcher.terminate(handle)
+    deadline = time.monotonic() + 15
+    while (status := launcher.status(handle)).state == RunState.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert (status.state, status.exit_code) == (RunState.FAILED, 143)
+    assert _simulators_of(handle["nodes"][0]["pid"]) == []
