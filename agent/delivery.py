@@ -195,8 +195,9 @@ class EventSender(Delivery):
                 if left:
                     log.warning("%d events left undelivered; they stay in the outbox", left)
                 return
+            finishing = self._finishing.is_set()  # before the look: what came before finish() is seen
             if not self.outbox.wait_pending(0.2):
-                if self._finishing.is_set():
+                if finishing:
                     return  # everything delivered
                 continue
             batch = self.outbox.batch()
@@ -254,6 +255,9 @@ class LogShipper(Delivery):
 
     def run(self) -> None:
         while not self._should_end():
+            # Read before the file's size is: a chunk that was in flight when
+            # finish() came may have left the trainer's last output behind.
+            finishing = self._finishing.is_set()
             try:
                 done = self._ship_once()
             except BrokerUnavailable as exc:
@@ -264,7 +268,7 @@ class LogShipper(Delivery):
                 return
             self._recovered()
             if done:
-                if self._finishing.is_set():
+                if finishing:
                     return  # the whole log delivered
                 self._pause(self.config.log_interval)
         if self.shipped < _size(self.path):
