@@ -79,22 +79,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _marked_processes(mark: bytes, spare_children: bool) -> dict[int, tuple[str, str]]:
+    from helpers import processes
+
     from spotbroker.agent.proctree import parent_of, start_time
 
     found = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid, environ in processes("environ"):
+        if pid == os.getpid() or mark not in environ:
             continue
-        if spare_children and parent_of(int(entry.name)) == os.getpid():  # an xdist worker still ending
+        if spare_children and parent_of(pid) == os.getpid():  # an xdist worker still ending
             continue
         try:
-            if mark not in Path(entry.path, "environ").read_bytes().split(b"\0"):
-                continue
-            argv = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:  # gone meanwhile, or not ours to read
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile
             continue
-        if start := start_time(int(entry.name)):
-            found[int(entry.name)] = (start, argv.strip())
+        if start := start_time(pid):
+            found[pid] = (start, argv.strip())
     return found
 
 

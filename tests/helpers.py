@@ -8,7 +8,7 @@ import signal
 import tarfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -110,15 +110,22 @@ def _local_nodes(data_dir: Path) -> set[tuple[int, str]]:
             pid, start = self_file.read_text().split()
             found.add((int(pid), start))
     runs = f"{data_dir}/runs/".encode()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        with contextlib.suppress(OSError):
-            argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
-            if b"spotbroker.broker.launch.local_node" in argv and any(a.startswith(runs) for a in argv):
-                if start := start_time(int(entry.name)):
-                    found.add((int(entry.name), start))
+    for pid, argv in processes("cmdline"):
+        if b"spotbroker.broker.launch.local_node" in argv and any(a.startswith(runs) for a in argv):
+            if start := start_time(pid):
+                found.add((pid, start))
     return found
+
+
+def processes(field: str) -> Iterator[tuple[int, list[bytes]]]:
+    """(pid, /proc/PID/`field` split at its NULs: `cmdline`, `environ`) of
+    every process this user can read; one gone meanwhile is left out."""
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                yield int(entry.name), Path(entry.path, field).read_bytes().split(b"\0")
+            except OSError:
+                continue
 
 
 # --- speaking as a job's agent ---------------------------------------------------------

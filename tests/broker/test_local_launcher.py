@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from pathlib import Path
+
+from helpers import processes
 
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import start_time
@@ -164,15 +165,8 @@ def test_a_node_stopped_while_it_starts_ends_with_a_code_and_never_vanishes(tmp_
 
 
 def _simulators_of(node_pid: int) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"spotbroker.agent.simulator" in argv and str(node_pid).encode() in argv and start_time(int(entry.name)):
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, argv in processes("cmdline")
+            if b"spotbroker.agent.simulator" in argv and str(node_pid).encode() in argv and start_time(pid)]
 
 
 def test_a_node_stopped_while_it_starts_leaves_no_simulator_behind(tmp_path):
