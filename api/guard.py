@@ -3,6 +3,8 @@
 - A body larger than its route allows is refused with a 413 before it is
   read (from `Content-Length`), or as soon as it passes the limit (chunked),
   so a 10 MB body never sits in the server's memory.
+- A client that hangs up before its body is read is no error: nothing is
+  answered, and the log says so in one line.
 - An exception no handler knows becomes a 500 problem document here, and is
   not raised further: Starlette's last-resort handler re-raises after its
   500, and uvicorn then closes the connection, so a client's next request on
@@ -13,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from spotbroker.agent.code import MAX_ARCHIVE_BYTES
@@ -69,6 +72,8 @@ class Guard:
             if not started:
                 await _send_problem(send, 413, "Payload too large", f"the body is at most {limit} bytes here",
                                     close=True)
+        except ClientDisconnect:  # nobody is left to answer, and nothing failed
+            log.info("%s %s: the client hung up before its request was read", scope.get("method"), scope.get("path"))
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if not started:

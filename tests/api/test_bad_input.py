@@ -236,3 +236,32 @@ def test_an_unexpected_error_is_a_500_problem_on_a_connection_that_stays_open():
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def test_a_client_that_hangs_up_mid_body_is_no_server_error(caplog):
+    """Nobody is left to answer, and nothing failed: no traceback in the
+    broker's log, no response sent (a 500 was logged for each one)."""
+    import asyncio
+    import logging
+
+    from starlette.requests import Request
+
+    from spotbroker.api.guard import Guard
+
+    async def reads_its_body(scope, receive, send):
+        await Request(scope, receive).body()
+
+    messages = iter([{"type": "http.request", "body": b'{"name":', "more_body": True}, {"type": "http.disconnect"}])
+    sent = []
+
+    async def receive():
+        return next(messages)
+
+    async def send(message):
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/jobs", "headers": [(b"content-length", b"1000")]}
+    with caplog.at_level(logging.INFO, logger="spotbroker.api"):
+        asyncio.run(Guard(reads_its_body)(scope, receive, send))
+    assert sent == []
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
