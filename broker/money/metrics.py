@@ -48,7 +48,6 @@ from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.spec import CLOUDS
 from spotbroker.broker.jobs.states import EndReason, JobState
 from spotbroker.broker.money import budgets, leases, ops_metrics
-from spotbroker.broker.money.ledger import CORRECTION, USAGE, WASTE
 from spotbroker.broker.money.models import Budget, LedgerEntry
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Team
 
@@ -70,13 +69,16 @@ def totals(session: Session, names: dict[int, str]) -> Iterator[Metric]:
         "wasted": CounterMetricFamily("spotbroker_team_wasted_dollars", "Dollars of work lost since the last "
                                       "committed checkpoint of reclaimed attempts", labels=["team"]),
     }
-    kind = LedgerEntry.kind
+    # By sign rather than by kind: a usage entry is never negative and a correction never positive (it
+    # reverses usage), so the sums need only the columns ix_ledger_entries_team_id_start_at carries
+    # (an index-only scan on PostgreSQL); waste entries carry only `wasted`.
+    amount, ondemand = LedgerEntry.amount, LedgerEntry.ondemand_amount
     sums: dict[int, tuple[float, ...]] = {}
     for team_id, *values in session.execute(select(
-            LedgerEntry.team_id, func.sum(case((kind == USAGE, LedgerEntry.amount), else_=0.0)),
-            func.sum(case((kind == CORRECTION, -LedgerEntry.amount), else_=0.0)),
-            func.sum(case((kind == USAGE, LedgerEntry.ondemand_amount), else_=0.0)),
-            func.sum(case((kind == WASTE, LedgerEntry.wasted), else_=0.0))).group_by(LedgerEntry.team_id)):
+            LedgerEntry.team_id, func.sum(case((amount > 0, amount), else_=0.0)),
+            func.sum(case((amount < 0, -amount), else_=0.0)),
+            func.sum(case((ondemand > 0, ondemand), else_=0.0)),
+            func.sum(LedgerEntry.wasted)).group_by(LedgerEntry.team_id)):
         sums[team_id] = tuple(float(v or 0.0) for v in values)
     for team_id, name in names.items():
         for family, value in zip(families.values(), sums.get(team_id, (0.0,) * 4), strict=True):
