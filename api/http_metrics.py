@@ -16,6 +16,8 @@ from prometheus_client.process_collector import ProcessCollector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 UNMATCHED = "unmatched"  # a path no route has (404s): one series, whatever was asked
+# Any other method a client makes up is "other": a label's values stay few whatever clients send.
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def process_registry() -> CollectorRegistry:
@@ -55,7 +57,7 @@ class RequestMetrics:
             await self.app(scope, receive, observed_send)
         finally:
             route = getattr(scope.get("route"), "path", None) or UNMATCHED
-            method = scope["method"]
+            method = scope["method"] if scope["method"] in METHODS else "other"
             # status 0: the client left before any answer began
             self.requests.labels(method, route, str(status)).inc()
             self.seconds.labels(method, route).observe(time.perf_counter() - started)

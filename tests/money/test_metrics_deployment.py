@@ -137,6 +137,8 @@ def test_two_brokers_on_one_database_count_each_dollar_once(settings):
         assert made.status_code == 201
         team = {"Authorization": f"Bearer {made.json()['token']}"}
         assert clients[0].get("/v1/jobs/987654", headers=team).status_code == 404
+        brew = clients[0].request("PROPFIND", "/v1/jobs", headers=team)   # a WebDAV method: no series of its own
+        assert brew.status_code == 405, brew.status_code
         texts = [c.get("/metrics", headers=ADMIN).text for c in clients]
         samples = [scrape(t) for t in texts]
         assert sum(s[("spotbroker_metrics_exporter", ())] for s in samples) == 1
@@ -154,6 +156,10 @@ def test_two_brokers_on_one_database_count_each_dollar_once(settings):
         answered = samples[0][("spotbroker_http_requests_total", (
             ("method", "GET"), ("route", "/v1/jobs/{job_id}"), ("status", "404")))]
         assert answered == 1   # by route template, never the raw path
+        assert not [labels for name, labels in samples[0] if name == "spotbroker_http_requests_total"
+                    and dict(labels)["method"] not in ("GET", "POST", "other")]
+        assert any(dict(labels)["method"] == "other" for name, labels in samples[0]
+                   if name == "spotbroker_http_requests_total")
         # the holder shuts down: the other exports at its next scrape
         stacks[holder].close()
         assert team_series(scrape(clients[1 - holder].get("/metrics", headers=ADMIN).text))
