@@ -4,7 +4,6 @@ command runs as a plain process against a real PostgreSQL."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import socket
 import subprocess
