@@ -10,13 +10,14 @@ up when it shuts down). Every replica says whether it is that one
 (`spotbroker_metrics_exporter`, 1 or 0). Scrape every pod, not the Service:
 a pod scraped less often than the lease's hold loses it to the next.
 
-Each scrape of the holder runs nine aggregate statements (and one for the
+Each scrape of the holder runs eleven aggregate statements (and one for the
 team names), whatever the number of teams:
 
 - money (the ledger's written entries; accrual keeps them at most two
   intervals behind): each team's cost since the start as counters (usage,
   corrections, the on-demand equivalent, waste: the ledger is append-only and
-  these only grow, so `rate()` works), this calendar month's (UTC), the last
+  these only grow, so `rate()` works; a scrape reads only the entries written
+  since the previous ones settled, `LedgerTotals`), this calendar month's (UTC), the last
   hour's (its burn), and, for a budgeted team, what is left of the budget's
   period;
 - jobs by team and state; preemptions and recoveries by team;
@@ -57,33 +58,63 @@ RECLAIMS = (str(EndReason.PREEMPTED), str(EndReason.VANISHED))
 LEASE = "metrics"
 
 
-def totals(session: Session, names: dict[int, str]) -> Iterator[Metric]:
-    """Each team's dollars since its first entry, as counters."""
-    families = {
-        "cost": CounterMetricFamily("spotbroker_team_cost_dollars", "Dollars a team was charged (usage entries of "
-                                    "the ledger); net spend is this less the corrections", labels=["team"]),
-        "corrections": CounterMetricFamily("spotbroker_team_cost_corrections_dollars", "Dollars taken back from a "
-                                           "team's cost by correction entries", labels=["team"]),
-        "ondemand": CounterMetricFamily("spotbroker_team_ondemand_cost_dollars", "What a team's usage would have "
-                                        "cost on demand (savings: this less the cost)", labels=["team"]),
-        "wasted": CounterMetricFamily("spotbroker_team_wasted_dollars", "Dollars of work lost since the last "
-                                      "committed checkpoint of reclaimed attempts", labels=["team"]),
-    }
-    # By sign rather than by kind: a usage entry is never negative and a correction never positive (it
-    # reverses usage), so the sums need only the columns ix_ledger_entries_team_id_start_at carries
-    # (an index-only scan on PostgreSQL); waste entries carry only `wasted`.
-    amount, ondemand = LedgerEntry.amount, LedgerEntry.ondemand_amount
-    sums: dict[int, tuple[float, ...]] = {}
-    for team_id, *values in session.execute(select(
+class LedgerTotals:
+    """Each team's sums since its first ledger entry, kept up to date by
+    reading only the entries added since the last scrape: the ledger is
+    append-only, and its ids grow in the order entries are written. Entries
+    older than `settle` (by `created_at`) are folded into running sums up to
+    the newest such id; the rest are summed again on each scrape, so a
+    transaction still open when a newer entry was read is not skipped (an
+    accrual pass lasts seconds, not minutes). A new holder of the metrics
+    lease reads the whole ledger once."""
+
+    SETTLE = timedelta(minutes=10)
+
+    def __init__(self) -> None:
+        self.upto, self.folded = 0, {}
+
+    @staticmethod
+    def _sums(session: Session, *where) -> dict[int, tuple[float, ...]]:
+        # By sign rather than by kind: a usage entry is never negative and a correction never
+        # positive (it reverses usage); waste entries carry only `wasted`.
+        amount, ondemand = LedgerEntry.amount, LedgerEntry.ondemand_amount
+        return {team_id: tuple(float(v or 0.0) for v in values) for team_id, *values in session.execute(select(
             LedgerEntry.team_id, func.sum(case((amount > 0, amount), else_=0.0)),
             func.sum(case((amount < 0, -amount), else_=0.0)),
             func.sum(case((ondemand > 0, ondemand), else_=0.0)),
-            func.sum(LedgerEntry.wasted)).group_by(LedgerEntry.team_id)):
-        sums[team_id] = tuple(float(v or 0.0) for v in values)
+            func.sum(LedgerEntry.wasted)).where(*where).group_by(LedgerEntry.team_id))}
+
+    @staticmethod
+    def _add(into: dict[int, tuple[float, ...]], more: dict[int, tuple[float, ...]]) -> dict:
+        for team_id, values in more.items():
+            into[team_id] = tuple(a + b for a, b in zip(into.get(team_id, (0.0,) * 4), values, strict=True))
+        return into
+
+    def read(self, session: Session, now: datetime) -> dict[int, tuple[float, ...]]:
+        settled = session.scalar(select(func.max(LedgerEntry.id)).where(
+            LedgerEntry.id > self.upto, LedgerEntry.created_at < now - self.SETTLE))
+        if settled is not None:
+            self._add(self.folded, self._sums(session, LedgerEntry.id > self.upto, LedgerEntry.id <= settled))
+            self.upto = settled
+        return self._add(dict(self.folded), self._sums(session, LedgerEntry.id > self.upto))
+
+
+def totals(sums: dict[int, tuple[float, ...]], names: dict[int, str]) -> Iterator[Metric]:
+    """Each team's dollars since its first entry, as counters."""
+    families = [
+        CounterMetricFamily("spotbroker_team_cost_dollars", "Dollars a team was charged (usage entries of the "
+                            "ledger); net spend is this less the corrections", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_cost_corrections_dollars", "Dollars taken back from a team's cost "
+                            "by correction entries", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_ondemand_cost_dollars", "What a team's usage would have cost on "
+                            "demand (savings: this less the cost)", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_wasted_dollars", "Dollars of work lost since the last committed "
+                            "checkpoint of reclaimed attempts", labels=["team"]),
+    ]
     for team_id, name in names.items():
-        for family, value in zip(families.values(), sums.get(team_id, (0.0,) * 4), strict=True):
+        for family, value in zip(families, sums.get(team_id, (0.0,) * 4), strict=True):
             family.add_metric([name], value)
-    yield from families.values()
+    yield from families
 
 
 def money(session: Session, names: dict[int, str], now: datetime) -> Iterator[Metric]:
@@ -204,6 +235,7 @@ class MoneyCollector(Collector):
                  owner: str | None = None) -> None:
         self.factory, self.clock, self.hold_s = factory, clock, hold_s
         self.owner = owner or f"metrics-{uuid.uuid4().hex[:16]}"
+        self.ledger = LedgerTotals()
 
     def collect(self) -> Iterator[Metric]:
         now = self.clock.now()
@@ -214,7 +246,7 @@ class MoneyCollector(Collector):
             return
         with self.factory() as session:
             names = dict(session.execute(select(Team.id, Team.name)).all())
-            out = [*totals(session, names), *money(session, names, now), *jobs(session, names),
+            out = [*totals(self.ledger.read(session, now), names), *money(session, names, now), *jobs(session, names),
                    *flushes(session, names), *placements(session, names), *ops_metrics.collect(session, now)]
         yield from out
 

@@ -16,14 +16,15 @@ from money.test_metrics import scrape, seed
 from money.world import T0
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import select
 
 from spotbroker.broker.jobs.spec import CLOUDS
 from spotbroker.broker.jobs.states import JobState
 from spotbroker.broker.money.accrual import Accruer
-from spotbroker.broker.money.metrics import MoneyCollector
+from spotbroker.broker.money.metrics import LedgerTotals, MoneyCollector
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Job, PriceSourceLease
+from spotbroker.broker.store.models import Job, PriceSourceLease, Team
 
 H = timedelta(hours=1)
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -57,6 +58,34 @@ def test_cost_is_a_counter_that_outlives_the_month(factory, world, clock):
     assert later[("spotbroker_team_cost_dollars_total", ml)] > got[("spotbroker_team_cost_dollars_total", ml)]
     assert later[("spotbroker_team_cost_dollars_total", cv)] == pytest.approx(1.0)
     assert later[("spotbroker_team_cost_month_dollars", cv)] == 0
+
+
+def test_the_counters_read_only_new_entries_and_miss_none(factory, world, clock):
+    """The holder folds settled entries into running sums: what it says after
+    many scrapes is what a fresh read of the whole ledger says."""
+    seed(factory, world, clock)
+    held = MoneyCollector(factory, clock)
+    ml = ("spotbroker_team_cost_dollars_total", (("team", "ml"),))
+    (first,) = collect(held)
+    assert held.ledger.upto == 0   # every entry was just written: none settled yet
+    for minutes in (11, 3, 30, 90):
+        clock.advance(minutes=minutes)
+        Accruer(factory, MoneySettings(_env_file=None), clock=clock).accrue(clock.now())
+        (now,) = collect(held)
+        with factory() as session:
+            whole = LedgerTotals().read(session, clock.now() - timedelta(days=1))   # nothing folded: all read
+        assert now[ml] == pytest.approx(whole[world_team(factory, "ml")][0])
+        assert now[ml] >= first[ml]
+        first = now
+    assert held.ledger.upto > 0   # older entries were folded, and are not read again
+    held.release()
+    (fresh,) = collect(MoneyCollector(factory, clock))
+    assert fresh[ml] == pytest.approx(first[ml])
+
+
+def world_team(factory, name: str) -> int:
+    with factory() as session:
+        return session.scalar(select(Team.id).where(Team.name == name))
 
 
 def test_a_team_with_nothing_yet_has_every_series_at_zero(factory, world, clock):
