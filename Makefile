@@ -29,6 +29,7 @@ services:
 test: install services
 	@scripts/ensure-chromium
 	@scripts/ensure-azurite
+	@scripts/ensure-kubectl $(PY)
 	$(PY) -m pytest
 
 bench: install

@@ -13,12 +13,15 @@ from spotbroker.api.batching import SubmissionBatcher
 from spotbroker.api.dashboard import routes as dashboard
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
+from spotbroker.api.http_metrics import RequestMetrics, process_registry
 from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, teams, uploads
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.launch.skypilot import service as skypilot
+from spotbroker.broker.money.metrics import MoneyCollector
+from spotbroker.broker.money.settings import get_money_settings
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.settings import Settings, get_settings
@@ -50,6 +53,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.settings, app.state.engine, app.state.session_factory = settings, engine, factory
         app.state.clock, app.state.reconciler, app.state.launchers = clock, reconciler, launchers
         app.state.keyring = keyring
+        # the deployment's totals: exported by the broker holding the metrics lease (see its module)
+        deployment = MoneyCollector(factory, clock, hold_s=get_money_settings().lease_seconds)
+        app.state.metrics_registry.register(deployment)
         app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint, keyring=keyring)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
         app.state.followers = Followers(factory, per_team=settings.max_followers_per_team)
@@ -68,12 +74,19 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
             reconciler.hint()
             if worker.is_alive():
                 worker.join(timeout=10)
+            app.state.metrics_registry.unregister(deployment)
+            try:
+                deployment.release()
+            except Exception:  # the database may be gone at shutdown; the lease then expires
+                log.warning("metrics: the lease could not be given up; it expires in %g s", deployment.hold_s)
             engine.dispose()
 
     app = FastAPI(title="spotbroker", version="0.1.0", lifespan=lifespan,
                   description="Run ML training on spot GPUs at the lowest expected cost.")
     errors.install(app)
     app.add_middleware(Guard)
+    app.state.metrics_registry = process_registry()
+    app.add_middleware(RequestMetrics, registry=app.state.metrics_registry)  # outermost: every answer counts
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(teams.router)

@@ -30,6 +30,18 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = 8000
+    # Proxies whose X-Forwarded-For/-Proto headers are believed (uvicorn's
+    # forwarded_allow_ips): comma-separated addresses or networks, "*" for any.
+    # Behind a TLS-terminating ingress, name its addresses so that the client's
+    # scheme (the dashboard cookie's Secure flag) and address come through; unset,
+    # only a proxy on this host (127.0.0.1) is believed.
+    forwarded_allow_ips: str | None = None
+    # The image's entry (deploy/entrypoint.sh, `spotbroker db ready`): migrate the
+    # database before serving (one broker, compose), or, false, wait until a
+    # migration job has (several replicas, deploy/kubernetes); and for how long
+    # an unreachable database or a schema behind this code is waited for.
+    migrate_on_start: bool = True
+    db_wait_seconds: float = Field(60.0, ge=0)
     # The local launcher runs any team's commands on the broker's host, so it
     # is on by default only when the server listens on loopback.
     local_launcher: bool | None = None

@@ -1,14 +1,11 @@
 #!/bin/sh
-# Wait for the database, migrate it, then run the given spotbroker command.
-# Several brokers may start together: migrations take the database's own lock.
+# The image's entry: run the given spotbroker command. Before `serve`, make the
+# database ready (`spotbroker db ready`): migrate it when SPOTBROKER_MIGRATE_ON_START
+# is true (the default: one broker, docker compose), else wait until a migration
+# job has (deploy/kubernetes: several replicas must not race to migrate). Both wait
+# SPOTBROKER_DB_WAIT_SECONDS for a database that does not answer yet.
 set -eu
-tries=${SPOTBROKER_DB_WAIT_SECONDS:-60}
-until spotbroker db upgrade; do
-    tries=$((tries - 1))
-    if [ "$tries" -le 0 ]; then
-        echo "spotbroker: the database did not become reachable" >&2
-        exit 1
-    fi
-    sleep 1
-done
+if [ "${1:-}" = serve ]; then
+    spotbroker db ready
+fi
 exec spotbroker "$@"

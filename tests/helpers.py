@@ -170,3 +170,22 @@ def serve_in_thread(settings, **app_kwargs):
         assert thread.is_alive() and time.monotonic() < deadline, "the test server did not start"
         time.sleep(0.02)
     return server, thread
+
+
+def setting_names() -> set[str]:
+    """Every environment variable the broker reads as a setting (SPOTBROKER_*):
+    what a deployment file (compose, Kubernetes) may set."""
+    from pydantic_settings import BaseSettings
+
+    from spotbroker.broker.money.settings import MoneySettings
+    from spotbroker.broker.pricing.settings import PricingSettings
+    from spotbroker.broker.settings import Settings
+
+    names: set[str] = set()
+    for model in (Settings, MoneySettings, PricingSettings):
+        assert issubclass(model, BaseSettings)
+        prefix = model.model_config["env_prefix"]
+        for name, field in model.model_fields.items():
+            alias = field.validation_alias
+            names.add(alias if isinstance(alias, str) else f"{prefix}{name}".upper())
+    return names

@@ -29,7 +29,7 @@ def wheel(tmp_path_factory) -> Path:
     # that the tree no longer has into the wheel.
     source = tmp_path_factory.mktemp("source") / "spotbroker"
     shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
-        ".git", ".venv*", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
+        ".git", ".venv*", ".tools", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"))
     run(sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", out, source)
     (path,) = out.glob("spotbroker-*.whl")
     return path

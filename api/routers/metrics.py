@@ -1,7 +1,9 @@
-"""/metrics for Prometheus: cost per team, burn rate, budget remaining,
-jobs by state, preemptions, recoveries, checkpoint flush seconds and
-placement decisions (broker/money/metrics.py reads them from the database
-at scrape time). Scraped with `SPOTBROKER_METRICS_TOKEN` or the admin
+"""/metrics for Prometheus: the deployment's totals (cost per team, burn
+rate, budget remaining, jobs by state, preemptions, recoveries, checkpoint
+flush seconds, placement decisions, reconciler lag, price freshness:
+broker/money/metrics.py reads them from the database at scrape time, in the
+one broker that holds the metrics lease) and this process's own (HTTP
+requests, CPU, memory: api/http_metrics.py). Scraped with `SPOTBROKER_METRICS_TOKEN` or the admin
 token, as a bearer token: the numbers name every team, so a team's token
 is refused (403), and no token at all is a 401."""
 from __future__ import annotations
@@ -13,10 +15,9 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spotbroker.api.errors import Problem, responses
-from spotbroker.broker.money.metrics import MoneyCollector
 from spotbroker.broker.money.settings import get_money_settings
 
 router = APIRouter(tags=["metrics"])
@@ -47,15 +48,6 @@ async def may_scrape(request: Request,
                                         "or the admin token")
 
 
-def _registry(request: Request) -> CollectorRegistry:
-    registry = getattr(request.app.state, "metrics_registry", None)
-    if registry is None:  # one per app: the collector reads the database on each scrape
-        registry = CollectorRegistry(auto_describe=False)
-        registry.register(MoneyCollector(request.app.state.session_factory, request.app.state.clock))
-        request.app.state.metrics_registry = registry
-    return registry
-
-
 @router.get("/metrics", dependencies=[Depends(may_scrape)], response_class=Response, responses={
     200: {"description": "Prometheus text exposition format",
           "content": {"text/plain": {"schema": {"type": "string"}}}},
@@ -63,4 +55,4 @@ def _registry(request: Request) -> CollectorRegistry:
                 s403="A team's token (the metrics name every team)")})
 def metrics(request: Request) -> Response:
     """Every team's money, jobs, preemptions, flushes and placements, as Prometheus reads them."""
-    return Response(generate_latest(_registry(request)), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)

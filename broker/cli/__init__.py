@@ -13,7 +13,7 @@ import click
 # name -> ("module:attribute" of a click command or group, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("spotbroker.broker.cli.server:serve", "Run the broker: REST API and reconciler."),
-    "db": ("spotbroker.broker.cli.server:db", "Database schema (upgrade, current), key rotation (reseal)."),
+    "db": ("spotbroker.broker.cli.server:db", "Database schema (upgrade, ready, current), key rotation (reseal)."),
     "teams": ("spotbroker.broker.cli.server:teams", "Create teams and their tokens."),
     "submit": ("spotbroker.broker.cli.jobs:submit", "Submit a job from a JSON or YAML file."),
     "jobs": ("spotbroker.broker.cli.jobs:list_jobs", "List your team's jobs."),

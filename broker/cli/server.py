@@ -51,12 +51,13 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
     from spotbroker.api.headlimit import BoundedHead  # a request's head is bounded
 
     if workers == 1:
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, http=BoundedHead)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, http=BoundedHead,
+                    forwarded_allow_ips=settings.forwarded_allow_ips)
         return
     # Worker processes build their own app from the environment.
     os.environ.update(SPOTBROKER_HOST=host, SPOTBROKER_PORT=str(port))
     uvicorn.run("spotbroker.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, http=BoundedHead)
+                log_level=log_level, http=BoundedHead, forwarded_allow_ips=settings.forwarded_allow_ips)
 
 
 @click.group()
@@ -74,6 +75,46 @@ def upgrade() -> None:
         get_settings().data_dir.mkdir(parents=True, exist_ok=True)
     migrate.upgrade(engine)
     click.echo(f"database at revision {migrate.current_revision(engine)}")
+
+
+@db.command()
+def ready() -> None:
+    """Make the database ready for `serve`, waiting up to SPOTBROKER_DB_WAIT_SECONDS
+    for it to answer: migrate it (SPOTBROKER_MIGRATE_ON_START, the default), or,
+    where a migration job does that, wait until its schema is this code's."""
+    import time
+
+    from sqlalchemy.exc import OperationalError
+
+    from spotbroker.broker.store import migrate
+
+    settings = get_settings()
+    engine = _engine()
+    deadline, said = time.monotonic() + settings.db_wait_seconds, None
+    try:
+        while True:
+            try:
+                if settings.migrate_on_start:
+                    if engine.dialect.name == "sqlite":
+                        settings.data_dir.mkdir(parents=True, exist_ok=True)
+                    migrate.upgrade(engine)
+                if migrate.is_current(engine):
+                    click.echo(f"database ready at revision {migrate.current_revision(engine)}", err=True)
+                    return
+                why = (f"the schema is at {migrate.current_revision(engine) or 'nothing'} and this broker needs "
+                       f"{migrate.head_revision(str(engine.url))}: waiting for 'spotbroker db upgrade' (the "
+                       "migration job)")
+            except OperationalError as exc:  # not reachable yet; any other error is not waited out
+                why = f"the database does not answer: {str(exc.orig).strip().splitlines()[0]}"
+            if time.monotonic() >= deadline:
+                raise click.ClickException(f"{why} (gave up after SPOTBROKER_DB_WAIT_SECONDS="
+                                           f"{settings.db_wait_seconds:g})")
+            if why != said:
+                click.echo(f"spotbroker: {why}", err=True)
+                said = why
+            time.sleep(1)
+    finally:
+        engine.dispose()
 
 
 @db.command()

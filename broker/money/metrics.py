@@ -1,25 +1,42 @@
-"""What Prometheus scrapes from /metrics, read from the database at scrape
-time (a custom collector), so that every broker process of several answers
-the same, and a restarted one forgets nothing.
+"""What Prometheus scrapes from /metrics about the whole deployment, read
+from the shared database at scrape time (a custom collector), so that a
+restarted broker forgets nothing.
 
-Each scrape runs seven aggregate statements (and one for the team names), whatever the number of teams:
+Several replicas share one database: were each to export these, `sum()` over
+pods would count every dollar once per replica. So one replica at a time
+exports them: the holder of the `metrics` lease (a `money_leases` row, taken
+on a scrape when free or expired, renewed by the holder's own scrapes, given
+up when it shuts down). Every replica says whether it is that one
+(`spotbroker_metrics_exporter`, 1 or 0). Scrape every pod, not the Service:
+a pod scraped less often than the lease's hold loses it to the next.
+
+Each scrape of the holder runs eleven aggregate statements (and one for the
+team names), whatever the number of teams:
 
 - money (the ledger's written entries; accrual keeps them at most two
-  intervals behind): each team's spend this calendar month (UTC), in the
-  last hour (its burn), and, for a budgeted team, what is left of the
-  budget's period. The statement reads only entries since the earliest of
-  those starts (at most ~31 days; the same range a budget's alerts read);
+  intervals behind): each team's cost since the start as counters (usage,
+  corrections, the on-demand equivalent, waste: the ledger is append-only and
+  these only grow, so `rate()` works; a scrape reads only the entries written
+  since the previous ones settled, `LedgerTotals`), this calendar month's (UTC), the last
+  hour's (its burn), and, for a budgeted team, what is left of the budget's
+  period;
 - jobs by team and state; preemptions and recoveries by team;
 - checkpoint flush seconds: the `seconds` that the agent's
   `checkpoint_committed` event reports for each checkpoint written on a
   notice or a drain (reason `flush`; stored on `checkpoints.seconds`), as a
   histogram per team;
 - placement decisions: one attempt per launch decision, by cloud and
-  spot/on-demand, and the jobs waiting now (the policy chose to wait).
+  spot/on-demand, and the jobs waiting now (the policy chose to wait);
+- the reconciler's lag and each price source's freshness
+  (broker/money/ops_metrics.py).
+
+Every team has every series, with 0 where nothing happened yet: a series that
+appears only with its first event breaks `rate()` and `absent()` alerts.
 """
 from __future__ import annotations
 
 import math
+import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta
 
@@ -29,14 +46,75 @@ from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.jobs.states import EndReason
-from spotbroker.broker.money import budgets
+from spotbroker.broker.jobs.spec import CLOUDS
+from spotbroker.broker.jobs.states import EndReason, JobState
+from spotbroker.broker.money import budgets, leases, ops_metrics
 from spotbroker.broker.money.models import Budget, LedgerEntry
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Team
 
 # Seconds a flush may take: a notice gives 120 s (AWS) or 30 s (GCP, Azure).
 FLUSH_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0)
 RECLAIMS = (str(EndReason.PREEMPTED), str(EndReason.VANISHED))
+LEASE = "metrics"
+
+
+class LedgerTotals:
+    """Each team's sums since its first ledger entry, kept up to date by
+    reading only the entries added since the last scrape: the ledger is
+    append-only, and its ids grow in the order entries are written. Entries
+    older than `settle` (by `created_at`) are folded into running sums up to
+    the newest such id; the rest are summed again on each scrape, so a
+    transaction still open when a newer entry was read is not skipped (an
+    accrual pass lasts seconds, not minutes). A new holder of the metrics
+    lease reads the whole ledger once."""
+
+    SETTLE = timedelta(minutes=10)
+
+    def __init__(self) -> None:
+        self.upto, self.folded = 0, {}
+
+    @staticmethod
+    def _sums(session: Session, *where) -> dict[int, tuple[float, ...]]:
+        # By sign rather than by kind: a usage entry is never negative and a correction never
+        # positive (it reverses usage); waste entries carry only `wasted`.
+        amount, ondemand = LedgerEntry.amount, LedgerEntry.ondemand_amount
+        return {team_id: tuple(float(v or 0.0) for v in values) for team_id, *values in session.execute(select(
+            LedgerEntry.team_id, func.sum(case((amount > 0, amount), else_=0.0)),
+            func.sum(case((amount < 0, -amount), else_=0.0)),
+            func.sum(case((ondemand > 0, ondemand), else_=0.0)),
+            func.sum(LedgerEntry.wasted)).where(*where).group_by(LedgerEntry.team_id))}
+
+    @staticmethod
+    def _add(into: dict[int, tuple[float, ...]], more: dict[int, tuple[float, ...]]) -> dict:
+        for team_id, values in more.items():
+            into[team_id] = tuple(a + b for a, b in zip(into.get(team_id, (0.0,) * 4), values, strict=True))
+        return into
+
+    def read(self, session: Session, now: datetime) -> dict[int, tuple[float, ...]]:
+        settled = session.scalar(select(func.max(LedgerEntry.id)).where(
+            LedgerEntry.id > self.upto, LedgerEntry.created_at < now - self.SETTLE))
+        if settled is not None:
+            self._add(self.folded, self._sums(session, LedgerEntry.id > self.upto, LedgerEntry.id <= settled))
+            self.upto = settled
+        return self._add(dict(self.folded), self._sums(session, LedgerEntry.id > self.upto))
+
+
+def totals(sums: dict[int, tuple[float, ...]], names: dict[int, str]) -> Iterator[Metric]:
+    """Each team's dollars since its first entry, as counters."""
+    families = [
+        CounterMetricFamily("spotbroker_team_cost_dollars", "Dollars a team was charged (usage entries of the "
+                            "ledger); net spend is this less the corrections", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_cost_corrections_dollars", "Dollars taken back from a team's cost "
+                            "by correction entries", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_ondemand_cost_dollars", "What a team's usage would have cost on "
+                            "demand (savings: this less the cost)", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_wasted_dollars", "Dollars of work lost since the last committed "
+                            "checkpoint of reclaimed attempts", labels=["team"]),
+    ]
+    for team_id, name in names.items():
+        for family, value in zip(families, sums.get(team_id, (0.0,) * 4), strict=True):
+            family.add_metric([name], value)
+    yield from families
 
 
 def money(session: Session, names: dict[int, str], now: datetime) -> Iterator[Metric]:
@@ -59,7 +137,7 @@ def money(session: Session, names: dict[int, str], now: datetime) -> Iterator[Me
         s = spent.get(team_id, {})
         cost.add_metric([name], s.get("month", 0.0))
         rate.add_metric([name], s.get("1h", 0.0))
-    burn = GaugeMetricFamily("spotbroker_team_burn_rate",
+    burn = GaugeMetricFamily("spotbroker_team_burn_rate_ratio",
                              "A budgeted team's last hour of spend over its budget's even rate (1 = on pace)",
                              labels=["team", "period"])
     remaining = GaugeMetricFamily("spotbroker_team_budget_remaining_dollars",
@@ -82,24 +160,28 @@ def money(session: Session, names: dict[int, str], now: datetime) -> Iterator[Me
 
 def jobs(session: Session, names: dict[int, str]) -> Iterator[Metric]:
     """Jobs by team and state; preemptions and recoveries by team."""
-    by_state = GaugeMetricFamily("spotbroker_jobs", "Jobs by team and state", labels=["team", "state"])
-    recoveries = CounterMetricFamily("spotbroker_recoveries", "Preempted jobs recovered on a new attempt",
-                                     labels=["team"])
-    totals: dict[int, int] = {}
+    counts: dict[tuple[int, str], int] = {}
+    totals_: dict[int, int] = {}
     for team_id, state, count, recovered in session.execute(
             select(Job.team_id, Job.state, func.count(), func.sum(Job.recoveries)).group_by(Job.team_id, Job.state)):
-        if team_id in names:
-            by_state.add_metric([names[team_id], state], count)
-            totals[team_id] = totals.get(team_id, 0) + int(recovered or 0)
+        counts[team_id, state] = count
+        totals_[team_id] = totals_.get(team_id, 0) + int(recovered or 0)
+    by_state = GaugeMetricFamily("spotbroker_jobs", "Jobs by team and state", labels=["team", "state"])
+    for team_id, name in names.items():
+        for state in JobState:
+            by_state.add_metric([name, str(state)], counts.get((team_id, str(state)), 0))
+    reclaimed = {(team_id, cloud): count for team_id, cloud, count in session.execute(
+        select(Job.team_id, Attempt.cloud, func.count()).join(Job, Job.id == Attempt.job_id)
+        .where(Attempt.end_reason.in_(RECLAIMS)).group_by(Job.team_id, Attempt.cloud))}
     preempted = CounterMetricFamily("spotbroker_preemptions", "Attempts the cloud reclaimed (a notice, or the "
                                     "node vanished)", labels=["team", "cloud"])
-    for team_id, cloud, count in session.execute(
-            select(Job.team_id, Attempt.cloud, func.count()).join(Job, Job.id == Attempt.job_id)
-            .where(Attempt.end_reason.in_(RECLAIMS)).group_by(Job.team_id, Attempt.cloud)):
-        if team_id in names:
-            preempted.add_metric([names[team_id], cloud], count)
+    recoveries = CounterMetricFamily("spotbroker_recoveries", "Preempted jobs recovered on a new attempt",
+                                     labels=["team"])
+    clouds = sorted({*CLOUDS, *(cloud for _, cloud in reclaimed)})
     for team_id, name in names.items():
-        recoveries.add_metric([name], totals.get(team_id, 0))
+        for cloud in clouds:
+            preempted.add_metric([name, cloud], reclaimed.get((team_id, cloud), 0))
+        recoveries.add_metric([name], totals_.get(team_id, 0))
     yield from (by_state, preempted, recoveries)
 
 
@@ -109,45 +191,65 @@ def flushes(session: Session, names: dict[int, str]) -> Iterator[Metric]:
     family = HistogramMetricFamily("spotbroker_checkpoint_flush_seconds",
                                    "Seconds from a flush request to its committed checkpoint (agent-reported)",
                                    labels=["team"])
+    seen = {}
     for team_id, count, total, *below in session.execute(
             select(Job.team_id, func.count(), func.sum(Checkpoint.seconds), *cols)
             .join(Job, Job.id == Checkpoint.job_id)
             .where(Checkpoint.reason == "flush", Checkpoint.seconds.is_not(None)).group_by(Job.team_id)):
-        if team_id in names:
-            buckets = [(str(b), int(n or 0)) for b, n in zip(FLUSH_BUCKETS, below, strict=True)]
-            family.add_metric([names[team_id]], [*buckets, ("+Inf", int(count))], float(total or 0.0))
+        seen[team_id] = (int(count), float(total or 0.0), [int(n or 0) for n in below])
+    for team_id, name in names.items():
+        count, total, below = seen.get(team_id, (0, 0.0, [0] * len(FLUSH_BUCKETS)))
+        buckets = [(str(b), n) for b, n in zip(FLUSH_BUCKETS, below, strict=True)]
+        family.add_metric([name], [*buckets, ("+Inf", count)], total)
     yield family
 
 
 def placements(session: Session, names: dict[int, str]) -> Iterator[Metric]:
     """Launch decisions (one attempt each) and the jobs the policy keeps waiting."""
+    decided = {(team_id, cloud, bool(spot)): count for team_id, cloud, spot, count in session.execute(
+        select(Job.team_id, Attempt.cloud, Attempt.use_spot, func.count()).join(Job, Job.id == Attempt.job_id)
+        .group_by(Job.team_id, Attempt.cloud, Attempt.use_spot))}
+    waiting = dict(session.execute(
+        select(Job.team_id, func.count()).where(Job.state == "PENDING", Job.reason.like("waiting:%"))
+        .group_by(Job.team_id)).all())
     launched = CounterMetricFamily("spotbroker_placement_decisions", "Launch decisions (attempts) by cloud and "
                                    "market", labels=["team", "cloud", "market"])
-    for team_id, cloud, spot, count in session.execute(
-            select(Job.team_id, Attempt.cloud, Attempt.use_spot, func.count()).join(Job, Job.id == Attempt.job_id)
-            .group_by(Job.team_id, Attempt.cloud, Attempt.use_spot)):
-        if team_id in names:
-            launched.add_metric([names[team_id], cloud, "spot" if spot else "on_demand"], count)
-    waiting = GaugeMetricFamily("spotbroker_jobs_waiting_for_placement", "Pending jobs the placement policy "
-                                "chose to wait with (for spot capacity or a better price)", labels=["team"])
-    for team_id, count in session.execute(
-            select(Job.team_id, func.count()).where(Job.state == "PENDING", Job.reason.like("waiting:%"))
-            .group_by(Job.team_id)):
-        if team_id in names:
-            waiting.add_metric([names[team_id]], count)
-    yield from (launched, waiting)
+    held = GaugeMetricFamily("spotbroker_jobs_waiting_for_placement", "Pending jobs the placement policy "
+                             "chose to wait with (for spot capacity or a better price)", labels=["team"])
+    clouds = sorted({*CLOUDS, *(cloud for _, cloud, _ in decided)})
+    for team_id, name in names.items():
+        for cloud in clouds:
+            for spot in (True, False):
+                launched.add_metric([name, cloud, "spot" if spot else "on_demand"],
+                                    decided.get((team_id, cloud, spot), 0))
+        held.add_metric([name], waiting.get(team_id, 0))
+    yield from (launched, held)
 
 
 class MoneyCollector(Collector):
-    """The broker's metrics, read from the database on each scrape."""
+    """The deployment's metrics, read from the database on each scrape by the
+    replica that holds the `metrics` lease (`hold_s`: how long it keeps it
+    without a scrape)."""
 
-    def __init__(self, factory: sessionmaker[Session], clock: Clock = SYSTEM_CLOCK) -> None:
-        self.factory, self.clock = factory, clock
+    def __init__(self, factory: sessionmaker[Session], clock: Clock = SYSTEM_CLOCK, *, hold_s: float = 120.0,
+                 owner: str | None = None) -> None:
+        self.factory, self.clock, self.hold_s = factory, clock, hold_s
+        self.owner = owner or f"metrics-{uuid.uuid4().hex[:16]}"
+        self.ledger = LedgerTotals()
 
     def collect(self) -> Iterator[Metric]:
         now = self.clock.now()
+        held, _ = leases.claim(self.factory, LEASE, self.owner, now, every_s=0, hold_s=self.hold_s)
+        yield GaugeMetricFamily("spotbroker_metrics_exporter", "1 on the one broker that exports the deployment's "
+                                "totals (it holds the metrics lease), 0 on the others", value=1 if held else 0)
+        if not held:
+            return
         with self.factory() as session:
             names = dict(session.execute(select(Team.id, Team.name)).all())
-            out = [*money(session, names, now), *jobs(session, names), *flushes(session, names),
-                   *placements(session, names)]
+            out = [*totals(self.ledger.read(session, now), names), *money(session, names, now), *jobs(session, names),
+                   *flushes(session, names), *placements(session, names), *ops_metrics.collect(session, now)]
         yield from out
+
+    def release(self) -> None:
+        """Give the lease up (at shutdown), so that another broker exports at its next scrape."""
+        leases.release(self.factory, LEASE, self.owner)

@@ -58,7 +58,7 @@ def test_the_scrape_reads_money_jobs_flushes_and_placements_from_the_database(fa
     assert got[("spotbroker_team_spend_rate_dollars_per_hour", ml)] == pytest.approx(6.0)
     even = 100 / (31 * 24)                                                          # March
     month = (("period", "month"), ("team", "ml"))
-    assert got[("spotbroker_team_burn_rate", month)] == pytest.approx(6.0 / even)
+    assert got[("spotbroker_team_burn_rate_ratio", month)] == pytest.approx(6.0 / even)
     assert got[("spotbroker_team_budget_remaining_dollars", month)] == pytest.approx(88.0)
     assert ("spotbroker_team_budget_remaining_dollars", (("period", "month"), ("team", "cv"))) not in got
     assert got[("spotbroker_jobs", (("state", "RUNNING"), ("team", "ml")))] == 1

@@ -1,0 +1,81 @@
+"""Behind a TLS-terminating ingress: `spotbroker serve` believes X-Forwarded-Proto
+from the proxies SPOTBROKER_FORWARDED_ALLOW_IPS names, and the dashboard's cookie
+is Secure exactly when the client's scheme is https. Through a real server
+process, as an ingress would reach it."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ADMIN = "admin-token-forwarded"
+
+
+@pytest.fixture
+def serve(tmp_path):
+    started: list[subprocess.Popen] = []
+
+    def start(forwarded_allow_ips: str) -> str:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+        env.update(SPOTBROKER_DATA_DIR=str(tmp_path / f"data-{port}"), SPOTBROKER_ADMIN_TOKEN=ADMIN,
+                   SPOTBROKER_FORWARDED_ALLOW_IPS=forwarded_allow_ips, SPOTBROKER_PRICES_SOURCES="catalog")
+        proc = subprocess.Popen([str(Path(sys.executable).parent / "spotbroker"), "serve", "--host", "127.0.0.1",
+                                 "--port", str(port), "--log-level", "warning"], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        started.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            assert proc.poll() is None, proc.stdout.read().decode()
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    return url
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+
+    yield start
+    for proc in started:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def login_cookie(url: str, **headers: str) -> str:
+    host = url.removeprefix("http://")
+    scheme = "https" if headers.get("X-Forwarded-Proto") == "https" else "http"
+    answer = httpx.post(f"{url}/dashboard/login", content=f"token={ADMIN}", timeout=10,
+                        headers={"Content-Type": "application/x-www-form-urlencoded",
+                                 "Origin": f"{scheme}://{host}", **headers})
+    assert answer.status_code == 303, answer.text
+    return answer.headers["set-cookie"]
+
+
+def flags(cookie: str) -> set[str]:
+    return {part.strip().split("=")[0].lower() for part in cookie.split(";")[1:]}
+
+
+def test_the_cookie_is_secure_exactly_when_a_trusted_proxy_says_https(serve):
+    url = serve("127.0.0.1")
+    assert "secure" in flags(login_cookie(url, **{"X-Forwarded-Proto": "https", "X-Forwarded-For": "203.0.113.7"}))
+    assert "secure" not in flags(login_cookie(url, **{"X-Forwarded-Proto": "http"}))
+    assert "secure" not in flags(login_cookie(url))
+
+
+def test_an_untrusted_peer_cannot_claim_https(serve):
+    url = serve("192.0.2.10")  # the ingress's address: this client (127.0.0.1) is not it
+    assert "secure" not in flags(login_cookie(url, **{"X-Forwarded-Proto": "https"}))
