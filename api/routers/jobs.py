@@ -67,7 +67,10 @@ async def _read_spec(request: Request) -> JobSpec:
         # one a process reads: `import sky`), off the event loop.
         doc = await _parse_task(request, body) if fmt == "yaml" else load_document(body, fmt)
     except SpecShapeError as exc:
-        raise invalid([{"field": exc.field, "message": exc.detail}]) from None
+        err = {"field": exc.field, "message": exc.detail}
+        if exc.line:  # a duplicate key: where the second one is
+            err["line"] = exc.line
+        raise invalid([err]) from None
     except SpecSyntaxError as exc:
         err = {"field": "body", "message": str(exc)}
         if exc.line:
