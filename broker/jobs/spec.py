@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from spotbroker.agent import protocol
+from spotbroker.broker.jobs import resfields
 from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI read documents through here)
     MAX_DEPTH,
     MAX_SPEC_BYTES,
@@ -126,6 +127,11 @@ class ResourceSet(_Strict):
     # the regions named are then the only ones the job may run in.
     image_id: Annotated[str, Field(min_length=1, max_length=512)] \
         | Annotated[dict[str, Annotated[str, Field(min_length=1, max_length=512)]], Field(min_length=1)] | None = None
+    # Honoured by SkyPilot on the pinned place (broker/jobs/resfields.py).
+    disk_tier: resfields.DiskTier | None = None
+    network_tier: resfields.NetworkTier | None = None
+    labels: resfields.Labels | None = None
+    ports: resfields.Ports | None = None
 
     @field_validator("accelerators", mode="before")
     @classmethod
