@@ -57,3 +57,33 @@ def _labels(value: Any) -> Any:
 Ports = Annotated[list[str], BeforeValidator(_ports)]
 Labels = Annotated[dict[str, Annotated[str, Field(max_length=256)]], BeforeValidator(_labels)]
 PASSED = ("disk_tier", "network_tier", "labels", "ports")
+
+# What a cloud's places cannot take (SkyPilot's unsupported features per
+# cloud): a disk tier other than `best` needs custom disk tiers, network tier
+# `best` a custom network tier.
+_CANNOT = {"k8s": ("disk_tier", "network_tier"), "azure": ("network_tier",)}
+
+
+def asks(want: Any) -> set[str]:
+    """The fields of a resource set that only some clouds' places honour."""
+    out = set()
+    if getattr(want, "disk_tier", None) not in (None, "best"):
+        out.add("disk_tier")
+    if getattr(want, "network_tier", None) == "best":
+        out.add("network_tier")
+    return out
+
+
+def clouds_refusing(want: Any) -> list[str]:
+    """The clouds (as the broker names them) whose places cannot honour the set."""
+    wanted = asks(want)
+    return sorted(cloud for cloud, cannot in _CANNOT.items() if wanted & set(cannot))
+
+
+def refusal(want: Any, cloud: str | None) -> str | None:
+    """Why a set naming `cloud` cannot run there, with the way out; None when it can."""
+    fields = sorted(asks(want) & set(_CANNOT.get(cloud or "", ())))
+    if not fields:
+        return None
+    return (f"{cloud} places cannot honour {' and '.join(fields)}: drop it, or name aws or gcp"
+            + (" (disk_tier: best works everywhere)" if "disk_tier" in fields else ""))

@@ -200,6 +200,10 @@ class Resources(ResourceSet):
                     if key not in alt.model_fields_set:
                         setattr(alt, key, value)
                         alt.model_fields_set.add(key)
+        for i, want in enumerate(alternatives or [self]):  # a tier the named cloud cannot give
+            if (problem := resfields.refusal(want, Infra(want.infra).cloud if want.infra else None)):
+                key = "any_of" if self.any_of is not None else "ordered"
+                raise ValueError(f"{key}.{i}: {problem}" if alternatives else problem)
         return self
 
     def alternatives(self) -> list[ResourceSet]:

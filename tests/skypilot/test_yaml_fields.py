@@ -173,3 +173,48 @@ def test_a_json_spec_is_held_to_the_same_shapes(resources, message):
         JobSpec.model_validate({"run": "x", "resources": resources})
     ok = JobSpec.model_validate({"run": "x", "resources": {"ports": 8080, "labels": {"on": True}}})
     assert (ok.resources.ports, ok.resources.labels) == (["8080"], {"on": "true"})
+
+
+@pytest.mark.parametrize("text, field, says", [
+    ("run: x\nresources:\n  infra: azure\n  accelerators: A100:1\n  network_tier: best\n", "resources",
+     "azure places cannot honour network_tier"),
+    ("run: x\nresources:\n  infra: k8s/lab-a\n  accelerators: H100:1\n  disk_tier: high\n", "resources",
+     "k8s places cannot honour disk_tier"),
+    ("run: x\nresources:\n  network_tier: best\n  any_of:\n    - {infra: aws, accelerators: A100:1}\n"
+     "    - {infra: azure, accelerators: A100:1}\n", "resources", "any_of.1: azure"),
+])
+def test_a_tier_the_named_place_cannot_give_is_refused_with_a_way_out(api, team_headers, text, field, says):
+    r = api.post("/v1/jobs", content=text.encode(), headers={**team_headers(), **YAML})
+    assert r.status_code == 422, r.text
+    err = r.json()["errors"][0]
+    assert err["field"] == field and says in err["message"] and "name aws or gcp" in err["message"], err
+
+
+def test_placement_leaves_out_the_places_that_cannot_give_the_tier(tmp_path):
+    """The tiers are not priced, but a place whose cloud cannot give them is
+    never chosen: SkyPilot would refuse the launch there."""
+    from spotbroker.broker.placement.kubernetes import Cluster, fits
+    from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
+    from spotbroker.broker.store import migrate
+    from spotbroker.broker.store.db import make_engine, make_session_factory
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
+    migrate.upgrade(engine)
+    try:
+        with make_session_factory(engine)() as session:
+            seed_from_catalog(session)
+            session.commit()
+
+            def clouds(resources):
+                spec = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "T4:1", **resources}})
+                return {p.cloud for p in rank_offers(session, spec, limit=10_000)}
+
+            assert "azure" in clouds({}) and "azure" in clouds({"disk_tier": "high"})
+            assert clouds({"network_tier": "best"}) and "azure" not in clouds({"network_tier": "best"})
+    finally:
+        engine.dispose()
+    lab = Cluster(context="lab-a", nodes=[{"accelerator": "H100", "gpus_per_node": 8, "count": 1}])
+    want = lambda **kw: JobSpec.model_validate(  # noqa: E731
+        {"run": "x", "resources": {"accelerators": "H100:1", **kw}}).resources.alternatives()[0]
+    assert fits(want(), lab) and fits(want(disk_tier="best"), lab)
+    assert fits(want(disk_tier="high"), lab) is None and fits(want(network_tier="best"), lab) is None
