@@ -80,6 +80,19 @@ class JobOut(BaseModel):
                    updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
 
 
+class SubmitWarning(BaseModel):
+    field: str
+    message: str
+    line: int | None = Field(default=None, description="in the submitted task file")
+
+
+class JobSubmitted(JobOut):
+    """The job just submitted, and what of the submission was dropped (an
+    alternative on a cloud the broker does not place on)."""
+
+    warnings: list[SubmitWarning] = Field(default_factory=list)
+
+
 class JobPage(BaseModel):
     jobs: list[JobOut]
     next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")

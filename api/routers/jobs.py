@@ -15,7 +15,16 @@ from sqlalchemy.orm.exc import StaleDataError
 from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, SessionDep
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
 from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
-from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
+from spotbroker.api.schemas import (
+    CheckpointList,
+    CheckpointOut,
+    EventList,
+    EventOut,
+    JobOut,
+    JobPage,
+    JobSubmitted,
+    SubmitWarning,
+)
 from spotbroker.broker.jobs import mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
@@ -46,15 +55,16 @@ def _get(session, team, job_id: int):
         raise _not_found(job_id) from None
 
 
-async def _parse_task(request: Request, body: bytes) -> dict:
+async def _parse_task(request: Request, body: bytes) -> tuple[dict, list[dict]]:
     state = request.app.state
     limiter = getattr(state, "yaml_limiter", None)
     if limiter is None:  # made in the app's own event loop, which it belongs to
         limiter = state.yaml_limiter = anyio.CapacityLimiter(YAML_PARSES)
-    return await anyio.to_thread.run_sync(taskyaml.parse, body, limiter=limiter)
+    return await anyio.to_thread.run_sync(taskyaml.parse_warned, body, limiter=limiter)
 
 
-async def _read_spec(request: Request) -> JobSpec:
+async def _read_spec(request: Request) -> tuple[JobSpec, list[dict]]:
+    """The submitted spec, and the warnings about what of it was dropped."""
     body = await request.body()
     if len(body) > MAX_BODY:
         raise Problem(413, "Payload too large", f"a job spec is at most {MAX_BODY} bytes")
@@ -65,9 +75,12 @@ async def _read_spec(request: Request) -> JobSpec:
     try:
         # A task file is read by SkyPilot's own schema (seconds for the first
         # one a process reads: `import sky`), off the event loop.
-        doc = await _parse_task(request, body) if fmt == "yaml" else load_document(body, fmt)
+        doc, warnings = await _parse_task(request, body) if fmt == "yaml" else (load_document(body, fmt), [])
     except SpecShapeError as exc:
-        raise invalid([{"field": exc.field, "message": exc.detail}]) from None
+        err = {"field": exc.field, "message": exc.detail}
+        if exc.line:  # a duplicate key: where the second one is
+            err["line"] = exc.line
+        raise invalid([err]) from None
     except SpecSyntaxError as exc:
         err = {"field": "body", "message": str(exc)}
         if exc.line:
@@ -87,22 +100,23 @@ async def _read_spec(request: Request) -> JobSpec:
         raise invalid(errors) from None
     if len(json.dumps(spec.stored())) > MAX_SPEC_BYTES:
         raise invalid([{"field": "body", "message": f"the stored spec would be over {MAX_SPEC_BYTES} bytes"}])
-    return spec
+    return spec, warnings
 
 
-@router.post("", status_code=201, response_model=JobOut, responses=responses(401, 403, 413, 415, 422),
+@router.post("", status_code=201, response_model=JobSubmitted, responses=responses(401, 403, 413, 415, 422),
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
                  "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}}})
 async def submit_job(request: Request, team: CurrentTeam,
                      idempotency_key: Annotated[str | None, Header(
                          max_length=128, description="retries with the same key return the same job")] = None,
-                     ) -> JobOut:
+                     ) -> JobSubmitted:
     """Submit a job: a JSON job spec, or a SkyPilot task YAML
     (`Content-Type: application/yaml`), read with SkyPilot's own schema. A
     task file without `use_spot` runs on on-demand, as in SkyPilot; a JSON
-    spec without it on spot."""
-    spec = await _read_spec(request)
+    spec without it on spot. `warnings` says what of a task file was
+    dropped (an alternative on a cloud the broker does not place on)."""
+    spec, warnings = await _read_spec(request)
     if problems := spec.per_attempt_errors():
         raise invalid(problems)
     state = request.app.state
@@ -126,7 +140,8 @@ async def submit_job(request: Request, team: CurrentTeam,
         raise invalid([{"field": "Idempotency-Key", "message": f"already used for job {out.id}, whose spec "
                         "differs from this one; a retry must send the same body, a new job a new key"}])
     # Already a JobOut: send it as it is, without validating it a second time.
-    return Response(out.model_dump_json(), status_code=201, media_type="application/json")
+    answer = JobSubmitted.model_construct(**dict(out), warnings=[SubmitWarning(**w) for w in warnings])
+    return Response(answer.model_dump_json(), status_code=201, media_type="application/json")
 
 
 @router.get("", response_model=JobPage, responses=responses(401, 403, 422))

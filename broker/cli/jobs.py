@@ -10,6 +10,7 @@ from typing import Any
 
 import click
 
+from spotbroker.broker.cli import launchflags
 from spotbroker.broker.cli.client import ApiError, Client
 from spotbroker.broker.settings import get_settings
 
@@ -44,11 +45,14 @@ def _where(a: dict[str, Any]) -> str:
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
 @click.option("--json", "as_json", is_flag=True)
-def submit(file: Path, as_json: bool) -> None:
+@launchflags.options
+def submit(file: Path, as_json: bool, yes: bool, **launch: Any) -> None:
     """Submit a job from a JSON spec or a SkyPilot task YAML; '-' reads stdin.
 
     A YAML file is read by the broker with SkyPilot's own schema; its
-    `workdir` and local `file_mounts` directories are uploaded first."""
+    `workdir` and local `file_mounts` directories are uploaded first.
+    SkyPilot's launch flags override the file as in `sky launch`."""
+    from spotbroker.broker.jobs import overrides
     from spotbroker.broker.jobs.spec import SpecSyntaxError, load_document, load_raw
 
     data = sys.stdin.buffer.read() if str(file) == "-" else _read(file)
@@ -60,6 +64,9 @@ def submit(file: Path, as_json: bool) -> None:
     except SpecSyntaxError as exc:
         where = f"{file}:{exc.line}" if exc.line else str(file)
         raise click.ClickException(f"{where}: {exc.message}") from None
+    flags = launchflags.flags(**launch)
+    if flags.any():
+        doc = overrides.apply(doc, flags)
     base = Path.cwd() if str(file) == "-" else file.resolve().parent
     c = client()
 
@@ -80,13 +87,24 @@ def submit(file: Path, as_json: bool) -> None:
                            "under resources for spot)", err=True)
             import yaml
 
-            job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if uploaded else data)
+            rewritten = uploaded or flags.any()
+            job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if rewritten else data)
     except ApiError as exc:
         raise click.ClickException(f"{file}: {_located(exc, data if fmt == 'yaml' else None)}") from None
+    for warning in job.get("warnings") or []:
+        line = _line_in(data, str(warning.get("field"))) if fmt == "yaml" else None
+        click.echo(f"{file}{f':{line}' if line else ''}: warning: {warning.get('field')}: {warning.get('message')}",
+                   err=True)
     if as_json:
         _echo_json(job)
     else:
         click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}")
+
+
+def _line_in(data: bytes, field: str) -> int | None:
+    from spotbroker.broker.jobs.taskyaml import line_of
+
+    return line_of(data.decode("utf-8", "replace"), field)
 
 
 def _says_use_spot(res: Any) -> bool:

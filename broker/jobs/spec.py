@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from spotbroker.agent import protocol
+from spotbroker.broker.jobs import resfields
 from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI read documents through here)
     MAX_DEPTH,
     MAX_SPEC_BYTES,
@@ -126,6 +127,11 @@ class ResourceSet(_Strict):
     # the regions named are then the only ones the job may run in.
     image_id: Annotated[str, Field(min_length=1, max_length=512)] \
         | Annotated[dict[str, Annotated[str, Field(min_length=1, max_length=512)]], Field(min_length=1)] | None = None
+    # Honoured by SkyPilot on the pinned place (broker/jobs/resfields.py).
+    disk_tier: resfields.DiskTier | None = None
+    network_tier: resfields.NetworkTier | None = None
+    labels: resfields.Labels | None = None
+    ports: resfields.Ports | None = None
 
     @field_validator("accelerators", mode="before")
     @classmethod
@@ -194,6 +200,10 @@ class Resources(ResourceSet):
                     if key not in alt.model_fields_set:
                         setattr(alt, key, value)
                         alt.model_fields_set.add(key)
+        for i, want in enumerate(alternatives or [self]):  # a tier the named cloud cannot give
+            if (problem := resfields.refusal(want, Infra(want.infra).cloud if want.infra else None)):
+                key = "any_of" if self.any_of is not None else "ordered"
+                raise ValueError(f"{key}.{i}: {problem}" if alternatives else problem)
         return self
 
     def alternatives(self) -> list[ResourceSet]:

@@ -35,6 +35,14 @@ class SpecShapeError(SpecSyntaxError):
         self.field, self.detail = field, detail
 
 
+class DuplicateKeyError(SpecShapeError):
+    """A YAML mapping with one key twice: `field`, its `first` line and `line`."""
+
+    def __init__(self, exc: Any) -> None:
+        super().__init__(exc.field, f"duplicate key, given at line {exc.first} and again at line {exc.line}: keep one")
+        self.first, self.line = exc.first, exc.line
+
+
 def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
     """Parse a job document (JSON, or a SkyPilot-style YAML) into a dict,
     several accelerators read as alternatives (as SkyPilot reads them).
@@ -66,9 +74,13 @@ def load_raw(data: bytes, fmt: str = "auto") -> dict[str, Any]:
     else:
         import yaml
 
+        from spotbroker.broker.jobs import yamlkeys
+
         try:
             _refuse_deep_yaml(text)
-            doc = yaml.safe_load(text)
+            doc = yamlkeys.safe_load(text)
+        except yamlkeys.DuplicateKey as exc:
+            raise DuplicateKeyError(exc) from None
         except yaml.MarkedYAMLError as exc:
             mark = exc.problem_mark
             raise SpecSyntaxError(str(exc.problem or exc), mark.line + 1 if mark else None,

@@ -6,8 +6,11 @@ The keys spotbroker adds (`estimated_hours`, `deadline`, `max_restarts`,
 `resources.max_price_per_hour`) and the uploads that stand for local
 directories are taken out first and checked by `JobSpec`; everything else
 goes through `sky.Task.from_yaml_config`. What SkyPilot accepts but the
-broker cannot honour (`service`, `resources.ports`, a managed secret, a
-bucket SkyPilot would create...) is refused naming the field. SkyPilot's
+broker cannot honour (`service`, `resources.job_recovery`, a bucket SkyPilot
+would create...) is refused naming the field and what to do instead
+(`broker.jobs.unhonoured`); a value left to the launch (`envs: {KEY: }`)
+names the flag that gives it; an alternative on a cloud the broker does not
+place on is dropped with a warning (`broker.jobs.alternatives`). SkyPilot's
 meaning is kept: a file without `use_spot` asks for on-demand.
 
 Parsing needs no credentials and no network (see
@@ -22,13 +25,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from spotbroker.broker.jobs import alternatives, unhonoured
 from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw
-
-OURS = ("estimated_hours", "deadline", "max_restarts")
-HONOURED = frozenset({"name", "resources", "num_nodes", "envs", "secrets", "setup", "run", "workdir",
-                      "file_mounts", *OURS})
-HONOURED_RESOURCES = frozenset({"accelerators", "any_of", "ordered", "use_spot", "infra", "cloud", "region",
-                                "zone", "cpus", "memory", "disk_size", "instance_type", "image_id"})
+from spotbroker.broker.jobs.unhonoured import HONOURED, HONOURED_RESOURCES, OURS  # noqa: F401
 _ALTERNATIVES = ("any_of", "ordered")
 _MOUNT_KEYS = frozenset({"source", "mode"})
 
@@ -45,20 +44,35 @@ def parse(data: bytes) -> dict[str, Any]:
     """The job spec document a task file means (validate it with `JobSpec`).
     Raises SpecSyntaxError/SpecShapeError for what is not a YAML mapping,
     TaskFileError for a task SkyPilot refuses or the broker cannot run."""
+    return parse_warned(data)[0]
+
+
+def parse_warned(data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """`parse`, and the warnings about what was dropped ([{"field", "message",
+    "line"?}]: an alternative on a cloud the broker does not place on)."""
     doc = load_raw(data, "yaml")
+    warnings: list[dict[str, Any]] = []
     try:
-        return to_spec(doc)
+        out = to_spec(doc, warnings)
     except TaskFileError as exc:
-        text = data.decode("utf-8")
-        for err in exc.errors:
-            if "line" not in err and (line := line_of(text, err["field"])):
-                err["line"] = line
+        _add_lines(data, exc.errors)
         raise
+    return out, _add_lines(data, warnings)
 
 
-def to_spec(doc: dict[str, Any]) -> dict[str, Any]:
-    """A task document (as loaded from YAML) -> a job spec document."""
+def _add_lines(data: bytes, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    text = data.decode("utf-8")
+    for item in items:
+        if "line" not in item and (line := line_of(text, item["field"])):
+            item["line"] = line
+    return items
+
+
+def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A task document (as loaded from YAML) -> a job spec document; what is
+    dropped with a warning is added to `warnings`."""
     doc = copy.deepcopy(doc)
+    _refuse_unset(doc)
     ours = {k: doc.pop(k) for k in OURS if k in doc}
     res, prices = _take_prices(doc.get("resources"))
     if res is not None:
@@ -80,8 +94,32 @@ def to_spec(doc: dict[str, Any]) -> dict[str, Any]:
     mounts = _mounts(doc.get("file_mounts") or {}, task)
     if mounts or uploads:
         out["file_mounts"] = {**mounts, **uploads}
-    out["resources"] = _resources(res or {}, prices)
+    resources, dropped, errors = alternatives.drop_other_clouds(_resources(res or {}, prices))
+    if errors:
+        raise TaskFileError(errors)
+    if warnings is not None:
+        warnings.extend(dropped)
+    out["resources"] = resources
     return out
+
+
+def _refuse_unset(doc: dict[str, Any]) -> None:
+    """`envs: {HF_TOKEN: }` and `secrets: {HF_TOKEN: }` (or `secrets:
+    [HF_TOKEN]`) leave the value to the launch: `spotbroker submit --env` /
+    `--secret` fill it in; one still unset is refused naming its flag."""
+    errors = []
+    envs, secrets = doc.get("envs"), doc.get("secrets")
+    if isinstance(envs, dict):
+        errors += [{"field": f"envs.{k}", "message": f"give its value: `spotbroker submit --env {k}=VALUE FILE`, "
+                    f"or `--env {k}` to pass your shell's ${k} (an empty value is {k}: \"\")"}
+                   for k, v in envs.items() if v is None]
+    unset = [k for k, v in secrets.items() if v is None] if isinstance(secrets, dict) else \
+        [str(k) for k in secrets] if isinstance(secrets, list) else []
+    errors += [{"field": f"secrets.{k}" if isinstance(secrets, dict) else "secrets", "message": (
+        f"give its value at submission: `spotbroker submit --secret {k} FILE` passes your shell's ${k} "
+        f"(or --secret {k}=VALUE); spotbroker has no managed secrets")} for k in unset]
+    if errors:
+        raise TaskFileError(errors)
 
 
 def _take_prices(res: Any) -> tuple[Any, dict[str, Any]]:
@@ -89,8 +127,8 @@ def _take_prices(res: Any) -> tuple[Any, dict[str, Any]]:
     if not isinstance(res, dict):
         return res, {}
     res, prices = dict(res), {}
-    if "max_price_per_hour" in res:
-        prices[""] = res.pop("max_price_per_hour")
+    if (price := _take_price(res, "resources")) is not None:
+        prices[""] = price
     for key in _ALTERNATIVES:
         if isinstance(res.get(key), list):
             if wrong := [i for i, alt in enumerate(res[key]) if not isinstance(alt, dict)]:
@@ -98,9 +136,22 @@ def _take_prices(res: Any) -> tuple[Any, dict[str, Any]]:
                                       "of resources ({accelerators: A100:1, infra: aws})"} for i in wrong])
             res[key] = [dict(alt) for alt in res[key]]
             for i, alt in enumerate(res[key]):
-                if isinstance(alt, dict) and "max_price_per_hour" in alt:
-                    prices[f"{key}.{i}"] = alt.pop("max_price_per_hour")
+                if (price := _take_price(alt, f"resources.{key}.{i}")) is not None:
+                    prices[f"{key}.{i}"] = price
     return res, prices
+
+
+def _take_price(level: dict[str, Any], where: str) -> Any:
+    """The price bound of one level: the broker's `max_price_per_hour` or
+    SkyPilot's `max_hourly_cost` (the same bound: per node, against the spot
+    price when on spot), taken out of it."""
+    if "max_price_per_hour" in level and "max_hourly_cost" in level:
+        raise TaskFileError([{"field": f"{where}.max_hourly_cost", "message": "give max_hourly_cost or "
+                              "max_price_per_hour (the same bound), not both"}])
+    for key in ("max_price_per_hour", "max_hourly_cost"):
+        if key in level:
+            return level.pop(key)
+    return None
 
 
 def _take_uploads(doc: dict[str, Any]) -> dict[str, Any]:
@@ -140,6 +191,7 @@ def _skypilot(doc: dict[str, Any], ours: dict[str, Any]):
 
 
 _PATH_RE = re.compile(r"Check problematic field\(s\): \$\.?(\S*)")
+_VALUE_RE = re.compile(r"Invalid (port|disk_tier|network_tier|label)\b")
 _KEY_RE = re.compile(r"(?:Instead of|unsupported field) '([^']+)'")
 
 
@@ -153,6 +205,9 @@ def _field_of(message: str, doc: dict[str, Any]) -> str:
         return _find_key(doc, m[1]) or m[1]
     if m := re.search(r"Environment variable '([^']+)'", message):
         return f"envs.{m[1]}"
+    if m := _VALUE_RE.match(message):  # a resource field's value: "Invalid port 70000..."
+        key = {"port": "ports", "label": "labels"}.get(m[1], m[1])
+        return _find_key(doc, key) or f"resources.{key}"
     return section or "body"
 
 
@@ -192,16 +247,12 @@ def _with_ours(message: str, field: str, doc: dict[str, Any], ours: dict[str, An
 
 def _refuse_unhonoured(doc: dict[str, Any]) -> None:
     """What SkyPilot accepts and the broker would otherwise drop: refused."""
-    errors = [(key, "SkyPilot knows it, but spotbroker cannot honour it") for key in doc if key not in HONOURED]
+    errors = [(key, unhonoured.why(key, False)) for key in doc if key not in HONOURED]
     res = doc.get("resources") or {}
     levels = [("resources", res)] + [(f"resources.{k}.{i}", alt) for k in _ALTERNATIVES
                                       for i, alt in enumerate(res.get(k) or [])]
     for prefix, level in levels:
-        errors += [(f"{prefix}.{key}", "SkyPilot knows it, but spotbroker cannot honour it")
-                   for key in level if key not in HONOURED_RESOURCES]
-    secrets = doc.get("secrets")
-    if isinstance(secrets, list) or (isinstance(secrets, dict) and any(v is None for v in secrets.values())):
-        errors.append(("secrets", "give each secret's value (NAME: VALUE): spotbroker has no managed secrets"))
+        errors += [(f"{prefix}.{key}", unhonoured.why(key, True)) for key in level if key not in HONOURED_RESOURCES]
     for remote, source in (doc.get("file_mounts") or {}).items():
         if isinstance(source, dict):
             errors += [(f"file_mounts.{remote}.{key}", "spotbroker mounts a storage URI of your team's "

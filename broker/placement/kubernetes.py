@@ -43,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from sqlalchemy import bindparam, case, func, or_, select, text
 from sqlalchemy.orm import Session
 
+from spotbroker.broker.jobs import resfields
 from spotbroker.broker.jobs.spec import MAX_ACCELERATORS, MAX_PRICE_PER_HOUR, Infra, JobSpec, ResourceSet, parse_amount
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, EndReason
 from spotbroker.broker.placement.policy import Action
@@ -151,6 +152,8 @@ def fits(want: ResourceSet, cluster: Cluster) -> Placement | None:
     name, count = want.accelerator
     name = accelerator_name(name) or name
     if not float(count).is_integer() or count < 1:
+        return None
+    if CLOUD in resfields.clouds_refusing(want):  # a disk or network tier a pod cannot have
         return None
     if want.infra is not None:
         infra = Infra(want.infra)

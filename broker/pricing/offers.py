@@ -24,6 +24,7 @@ from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.jobs import resfields
 from spotbroker.broker.jobs.spec import Infra, JobSpec, ResourceSet, parse_amount
 from spotbroker.broker.pricing import catalog, normalise, store
 from spotbroker.broker.store.models import PriceOffer
@@ -114,6 +115,8 @@ def fitting(want: ResourceSet) -> list | None:
             where.append(PriceOffer.region == infra.region)
         if infra.zone:
             where.append(or_(PriceOffer.zone == infra.zone, PriceOffer.zone_id == infra.zone))
+    if refusing := resfields.clouds_refusing(want):  # a disk or network tier those places cannot give
+        where.append(PriceOffer.cloud.not_in(refusing))
     for wanted, have in ((want.cpus, PriceOffer.vcpus), (want.memory, PriceOffer.memory_gib)):
         if wanted is not None:
             amount, at_least = parse_amount(wanted)

@@ -14,7 +14,7 @@ YAML_PARSES = 2  # spotbroker.api.routers.jobs.YAML_PARSES
 
 def test_task_files_are_parsed_a_few_at_a_time(api, team_headers, monkeypatch):
     h = {**team_headers("ml"), "Content-Type": "application/yaml"}
-    real, lock = taskyaml.parse, threading.Lock()
+    real, lock = taskyaml.parse_warned, threading.Lock()
     now = peak = 0
 
     def slow_parse(data: bytes):
@@ -27,7 +27,7 @@ def test_task_files_are_parsed_a_few_at_a_time(api, team_headers, monkeypatch):
             now -= 1
         return real(data)
 
-    monkeypatch.setattr(taskyaml, "parse", slow_parse)
+    monkeypatch.setattr(taskyaml, "parse_warned", slow_parse)
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: api.post("/v1/jobs", content=f"name: j{i}\nrun: 'true'\n", headers=h),
                                 range(8)))

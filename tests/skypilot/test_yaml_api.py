@@ -32,8 +32,8 @@ def test_skypilots_own_message_names_the_field_and_line(api, team_headers):
 
 @pytest.mark.parametrize("body, field", [
     (b"run: x\nservice: {readiness_probe: /}\n", "service"),
-    (b"run: x\nresources: {ports: 8080}\n", "resources.ports"),
-    (b"run: x\nsecrets: {HF_TOKEN: null}\n", "secrets"),
+    (b"run: x\nresources: {job_recovery: FAILOVER}\n", "resources.job_recovery"),
+    (b"run: x\nsecrets: {HF_TOKEN: null}\n", "secrets.HF_TOKEN"),
     (b"run: x\nfile_mounts: {/data: /etc}\n", "file_mounts./data"),
     (b"run: x\nfile_mounts: {/data: {name: new-bucket, mode: MOUNT}}\n", "file_mounts./data.name"),
 ])

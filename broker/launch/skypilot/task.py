@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from spotbroker.broker.jobs import resfields
 from spotbroker.broker.jobs.spec import Infra, JobSpec, ResourceSet, WorkdirUpload
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.skypilot.node import NodeProgram
@@ -28,7 +29,7 @@ from spotbroker.broker.pricing.offers import Placement
 if TYPE_CHECKING:
     import sky
 
-_PASSED = ("infra", "cpus", "memory", "disk_size", "instance_type", "image_id")
+_PASSED = ("infra", "cpus", "memory", "disk_size", "instance_type", "image_id", *resfields.PASSED)
 
 
 def resource_config(want: ResourceSet) -> dict[str, Any]:
@@ -117,10 +118,11 @@ def _fits(want: ResourceSet, p: Placement) -> bool:
 
 def kept_resources(want: ResourceSet, p: Placement) -> dict[str, Any]:
     """What the chosen resource set says beyond the place itself, kept on
-    the pinned resources: the disk, the image (of the placement's region
-    when one is given per region), cpus and memory."""
+    the pinned resources: the disk (its size and tier), the image (of the
+    placement's region when one is given per region), cpus and memory, the
+    network tier, labels and ports."""
     out: dict[str, Any] = {}
-    for key in ("cpus", "memory", "disk_size"):
+    for key in ("cpus", "memory", "disk_size", *resfields.PASSED):
         if getattr(want, key) is not None:
             out[key] = getattr(want, key)
     if isinstance(want.image_id, dict):
