@@ -16,7 +16,7 @@ from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, Sessio
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
 from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
-from spotbroker.broker.jobs import mounts, taskyaml, uploads
+from spotbroker.broker.jobs import buckets, mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
 from spotbroker.broker.jobs.states import JobState
@@ -115,7 +115,7 @@ async def submit_job(request: Request, team: CurrentTeam,
         if problem:
             raise invalid([problem])
     if spec.file_mounts:
-        problems = await run_in_threadpool(mounts.mount_errors, state.settings, team.team_name, spec)
+        problems = await run_in_threadpool(_mount_errors, state, team, spec)
         if problems:
             raise invalid(problems)
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
@@ -127,6 +127,12 @@ async def submit_job(request: Request, team: CurrentTeam,
                         "differs from this one; a retry must send the same body, a new job a new key"}])
     # Already a JobOut: send it as it is, without validating it a second time.
     return Response(out.model_dump_json(), status_code=201, media_type="application/json")
+
+
+def _mount_errors(state, team, spec) -> list[dict]:
+    with state.session_factory() as session:
+        allow = buckets.allowed(session, team.team_id)
+    return mounts.mount_errors(state.settings, team.team_name, spec, allow)
 
 
 @router.get("", response_model=JobPage, responses=responses(401, 403, 422))

@@ -229,20 +229,56 @@ def storage_uri(value: str) -> str:
     return value
 
 
+class UploadMount(WorkdirUpload):
+    """A local directory, or with `file: true` one file, that `spotbroker
+    submit` packed and uploaded: fetched, checked and placed at its path on
+    every node before `setup` (agent/mounts.py)."""
+
+    file: Literal[True] | None = Field(None, description="the archive holds one file, placed at the path itself")
+
+
+BUCKET_NAME = r"^[a-z0-9][a-z0-9._-]{1,61}[a-z0-9]$"  # a bucket name any of the clouds takes
+
+
 class StorageMount(_Strict):
     """A bucket path mounted (or copied) on the node: SkyPilot's
-    `file_mounts: {/data: {source: s3://..., mode: MOUNT}}`."""
+    `file_mounts: {/data: {source: s3://..., mode: MOUNT}}`, or a bucket by
+    its `name` (`{name: my-ckpts}`), which the broker keeps under the team's
+    own storage (broker/jobs/mounts.py)."""
 
-    source: str
+    source: str | None = None
+    name: Annotated[str, Field(pattern=BUCKET_NAME, description=(
+        "a bucket of your team's: the broker keeps it at {root}/{team}/buckets/{name}/, the same for every job "
+        "of the team"))] | None = None
     mode: Literal["MOUNT", "COPY", "MOUNT_CACHED"] = "MOUNT"
+    # SkyPilot's: which cloud would hold the bucket, and whether it outlives the task. The
+    # broker's storage holds a named bucket, for good: a different wish is refused.
+    store: Literal["s3", "gcs", "azure"] | None = None
+    persistent: Literal[True] | None = None
 
     @field_validator("source")
     @classmethod
-    def _source(cls, value: str) -> str:
-        return storage_uri(value)
+    def _source(cls, value: str | None) -> str | None:
+        return None if value is None else storage_uri(value)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
+    @field_validator("store", mode="before")
+    @classmethod
+    def _store(cls, value: Any) -> Any:
+        return value.lower() if isinstance(value, str) else value
+
+    @model_validator(mode="after")
+    def _one_of(self) -> StorageMount:
+        if (self.source is None) == (self.name is None):
+            raise ValueError("give a bucket's name (your team's: the broker keeps it) or a source URI, one of the two")
+        return self
 
 
-FileMount = WorkdirUpload | StorageMount | str
+FileMount = UploadMount | StorageMount | str
 
 
 def _check_env_name(key: Any) -> None:

@@ -30,7 +30,7 @@ HONOURED = frozenset({"name", "resources", "num_nodes", "envs", "secrets", "setu
 HONOURED_RESOURCES = frozenset({"accelerators", "any_of", "ordered", "use_spot", "infra", "cloud", "region",
                                 "zone", "cpus", "memory", "disk_size", "instance_type", "image_id"})
 _ALTERNATIVES = ("any_of", "ordered")
-_MOUNT_KEYS = frozenset({"source", "mode"})
+_MOUNT_KEYS = frozenset({"source", "name", "mode", "store", "persistent"})
 
 
 class TaskFileError(ValueError):
@@ -204,11 +204,12 @@ def _refuse_unhonoured(doc: dict[str, Any]) -> None:
         errors.append(("secrets", "give each secret's value (NAME: VALUE): spotbroker has no managed secrets"))
     for remote, source in (doc.get("file_mounts") or {}).items():
         if isinstance(source, dict):
-            errors += [(f"file_mounts.{remote}.{key}", "spotbroker mounts a storage URI of your team's "
-                        "({source: URI, mode: MOUNT|COPY}); it creates no bucket") for key in source
+            errors += [(f"file_mounts.{remote}.{key}", "spotbroker mounts a bucket of your team's ({name: NAME}) "
+                        "or a storage URI ({source: URI, mode: MOUNT|COPY})") for key in source
                        if key not in _MOUNT_KEYS]
-            if "source" not in source:
-                errors.append((f"file_mounts.{remote}", "give its source: a storage URI under your team's prefix"))
+            if "source" not in source and "name" not in source:
+                errors.append((f"file_mounts.{remote}", "give its name (a bucket of your team's) or its source "
+                               "(a storage URI)"))
     if errors:
         raise TaskFileError([{"field": f, "message": m} for f, m in errors])
 
@@ -221,8 +222,10 @@ def _mounts(mounts: dict[str, Any], task) -> dict[str, Any]:
             out[remote] = (task.file_mounts or {}).get(remote, source)
         else:
             storage = task.storage_mounts.get(remote)
-            out[remote] = {"source": storage.source if storage is not None else source.get("source"),
-                           "mode": str(source.get("mode", "MOUNT")).upper()}
+            out[remote] = {key: source[key] for key in ("name", "store", "persistent") if key in source}
+            if "source" in source:
+                out[remote]["source"] = storage.source if storage is not None else source["source"]
+            out[remote]["mode"] = str(source.get("mode", "MOUNT")).upper()
     return out
 
 

@@ -65,6 +65,7 @@ class NodeSpec:
     agent_token: str | None = None     # handed to the agent (the command) through a pipe
     code: dict[str, str] | None = None  # {"uri", "sha256"}: the job's uploaded workdir
     checkpoint_dirs: list[str] = field(default_factory=list)  # file:// prefixes the job writes or reads
+    mounts: list[dict] = field(default_factory=list)  # the job's file mounts (agent/mounts.py), placed before setup
     simulator: list[str] | None = None  # the simulator's arguments, if the node simulates a cloud
     kill_grace: float = 10.0
     max_log_bytes: int = 0             # of the job's output kept in the node's output file (0: no bound)
@@ -160,7 +161,39 @@ def provision(spec: NodeSpec) -> Path:
         if owner is not None and path.is_dir() and not path.is_symlink() and path.stat().st_uid != owner[0]:
             _adopt(path, owner)
         _give(path, owner)
+    _place_mounts(spec, node, owner)
     return workdir
+
+
+def _place_mounts(spec: NodeSpec, node: Path, owner: tuple[int, int] | None) -> None:
+    """The job's file mounts at their paths (`~/P` in the node's home, `/P`
+    under its `fs/`), the job user's, before its setup runs. A cloud
+    bucket is read with the node's own credentials, never the broker's."""
+    if not spec.mounts:
+        return
+    from spotbroker.agent.code import CodeError
+    from spotbroker.agent.mounts import Mount, place
+
+    _give(node / "fs", owner)
+    held = spec.env.get(protocol.ENV_STORAGE_CREDENTIALS)
+    if held:
+        os.environ[protocol.ENV_STORAGE_CREDENTIALS] = held
+    try:
+        placed = place([Mount.parse(m) for m in spec.mounts], node / "home", node / "fs")
+    except CodeError as exc:
+        raise ProvisionError(str(exc)) from None
+    finally:
+        os.environ.pop(protocol.ENV_STORAGE_CREDENTIALS, None)
+    if owner is None:
+        return
+    for dest in placed:
+        base = node / "home" if dest.is_relative_to(node / "home") else node / "fs"
+        for parent in reversed(dest.relative_to(base).parents[:-1]):  # what place() made on the way
+            os.chown(base / parent, *owner, follow_symlinks=False)
+        if dest.is_dir() and not dest.is_symlink():
+            _give_tree(dest, owner)
+        else:  # a file, or the link to a file:// bucket (whose directory is the job's already)
+            os.chown(dest, *owner, follow_symlinks=False)
 
 
 def _pipe_holding(secret: str) -> int:

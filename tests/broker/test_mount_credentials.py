@@ -1,0 +1,121 @@
+"""A node's credentials reach the buckets its file mounts name, as the
+admin listed them, and nothing more: against moto's S3 and STS with IAM
+enforced, both ways `test_storage_credentials.py` enforces a scope (the
+broker's session policy narrowing a wide role; moto judging the broker's
+document itself), through the checkpoint library's real `Storage`.
+"""
+from __future__ import annotations
+
+import obstore
+import pytest
+from iamfixtures import (  # noqa: F401  (fixtures, found by name)
+    as_broker,
+    aws_iam,
+    iam_enforced,
+    make_world,
+    session_policies_enforced,
+)
+from s3fixtures import moto_endpoint  # noqa: F401
+
+from spotbroker.agent import credentials as node_credentials
+from spotbroker.agent import protocol
+from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.agent.mounts import Mount
+from spotbroker.broker.jobs import mounts
+from spotbroker.broker.jobs.buckets import Allowed
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.launch import storage_credentials as sc
+from spotbroker.broker.settings import Settings
+
+TEAM, JOB, ATTEMPT = "vision", 41, 702
+
+
+def settings_for(world, tmp_path) -> Settings:
+    return Settings(data_dir=tmp_path, checkpoint_root=f"s3://{world.bucket}/root", node_role_arn=world.role_arn,
+                    _env_file=None)
+
+
+def as_node(minted: sc.NodeCredentials, tmp_path, monkeypatch) -> None:
+    """This process becomes the node's trainer: the agent's credentials file, and no AWS keys of its own."""
+    path = tmp_path / protocol.CREDENTIALS_FILE
+    node_credentials.write(path, minted.document())
+    monkeypatch.setenv(protocol.ENV_STORAGE_CREDENTIALS_FILE, str(path))
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def refused(call) -> bool:
+    try:
+        call()
+    except obstore.exceptions.PermissionDeniedError:
+        return True
+    return False
+
+
+def job_mounts(bucket: str, tmp_path) -> tuple[Mount, ...]:
+    """A task file's mounts, resolved as a launch resolves them, with the team's list as the admin set it."""
+    spec = JobSpec.model_validate({"run": "x", "file_mounts": {
+        "/data": {"source": f"s3://{bucket}/datasets/imagenet", "mode": "COPY"},
+        "/out": f"s3://{bucket}/outputs/{TEAM}",
+        "/checkpoint": {"name": "my-ckpts"}}})
+    allow = [Allowed(f"s3://{bucket}/datasets/", read_only=True), Allowed(f"s3://{bucket}/outputs/", False)]
+    settings = settings_for_bucket(bucket, tmp_path)
+    assert mounts.mount_errors(settings, TEAM, spec, allow) == []
+    return tuple(mounts.resolved(settings, TEAM, spec, allow))
+
+
+def settings_for_bucket(bucket, tmp_path):
+    return Settings(data_dir=tmp_path, checkpoint_root=f"s3://{bucket}/root", _env_file=None)
+
+
+def the_scope(bucket: str, tmp_path) -> sc.Scope:
+    return sc.scope(f"s3://{bucket}/root", TEAM, JOB, ATTEMPT, (), job_mounts(bucket, tmp_path))
+
+
+@pytest.fixture(params=["session", "role"])
+def world(request, moto_endpoint, monkeypatch, tmp_path):  # noqa: F811
+    if request.param == "session":
+        request.getfixturevalue("session_policies_enforced")
+        return request.getfixturevalue("aws_iam")
+    world = make_world(moto_endpoint, role_policy=lambda bucket: sc.s3_policy(the_scope(bucket, tmp_path)))
+    as_broker(world, monkeypatch)
+    request.getfixturevalue("iam_enforced")
+    return world
+
+
+def test_a_jobs_credentials_read_its_mounts_write_only_the_writable_and_touch_nothing_else(
+        world, tmp_path, monkeypatch):
+    s3 = world.client("s3")
+    for key in ("datasets/imagenet/train/0.tar", "datasets/private/labels.csv", "outputs/other-team/x",
+                f"root/{TEAM}/buckets/my-ckpts/step-1", f"root/{TEAM}/buckets/theirs/step-1", "private/key"):
+        s3.put_object(Bucket=world.bucket, Key=key, Body=b"data")
+    minted = sc.mint(settings_for(world, tmp_path), the_scope(world.bucket, tmp_path), "sb-vision-j41-a702")
+    as_node(minted, tmp_path, monkeypatch)
+    data = Storage(f"s3://{world.bucket}/datasets/imagenet")
+    out = Storage(f"s3://{world.bucket}/outputs/{TEAM}")
+    named = Storage(f"s3://{world.bucket}/root/{TEAM}/buckets/my-ckpts")
+
+    # A read-only listed prefix: read, never written.
+    assert data.get("train/0.tar") == b"data"
+    assert refused(lambda: data.put("train/1.tar", b"evil"))
+    # A writable listed prefix and the team's bucket by name: read and written.
+    out.put("run-1/metrics.json", b"{}")
+    assert out.get("run-1/metrics.json") == b"{}"
+    named.put("step-2", b"new")
+    assert named.get("step-1") == b"data" and named.get("step-2") == b"new"
+    # Anything else: another listed bucket's prefix outside the mount, another bucket by name, the rest.
+    assert refused(lambda: Storage(f"s3://{world.bucket}/datasets/private").get("labels.csv"))
+    assert refused(lambda: Storage(f"s3://{world.bucket}/outputs/other-team").get("x"))
+    assert refused(lambda: Storage(f"s3://{world.bucket}/outputs/other-team").put("x", b"evil"))
+    assert refused(lambda: Storage(f"s3://{world.bucket}/root/{TEAM}/buckets/theirs").get("step-1"))
+    assert refused(lambda: Storage(f"s3://{world.bucket}/private").get("key"))
+    assert s3.get_object(Bucket=world.bucket, Key="outputs/other-team/x")["Body"].read() == b"data"
+
+
+def test_a_mount_outside_the_list_is_refused_naming_the_teams_prefixes(tmp_path):
+    spec = JobSpec.model_validate({"run": "x", "file_mounts": {"/data": "s3://my-datasets/imagenet",
+                                                                "/ok": {"source": "s3://shared/ok/x"}}})
+    settings = settings_for_bucket("ckpt", tmp_path)
+    errors = mounts.mount_errors(settings, TEAM, spec, [Allowed("s3://shared/ok/", True)])
+    assert [e["field"] for e in errors] == ["file_mounts./data"]
+    assert "s3://ckpt/root/vision/" in errors[0]["message"] and "s3://shared/ok/ (read only)" in errors[0]["message"]
