@@ -13,7 +13,10 @@ its path:
   MOUNT modes (what the job writes is in the bucket at once, as with
   SkyPilot's MOUNT) and copied in COPY mode; a cloud one is copied, object by
   object, with the node's own credentials. On a SkyPilot node SkyPilot
-  mounts cloud buckets itself (its MOUNT and COPY), so those are skipped.
+  mounts cloud buckets itself (its MOUNT and COPY), so those are skipped;
+  a local node, which has no mount to write through, saves what the job
+  left in a writable one when the job ends (`save`), as SkyPilot's
+  MOUNT_CACHED uploads a node's writes after the fact.
 
 `~/P` is under the node's home; an absolute path is under `fs_root` (`/` on
 a cloud VM; the node's own directory on the local launcher, which has no
@@ -26,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
@@ -149,6 +153,49 @@ def place(mounts: list[Mount], home: Path, fs_root: Path, cloud_buckets: bool = 
             raise CodeError(f"file_mounts {mount.path}: {exc}") from None
         placed.append(dest)
     return placed
+
+
+def written_back(mount: Mount) -> bool:
+    """A cloud bucket the job may write, mounted (not copied): where there is
+    no mount to write through (a local node), its files are saved to the
+    bucket when the job ends (`save`)."""
+    return mount.kind == "bucket" and not mount.read_only and mount.mode != "COPY" \
+        and not mount.uri.startswith("file://")
+
+
+def save(mounts: list[Mount], home: Path, fs_root: Path, owner_uid: int | None = None) -> int:
+    """Upload what the job left in its writable cloud buckets' places; the
+    files saved. Runs as root on a local node, so only regular files (of
+    `owner_uid`, when given) are read, each opened without following a
+    link, and through its descriptor: a link the job left never makes the
+    node read a file of the host's."""
+    from spotbroker.agent.checkpoint.storage import Storage
+
+    saved = 0
+    for mount in mounts:
+        if not written_back(mount):
+            continue
+        dest = target(mount.path, home, fs_root)
+        if dest.is_symlink() or not dest.is_dir():
+            continue
+        store = Storage(mount.uri)
+        for top, _dirs, files, dir_fd in os.fwalk(dest, follow_symlinks=False):
+            rel_top = os.path.relpath(top, dest)
+            for name in files:
+                try:
+                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
+                except OSError:
+                    continue  # a link, or gone
+                try:
+                    info = os.fstat(fd)
+                    if not stat.S_ISREG(info.st_mode) or (owner_uid is not None and info.st_uid != owner_uid):
+                        continue
+                    key = name if rel_top == "." else f"{rel_top}/{name}"
+                    store.put_file(key, f"/proc/self/fd/{fd}")
+                    saved += 1
+                finally:
+                    os.close(fd)
+    return saved
 
 
 def main(argv: list[str]) -> int:

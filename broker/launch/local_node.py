@@ -49,7 +49,9 @@ from typing import Any
 
 from spotbroker.agent import proctree, protocol
 from spotbroker.agent.logbound import BoundedWriter
+from spotbroker.agent.code import CodeError
 from spotbroker.agent.simulator.service import CONTROL_TOKEN_ENV
+from spotbroker.broker.launch import local_mounts
 
 ERROR_EXIT = 125  # provisioning failed before the job's command ran
 
@@ -142,7 +144,7 @@ def provision(spec: NodeSpec) -> Path:
         _give(node / name, owner)
     workdir = node / "workdir"
     if spec.code:
-        from spotbroker.agent.code import CodeError, fetch_code
+        from spotbroker.agent.code import fetch_code
 
         try:
             fetch_code(spec.code["uri"], spec.code["sha256"], workdir)
@@ -161,39 +163,11 @@ def provision(spec: NodeSpec) -> Path:
         if owner is not None and path.is_dir() and not path.is_symlink() and path.stat().st_uid != owner[0]:
             _adopt(path, owner)
         _give(path, owner)
-    _place_mounts(spec, node, owner)
-    return workdir
-
-
-def _place_mounts(spec: NodeSpec, node: Path, owner: tuple[int, int] | None) -> None:
-    """The job's file mounts at their paths (`~/P` in the node's home, `/P`
-    under its `fs/`), the job user's, before its setup runs. A cloud
-    bucket is read with the node's own credentials, never the broker's."""
-    if not spec.mounts:
-        return
-    from spotbroker.agent.code import CodeError
-    from spotbroker.agent.mounts import Mount, place
-
-    _give(node / "fs", owner)
-    held = spec.env.get(protocol.ENV_STORAGE_CREDENTIALS)
-    if held:
-        os.environ[protocol.ENV_STORAGE_CREDENTIALS] = held
     try:
-        placed = place([Mount.parse(m) for m in spec.mounts], node / "home", node / "fs")
+        local_mounts.place(spec.mounts, spec.env, node, owner, _give, _give_tree)
     except CodeError as exc:
         raise ProvisionError(str(exc)) from None
-    finally:
-        os.environ.pop(protocol.ENV_STORAGE_CREDENTIALS, None)
-    if owner is None:
-        return
-    for dest in placed:
-        base = node / "home" if dest.is_relative_to(node / "home") else node / "fs"
-        for parent in reversed(dest.relative_to(base).parents[:-1]):  # what place() made on the way
-            os.chown(base / parent, *owner, follow_symlinks=False)
-        if dest.is_dir() and not dest.is_symlink():
-            _give_tree(dest, owner)
-        else:  # a file, or the link to a file:// bucket (whose directory is the job's already)
-            os.chown(dest, *owner, follow_symlinks=False)
+    return workdir
 
 
 def _pipe_holding(secret: str) -> int:
@@ -327,6 +301,9 @@ class Node:
         self.pump.start()
         code = self._wait_for_job()
         self.pump.join(1.0)  # the job's last words before its exit is recorded (unless a leftover holds the pipe)
+        if local_mounts.written_back(self.spec.mounts):
+            self._end_leftovers()  # nothing of the job writes while its files are saved
+            local_mounts.save(self.spec.mounts, self.spec.env, Path(self.spec.node_dir), self.spec.owner, rank)
         _write_atomic(run_dir / f"exit-{rank}", f"{code}\n")
         return code
 
