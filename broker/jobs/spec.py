@@ -309,8 +309,10 @@ class JobSpec(_Strict):
     # but are never shown by the API (`public()`) nor logged.
     secrets: dict[str, SecretStr] = Field(default_factory=dict)
     file_mounts: Annotated[dict[str, FileMount], Field(description=(
-        "Remote path -> a storage URI under your team's prefix, {source: URI, mode: MOUNT|COPY}, "
-        "or {upload: SHA256} after PUT /v1/uploads/{sha256}"))] = Field(default_factory=dict)
+        "Remote path (absolute or ~/...) -> a bucket of your team's by name ({name: NAME, mode: MOUNT|COPY}), "
+        "a storage URI under your team's prefix or one the admin lets it mount (GET /v1/teams/{team}/storage), "
+        "plain or {source: URI, mode: MOUNT|COPY}, or {upload: SHA256} after PUT /v1/uploads/{sha256} "
+        "(with file: true, one file placed at the path)"))] = Field(default_factory=dict)
 
     @field_validator("envs", mode="before")
     @classmethod

@@ -6,8 +6,9 @@ The keys spotbroker adds (`estimated_hours`, `deadline`, `max_restarts`,
 `resources.max_price_per_hour`) and the uploads that stand for local
 directories are taken out first and checked by `JobSpec`; everything else
 goes through `sky.Task.from_yaml_config`. What SkyPilot accepts but the
-broker cannot honour (`service`, `resources.ports`, a managed secret, a
-bucket SkyPilot would create...) is refused naming the field. SkyPilot's
+broker cannot honour (`service`, `resources.ports`, a managed secret...) is
+refused naming the field. A bucket by `name:` is kept: the broker gives it
+a home in the team's storage (broker/jobs/mounts.py). SkyPilot's
 meaning is kept: a file without `use_spot` asks for on-demand.
 
 Parsing needs no credentials and no network (see
