@@ -133,6 +133,8 @@ def place(mounts: list[Mount], home: Path, fs_root: Path, cloud_buckets: bool = 
         if mount.kind == "bucket" and not mount.uri.startswith("file://") and not cloud_buckets:
             continue
         dest = target(mount.path, home, fs_root)
+        if dest in (home, fs_root) or dest.parent == dest:  # never replaced by a mount (the broker refuses them)
+            raise CodeError(f"file_mounts {mount.path}: not a path a mount may take")
         try:
             _made_parent(dest)
             if mount.kind == "dir":

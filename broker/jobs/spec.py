@@ -290,8 +290,11 @@ class JobSpec(_Strict):
             for remote in value:
                 if not isinstance(remote, str) or not (remote.startswith("/") or remote.startswith("~/")):
                     raise ValueError(f"{remote!r}: a remote path is absolute or starts with ~/")
-                if remote.rstrip("/") != remote or "$" in remote or "/../" in f"{remote}/":
-                    raise ValueError(f"{remote!r}: give the path itself, without a trailing '/', '..' or '$'")
+                # `~/.` would be the home itself, which a node replaces with what it places.
+                parts = remote.removeprefix("~/").lstrip("/").split("/")
+                if remote.rstrip("/") != remote or "$" in remote or any(p in ("", ".", "..") for p in parts):
+                    raise ValueError(f"{remote!r}: give the path itself, without a trailing '/', '.', '..', '//' "
+                                     "or '$'")
         return value
 
     @field_validator("file_mounts")

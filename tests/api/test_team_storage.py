@@ -108,3 +108,10 @@ def test_the_cli_sets_and_shows_a_teams_storage(api, team_headers, settings):
     assert refused.returncode == 1 and "admin token" in refused.stderr and "Traceback" not in refused.stderr
     bad = cli(ADMIN_TOKEN, "a", "--bucket", "s3://ckpt/root")
     assert bad.returncode == 1 and "buckets.0.uri" in bad.stderr and "checkpoint root" in bad.stderr, bad.stderr
+
+
+@pytest.mark.parametrize("remote", ["~/.", "/.", "~/a/./b", "/a//b", "~/..", "/x/.."])
+def test_a_mount_path_that_is_no_path_of_its_own_is_refused(api, team_headers, remote):
+    """`~/.` is the home itself, which a node would replace with the mount."""
+    r = api.post("/v1/jobs", json=spec({remote: {"name": "ckpt"}}), headers=team_headers("a"))
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "file_mounts", r.text
