@@ -119,3 +119,47 @@ def test_a_mount_outside_the_list_is_refused_naming_the_teams_prefixes(tmp_path)
     errors = mounts.mount_errors(settings, TEAM, spec, [Allowed("s3://shared/ok/", True)])
     assert [e["field"] for e in errors] == ["file_mounts./data"]
     assert "s3://ckpt/root/vision/" in errors[0]["message"] and "s3://shared/ok/ (read only)" in errors[0]["message"]
+
+
+def test_on_gcs_a_downscoped_token_reads_a_read_only_mount_writes_a_writable_one_and_nothing_else(
+        tmp_path, monkeypatch):
+    """The same, on a gs:// root: the access boundary the broker asks Google's
+    STS for (a local fake that enforces it: tests/gcsfake.py)."""
+    pytest.importorskip("google.auth", reason="google-auth comes with the broker extra")
+    from gcsfake import GoogleFake
+
+    fake = GoogleFake().start()
+    try:
+        monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", fake.adc_file(tmp_path / "adc.json"))
+        monkeypatch.setenv("GOOGLE_BASE_URL", fake.url)
+        for key in ("datasets/imagenet/0.tar", "datasets/private/labels.csv", f"outputs/{TEAM}/x", "outputs/other/x"):
+            fake.objects[("ckpt", key)] = b"data"
+        settings = Settings(data_dir=tmp_path, checkpoint_root="gs://ckpt/root",
+                            node_gcs_sts_url=f"{fake.url}/v1/token", _env_file=None)
+        spec = JobSpec.model_validate({"run": "x", "file_mounts": {
+            "/data": "gs://ckpt/datasets/imagenet", "/out": {"source": f"gs://ckpt/outputs/{TEAM}"}}})
+        allow = [Allowed("gs://ckpt/datasets/", read_only=True), Allowed("gs://ckpt/outputs/", read_only=False)]
+        placed = tuple(mounts.resolved(settings, TEAM, spec, allow))
+        minted = sc.mint(settings, sc.scope(settings.checkpoint_uri, TEAM, JOB, ATTEMPT, (), placed), "x")
+        as_node(minted, tmp_path, monkeypatch)
+        monkeypatch.delenv("GOOGLE_APPLICATION_CREDENTIALS")
+        data, out = Storage("gs://ckpt/datasets/imagenet"), Storage(f"gs://ckpt/outputs/{TEAM}")
+        assert data.get("0.tar") == b"data"
+        out.put("y", b"new")
+        assert out.get("y") == b"new"
+        assert gcs_refused(lambda: data.put("1.tar", b"evil"))
+        assert gcs_refused(lambda: Storage("gs://ckpt/datasets/private").get("labels.csv"))
+        assert gcs_refused(lambda: Storage("gs://ckpt/outputs/other").put("x", b"evil"))
+        assert fake.objects[("ckpt", "outputs/other/x")] == b"data"
+    finally:
+        fake.stop()
+
+
+def gcs_refused(call) -> bool:
+    try:
+        call()
+    except obstore.exceptions.PermissionDeniedError:
+        return True
+    except obstore.exceptions.GenericError as exc:  # obstore does not classify every GCS 403
+        return "403 Forbidden" in str(exc)
+    return False
