@@ -163,3 +163,45 @@ def gcs_refused(call) -> bool:
     except obstore.exceptions.GenericError as exc:  # obstore does not classify every GCS 403
         return "403 Forbidden" in str(exc)
     return False
+
+
+def test_on_azure_a_directory_sas_per_mount_read_only_where_listed_so(tmp_path, monkeypatch):
+    """The same, on an az:// root: one directory SAS per mount, in the root's
+    container (a local fake that judges each SAS: tests/azurefake.py)."""
+    pytest.importorskip("azure.storage.blob", reason="azure-storage-blob comes with the broker extra")
+    from azurefake import AzureFake
+
+    env = ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
+           "AZURE_STORAGE_ENDPOINT", "AZURE_STORAGE_USE_EMULATOR")
+    fake = AzureFake().start()
+    try:
+        for name in env:
+            monkeypatch.delenv(name, raising=False)
+        for name, value in {"AZURE_STORAGE_ACCOUNT_NAME": fake.account, "AZURE_STORAGE_ACCOUNT_KEY": fake.key,
+                            "AZURE_STORAGE_ENDPOINT": fake.endpoint}.items():
+            monkeypatch.setenv(name, value)
+        for key in ("datasets/imagenet/0.tar", "datasets/private/labels.csv", "outputs/other/x"):
+            fake.objects[("ckpt", key)] = b"data"
+        settings = Settings(data_dir=tmp_path, checkpoint_root="az://ckpt/root", _env_file=None)
+        spec = JobSpec.model_validate({"run": "x", "file_mounts": {
+            "/data": "az://ckpt/datasets/imagenet", "/out": {"source": f"az://ckpt/outputs/{TEAM}"}}})
+        allow = [Allowed("az://ckpt/datasets/", read_only=True), Allowed("az://ckpt/outputs/", read_only=False)]
+        placed = tuple(mounts.resolved(settings, TEAM, spec, allow))
+        with pytest.raises(sc.NoCredentials, match="container"):  # another container: no directory SAS there
+            other = tuple(mounts.resolved(settings, TEAM, JobSpec.model_validate(
+                {"run": "x", "file_mounts": {"/d": "az://elsewhere/d"}}), [Allowed("az://elsewhere/", True)]))
+            sc.mint(settings, sc.scope(settings.checkpoint_uri, TEAM, JOB, ATTEMPT, (), other), "x")
+        minted = sc.mint(settings, sc.scope(settings.checkpoint_uri, TEAM, JOB, ATTEMPT, (), placed), "x")
+        as_node(minted, tmp_path, monkeypatch)
+        for name in env:
+            monkeypatch.delenv(name, raising=False)
+        data, out = Storage("az://ckpt/datasets/imagenet"), Storage(f"az://ckpt/outputs/{TEAM}")
+        assert data.get("0.tar") == b"data"
+        out.put("y", b"new")
+        assert out.get("y") == b"new"
+        assert gcs_refused(lambda: data.put("1.tar", b"evil"))
+        assert gcs_refused(lambda: Storage("az://ckpt/datasets/private").get("labels.csv"))
+        assert gcs_refused(lambda: Storage("az://ckpt/outputs/other").put("x", b"evil"))
+        assert fake.objects[("ckpt", "outputs/other/x")] == b"data"
+    finally:
+        fake.stop()
