@@ -67,6 +67,12 @@ def mount_errors(settings: Settings, team: str, spec: JobSpec, allow: list[Allow
                 f"{uri!r}: this broker's nodes get credentials for {root_scheme}:// storage only (its storage "
                 f"is {settings.checkpoint_uri})")})
             continue
+        root_container = settings.checkpoint_uri.split("://", 1)[1].split("/", 1)[0]
+        if root_scheme == "az" and uri.split("://", 1)[1].split("/", 1)[0] != root_container:
+            errors.append({"field": _where(remote, source), "message": (
+                f"{uri!r}: on Azure, nodes get directory SAS tokens in the broker's container "
+                f"({root_container}) only")})
+            continue
         if not uri.startswith(prefix) and holding(allow, uri) is None:
             listed = ", ".join(a.uri + (" (read only)" if a.read_only else "") for a in allow) or "none"
             errors.append({"field": _where(remote, source), "message": (

@@ -205,3 +205,11 @@ def test_on_azure_a_directory_sas_per_mount_read_only_where_listed_so(tmp_path, 
         assert fake.objects[("ckpt", "outputs/other/x")] == b"data"
     finally:
         fake.stop()
+
+
+def test_on_azure_a_mount_in_another_container_is_refused_at_submission(tmp_path):
+    settings = Settings(data_dir=tmp_path, checkpoint_root="az://ckpt/root", _env_file=None)
+    spec = JobSpec.model_validate({"run": "x", "file_mounts": {"/d": "az://elsewhere/d", "/e": "az://ckpt/data/e"}})
+    errors = mounts.mount_errors(settings, TEAM, spec, [Allowed("az://elsewhere/", True), Allowed("az://ckpt/data/",
+                                                                                                  True)])
+    assert [(e["field"], "container" in e["message"]) for e in errors] == [("file_mounts./d", True)]
