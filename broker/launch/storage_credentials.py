@@ -228,17 +228,20 @@ def s3_policy(scope: Scope, partition: str = "aws") -> dict:
         {"Sid": "ListTheJob", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket,
          "Condition": {"StringLike": {"s3:prefix": [f"{scope.read}*"]}}},
     ]
-    for i, grant in enumerate(scope.mounts):  # the buckets its file mounts name
-        arn = f"arn:{partition}:s3:::{grant.bucket}"
-        statements += [
-            {"Sid": f"ReadMount{i}", "Effect": "Allow", "Action": "s3:GetObject", "Resource": f"{arn}/{grant.prefix}*"},
-            {"Sid": f"ListMount{i}", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": arn,
-             "Condition": {"StringLike": {"s3:prefix": [f"{grant.prefix}*"]}}},
-        ]
-        if not grant.read_only:
-            statements.append({"Sid": f"WriteMount{i}", "Effect": "Allow", "Action": [
-                "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
-                "Resource": f"{arn}/{grant.prefix}*"})
+    # The buckets its file mounts name, in as few statements as they take
+    # (STS refuses a session policy past its packed size).
+    arn = lambda grant: f"arn:{partition}:s3:::{grant.bucket}"  # noqa: E731
+    if scope.mounts:
+        statements.append({"Sid": "ReadTheMounts", "Effect": "Allow", "Action": "s3:GetObject",
+                           "Resource": [f"{arn(g)}/{g.prefix}*" for g in scope.mounts]})
+    for i, bucket in enumerate(dict.fromkeys(g.bucket for g in scope.mounts)):
+        statements.append({"Sid": f"ListMounts{i}", "Effect": "Allow", "Action": "s3:ListBucket",
+                           "Resource": f"arn:{partition}:s3:::{bucket}", "Condition": {"StringLike": {
+                               "s3:prefix": [f"{g.prefix}*" for g in scope.mounts if g.bucket == bucket]}}})
+    if writable := [g for g in scope.mounts if not g.read_only]:
+        statements.append({"Sid": "WriteTheMounts", "Effect": "Allow", "Action": [
+            "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+            "Resource": [f"{arn(g)}/{g.prefix}*" for g in writable]})
     return {"Version": "2012-10-17", "Statement": statements}
 
 

@@ -6,6 +6,8 @@ document itself), through the checkpoint library's real `Storage`.
 """
 from __future__ import annotations
 
+import json
+
 import obstore
 import pytest
 from iamfixtures import (  # noqa: F401  (fixtures, found by name)
@@ -213,3 +215,10 @@ def test_on_azure_a_mount_in_another_container_is_refused_at_submission(tmp_path
     errors = mounts.mount_errors(settings, TEAM, spec, [Allowed("az://elsewhere/", True), Allowed("az://ckpt/data/",
                                                                                                   True)])
     assert [(e["field"], "container" in e["message"]) for e in errors] == [("file_mounts./d", True)]
+
+
+def test_a_session_policy_with_eight_mounts_stays_within_what_sts_takes():
+    grants = tuple(sc.Grant(f"datasets-{i % 2}", f"team/vision/set-{i}/", read_only=i % 3 == 0) for i in range(8))
+    scope = sc.scope("s3://ckpt/root", TEAM, JOB, ATTEMPT, ("s3://ckpt/root/vision/uploads/" + "c" * 64 + ".tar.gz",))
+    policy = sc.s3_policy(sc.Scope(scope.scheme, scope.bucket, scope.write, scope.read, scope.objects, grants))
+    assert len(json.dumps(policy, separators=(",", ":"))) < 2048  # STS's limit on the plain text
