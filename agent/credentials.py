@@ -146,7 +146,9 @@ def node_store(scheme: str, bucket: str) -> Document | None:
     if document is None:
         return None
     given = parse(document)
-    return given if (given.provider, given.bucket) == (scheme, bucket) else None
+    # Besides the checkpoint bucket, the buckets the job's file mounts name, which the broker scoped them to.
+    others = [b for b in given.options.get("buckets", "").split(",") if b]
+    return given if given.provider == scheme and (bucket == given.bucket or bucket in others) else None
 
 
 class CredentialsKeeper:

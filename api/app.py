@@ -14,7 +14,7 @@ from spotbroker.api.dashboard import routes as dashboard
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
 from spotbroker.api.http_metrics import RequestMetrics, process_registry
-from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, teams, uploads
+from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, storage, teams, uploads
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.spec import JobSpec
@@ -90,6 +90,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     app.include_router(health.router)
     app.include_router(jobs.router)
     app.include_router(teams.router)
+    app.include_router(storage.router)
     app.include_router(agent.router)
     app.include_router(uploads.router)
     app.include_router(prices.router)

@@ -25,7 +25,7 @@ from spotbroker.api.schemas import (
     JobSubmitted,
     SubmitWarning,
 )
-from spotbroker.broker.jobs import mounts, taskyaml, uploads
+from spotbroker.broker.jobs import buckets, mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
 from spotbroker.broker.jobs.states import JobState
@@ -129,9 +129,10 @@ async def submit_job(request: Request, team: CurrentTeam,
         if problem:
             raise invalid([problem])
     if spec.file_mounts:
-        problems = await run_in_threadpool(mounts.mount_errors, state.settings, team.team_name, spec)
+        problems = await run_in_threadpool(_mount_errors, state, team, spec)
         if problems:
             raise invalid(problems)
+        warnings = warnings + mounts.mount_warnings(state.settings, spec)
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
                                                  team.team_name)
     if idempotency_key is not None and not jobs.same_spec(out.spec, spec):
@@ -142,6 +143,12 @@ async def submit_job(request: Request, team: CurrentTeam,
     # Already a JobOut: send it as it is, without validating it a second time.
     answer = JobSubmitted.model_construct(**dict(out), warnings=[SubmitWarning(**w) for w in warnings])
     return Response(answer.model_dump_json(), status_code=201, media_type="application/json")
+
+
+def _mount_errors(state, team, spec) -> list[dict]:
+    with state.session_factory() as session:
+        allow = buckets.allowed(session, team.team_id)
+    return mounts.mount_errors(state.settings, team.team_name, spec, allow)
 
 
 @router.get("", response_model=JobPage, responses=responses(401, 403, 422))

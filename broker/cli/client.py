@@ -141,5 +141,11 @@ class Client:
     def set_budget(self, team: str, body: dict[str, Any]) -> dict[str, Any]:
         return self._request("PUT", f"/v1/teams/{team}/budget", json=body).json()
 
+    def storage(self, team: str) -> dict[str, Any]:
+        return self._request("GET", f"/v1/teams/{team}/storage").json()
+
+    def set_storage(self, team: str, buckets: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._request("PUT", f"/v1/teams/{team}/storage", json={"buckets": buckets}).json()
+
     def alerts(self, **params: Any) -> dict[str, Any]:
         return self._request("GET", "/v1/alerts", params={k: v for k, v in params.items() if v is not None}).json()

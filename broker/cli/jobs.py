@@ -129,10 +129,15 @@ def _upload_local(c: Client, doc: dict[str, Any], base: Path,
         for remote, source in mounts.items():
             if isinstance(source, str) and "://" not in source:
                 local, field = base / Path(source).expanduser(), f"file_mounts.{remote}"
-                if not local.is_dir():
-                    raise click.ClickException(f"{at(field)}: {field}: {local} is not a directory: the broker "
-                                               "mounts a directory (uploaded) or a storage URI")
-                mounts[remote] = {"upload": upload_workdir(c, local, at(field), field)}
+                if local.is_file():  # one file (`~/.ssh/id_rsa: ~/.ssh/sky-key`): placed at the path itself
+                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field, one_file=True),
+                                      "file": True}
+                elif local.is_dir():
+                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field)}
+                else:
+                    raise click.ClickException(f"{at(field)}: {field}: {local} does not exist (or is not a file "
+                                               "or directory): the broker mounts a directory or a file (uploaded) "
+                                               "or a storage URI")
                 uploaded = True
         doc["file_mounts"] = mounts
     return doc, uploaded
@@ -153,24 +158,25 @@ def _located(exc: ApiError, text: bytes | None) -> str:
     return "\n".join(lines)
 
 
-def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir") -> str:
+def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir", one_file: bool = False) -> str:
     """Pack a workdir (a path relative to the job's file, as SkyPilot reads
     it) and upload it; its sha256, which the job names. Problems with the
     directory are the user's to fix: a message naming it, the field (at
     `where` in the file), no traceback."""
     import tempfile
 
-    from spotbroker.broker.jobs.workdir import WorkdirError, pack
+    from spotbroker.broker.jobs.workdir import WorkdirError, pack, pack_file
 
     with tempfile.TemporaryFile() as archive:
         try:
-            packed = pack(workdir, archive)
+            packed = (pack_file if one_file else pack)(workdir, archive)
         except WorkdirError as exc:  # its message says "workdir {path} ...": a file mount says its own field
             message = str(exc) if field == "workdir" else f"{field}: {str(exc).removeprefix('workdir ')}"
             raise click.ClickException(f"{where}: {message}") from None
         archive.flush()
         archive.seek(0)
-        click.echo(f"uploading workdir {workdir}: {packed.files} files, {packed.file_bytes / 1e6:.1f} MB "
+        what = "file" if one_file else "workdir"
+        click.echo(f"uploading {what} {workdir}: {packed.files} files, {packed.file_bytes / 1e6:.1f} MB "
                    f"({packed.bytes / 1e6:.1f} MB packed)", err=True)
         c.upload(archive, packed.sha256)
     return packed.sha256

@@ -168,3 +168,9 @@ def teams_create(name: str, as_json: bool) -> None:
     else:
         click.echo(f"created team {team.name}; its token (shown once):", err=True)
         click.echo(token)
+
+
+# Over HTTP, unlike the commands above: the admin's token sets it, and a team's reads its own.
+from spotbroker.broker.cli.storage import storage as _storage  # noqa: E402
+
+teams.add_command(_storage)

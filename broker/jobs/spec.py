@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from datetime import datetime, timedelta
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import (
     AwareDatetime,
@@ -24,6 +24,14 @@ from pydantic import (
 
 from spotbroker.agent import protocol
 from spotbroker.broker.jobs import resfields
+from spotbroker.broker.jobs.mountspec import (  # noqa: F401  (importers of the mount models find them here too)
+    BUCKET_NAME,
+    FileMount,
+    StorageMount,
+    UploadMount,
+    WorkdirUpload,
+    storage_uri,
+)
 from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI read documents through here)
     MAX_DEPTH,
     MAX_SPEC_BYTES,
@@ -220,41 +228,6 @@ class Resources(ResourceSet):
         return self.ordered is not None
 
 
-class WorkdirUpload(_Strict):
-    """The job's working directory: an archive uploaded first (`PUT /v1/uploads/{sha256}`)."""
-
-    upload: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="the sha256 of the uploaded archive")]
-
-
-_MOUNT_URI_RE = re.compile(r"^(s3|gs|az|r2|cos|oci)://[^/?#]+(/[^?#]*)?$")
-
-
-def storage_uri(value: str) -> str:
-    """A file mount's source: a storage URI, never a path on the broker's host."""
-    if not _MOUNT_URI_RE.match(value):
-        raise ValueError(f"{value!r} is not a storage URI (s3://BUCKET/PATH, gs://, az://): a path would name the "
-                         "broker's host; upload the directory (`spotbroker submit FILE` does it for you)")
-    if "$" in value or any(part in (".", "..") for part in value.split("://", 1)[1].split("/")):
-        raise ValueError(f"{value!r}: give the URI itself, without '.', '..' or '$'")
-    return value
-
-
-class StorageMount(_Strict):
-    """A bucket path mounted (or copied) on the node: SkyPilot's
-    `file_mounts: {/data: {source: s3://..., mode: MOUNT}}`."""
-
-    source: str
-    mode: Literal["MOUNT", "COPY", "MOUNT_CACHED"] = "MOUNT"
-
-    @field_validator("source")
-    @classmethod
-    def _source(cls, value: str) -> str:
-        return storage_uri(value)
-
-
-FileMount = WorkdirUpload | StorageMount | str
-
-
 def _check_env_name(key: Any) -> None:
     if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
         raise ValueError(f"{key!r} is not a valid environment variable name")
@@ -283,8 +256,10 @@ class JobSpec(_Strict):
     # but are never shown by the API (`public()`) nor logged.
     secrets: dict[str, SecretStr] = Field(default_factory=dict)
     file_mounts: Annotated[dict[str, FileMount], Field(description=(
-        "Remote path -> a storage URI under your team's prefix, {source: URI, mode: MOUNT|COPY}, "
-        "or {upload: SHA256} after PUT /v1/uploads/{sha256}"))] = Field(default_factory=dict)
+        "Remote path (absolute or ~/...) -> a bucket of your team's by name ({name: NAME, mode: MOUNT|COPY}), "
+        "a storage URI under your team's prefix or one the admin lets it mount (GET /v1/teams/{team}/storage), "
+        "plain or {source: URI, mode: MOUNT|COPY}, or {upload: SHA256} after PUT /v1/uploads/{sha256} "
+        "(with file: true, one file placed at the path)"))] = Field(default_factory=dict)
 
     @field_validator("envs", mode="before")
     @classmethod
@@ -325,8 +300,11 @@ class JobSpec(_Strict):
             for remote in value:
                 if not isinstance(remote, str) or not (remote.startswith("/") or remote.startswith("~/")):
                     raise ValueError(f"{remote!r}: a remote path is absolute or starts with ~/")
-                if remote.rstrip("/") != remote or "$" in remote or "/../" in f"{remote}/":
-                    raise ValueError(f"{remote!r}: give the path itself, without a trailing '/', '..' or '$'")
+                # `~/.` would be the home itself, which a node replaces with what it places.
+                parts = remote.removeprefix("~/").lstrip("/").split("/")
+                if remote.rstrip("/") != remote or "$" in remote or any(p in ("", ".", "..") for p in parts):
+                    raise ValueError(f"{remote!r}: give the path itself, without a trailing '/', '.', '..', '//' "
+                                     "or '$'")
         return value
 
     @field_validator("file_mounts")

@@ -6,11 +6,12 @@ The keys spotbroker adds (`estimated_hours`, `deadline`, `max_restarts`,
 `resources.max_price_per_hour`) and the uploads that stand for local
 directories are taken out first and checked by `JobSpec`; everything else
 goes through `sky.Task.from_yaml_config`. What SkyPilot accepts but the
-broker cannot honour (`service`, `resources.job_recovery`, a bucket SkyPilot
-would create...) is refused naming the field and what to do instead
-(`broker.jobs.unhonoured`); a value left to the launch (`envs: {KEY: }`)
-names the flag that gives it; an alternative on a cloud the broker does not
-place on is dropped with a warning (`broker.jobs.alternatives`). SkyPilot's
+broker cannot honour (`service`, `resources.job_recovery`...) is refused
+naming the field and what to do instead (`broker.jobs.unhonoured`); a value
+left to the launch (`envs: {KEY: }`) names the flag that gives it; an
+alternative on a cloud the broker does not place on is dropped with a
+warning (`broker.jobs.alternatives`). A bucket by `name:` is kept: the
+broker gives it a home in the team's storage (broker/jobs/mounts.py). SkyPilot's
 meaning is kept: a file without `use_spot` asks for on-demand.
 
 Parsing needs no credentials and no network (see
@@ -29,7 +30,7 @@ from spotbroker.broker.jobs import alternatives, unhonoured
 from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw
 from spotbroker.broker.jobs.unhonoured import HONOURED, HONOURED_RESOURCES, OURS  # noqa: F401
 _ALTERNATIVES = ("any_of", "ordered")
-_MOUNT_KEYS = frozenset({"source", "mode"})
+_MOUNT_KEYS = frozenset({"source", "name", "mode", "store", "persistent"})
 
 
 class TaskFileError(ValueError):
@@ -255,11 +256,12 @@ def _refuse_unhonoured(doc: dict[str, Any]) -> None:
         errors += [(f"{prefix}.{key}", unhonoured.why(key, True)) for key in level if key not in HONOURED_RESOURCES]
     for remote, source in (doc.get("file_mounts") or {}).items():
         if isinstance(source, dict):
-            errors += [(f"file_mounts.{remote}.{key}", "spotbroker mounts a storage URI of your team's "
-                        "({source: URI, mode: MOUNT|COPY}); it creates no bucket") for key in source
+            errors += [(f"file_mounts.{remote}.{key}", "spotbroker mounts a bucket of your team's ({name: NAME}) "
+                        "or a storage URI ({source: URI, mode: MOUNT|COPY})") for key in source
                        if key not in _MOUNT_KEYS]
-            if "source" not in source:
-                errors.append((f"file_mounts.{remote}", "give its source: a storage URI under your team's prefix"))
+            if "source" not in source and "name" not in source:
+                errors.append((f"file_mounts.{remote}", "give its name (a bucket of your team's) or its source "
+                               "(a storage URI)"))
     if errors:
         raise TaskFileError([{"field": f, "message": m} for f, m in errors])
 
@@ -272,8 +274,12 @@ def _mounts(mounts: dict[str, Any], task) -> dict[str, Any]:
             out[remote] = (task.file_mounts or {}).get(remote, source)
         else:
             storage = task.storage_mounts.get(remote)
-            out[remote] = {"source": storage.source if storage is not None else source.get("source"),
-                           "mode": str(source.get("mode", "MOUNT")).upper()}
+            out[remote] = {key: source[key] for key in ("name", "store", "persistent") if key in source}
+            if "name" in source and storage is not None and storage.name:  # `${ENV}` filled in
+                out[remote]["name"] = storage.name
+            if "source" in source:
+                out[remote]["source"] = storage.source if storage is not None else source["source"]
+            out[remote]["mode"] = str(source.get("mode", "MOUNT")).upper()
     return out
 
 

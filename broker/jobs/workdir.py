@@ -219,6 +219,25 @@ def pack(root: Path, out: BinaryIO) -> Packed:
     return Packed(hashing.digest.hexdigest(), hashing.size, len(files), sum(e.size for e in files))
 
 
+def pack_file(path: Path, out: BinaryIO) -> Packed:
+    """A single-file mount's archive: the file alone, under its own name
+    (the node places it at the mount's path: agent/mounts.py)."""
+    path = Path(os.path.abspath(os.path.expanduser(path)))
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise WorkdirError(f"workdir {path}: cannot read it: {exc.strerror}") from None
+    if not stat.S_ISREG(st.st_mode) or not os.access(path, os.R_OK):
+        raise WorkdirError(f"workdir {path}: not a readable file")
+    if st.st_size > MAX_FILES_BYTES:
+        raise WorkdirError(f"workdir {path} is more than {MAX_FILES_BYTES // 2**20} MiB: put data in a bucket")
+    hashing = _HashingWriter(out)
+    with gzip.GzipFile(fileobj=hashing, mode="wb", mtime=0, compresslevel=6) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        tar_add(tar, path.parent, _Entry(path.name, "file", size=st.st_size))
+    return Packed(hashing.digest.hexdigest(), hashing.size, 1, st.st_size)
+
+
 def tar_add(tar: tarfile.TarFile, root: Path, entry: _Entry) -> None:
     path = root / entry.rel
     info = tarfile.TarInfo(entry.rel)

@@ -72,6 +72,11 @@ def mint(settings: Settings, scope: Scope) -> NodeCredentials:
     expires = (datetime.now(UTC) + timedelta(seconds=settings.node_credentials_seconds)).replace(microsecond=0)
     write = BlobSasPermissions(read=True, add=True, create=True, write=True, delete=True, list=True)
     places = {scope.write: write, scope.read: BlobSasPermissions(read=True, list=True)}
+    for grant in scope.mounts:  # its file mounts' directories: in the checkpoint root's container only
+        if grant.bucket != scope.bucket or not grant.prefix:
+            raise NoCredentials(f"a file mount of az://{grant.bucket}/{grant.prefix}: on Azure, nodes get "
+                                f"directory SAS tokens in the checkpoint root's container ({scope.bucket}) only")
+        places.setdefault(grant.prefix, BlobSasPermissions(read=True, list=True) if grant.read_only else write)
     tokens = {}
     for directory, permission in places.items():  # never the container: team/job[/attempt] at least
         tokens[directory] = generate_blob_sas(name, scope.bucket, directory.rstrip("/"), account_key=key,

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from spotbroker.broker.pricing.offers import Placement
 
 if TYPE_CHECKING:
+    from spotbroker.agent.mounts import Mount
     from spotbroker.broker.jobs.spec import JobSpec
 
 
@@ -57,6 +58,9 @@ class LaunchRequest:
     storage_env: dict[str, str] = field(default_factory=dict, repr=False)
     # The team's id in the database: on the local launcher, which uid the team's jobs run as.
     team_id: int | None = None
+    # The job's file mounts, resolved (broker/jobs/mounts.py): each node places them before `setup`.
+    # None: a request made without the broker's resolution (the spec's own storage mounts stand).
+    mounts: tuple[Mount, ...] | None = None
 
 
 class RunState(StrEnum):

@@ -156,7 +156,8 @@ class LocalLauncher:
             owner=[user.uid, user.gid] if user else None,
             agent_token=request.extra_env.get(protocol.ENV_AGENT_TOKEN) if with_agent else None,
             code=asdict(request.code) if request.code else None,
-            checkpoint_dirs=_local_prefixes(request.extra_env), kill_grace=self.kill_grace_seconds,
+            checkpoint_dirs=_local_prefixes(request.extra_env) + _local_buckets(request.mounts or ()),
+            mounts=[m.document() for m in request.mounts or ()], kill_grace=self.kill_grace_seconds,
             max_log_bytes=self.max_log_bytes,
             simulator=self._simulator_args(request.placement.cloud) if simulated else None)
         spec_file = run_dir / f"node-{rank}.spec.json"
@@ -196,6 +197,8 @@ class LocalLauncher:
             **request.extra_env,
             **request.storage_env,  # the node's own credentials, scoped to the job (none for a file:// root)
         }
+        if request.mounts:  # no file system of its own to give a job: absolute mount paths are under this
+            env["SPOTBROKER_MOUNT_ROOT"] = str(node_dir / "fs")
         env.pop(protocol.ENV_AGENT_TOKEN, None)  # in no process's environment, which its uid could read
         if with_agent and p.cloud in SIMULATED_CLOUDS and self.notice_window is not None:
             env["SPOTBROKER_NOTICE_WINDOW"] = f"{self.notice_window:g}"  # GCP publishes no deadline
@@ -363,6 +366,13 @@ def _local_prefixes(extra_env: dict[str, str]) -> list[str]:
         if uri.scheme == "file":
             out.append(unquote(uri.path))
     return out
+
+
+def _local_buckets(mounts) -> list[str]:
+    """The file:// buckets the job may write (its team's, by name): made and
+    given to the job's user like its checkpoint prefixes."""
+    return [unquote(urlparse(m.uri).path).rstrip("/") for m in mounts
+            if m.kind == "bucket" and not m.read_only and m.uri.startswith("file://")]
 
 
 def secure_data_dir(data_dir: Path) -> None:

@@ -49,7 +49,9 @@ from typing import Any
 
 from spotbroker.agent import proctree, protocol
 from spotbroker.agent.logbound import BoundedWriter
+from spotbroker.agent.code import CodeError
 from spotbroker.agent.simulator.service import CONTROL_TOKEN_ENV
+from spotbroker.broker.launch import local_mounts
 
 ERROR_EXIT = 125  # provisioning failed before the job's command ran
 
@@ -65,6 +67,7 @@ class NodeSpec:
     agent_token: str | None = None     # handed to the agent (the command) through a pipe
     code: dict[str, str] | None = None  # {"uri", "sha256"}: the job's uploaded workdir
     checkpoint_dirs: list[str] = field(default_factory=list)  # file:// prefixes the job writes or reads
+    mounts: list[dict] = field(default_factory=list)  # the job's file mounts (agent/mounts.py), placed before setup
     simulator: list[str] | None = None  # the simulator's arguments, if the node simulates a cloud
     kill_grace: float = 10.0
     max_log_bytes: int = 0             # of the job's output kept in the node's output file (0: no bound)
@@ -141,7 +144,7 @@ def provision(spec: NodeSpec) -> Path:
         _give(node / name, owner)
     workdir = node / "workdir"
     if spec.code:
-        from spotbroker.agent.code import CodeError, fetch_code
+        from spotbroker.agent.code import fetch_code
 
         try:
             fetch_code(spec.code["uri"], spec.code["sha256"], workdir)
@@ -160,6 +163,10 @@ def provision(spec: NodeSpec) -> Path:
         if owner is not None and path.is_dir() and not path.is_symlink() and path.stat().st_uid != owner[0]:
             _adopt(path, owner)
         _give(path, owner)
+    try:
+        local_mounts.place(spec.mounts, spec.env, node, owner, _give, _give_tree)
+    except CodeError as exc:
+        raise ProvisionError(str(exc)) from None
     return workdir
 
 
@@ -294,6 +301,9 @@ class Node:
         self.pump.start()
         code = self._wait_for_job()
         self.pump.join(1.0)  # the job's last words before its exit is recorded (unless a leftover holds the pipe)
+        if local_mounts.written_back(self.spec.mounts):
+            self._end_leftovers()  # nothing of the job writes while its files are saved
+            local_mounts.save(self.spec.mounts, self.spec.env, Path(self.spec.node_dir), self.spec.owner, rank)
         _write_atomic(run_dir / f"exit-{rank}", f"{code}\n")
         return code
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
-from spotbroker.broker.jobs import sealed, uploads
+from spotbroker.broker.jobs import buckets, mounts, sealed, uploads
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch import storage_credentials
 from spotbroker.broker.launch.base import CodeRef, LaunchError, LaunchRequest
@@ -50,11 +50,12 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
         protocol.ENV_AGENT_TOKEN: agent_token(key, attempt.id),
     }
     code = _code(settings, spec, team.name)
+    placed = tuple(mounts.resolved(settings, team.name, spec, buckets.allowed(session, team.id)))
     storage = storage_credentials.for_attempt(session, attempt, settings)  # None: a file:// root
     return LaunchRequest(attempt_id=attempt.id, job_id=job.id, team=team.name, team_id=team.id, run=spec.run,
                          setup=spec.setup, envs=spec.envs, num_nodes=spec.num_nodes, placement=placement,
                          code=code, extra_env=extra, secrets=spec.secret_values(), spec=spec,
-                         storage_env=storage.env if storage else {})
+                         storage_env=storage.env if storage else {}, mounts=placed)
 
 
 def _code(settings: Settings, spec: JobSpec, team: str) -> CodeRef | None:

@@ -8,7 +8,12 @@ gets credentials that allow exactly
   ``{root}/{team}/{job}/{attempt}/``;
 * read and list under its job's prefix ``{root}/{team}/{job}/`` (resume from
   an earlier attempt);
-* read the job's one code object ``{root}/{team}/uploads/{sha256}.tar.gz``;
+* read the job's one code object ``{root}/{team}/uploads/{sha256}.tar.gz``,
+  and each upload its file mounts name;
+* read (and, unless mounted read-only, write) each bucket prefix its file
+  mounts name: a bucket of the team's by name (``{root}/{team}/buckets/{name}/``),
+  the team's own prefix (read), or a prefix the admin lists for the team
+  (``broker/jobs/buckets.py``: read-only where listed so);
 
 and nothing else: not the team's other jobs, not other teams, not the
 broker's own files. One `Scope` says that for every cloud; each cloud has
@@ -50,7 +55,8 @@ from urllib.parse import unquote, urlparse
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
-from spotbroker.broker.jobs import uploads
+from spotbroker.agent.mounts import Mount
+from spotbroker.broker.jobs import buckets, mounts, uploads
 from spotbroker.broker.jobs.spec import JobSpec, WorkdirUpload
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.launch import azure_sas
@@ -83,6 +89,16 @@ class Scope:
     write: str                # the attempt's prefix: put, delete, multipart
     read: str                 # the job's prefix: get and list
     objects: tuple[str, ...]  # single objects to read (the job's code)
+    mounts: tuple[Grant, ...] = ()  # the bucket prefixes its file mounts name
+
+
+@dataclass(frozen=True)
+class Grant:
+    """A bucket prefix a file mount names: read and list, and write unless `read_only`."""
+
+    bucket: str
+    prefix: str               # ends with '/' ('' for the whole bucket)
+    read_only: bool
 
 
 @dataclass(frozen=True)
@@ -115,8 +131,10 @@ class NodeCredentials:
         return {protocol.ENV_STORAGE_CREDENTIALS: json.dumps(self.document(), separators=(",", ":"))}
 
 
-def scope(root: str, team: str, job_id: int, attempt_id: int, code_uris: tuple[str, ...] = ()) -> Scope:
-    """The scope of attempt `attempt_id` of job `job_id` under checkpoint root `root`."""
+def scope(root: str, team: str, job_id: int, attempt_id: int, code_uris: tuple[str, ...] = (),
+          mounts: tuple[Mount, ...] = ()) -> Scope:
+    """The scope of attempt `attempt_id` of job `job_id` under checkpoint root `root`
+    (`mounts`: the job's file mounts, resolved; its buckets are granted)."""
     scheme, bucket, write = _split(attempt_prefix(root, team, job_id, attempt_id))
     read = _split(job_prefix(root, team, job_id))[2]
     objects = []
@@ -125,7 +143,16 @@ def scope(root: str, team: str, job_id: int, attempt_id: int, code_uris: tuple[s
         if (code_scheme, code_bucket) != (scheme, bucket):
             raise NoCredentials(f"the job's code {uri} is not in the checkpoint root's bucket")
         objects.append(key.rstrip("/"))
-    return Scope(scheme, bucket, write, read, tuple(objects))
+    grants = []
+    for mount in mounts:
+        if mount.kind != "bucket":
+            continue
+        mount_scheme, mount_bucket, prefix = _split(mount.uri)
+        if mount_scheme != scheme:
+            raise NoCredentials(f"file_mounts {mount.path}: {mount.uri} is not in {scheme}:// storage, the only "
+                                "kind this broker mints its nodes' credentials for")
+        grants.append(Grant(mount_bucket, prefix, mount.read_only))
+    return Scope(scheme, bucket, write, read, tuple(objects), tuple(dict.fromkeys(grants)))
 
 
 def _split(uri: str) -> tuple[str, str, str]:
@@ -152,7 +179,8 @@ def for_attempt(session: Session, attempt: Attempt, settings: Settings) -> NodeC
     named = [spec.workdir, *spec.file_mounts.values()]
     code = tuple(dict.fromkeys(uploads.code_ref(settings, team, source.upload).uri
                                for source in named if isinstance(source, WorkdirUpload)))
-    return mint(settings, scope(root, team, job.id, attempt.id, code), session_name(team, job.id, attempt.id))
+    placed = tuple(mounts.resolved(settings, team, spec, buckets.allowed(session, job.team_id)))
+    return mint(settings, scope(root, team, job.id, attempt.id, code, placed), session_name(team, job.id, attempt.id))
 
 
 def mint(settings: Settings, wanted: Scope, name: str) -> NodeCredentials:
@@ -200,6 +228,20 @@ def s3_policy(scope: Scope, partition: str = "aws") -> dict:
         {"Sid": "ListTheJob", "Effect": "Allow", "Action": "s3:ListBucket", "Resource": bucket,
          "Condition": {"StringLike": {"s3:prefix": [f"{scope.read}*"]}}},
     ]
+    # The buckets its file mounts name, in as few statements as they take
+    # (STS refuses a session policy past its packed size).
+    arn = lambda grant: f"arn:{partition}:s3:::{grant.bucket}"  # noqa: E731
+    if scope.mounts:
+        statements.append({"Sid": "ReadTheMounts", "Effect": "Allow", "Action": "s3:GetObject",
+                           "Resource": [f"{arn(g)}/{g.prefix}*" for g in scope.mounts]})
+    for i, bucket in enumerate(dict.fromkeys(g.bucket for g in scope.mounts)):
+        statements.append({"Sid": f"ListMounts{i}", "Effect": "Allow", "Action": "s3:ListBucket",
+                           "Resource": f"arn:{partition}:s3:::{bucket}", "Condition": {"StringLike": {
+                               "s3:prefix": [f"{g.prefix}*" for g in scope.mounts if g.bucket == bucket]}}})
+    if writable := [g for g in scope.mounts if not g.read_only]:
+        statements.append({"Sid": "WriteTheMounts", "Effect": "Allow", "Action": [
+            "s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],
+            "Resource": [f"{arn(g)}/{g.prefix}*" for g in writable]})
     return {"Version": "2012-10-17", "Statement": statements}
 
 
@@ -230,7 +272,15 @@ def _mint_s3(settings: Settings, scope: Scope, name: str) -> NodeCredentials:
     expires = expires.astimezone(UTC) if expires.tzinfo else expires.replace(tzinfo=UTC)
     credentials = {"access_key_id": given["AccessKeyId"], "secret_access_key": given["SecretAccessKey"],
                    "token": given["SessionToken"]}
-    return NodeCredentials("s3", expires, scope.bucket, _s3_place(), credentials)
+    return NodeCredentials("s3", expires, scope.bucket, {**_s3_place(), **_other_buckets(scope)}, credentials)
+
+
+def _other_buckets(scope: Scope) -> dict[str, str]:
+    """The buckets besides the checkpoint root's that the credentials reach
+    (file mounts'), in the document's options: the node's storage layer
+    reaches them with these credentials too."""
+    others = sorted({g.bucket for g in scope.mounts} - {scope.bucket})
+    return {"buckets": ",".join(others)} if others else {}
 
 
 _STS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL",
@@ -290,6 +340,13 @@ def gcs_rules(scope: Scope) -> list:
             f"resource.name.startsWith('{objects}{scope.read}') || {listing}.startsWith('{scope.read}')",
             title="read the job")),
     ]
+    for grant in scope.mounts:  # the buckets its file mounts name (a boundary holds at most ten rules)
+        mount_objects = f"projects/_/buckets/{grant.bucket}/objects/"
+        role = "objectViewer" if grant.read_only else "objectAdmin"
+        rules.append(downscoped.AccessBoundaryRule(
+            GCS_RESOURCE.format(grant.bucket), [f"inRole:roles/storage.{role}"], downscoped.AvailabilityCondition(
+                f"resource.name.startsWith('{mount_objects}{grant.prefix}') || "
+                f"{listing}.startsWith('{grant.prefix}')", title="a file mount")))
     if scope.objects:  # one rule for them all: a boundary holds at most ten
         named = " || ".join(f"resource.name == '{objects}{key}'" for key in scope.objects)
         rules.append(downscoped.AccessBoundaryRule(
@@ -302,7 +359,8 @@ def _mint_gcs(settings: Settings, scope: Scope) -> NodeCredentials:
     """A downscoped token: the broker's own credentials (its application
     default credentials) exchanged at Google's STS for a token that carries
     the boundary; it lasts as long as the source token (about an hour)."""
-    if "'" in scope.write + scope.read + "".join(scope.objects) or "'" in scope.bucket:
+    if "'" in scope.write + scope.read + "".join(scope.objects) + scope.bucket \
+            + "".join(g.bucket + g.prefix for g in scope.mounts):
         raise NoCredentials("a quote in a storage path cannot be put in an access boundary's condition")
     import google.auth
     from google.auth import downscoped
@@ -329,4 +387,5 @@ def _mint_gcs(settings: Settings, scope: Scope) -> NodeCredentials:
         expires = source.expiry.replace(tzinfo=UTC) if source.expiry else now + timedelta(hours=1)
     # A private endpoint or a stand-in (obstore's GOOGLE_BASE_URL setting): the node's must be the same.
     place = {"endpoint": os.environ["GOOGLE_BASE_URL"]} if os.environ.get("GOOGLE_BASE_URL") else {}
+    place.update(_other_buckets(scope))
     return NodeCredentials("gs", expires, scope.bucket, place, {"token": answer["access_token"]})

@@ -21,6 +21,20 @@ class Team(Base):
     created_at: Mapped[datetime]
 
 
+class TeamBucket(Base):
+    """A storage prefix outside the broker's checkpoint root that the admin
+    lets a team's jobs mount (`PUT /v1/teams/{team}/storage`); its nodes'
+    credentials reach it, for reading only when `read_only`."""
+
+    __tablename__ = "team_buckets"
+    __table_args__ = (UniqueConstraint("team_id", "uri", name="uq_team_buckets_team_id_uri"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), index=True)
+    uri: Mapped[str] = mapped_column(String(1024))  # a prefix, ending with '/'
+    read_only: Mapped[bool] = mapped_column(Boolean)
+
+
 class ApiToken(Base):
     """A team's API token. Only the SHA-256 digest of the token is stored."""
 

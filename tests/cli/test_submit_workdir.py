@@ -117,7 +117,7 @@ def test_a_directory_that_cannot_travel_is_named_with_its_file_line_and_field(tm
     assert f"{task}:3: file_mounts./data: {proj / 'data'} holds a link out of itself: escape" in r.stderr, r.stderr
     task.write_text("run: python train.py\nfile_mounts:\n  /data: ./nowhere\n")
     r = submit(task, tmp_path)
-    assert r.returncode == 1 and f"{task}:3: file_mounts./data: {proj / 'nowhere'} is not a directory" in r.stderr
+    assert r.returncode == 1 and f"{task}:3: file_mounts./data: {proj / 'nowhere'} does not exist" in r.stderr
 
 
 def hide(path: Path, user: int | None) -> None:

@@ -77,6 +77,32 @@ def launcher(tmp_path_factory):
     launcher.close()
 
 
+def test_buckets_by_name_are_the_teams_and_uploads_the_node_programs(launcher, tmp_path):
+    """A bucket by name is SkyPilot's storage mount of its home in the team's
+    storage (never a bucket SkyPilot would create); an unlisted mount is not
+    mounted; uploads are placed by the node program before setup."""
+    from dataclasses import replace
+
+    from spotbroker.broker.jobs import mounts
+    from spotbroker.broker.jobs.buckets import Allowed
+    from spotbroker.broker.settings import Settings
+
+    spec = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "T4:1"}, "file_mounts": {
+        "/ckpt": {"name": "my-ckpts", "mode": "MOUNT"}, "/data": "s3://datasets/imagenet",
+        "/gone": {"source": "s3://no-longer-listed/x", "mode": "COPY"},
+        "~/cfg": {"upload": "c" * 64}, "~/.ssh/key": {"upload": "d" * 64, "file": True}}})
+    settings = Settings(data_dir=tmp_path, checkpoint_root="s3://ckpt/root", _env_file=None)
+    resolved = tuple(mounts.resolved(settings, "ml", spec, [Allowed("s3://datasets/", True)]))
+    task = launcher.task(replace(request(spec, placement("T4", "g4dn.xlarge")), mounts=resolved))
+    assert {k: v.source for k, v in task.storage_mounts.items()} == {"/ckpt": "s3://ckpt/root/ml/buckets/my-ckpts/"}
+    assert task.file_mounts == {"/data": "s3://datasets/imagenet", "~/.spotbroker/wheels": str(launcher.wheelhouse)}
+    placed = json.loads(task.envs["SPOTBROKER_MOUNTS"])
+    assert {m["path"]: m["kind"] for m in placed} == {"/ckpt": "bucket", "/data": "bucket", "~/cfg": "dir",
+                                                     "~/.ssh/key": "file"}
+    assert task.setup.index("pip install") < task.setup.index("spotbroker.agent.mounts")  # with the wheel installed
+    assert "--no-cloud-buckets" in task.setup
+
+
 def test_the_task_is_the_files_on_the_chosen_place_field_by_field(launcher):
     spec = stored_spec()
     task = launcher.task(request(spec, placement("T4", "g4dn.xlarge")))

@@ -157,3 +157,92 @@ def test_the_node_installs_the_wheel_fetches_the_code_and_reports_to_the_broker(
         launcher.close()
         node.stop()
         engine.dispose()
+
+
+MOUNTED = """set -e
+test "$(cat ~/.ssh/sky-key)" = "the key" && test "$(stat -c %a ~/.ssh/sky-key)" = 600
+grep -q lr=0.1 ~/cfg/settings.toml
+echo "epoch 1" > ~/checkpoint/model.txt
+echo mounts seen
+"""
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_the_node_places_uploaded_files_and_directories_and_a_named_bucket_before_setup(
+        sky_aws: SkyAws, agent_endpoint, settings, tmp_path: Path) -> None:
+    """Uploaded mounts once never reached a SkyPilot node: the Task dropped
+    them and nothing else fetched them. The node program places them (and a
+    bucket of the team's by name, here on a file:// root) before `setup`."""
+    import io
+    import tarfile
+
+    import sky
+
+    from spotbroker.broker.launch.skypilot.launcher import SkyPilotLauncher
+    from spotbroker.broker.launch.skypilot.wheel import wheelhouse
+
+    api = agent_endpoint
+    r = api.post("/v1/teams", json={"name": "ml"}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+    h = {"Authorization": f"Bearer {r.json()['token']}"}
+    key = io.BytesIO()  # what `spotbroker submit` packs for a single file: the file alone, its mode kept
+    with tarfile.open(fileobj=key, mode="w:gz") as tar:
+        info = tarfile.TarInfo("sky-key")
+        info.size, info.mode = len(b"the key"), 0o600
+        tar.addfile(info, io.BytesIO(b"the key"))
+    uploads = {}
+    for name, archive in (("key", key.getvalue()), ("cfg", tgz(**{"settings.toml": b"lr=0.1\n"}))):
+        uploads[name] = hashlib.sha256(archive).hexdigest()
+        assert api.put(f"/v1/uploads/{uploads[name]}", content=archive,
+                       headers={**h, "Content-Type": "application/gzip"}).status_code == 201
+    r = api.post("/v1/jobs", headers=h, json={
+        "run": MOUNTED, "setup": "test -f ~/.ssh/sky-key && test -d ~/cfg && test -d ~/checkpoint",
+        "resources": {"accelerators": "T4:1"},
+        "file_mounts": {"~/.ssh/sky-key": {"upload": uploads["key"], "file": True},
+                        "~/cfg": {"upload": uploads["cfg"]}, "~/checkpoint": {"name": "my-ckpts"}}})
+    assert r.status_code == 201, r.text
+    job_id = r.json()["id"]
+    node = NodeSky(sky, tmp_path / "node-home")
+    launcher = SkyPilotLauncher(wheelhouse(tmp_path / "wheels"), prefix="sbnode", poll_s=0.2, cluster_poll_s=0.5,
+                                sky=node)
+    try:
+        attempt_id, request = _launch_request(settings, job_id)
+        task = launcher.task(request)
+        assert "spotbroker.agent.mounts" in task.setup and "~/cfg" not in task.file_mounts
+        handle = launcher.launch(request)
+        wait_for(lambda: launcher.status(handle).state in (RunState.SUCCEEDED, RunState.FAILED), timeout=180,
+                 interval=0.5)
+        out = next(iter(node.outputs.values())).read_text()
+        assert launcher.status(handle).state == RunState.SUCCEEDED, out
+        assert "mounts seen" in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text
+        bucket = settings.data_dir / "checkpoints" / "ml" / "buckets" / "my-ckpts"
+        assert (bucket / "model.txt").read_text() == "epoch 1\n"
+    finally:
+        launcher.close()
+        node.stop()
+
+
+def _launch_request(settings, job_id: int):
+    """The attempt the reconciler would commit, in one place, and its launch request."""
+    from spotbroker.broker.jobs.spec import JobSpec
+    from spotbroker.broker.launch.request import launch_request
+    from spotbroker.broker.reconciler import Reconciler
+    from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+    from spotbroker.broker.store.models import Attempt, Job
+
+    engine = make_engine(settings.sqlalchemy_url)
+    factory = make_session_factory(engine)
+    try:
+        reconciler = Reconciler(factory, {}, settings)
+        where = Placement(cloud="aws", region="us-east-1", zone="us-east-1b", zone_id="use1-az1",
+                          instance_type="g4dn.xlarge", accelerator="T4", accelerator_count=1, use_spot=True,
+                          price_per_hour=0.2)
+        with transaction(factory) as session:
+            job = session.get(Job, job_id)
+            attempt = reconciler.launching.new_attempt(session, job, JobSpec.model_validate(job.spec), where,
+                                                       "skypilot", "t")
+            attempt_id = attempt.id
+        with factory() as session:
+            return attempt_id, launch_request(session, session.get(Attempt, attempt_id), settings,
+                                              settings.signing_key())
+    finally:
+        engine.dispose()

@@ -35,7 +35,7 @@ def test_skypilots_own_message_names_the_field_and_line(api, team_headers):
     (b"run: x\nresources: {job_recovery: FAILOVER}\n", "resources.job_recovery"),
     (b"run: x\nsecrets: {HF_TOKEN: null}\n", "secrets.HF_TOKEN"),
     (b"run: x\nfile_mounts: {/data: /etc}\n", "file_mounts./data"),
-    (b"run: x\nfile_mounts: {/data: {name: new-bucket, mode: MOUNT}}\n", "file_mounts./data.name"),
+    (b"run: x\nfile_mounts: {/data: {name: new-bucket, store: gcs}}\n", "file_mounts./data.store"),
 ])
 def test_what_the_broker_cannot_honour_is_refused_by_name(api, team_headers, body, field):
     r = post(api, team_headers(), body)
@@ -90,7 +90,7 @@ def test_mounts_must_lie_under_the_teams_prefix(tmp_path):
     spec = JobSpec.model_validate({"run": "x", "file_mounts": {
         "/mine": "s3://bucket/root/alice/data", "/theirs": "s3://bucket/root/bob/data",
         "/other": {"source": "s3://elsewhere/x", "mode": "COPY"}}})
-    fields = [e["field"] for e in mount_errors(settings, "alice", spec)]
+    fields = [e["field"] for e in mount_errors(settings, "alice", spec, [])]
     assert fields == ["file_mounts./theirs", "file_mounts./other.source"]
 
 

@@ -119,7 +119,8 @@ class SkyPilotLauncher:
         if request.spec is not None:
             keep = kept_resources(chosen_alternative(request.spec, request.placement), request.placement)
         resources = pinned_resources(self.sky, request.placement, **keep)
-        return node_task(request.spec, program, resources, request.num_nodes, f"attempt-{request.attempt_id}")
+        return node_task(request.spec, program, resources, request.num_nodes, f"attempt-{request.attempt_id}",
+                         request.mounts)
 
     # --- the clouds SkyPilot can reach ---------------------------------------------------
 

@@ -23,6 +23,7 @@ import shlex
 from dataclasses import dataclass
 
 from spotbroker.agent import protocol
+from spotbroker.agent.mounts import ENV_MOUNTS, encode
 from spotbroker.broker.launch.base import LaunchRequest
 
 # On the node, under the SSH user's home (SkyPilot expands `~` in file_mounts targets).
@@ -44,8 +45,9 @@ class NodeProgram:
     file_mounts: dict[str, str]
 
 
-def setup_script(user_setup: str | None) -> str:
-    """Install the shipped wheelhouse (no index), then the user's setup."""
+def setup_script(user_setup: str | None, with_mounts: bool = False) -> str:
+    """Install the shipped wheelhouse (no index), place the job's file mounts
+    that SkyPilot does not (uploads, `agent/mounts.py`), then the user's setup."""
     pick = " || ".join(f"command -v {p}" for p in PYTHONS)
     lines = [
         "set -e",
@@ -55,6 +57,8 @@ def setup_script(user_setup: str | None) -> str:
         f'--find-links {WHEELHOUSE} spotbroker',
         f'export PATH="{VENV}/bin:$PATH"',
     ]
+    if with_mounts:
+        lines.append(f'"{VENV}/bin/python" -I -m spotbroker.agent.mounts --no-cloud-buckets')
     if user_setup:
         lines += ["set +e", f"( {user_setup}\n)"]  # the user's own shell: its exit status is setup's
     return "\n".join(lines) + "\n"
@@ -105,6 +109,8 @@ def node_program(request: LaunchRequest, wheelhouse: str, credentials: dict[str,
     if request.code is not None:
         envs["SPOTBROKER_CODE_URI"] = request.code.uri
         envs["SPOTBROKER_CODE_SHA256"] = request.code.sha256
-    return NodeProgram(setup=setup_script(request.setup),
+    if request.mounts:
+        envs[ENV_MOUNTS] = encode(list(request.mounts))
+    return NodeProgram(setup=setup_script(request.setup, bool(request.mounts)),
                        run=run_script(request.run, request.code is not None, max_log_bytes),
                        envs=envs, secrets=secrets, file_mounts={WHEELHOUSE: wheelhouse})

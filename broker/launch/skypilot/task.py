@@ -8,8 +8,10 @@ two field by field. What SkyPilot cannot hold is left to the launcher:
 
 * the job's code (`workdir: {upload: SHA256}`) and file mounts that are
   uploads (`upload_mounts`): archives in the team's storage prefix that the
-  node fetches and unpacks; SkyPilot's `workdir` would ship a directory of
-  the broker's own host;
+  node fetches and places before `setup` (`node.py`, `agent/mounts.py`);
+  SkyPilot's `workdir` would ship a directory of the broker's own host;
+* a bucket by name (`{name: NAME}`), which SkyPilot would create: the node's
+  Task mounts its home in the team's storage instead (`broker/jobs/mounts.py`);
 * `resources.max_price_per_hour`, `estimated_hours`, `deadline`,
   `max_restarts`: the broker's placement and recovery.
 
@@ -20,8 +22,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from spotbroker.agent.mounts import Mount
 from spotbroker.broker.jobs import resfields
-from spotbroker.broker.jobs.spec import Infra, JobSpec, ResourceSet, WorkdirUpload
+from spotbroker.broker.jobs.spec import Infra, JobSpec, ResourceSet, StorageMount, WorkdirUpload
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.skypilot.node import NodeProgram
 from spotbroker.broker.pricing.offers import Placement
@@ -45,9 +48,11 @@ def resource_config(want: ResourceSet) -> dict[str, Any]:
     return out
 
 
-def task_config(spec: JobSpec) -> dict[str, Any]:
+def task_config(spec: JobSpec, mounts: tuple[Mount, ...] | None = None) -> dict[str, Any]:
     """The spec as a SkyPilot task config (what `from_yaml_config` takes).
-    It holds the secrets' values: never log it."""
+    It holds the secrets' values: never log it. `mounts`: the job's file
+    mounts as the broker resolved them for a launch; its cloud buckets are
+    the Task's storage mounts (without: the file's own, buckets by name left out)."""
     config: dict[str, Any] = {"name": spec.name, "run": spec.run, "num_nodes": spec.num_nodes}
     if spec.setup is not None:
         config["setup"] = spec.setup
@@ -55,14 +60,9 @@ def task_config(spec: JobSpec) -> dict[str, Any]:
         config["envs"] = dict(spec.envs)
     if spec.secrets:
         config["secrets"] = spec.secret_values()
-    mounts: dict[str, Any] = {}
-    for remote, source in spec.file_mounts.items():
-        if isinstance(source, str):
-            mounts[remote] = source
-        elif not isinstance(source, WorkdirUpload):
-            mounts[remote] = {"source": source.source, "mode": source.mode}
-    if mounts:
-        config["file_mounts"] = mounts
+    storage = _storage_mounts(spec, mounts)
+    if storage:
+        config["file_mounts"] = storage
     res = spec.resources
     alternatives = [resource_config(alt) for alt in res.alternatives()]
     if res.any_of is None and res.ordered is None:
@@ -72,14 +72,33 @@ def task_config(spec: JobSpec) -> dict[str, Any]:
     return config
 
 
-def task_from_spec(spec: JobSpec) -> sky.Task:
+def _storage_mounts(spec: JobSpec, mounts: tuple[Mount, ...] | None) -> dict[str, Any]:
+    """What SkyPilot mounts itself: cloud buckets (a URI the file gave as a
+    string is copied, object or prefix, as SkyPilot copies it)."""
+    out: dict[str, Any] = {}
+    if mounts is None:
+        for remote, source in spec.file_mounts.items():
+            if isinstance(source, str):
+                out[remote] = source
+            elif isinstance(source, StorageMount) and source.source is not None:
+                out[remote] = {"source": source.source, "mode": source.mode}
+        return out
+    for mount in mounts:
+        if mount.kind != "bucket" or mount.uri.startswith("file://"):
+            continue  # the node program places uploads and file:// buckets
+        given = spec.file_mounts.get(mount.path)
+        out[mount.path] = mount.uri if isinstance(given, str) else {"source": mount.uri, "mode": mount.mode}
+    return out
+
+
+def task_from_spec(spec: JobSpec, mounts: tuple[Mount, ...] | None = None) -> sky.Task:
     """The Task the job's file meant, through SkyPilot's own parser."""
     import sky
 
     from spotbroker.broker.launch.skypilot import catalogs
 
     catalogs.ensure()
-    return sky.Task.from_yaml_config(task_config(spec))
+    return sky.Task.from_yaml_config(task_config(spec, mounts))
 
 
 def upload_mounts(spec: JobSpec) -> dict[str, str]:
@@ -133,7 +152,7 @@ def kept_resources(want: ResourceSet, p: Placement) -> dict[str, Any]:
 
 
 def node_task(spec: JobSpec | None, program: NodeProgram, resources: sky.Resources, num_nodes: int,
-              name: str) -> sky.Task:
+              name: str, mounts: tuple[Mount, ...] | None = None) -> sky.Task:
     """The node's Task: the job's file as SkyPilot reads it (`task_from_spec`:
     its name, envs, secrets and storage mounts), with the node program's
     setup, run, envs, secrets and file mounts, on `resources` (one place).
@@ -143,7 +162,7 @@ def node_task(spec: JobSpec | None, program: NodeProgram, resources: sky.Resourc
     if spec is None:
         task = sky.Task(name=name, num_nodes=num_nodes)
     else:
-        task = task_from_spec(spec)
+        task = task_from_spec(spec, mounts)
     task.setup = program.setup
     task.run = program.run
     task.update_envs(program.envs)
