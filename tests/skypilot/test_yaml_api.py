@@ -35,7 +35,6 @@ def test_skypilots_own_message_names_the_field_and_line(api, team_headers):
     (b"run: x\nresources: {job_recovery: FAILOVER}\n", "resources.job_recovery"),
     (b"run: x\nsecrets: {HF_TOKEN: null}\n", "secrets.HF_TOKEN"),
     (b"run: x\nfile_mounts: {/data: /etc}\n", "file_mounts./data"),
-    (b"run: x\nfile_mounts: {/data: {name: new-bucket, store: gcs}}\n", "file_mounts./data.store"),
 ])
 def test_what_the_broker_cannot_honour_is_refused_by_name(api, team_headers, body, field):
     r = post(api, team_headers(), body)
