@@ -382,7 +382,11 @@ def secure_data_dir(data_dir: Path) -> None:
 
 
 def _write_json(path: Path, value: dict) -> None:
+    """A run record (a node's pid and start time, its output's path): the broker's alone."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a leftover from an older broker keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(value))
     tmp.replace(path)
 

@@ -79,8 +79,13 @@ class ProvisionError(RuntimeError):
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """A record of the node's (its pid, its exit, why it failed): the broker's alone, as the run directory is
+    entered by every team's jobs."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     tmp.replace(path)
 
 
