@@ -16,7 +16,7 @@ from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, Sessio
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
 from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
-from spotbroker.broker.jobs import mounts, taskyaml, uploads
+from spotbroker.broker.jobs import execlimits, mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
 from spotbroker.broker.jobs.states import JobState
@@ -103,7 +103,7 @@ async def submit_job(request: Request, team: CurrentTeam,
     task file without `use_spot` runs on on-demand, as in SkyPilot; a JSON
     spec without it on spot."""
     spec = await _read_spec(request)
-    if problems := spec.per_attempt_errors():
+    if problems := spec.per_attempt_errors() + execlimits.size_errors(spec):
         raise invalid(problems)
     state = request.app.state
     problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds

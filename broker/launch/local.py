@@ -56,7 +56,7 @@ from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.logs import log_path
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers
-from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file
+from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -171,7 +171,7 @@ class LocalLauncher:
                                     start_new_session=True, cwd=str(run_dir))
         with self._lock:
             self._children[proc.pid] = proc
-        return {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid)}
+        return {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid), "marks_start": True}
 
     def job_env(self, request: LaunchRequest, rank: int, node_dir: Path, with_agent: bool) -> dict[str, str]:
         """A job's whole environment, built here and never inherited: a defined
@@ -222,7 +222,7 @@ class LocalLauncher:
         while time.monotonic() < deadline:
             if own.exists():
                 pid, start = own.read_text().split()
-                return {"rank": rank, "pid": int(pid), "start": start}
+                return {"rank": rank, "pid": int(pid), "start": start, "marks_start": True}
             time.sleep(0.05)
         return None  # nothing was started under the earlier claim
 
@@ -287,6 +287,9 @@ class LocalLauncher:
             if error.exists():
                 return RunStatus(RunState.FAILED, error=json.loads(error.read_text())["reason"])
         states = [self._node_state(run_dir, n) for n in handle["nodes"]]
+        for node, (state, _) in zip(handle["nodes"], states, strict=True):
+            if state == RunState.GONE and (why := start_failure(run_dir, node)):
+                return RunStatus(RunState.FAILED, error=why)  # a failed start, not a reclaim
         if any(s == RunState.GONE for s, _ in states):
             return RunStatus(RunState.GONE)
         failed = [(node["rank"], code) for node, (s, code) in zip(handle["nodes"], states, strict=True)
