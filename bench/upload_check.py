@@ -108,7 +108,8 @@ def main() -> None:
             tar.addfile(info, io.BytesIO(os.urandom(info.size)))
         assert put(broker.url, full, filler.getvalue())[0] == 201
         b, many = bomb(), empty_files()
-        print(f"archives: zeros {len(b) / 1024:.0f} KB (250 MiB unpacked), 99,990 empty files {len(many) / 1024:.0f} KB")
+        print(f"archives: zeros {len(b) / 1024:.0f} KB (250 MiB unpacked), "
+              f"99,990 empty files {len(many) / 1024:.0f} KB")
         for chunked in (False, True):
             runs = [put(broker.url, full, b, chunked) for _ in range(5)]
             assert {code for code, _ in runs} == {413}, runs
