@@ -259,6 +259,8 @@ class Reconciler:
         fail over to; (None, ()) when it is to wait, or cannot run at all."""
         spec = JobSpec.model_validate(job.spec)
         now = self.clock.now()
+        if recovery.recoveries_exhausted(session, job, recovery.Bounds.from_settings(self.settings), self.clock):
+            return None, ()
         hold = (self._hold_reason(job, spec) or hardcap.budget_hold(session, job, self.clock)
                 or checkpoint_storage.resume_hold(session, job, now))
         if hold is not None:
@@ -387,6 +389,7 @@ class Reconciler:
                 return False
             self.placer.capacity_error(refused, self.clock.now())
             return job.state == J.RECOVERING and job.next_check_at <= self.clock.now()
-        if recovery.on_status(session, job, attempt_id, status, self.clock):
+        if recovery.on_status(session, job, attempt_id, status, self.clock,
+                              recovery.Bounds.from_settings(self.settings)):
             self.hint()
         return False

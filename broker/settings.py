@@ -76,6 +76,13 @@ class Settings(BaseSettings):
     reconcile_interval: float = 2.0             # seconds between passes when nothing hints
     lease_seconds: float = 30.0                 # a claimed job is another process's after this
     launch_failover_limit: int = 5              # offers tried per launch round
+    # How far a job is recovered before it fails (broker/recovery/attempts.py): a
+    # node that failed to start the job's command is launched again this many
+    # times, after a wait that starts here and doubles (to 10 min at most);
+    # reclaims (preemptions, vanished nodes) are recovered this many times per job.
+    launch_retries: int = Field(2, ge=0, le=100)
+    launch_retry_seconds: float = Field(10.0, ge=0)
+    max_recoveries: int = Field(100, ge=0)
 
     # Signs the per-attempt agent tokens. Brokers sharing a database need the
     # same key; unset, one is made once in data_dir.

@@ -25,7 +25,7 @@ from spotbroker.api.schemas import (
     JobSubmitted,
     SubmitWarning,
 )
-from spotbroker.broker.jobs import buckets, mounts, taskyaml, uploads
+from spotbroker.broker.jobs import buckets, execlimits, mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
 from spotbroker.broker.jobs.states import JobState
@@ -117,7 +117,7 @@ async def submit_job(request: Request, team: CurrentTeam,
     spec without it on spot. `warnings` says what of a task file was
     dropped (an alternative on a cloud the broker does not place on)."""
     spec, warnings = await _read_spec(request)
-    if problems := spec.per_attempt_errors():
+    if problems := spec.per_attempt_errors() + execlimits.size_errors(spec):
         raise invalid(problems)
     state = request.app.state
     problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds

@@ -15,6 +15,7 @@ import tempfile
 from pathlib import Path as FsPath
 from typing import Annotated
 
+import anyio.to_thread
 from fastapi import APIRouter, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
@@ -26,6 +27,9 @@ from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.broker.jobs import uploads
 
 router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
+# Archives checked at once per server process: a check is pure Python holding
+# the GIL (seconds for 100,000 members); the others wait without a thread.
+ARCHIVE_CHECKS = 2
 
 Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="sha256 of the archive, lower-case hex")]
 
@@ -48,8 +52,14 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
     hash are stored once, and a job submitted with `workdir: {upload: SHA256}`
     runs in a fresh copy of them on every attempt."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_ARCHIVE_BYTES:
-        raise _too_large()
+    if declared is not None and declared.isdigit():
+        if int(declared) > MAX_ARCHIVE_BYTES:
+            raise _too_large()
+        state = request.app.state
+        over = await run_in_threadpool(uploads.quota_problem, state.settings, state.session_factory, team.team_id,
+                                       team.team_name, sha256, int(declared))
+        if over:  # before a byte is read: a team over its quota costs no disk
+            raise Problem(413, "Payload too large", over)
     fd, name = tempfile.mkstemp(prefix="spotbroker-upload-", suffix=".tar.gz")
     path = FsPath(name)
     try:
@@ -64,10 +74,13 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
         if digest.hexdigest() != sha256:
             raise invalid([{"field": "sha256", "message": (
                 f"the body ({received} bytes) hashes to {digest.hexdigest()}, not to the name it was sent under")}])
-        settings = request.app.state.settings
+        state = request.app.state
+        limiter = getattr(state, "upload_limiter", None)
+        if limiter is None:  # made in the app's own event loop, which it belongs to
+            limiter = state.upload_limiter = anyio.CapacityLimiter(ARCHIVE_CHECKS)
         try:
-            await run_in_threadpool(uploads.store, settings, request.app.state.session_factory, team.team_id,
-                                    team.team_name, sha256, path, request.app.state.clock)
+            await anyio.to_thread.run_sync(uploads.store, state.settings, state.session_factory, team.team_id,
+                                           team.team_name, sha256, path, state.clock, limiter=limiter)
         except uploads.UploadInvalid as exc:
             raise invalid([{"field": "body", "message": str(exc)}]) from None
         except uploads.QuotaExceeded as exc:

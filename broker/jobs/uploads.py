@@ -15,7 +15,6 @@ uploads racing on several brokers cannot together pass it.
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -26,7 +25,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.agent.checkpoint.storage import Storage
-from spotbroker.agent.code import CodeError, check_archive, unpack
+from spotbroker.agent.code import CodeError, check_archive
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.launch.base import CodeRef
 from spotbroker.broker.settings import Settings
@@ -69,23 +68,45 @@ def store(settings: Settings, factory: sessionmaker[Session], team_id: int, team
           archive: Path, clock: Clock = SYSTEM_CLOCK) -> int:
     """Store an archive whose sha256 the caller has checked; returns its unpacked bytes.
 
-    Refused (UploadInvalid) when a node would refuse it, so a job never
-    learns at launch that its code cannot be unpacked; refused
-    (QuotaExceeded) when it would take the team over its upload quota."""
-    try:
-        _, unpacked = check_archive(archive)
-        # Unpacked once here, as a node does: links that each stay inside on
-        # their own can still lead out through one another (d -> ., d/e -> ..),
-        # which only the filesystem tells; the node would refuse them at launch.
-        with tempfile.TemporaryDirectory(prefix="spotbroker-upload-check-") as trial:
-            unpack(archive, Path(trial) / "workdir")
-    except CodeError as exc:
-        raise UploadInvalid(str(exc)) from None
+    Refused (QuotaExceeded) when it would take the team over its upload
+    quota, before anything else is done with it; then refused
+    (UploadInvalid) when a node would refuse it, so a job never learns at
+    launch that its code cannot be unpacked. The check reads the archive as
+    a stream, bounding its files' bytes and number as it goes, and follows
+    its links by name (`check_archive`): nothing is unpacked here."""
     team_store = _team_store(settings, team)
-    _keep_from_jobs(team_store.uri)
     with _reserved(settings, factory, team_id, team_store, sha256, archive.stat().st_size, clock):
+        try:
+            _, unpacked = check_archive(archive)
+        except CodeError as exc:
+            raise UploadInvalid(str(exc)) from None
+        _keep_from_jobs(team_store.uri)
         team_store.put_file(_key(sha256), archive)
     return unpacked
+
+
+def quota_problem(settings: Settings, factory: sessionmaker[Session], team_id: int, team: str, sha256: str,
+                  incoming: int) -> str | None:
+    """Why `incoming` bytes (as the client declares them) would take the team
+    over its quota, or None: asked before the body is read, so a team over
+    its quota costs the broker no disk. `store` checks again, under the lock."""
+    quota = settings.upload_quota_bytes
+    team_store = _team_store(settings, team)
+    if not quota or team_store.head(_key(sha256)) is not None:
+        return None
+    with factory() as session:
+        held = session.scalar(select(func.coalesce(func.sum(UploadReservation.bytes), 0)).where(
+            UploadReservation.team_id == team_id, UploadReservation.sha256 != sha256,
+            UploadReservation.expires_at >= SYSTEM_CLOCK.now()))
+    return _over(quota, sum(o.size for o in team_store.iter(UPLOADS)), held, incoming)
+
+
+def _over(quota: int, stored: int, held: int, incoming: int) -> str | None:
+    if stored + held + incoming <= quota:
+        return None
+    in_flight = f" and {held} bytes of uploads in progress" if held else ""
+    return (f"your team's uploads would take {stored + held + incoming} bytes, over its quota of {quota} bytes "
+            f"(SPOTBROKER_UPLOAD_QUOTA_BYTES); {stored} bytes are stored already{in_flight}")
 
 
 def used(settings: Settings, team: str) -> int:
@@ -115,12 +136,8 @@ def _reserved(settings: Settings, factory: sessionmaker[Session], team_id: int, 
         session.execute(delete(UploadReservation).where(UploadReservation.expires_at < now))
         held = session.scalar(select(func.coalesce(func.sum(UploadReservation.bytes), 0)).where(
             UploadReservation.team_id == team_id, UploadReservation.sha256 != sha256))
-        stored = sum(o.size for o in team_store.iter(UPLOADS))
-        if stored + held + incoming > quota:
-            in_flight = f" and {held} bytes of uploads in progress" if held else ""
-            raise QuotaExceeded(f"your team's uploads would take {stored + held + incoming} bytes, over its quota "
-                                f"of {quota} bytes (SPOTBROKER_UPLOAD_QUOTA_BYTES); {stored} bytes are stored "
-                                f"already{in_flight}")
+        if problem := _over(quota, sum(o.size for o in team_store.iter(UPLOADS)), held, incoming):
+            raise QuotaExceeded(problem)
         session.merge(UploadReservation(team_id=team_id, sha256=sha256, bytes=incoming,
                                         expires_at=now + timedelta(seconds=RESERVATION_SECONDS)))
     try:

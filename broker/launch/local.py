@@ -56,7 +56,7 @@ from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.logs import log_path
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers
-from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file
+from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -172,7 +172,7 @@ class LocalLauncher:
                                     start_new_session=True, cwd=str(run_dir))
         with self._lock:
             self._children[proc.pid] = proc
-        return {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid)}
+        return {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid), "marks_start": True}
 
     def job_env(self, request: LaunchRequest, rank: int, node_dir: Path, with_agent: bool) -> dict[str, str]:
         """A job's whole environment, built here and never inherited: a defined
@@ -225,7 +225,7 @@ class LocalLauncher:
         while time.monotonic() < deadline:
             if own.exists():
                 pid, start = own.read_text().split()
-                return {"rank": rank, "pid": int(pid), "start": start}
+                return {"rank": rank, "pid": int(pid), "start": start, "marks_start": True}
             time.sleep(0.05)
         return None  # nothing was started under the earlier claim
 
@@ -290,6 +290,9 @@ class LocalLauncher:
             if error.exists():
                 return RunStatus(RunState.FAILED, error=json.loads(error.read_text())["reason"])
         states = [self._node_state(run_dir, n) for n in handle["nodes"]]
+        for node, (state, _) in zip(handle["nodes"], states, strict=True):
+            if state == RunState.GONE and (why := start_failure(run_dir, node)):
+                return RunStatus(RunState.FAILED, error=why)  # a failed start, not a reclaim
         if any(s == RunState.GONE for s, _ in states):
             return RunStatus(RunState.GONE)
         failed = [(node["rank"], code) for node, (s, code) in zip(handle["nodes"], states, strict=True)
@@ -392,7 +395,11 @@ def secure_data_dir(data_dir: Path) -> None:
 
 
 def _write_json(path: Path, value: dict) -> None:
+    """A run record (a node's pid and start time, its output's path): the broker's alone."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(value))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a leftover from an older broker keeps its mode through O_CREAT
+    with os.fdopen(fd, "w") as f:
+        f.write(json.dumps(value))
     tmp.replace(path)
 

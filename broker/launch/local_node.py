@@ -25,9 +25,10 @@ broker's disk in a run directory that outlives the job. The node:
    token goes through a pipe (`--token-fd`), never an environment; the
    job's output goes through a pipe too, into the node's output file, up to
    `max_log_bytes` (then a marker, and the rest is read and dropped);
-6. records the command's exit code (`exit-{rank}`), ends what the job left
-   behind, and exits with that code. A provisioning failure is recorded in
-   `error-{rank}` instead, with the reason.
+6. records that the command started (`started-{rank}`), then its exit code
+   (`exit-{rank}`), ends what the job left behind, and exits with that code.
+   A provisioning failure, or a command the kernel refuses to start (E2BIG),
+   is recorded in `error-{rank}` instead, with the reason.
 
 SIGTERM (the launcher's terminate) is passed to every process of the node;
 whatever is still alive after the grace period gets SIGKILL.
@@ -82,8 +83,13 @@ class ProvisionError(RuntimeError):
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    """A record of the node's (its pid, its exit, why it failed): the broker's alone, as the run directory is
+    entered by every team's jobs."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     tmp.replace(path)
 
 
@@ -190,6 +196,30 @@ def _memory_file_holding(text: str) -> int:
     return fd
 
 
+def started_file(rank: int) -> str:
+    """Written once node `rank` started the job's command: a node that ends
+    without it failed to start the job (the launcher says so), and did not vanish."""
+    return f"started-{rank}"
+
+
+def start_failure(run_dir: Path, node: dict) -> str | None:
+    """Why a node that is gone without an exit code failed: None if it had
+    started the job's command (it vanished: a reclaim), else its last words
+    (the node prints why it ended, a traceback's last line included). Nodes
+    recorded before `started_file` existed (no `marks_start`) vanished."""
+    if not node.get("marks_start") or (run_dir / started_file(node["rank"])).exists():
+        return None
+    last = ""
+    try:
+        with open(node["log"], "rb") as out:
+            out.seek(max(0, os.fstat(out.fileno()).st_size - 4096))
+            last = next((line for line in reversed(out.read().decode(errors="replace").splitlines())
+                         if line.strip()), "")
+    except (OSError, KeyError):
+        pass
+    return f"node {node['rank']} ended before the job's command started" + (f": {last.strip()[:500]}" if last else "")
+
+
 def sim_url_file(rank: int) -> str:
     """Where node `rank`'s simulator writes its URL (node 0's name is the one older runs have)."""
     return "sim.url" if rank == 0 else f"sim-{rank}.url"
@@ -293,10 +323,19 @@ class Node:
                 stderr=subprocess.STDOUT, pass_fds=tuple(fds),
                 user=owner[0] if owner else None, group=owner[1] if owner else None,
                 extra_groups=[] if owner else None, umask=0o077)
+        except (OSError, subprocess.SubprocessError) as exc:
+            # execve refused it (E2BIG: an environment or command over what the
+            # kernel takes): a failed start, said as such, never a node that vanished.
+            os.close(output)
+            reason = f"cannot start the job's command: {exc}"
+            _write_atomic(run_dir / f"error-{rank}", json.dumps({"reason": reason}))
+            print(f"spotbroker: node {rank}: {reason}", file=sys.stderr, flush=True)
+            return ERROR_EXIT
         finally:
             os.close(into_output)
             for fd in fds:
                 os.close(fd)
+        _write_atomic(run_dir / started_file(rank), f"{self.job.pid}\n")
         self.pump = threading.Thread(target=self._pump_output, args=(output,), name="output", daemon=True)
         self.pump.start()
         code = self._wait_for_job()

@@ -10,8 +10,6 @@ periods in UTC.
 """
 from __future__ import annotations
 
-import ipaddress
-import socket
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -23,57 +21,11 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.money import views
+from spotbroker.broker.money.addresses import host_problem
 from spotbroker.broker.money.models import Budget
 from spotbroker.broker.store.sealing import Keyring, SealError
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")]
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
-# Names that reach the broker's own host or a cloud's metadata service without DNS.
-_INTERNAL_NAMES = ("localhost", "localhost.localdomain", "metadata", "metadata.google.internal",
-                   "metadata.goog", "instance-data", "instance-data.ec2.internal")
-
-
-def literal_address(host: str) -> Address | None:
-    """The address a host names by itself, in any spelling a resolver takes
-    (127.1, 0x7f.0.0.1, 2130706433, [::ffff:127.0.0.1]); None for a name."""
-    try:
-        address = ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        try:
-            address = ipaddress.ip_address(socket.inet_aton(host))
-        except OSError:
-            return None
-    mapped = getattr(address, "ipv4_mapped", None)
-    return mapped or address
-
-
-def address_problem(address: Address, allowed: Iterable[str]) -> str | None:
-    """Why a notification may not be sent to `address`, or None. The broker
-    is the one connecting: a target on its own host, in its network or at a
-    cloud's metadata service would have it reach what the admin's browser
-    cannot (SSRF); the operator lists the networks it may reach
-    (SPOTBROKER_NOTIFY_ALLOWED_NETWORKS)."""
-    if any(address in ipaddress.ip_network(n, strict=False) for n in allowed):
-        return None
-    if not address.is_global or address.is_multicast:
-        return (f"{address} is a private, loopback, link-local or reserved address; the broker sends "
-                "only to public addresses unless SPOTBROKER_NOTIFY_ALLOWED_NETWORKS lists its network")
-    return None
-
-
-def host_problem(host: str, allowed: Iterable[str]) -> str | None:
-    """Why a target's host is refused before any DNS: an internal name, or
-    a literal address `address_problem` refuses."""
-    name = host.lower().rstrip(".")
-    address = literal_address(name)
-    if address is not None:
-        return address_problem(address, allowed)
-    if name in _INTERNAL_NAMES or name.endswith((".localhost", ".internal")):
-        if any(True for _ in allowed):
-            return None  # the operator allows internal networks: the name resolves into one of them or is refused then
-        return (f"{host} names the broker's host or a cloud's internal service; the broker sends only to "
-                "public addresses unless SPOTBROKER_NOTIFY_ALLOWED_NETWORKS lists its network")
-    return None
 
 
 class Rules(BaseModel):

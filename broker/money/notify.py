@@ -8,7 +8,7 @@ lease).
 
 Where a message goes is checked where it is sent: the target's host is
 resolved once, every address it resolves to is checked
-(`budgets.address_problem`), and the connection is made to those very
+(`broker/money/addresses.py`), and the connection is made to those very
 addresses, never to a name resolved again. So a name that pointed somewhere
 public when the budget was set, or when it was checked a moment ago, cannot
 lead the broker to its own host or a metadata service (DNS rebinding). TLS
@@ -35,6 +35,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.money import budgets
+from spotbroker.broker.money import addresses as where
 from spotbroker.broker.money.models import Budget, Notification
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.settings import get_settings
@@ -54,10 +55,10 @@ def checked_addresses(host: str, port: int, allowed_networks: Iterable[str]) -> 
     """The addresses `host` resolves to, every one of them allowed; Refused
     says why not. The caller connects to these, and only these."""
     allowed = list(allowed_networks)
-    problem = budgets.host_problem(host, allowed)
+    problem = where.host_problem(host, allowed)
     if problem:
         raise Refused(problem)
-    literal = budgets.literal_address(host)
+    literal = where.literal_address(host)
     if literal is not None:
         return [str(literal)]
     try:
@@ -66,8 +67,8 @@ def checked_addresses(host: str, port: int, allowed_networks: Iterable[str]) -> 
         raise Refused(f"{host} does not resolve") from None
     addresses: list[str] = []
     for *_, sockaddr in found:
-        address = budgets.literal_address(str(sockaddr[0]).split("%")[0])
-        problem = budgets.address_problem(address, allowed) if address else f"{sockaddr[0]} is not an address"
+        address = where.literal_address(str(sockaddr[0]).split("%")[0])
+        problem = where.address_problem(address, allowed) if address else f"{sockaddr[0]} is not an address"
         if problem:
             raise Refused(problem)
         if str(address) not in addresses:

@@ -9,10 +9,19 @@ Every way an attempt ends goes through here, and so does what follows:
     flush:     PREEMPTING --checkpoint_committed / no_flush / the run ended--> RECOVERING,
                the attempt PREEMPTED (or MOVED, which is not a reclaim)
     drain timeout: a move whose flush never came --> RECOVERING all the same
-    vanished:  a node gone (or its agent silent) without a notice --> RECOVERING, the attempt VANISHED
-    exit:      exit 0 --> SUCCEEDED; a non-zero exit --> RECOVERING while restarts remain, else FAILED
+    vanished:  a node gone (or its agent silent) without a notice --> RECOVERING, the attempt VANISHED;
+               the second in a row and after wait longer each time (back-off)
+    exit:      exit 0 --> SUCCEEDED; a non-zero exit --> RECOVERING while restarts remain
+               (`max_restarts`), else FAILED
     launch:    a capacity refusal --> the attempt NO_CAPACITY, the next place or a wait;
                a launch error --> FAILED
+    start:     a node that failed to start the job's command (E2BIG, provisioning) --> the attempt
+               LAUNCH_ERROR, RECOVERING after a back-off while `launch_retries` remain, else FAILED
+
+Every way back to RECOVERING is bounded: restarts by the job's `max_restarts`,
+failed starts by `Bounds.launch_retries`, and reclaims (preemptions and
+vanished nodes, which are the cloud's doing and not counted as restarts) by
+`Bounds.max_recoveries`, checked when the job is placed again.
 
 The attempt's `end_reason` (an `EndReason`) is what code reads: placement
 replays each zone's record from it, and a move is told from a reclaim by
@@ -28,6 +37,7 @@ ones that return a bool say whether the reconciler should look now.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -49,6 +59,24 @@ from spotbroker.broker.store.models import Attempt, Event, Job
 
 A, J, E = AttemptState, JobState, EndReason
 MOVING = "moving: "  # the words of a PREEMPTING the broker started (a move), for people
+MAX_BACKOFF_S = 600.0
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """How far a job is recovered before it fails (the broker's settings)."""
+
+    launch_retries: int = 2        # starts a node failed, tried again (SPOTBROKER_LAUNCH_RETRIES)
+    retry_seconds: float = 10.0    # the first wait after one; doubling (SPOTBROKER_LAUNCH_RETRY_SECONDS)
+    max_recoveries: int = 100      # preemptions and vanished nodes per job (SPOTBROKER_MAX_RECOVERIES)
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> Bounds:
+        return cls(settings.launch_retries, settings.launch_retry_seconds, settings.max_recoveries)
+
+    def backoff(self, n: int) -> float:
+        """The wait before the next try after the `n`-th failure in a row."""
+        return min(self.retry_seconds * 2 ** min(max(n - 1, 0), 30), MAX_BACKOFF_S)
 
 
 def live_attempt(job: Job) -> Attempt | None:
@@ -131,15 +159,16 @@ def drain_timed_out(session: Session, job: Job, clock: Clock) -> None:
 
 # --- what the launcher saw the run do --------------------------------------------------
 
-def on_status(session: Session, job: Job, attempt_id: int, status: RunStatus, clock: Clock) -> bool:
+def on_status(session: Session, job: Job, attempt_id: int, status: RunStatus, clock: Clock,
+              bounds: Bounds = Bounds()) -> bool:
     """React to what the launcher says of the attempt's run: up, ended, or
     gone. Returns whether the reconciler should look at the job now."""
     attempt = session.get(Attempt, attempt_id)
     if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES:
         return False
-    if status.error is not None:  # the node could not start the job: no restart helps
+    if status.error is not None:  # the node could not start the job
         attempt.released = False
-        launch_failed(session, job, attempt, status.error, clock)
+        start_failed(session, job, attempt, status.error, clock, bounds)
         return False
     if status.state == RunState.RUNNING:
         if attempt.state == A.LAUNCHING:
@@ -162,7 +191,7 @@ def on_status(session: Session, job: Job, attempt_id: int, status: RunStatus, cl
         attempt.released = True
         return _exited(session, job, attempt, status.exit_code, clock)
     if status.state == RunState.GONE:
-        vanished(session, job, attempt, clock)
+        vanished(session, job, attempt, clock, bounds)
         return True
     return False
 
@@ -180,19 +209,68 @@ def _exited(session: Session, job: Job, attempt: Attempt, exit_code: int | None,
     return False
 
 
-def vanished(session: Session, job: Job, attempt: Attempt, clock: Clock) -> None:
+def vanished(session: Session, job: Job, attempt: Attempt, clock: Clock, bounds: Bounds = Bounds()) -> None:
     """The node went away without a notice (its launcher lost it, or its agent
-    went silent for a heartbeat timeout): a reclaim all the same."""
+    went silent for a heartbeat timeout): a reclaim all the same. The first
+    is recovered at once; each further one in a row waits longer, as nodes
+    that vanish again and again are more likely broken than reclaimed."""
     transition(session, attempt, A.PREEMPTED, reason="vanished", end=E.VANISHED, clock=clock)
     job.recoveries += 1
-    recover(session, job, "node vanished without a notice", clock)
+    in_a_row = _ended_in_a_row(job, E.VANISHED)
+    wait = bounds.backoff(in_a_row - 1) if in_a_row > 1 else 0.0
+    recover(session, job, "node vanished without a notice" + (
+        f" ({in_a_row} in a row; placed again in {wait:g} s)" if wait else ""), clock, wait)
 
 
-def recover(session: Session, job: Job, why: str, clock: Clock) -> None:
-    """Place the job again now, from its newest committed checkpoint."""
+def start_failed(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock,
+                 bounds: Bounds = Bounds()) -> None:
+    """A node failed to start the job's command (the kernel refused it, or
+    the node died while provisioning): a failed launch, tried again after a
+    back-off while `launch_retries` remain, then the job fails with the cause."""
+    if attempt.state in LIVE_ATTEMPT_STATES:
+        transition(session, attempt, A.FAILED, reason="launch_error", end=E.LAUNCH_ERROR, data={"error": why},
+                   clock=clock)
+    if job.state not in LIVE_JOB_STATES:
+        return
+    failed = sum(1 for a in job.attempts if a.end_reason == E.LAUNCH_ERROR)
+    if failed > bounds.launch_retries:
+        tries = f" ({failed} tries)" if failed > 1 else ""
+        transition(session, job, J.FAILED, reason=f"launch failed{tries}: {why}", data={"attempt_id": attempt.id},
+                   clock=clock)
+        return
+    wait = bounds.backoff(failed)
+    recover(session, job, f"launch failed: {why}; retry {failed} of {bounds.launch_retries} in {wait:g} s",
+            clock, wait)
+
+
+def recoveries_exhausted(session: Session, job: Job, bounds: Bounds, clock: Clock) -> bool:
+    """Before a RECOVERING job is placed again: fail it, saying so, once its
+    reclaims (preemptions and vanished nodes) are past `max_recoveries`."""
+    if job.state != J.RECOVERING or job.recoveries <= bounds.max_recoveries:
+        return False
+    transition(session, job, J.FAILED, reason=f"reclaimed {job.recoveries} times, more than this broker recovers "
+               f"(SPOTBROKER_MAX_RECOVERIES={bounds.max_recoveries}); the last: {job.reason}", clock=clock)
+    return True
+
+
+def _ended_in_a_row(job: Job, end: EndReason) -> int:
+    """How many of the job's newest ended attempts ended `end`, one after another."""
+    n = 0
+    for a in sorted(job.attempts, key=lambda a: a.id, reverse=True):
+        if a.state in LIVE_ATTEMPT_STATES:
+            continue
+        if a.end_reason != end:
+            break
+        n += 1
+    return n
+
+
+def recover(session: Session, job: Job, why: str, clock: Clock, wait_s: float = 0.0) -> None:
+    """Place the job again (now, or after `wait_s`), from its newest committed checkpoint."""
     transition(session, job, J.RECOVERING, reason=why, clock=clock)
-    job.next_check_at = clock.now()
-    session.add(Event(job_id=job.id, type="recovery_scheduled", at=clock.now(), data={"why": why}))
+    job.next_check_at = clock.now() + timedelta(seconds=wait_s)
+    data: dict[str, Any] = {"why": why, **({"wait_seconds": wait_s} if wait_s else {})}
+    session.add(Event(job_id=job.id, type="recovery_scheduled", at=clock.now(), data=data))
 
 
 # --- a launch that did not happen ------------------------------------------------------

@@ -4,10 +4,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+import os
 from typing import Any, TypeVar
 
 from sqlalchemy import DateTime, MetaData, TypeDecorator, create_engine, event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -52,6 +53,7 @@ class Base(DeclarativeBase):
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
+        private_sqlite_files(url)
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)
@@ -62,6 +64,31 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
     # connections instead, and let a dead one fail once and be replaced.
     kwargs.setdefault("pool_recycle", 1800)
     return create_engine(url, **kwargs)
+
+
+SQLITE_COMPANIONS = ("", "-wal", "-shm", "-journal")
+
+
+def private_sqlite_files(url: str) -> None:
+    """The database file, made (or made again) readable by the broker's user
+    only, wherever the URL puts it: it holds every team's specs, token
+    digests and events. SQLite gives its WAL and shared-memory files the
+    database file's mode, so they follow; ones left by an earlier broker
+    are closed too. A file another user owns is that user's to protect."""
+    path = make_url(url).database
+    if not path or path == ":memory:" or path.startswith("file:"):
+        return
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+    except OSError:
+        return  # no such directory, or not ours: SQLite says so when it opens it
+    for suffix in SQLITE_COMPANIONS:
+        try:
+            info = os.stat(path + suffix)
+            if info.st_uid == os.geteuid() and info.st_mode & 0o077:
+                os.chmod(path + suffix, info.st_mode & 0o700)
+        except FileNotFoundError:
+            pass
 
 
 def _sqlite_begin(conn: Any) -> None:

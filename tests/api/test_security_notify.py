@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from spotbroker.broker.money import budgets, notify
+from spotbroker.broker.money import addresses, budgets, notify
 
 ADMIN = {"Authorization": "Bearer admin-token-for-tests"}
 
@@ -48,7 +48,7 @@ def test_a_public_webhook_is_taken_and_a_listed_network_is_allowed(api, team_hea
 def test_a_name_is_checked_again_where_it_resolves_before_sending():
     """A public-looking name stored earlier may resolve to the broker's own host now."""
     target = budgets.Target(name="ops", kind="webhook", url="http://rebound.example/hook")
-    assert budgets.host_problem(target.host, []) is None  # nothing to say before DNS
+    assert addresses.host_problem(target.host, []) is None  # nothing to say before DNS
     import socket
     real = socket.getaddrinfo
 
@@ -74,3 +74,50 @@ def test_the_allowed_networks_setting_is_checked():
 
     with pytest.raises(ValidationError, match="notify_allowed_networks"):
         Settings(notify_allowed_networks=["ten-dot-something"], _env_file=None)
+
+
+# IPv6 spellings that carry an IPv4 address (and reach it), and site-local:
+# Python calls every one of them global.
+CARRYING_IPV4 = ["::127.0.0.1", "::169.254.169.254", "64:ff9b::7f00:1", "2002:7f00:1::", "::ffff:0:7f00:1",
+                 "fec0::1", "2002:a9fe:a9fe::1", "64:ff9b::a00:1", "::ffff:0:a9fe:a9fe", "64:ff9b:1::a00:1"]
+
+
+def test_an_ipv6_address_carrying_an_internal_ipv4_one_is_refused_at_put(api, team_headers, settings):
+    settings.notify_allowed_networks = []
+    team_headers("a")
+    for address in CARRYING_IPV4:
+        for body, field in (
+                ({"name": "ops", "kind": "webhook", "url": f"http://[{address}]:8000/x"}, "targets.0.url"),
+                ({"name": "m", "kind": "email", "smtp_url": f"smtp://[{address}]:25", "to": ["ops@example.com"]},
+                 "targets.0.smtp_url")):
+            r = api.put("/v1/teams/a/budget", json={"amount": 5, "targets": [body]}, headers=ADMIN)
+            assert r.status_code == 422, (address, r.text)
+            assert r.json()["errors"][0]["field"] == field
+    assert api.get("/v1/teams/a/budget", headers=ADMIN).status_code == 404
+    # What they carry decides: a public IPv4 address inside is a public target.
+    for address in ("64:ff9b::808:808", "2002:808:808::1", "::ffff:0:808:808"):
+        body = {"amount": 5, "targets": [{"name": "ops", "kind": "webhook", "url": f"http://[{address}]/x"}]}
+        assert api.put("/v1/teams/a/budget", json=body, headers=ADMIN).status_code == 200, address
+
+
+def test_a_name_resolving_to_an_ipv6_address_carrying_an_internal_one_is_refused_at_send(monkeypatch):
+    import socket
+
+    real = socket.getaddrinfo
+    answer: list[str] = []
+
+    def resolver(host, *args, **kwargs):
+        if host == "hook.example":
+            return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", (answer[0], 0, 0, 0))]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    for address in CARRYING_IPV4:
+        answer[:] = [address]
+        with pytest.raises(notify.Refused, match="private|site-local"):
+            notify.checked_addresses("hook.example", 443, [])
+        # and a target stored before this check, naming the address itself
+        with pytest.raises(notify.Refused):
+            notify.checked_addresses(f"[{address}]", 443, [])
+    answer[:] = ["64:ff9b::808:808"]
+    assert notify.checked_addresses("hook.example", 443, []) == ["64:ff9b::808:808"]

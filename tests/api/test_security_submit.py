@@ -33,3 +33,30 @@ def test_task_files_are_parsed_a_few_at_a_time(api, team_headers, monkeypatch):
                                 range(8)))
     assert [r.status_code for r in answers] == [201] * 8
     assert 1 <= peak <= YAML_PARSES
+
+
+def test_an_environment_or_command_no_node_could_start_is_refused_naming_the_field_and_the_bound(
+        api, team_headers):
+    """A 900 KB env value or a 200 KB setup passed, and the node died with
+    E2BIG before it recorded anything: the bounds are checked at submission."""
+    from spotbroker.broker.jobs.execlimits import MAX_COMMAND_BYTES, MAX_ENV_BYTES
+
+    h = team_headers("ml")
+    cases = [({"run": "true", "envs": {"BIG": "x" * 900_000}}, "envs", MAX_ENV_BYTES),
+             ({"run": "true", "envs": {f"V{i}": "x" * 10_000 for i in range(7)}}, "envs", MAX_ENV_BYTES),
+             ({"run": "true", "secrets": {"TOKEN": "s" * 70_000}}, "secrets", MAX_ENV_BYTES),
+             ({"run": "true", "setup": "x" * 200_000}, "setup", MAX_COMMAND_BYTES),
+             ({"run": "echo " + "x" * MAX_COMMAND_BYTES}, "run", MAX_COMMAND_BYTES)]
+    for body, field, bound in cases:
+        r = api.post("/v1/jobs", json=body, headers=h)
+        assert r.status_code == 422, (field, r.text[:300])
+        [error] = r.json()["errors"]
+        assert error["field"] == field and f"at most {bound}" in error["message"], error
+        assert "s" * 100 not in r.text  # a secret's value is never answered back
+    task = ("resources:\n  accelerators: T4:1\n  use_spot: true\nsetup: |\n  " + "x" * 200_000 + "\nrun: python t.py\n")
+    r = api.post("/v1/jobs", content=task, headers={**h, "Content-Type": "application/yaml"})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "setup", r.text[:300]
+    assert api.get("/v1/jobs", headers=h).json()["jobs"] == []  # nothing was stored
+    # At the bounds, a job is taken.
+    fits = {"run": "true", "setup": "#" * MAX_COMMAND_BYTES, "envs": {"A": "x" * (MAX_ENV_BYTES - 4)}}
+    assert api.post("/v1/jobs", json=fits, headers=h).status_code == 201

@@ -101,3 +101,75 @@ def test_a_teams_uploads_are_the_brokers_alone_from_the_first_one(api, team_head
     assert put(api, team_headers("ml"), tgz(**{"a.txt": b"a"})).status_code == 201
     assert modes == [(0o711, 0o700)]
     assert (mode(team_dir), mode(team_dir / "uploads")) == (0o711, 0o700)
+
+
+def _bomb() -> bytes:
+    """A small archive of one large file of zeros (about 250 KB for 250 MiB)."""
+    import gzip
+    import io
+    import tarfile
+
+    raw = io.BytesIO()
+    with gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=9) as gz, tarfile.open(fileobj=gz, mode="w|") as tar:
+        info = tarfile.TarInfo("zeros")
+        info.size = 250 * 1024 * 1024
+
+        class Zeros(io.RawIOBase):
+            left = info.size
+
+            def readinto(self, b):
+                n = min(len(b), self.left)
+                b[:n] = bytes(n)
+                self.left -= n
+                return n
+
+        tar.addfile(info, Zeros())
+    return raw.getvalue()
+
+
+def test_a_team_over_its_quota_is_refused_before_its_upload_is_read(api, team_headers, settings, monkeypatch):
+    """A team already over its quota made the broker unpack each upload to
+    its /tmp first (a 255 KB archive cost 250 MiB of disk and 2.2 s): the
+    quota is checked on the declared size before a byte is read, and on the
+    archive's own size before it is looked into."""
+    import socket
+
+    from spotbroker.broker.jobs import uploads
+
+    h = team_headers("ml")
+    first = tgz(**{"a.txt": b"a" * 100})
+    settings.upload_quota_bytes = len(first) + 1000
+    assert put(api, h, first).status_code == 201
+    bomb = _bomb()
+    sha = hashlib.sha256(bomb).hexdigest()
+
+    def looked_into(*args, **kwargs):
+        raise AssertionError("an upload over the quota was looked into")
+
+    monkeypatch.setattr(uploads, "check_archive", looked_into)
+    # Declared, and not sent: the answer comes all the same.
+    with socket.create_connection(("127.0.0.1", settings.port), timeout=10) as conn:
+        conn.sendall((f"PUT /v1/uploads/{sha} HTTP/1.1\r\nHost: x\r\n{next(iter(h))}: {h['Authorization']}\r\n"
+                      f"Content-Type: application/gzip\r\nContent-Length: {len(bomb)}\r\n\r\n").encode())
+        head = conn.recv(65536).decode(errors="replace")
+    assert head.startswith("HTTP/1.1 413") and "quota" in head, head[:500]
+    # Not declared (chunked): read, hashed, and refused before it is looked into.
+    r = api.put(f"/v1/uploads/{sha}", content=iter([bomb[:100_000], bomb[100_000:]]),
+                headers={**h, "Content-Type": "application/gzip"})
+    assert r.status_code == 413 and "quota" in r.json()["detail"], r.text
+    stored = Path(settings.data_dir) / "checkpoints" / "ml" / "uploads"
+    assert len(list(stored.iterdir())) == 1
+
+
+def test_an_upload_is_checked_without_being_unpacked(api, team_headers, monkeypatch):
+    """99,990 empty files took 20 s per upload to unpack and delete; the
+    check now reads the archive as a stream and follows its links by name."""
+    import tarfile
+
+    def unpacked(*args, **kwargs):
+        raise AssertionError("the upload was unpacked to be checked")
+
+    monkeypatch.setattr(tarfile.TarFile, "extractall", unpacked)
+    h = team_headers("ml")
+    many = tgz(**{f"d/f{i}": b"" for i in range(2000)})
+    assert put(api, h, many).status_code == 201

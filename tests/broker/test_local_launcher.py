@@ -2,6 +2,8 @@
 between starting it and recording it."""
 from __future__ import annotations
 
+import os
+import signal
 import time
 from dataclasses import replace
 
@@ -184,3 +186,38 @@ def test_a_node_stopped_while_it_starts_leaves_no_simulator_behind(tmp_path):
         time.sleep(0.05)
     assert (status.state, status.exit_code) == (RunState.FAILED, 143)
     assert _simulators_of(handle["nodes"][0]["pid"]) == []
+
+
+def test_a_node_lost_before_it_started_the_job_is_a_failed_start_not_a_vanished_node(tmp_path):
+    """The broker recovers a vanished node as a reclaim, without bound; a
+    node that ends before the job's command started is a failed launch,
+    which the broker tries again a bounded number of times."""
+    launcher = LocalLauncher(tmp_path, 10)
+    aws = replace(LOCAL_PLACEMENT, cloud="aws", region="us-east-1", zone="us-east-1a")
+    marker = tmp_path / "ran"
+    req = replace(request(tmp_path, f"touch {marker}; sleep 60"), placement=aws,
+                  extra_env={protocol.ENV_AGENT_TOKEN: "agent-token", protocol.ENV_BROKER_URL: "http://127.0.0.1:9"})
+    handle = launcher.launch(req)
+    run_dir, node = tmp_path / "runs" / "7", handle["nodes"][0]
+    deadline = time.monotonic() + 15
+    while not (run_dir / "node-0.self").exists():  # up, and starting its simulator
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    os.killpg(node["pid"], signal.SIGKILL)  # lost while it provisions: no record of any kind
+    assert _wait_gone(node["pid"])
+    status = launcher.status(handle)
+    assert (status.state, status.error) == (RunState.FAILED, "node 0 ended before the job's command started")
+    assert not marker.exists()
+
+
+def test_a_node_lost_once_its_job_runs_vanished(tmp_path):
+    launcher = LocalLauncher(tmp_path, 10)
+    handle = launcher.launch(request(tmp_path, "sleep 60"))
+    node = handle["nodes"][0]
+    deadline = time.monotonic() + 15
+    while not (tmp_path / "runs" / "7" / "started-0").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    os.killpg(node["pid"], signal.SIGKILL)
+    assert _wait_gone(node["pid"])
+    assert launcher.status(handle).state == RunState.GONE

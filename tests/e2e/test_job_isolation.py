@@ -316,6 +316,7 @@ def test_a_link_a_job_leaves_in_its_prefix_does_not_lead_the_next_attempts_provi
     """The job owns its job prefix, so an attempt can leave a link where the
     next attempt's prefix will be made: the node (root) must not change the
     mode or owner of what it points to."""
+    settings.launch_retries = 0  # a failed start is retried; the link is for the attempt after this one only
     target = tmp_path / "the-brokers"
     target.mkdir()
     target.chmod(0o755)
