@@ -265,7 +265,7 @@ class Reconciler:
             transition(session, job, J.HELD, reason=hold, clock=self.clock)
             job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
             return None, ()
-        if spec.wants_gpu:
+        if not self._on_host(spec):
             choice = self.placer.choose(session, job, spec, now)
             if choice is None:
                 transition(session, job, J.FAILED, reason="no_feasible_offer",
@@ -280,25 +280,37 @@ class Reconciler:
                 return None, ()
             placements, why = self.launching.bounded(choice.placements), choice.reason
         else:
-            placements, why = (LOCAL_PLACEMENT,), "a CPU job runs on the broker's host"
+            placements, why = (LOCAL_PLACEMENT,), self._host_reason(spec)
         launcher = self.launching.launcher_for(placements[0])
         if launcher == "local" and self.launching.local_nodes_free(session) < spec.num_nodes:
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
             return None, ()
         return self.launching.new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
 
+    def _on_host(self, spec: JobSpec) -> bool:
+        """Whether the job runs as the broker host's own job rather than on a
+        placed offer: it says `infra: local`, or it names no accelerator and no
+        instance type and the operator runs such jobs here (SPOTBROKER_CPU_JOBS_ON_HOST)."""
+        return spec.asks_for_host or (self.settings.cpu_jobs_on_host and not spec.wants_gpu)
+
+    def _host_reason(self, spec: JobSpec) -> str:
+        if spec.asks_for_host:
+            return "it asks for the broker's host (infra: local)"
+        return "a job without accelerators runs on the broker's host (SPOTBROKER_CPU_JOBS_ON_HOST)"
+
     def _hold_reason(self, job: Job, spec: JobSpec) -> str | None:
         """Why the job cannot be launched by this broker now, if it cannot."""
         if spec.secrets and (unreadable := sealed.problem(job, self.keyring)):
             return f"{unreadable}; a broker given the key that sealed them releases it"
-        if spec.wants_gpu and not {"local", "skypilot"} & set(self.launchers):
+        on_host = self._on_host(spec)
+        if not on_host and not {"local", "skypilot"} & set(self.launchers):
             return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
                     "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "
                     "jobs on the broker's host)")
-        if not spec.wants_gpu and "local" not in self.launchers:
-            return ("no launcher can run it: a job without accelerators runs on the broker's host, and the local "
+        if on_host and "local" not in self.launchers:
+            return (f"no launcher can run it: {self._host_reason(spec)}, and the local "
                     "launcher is off (SPOTBROKER_LOCAL_LAUNCHER=true turns it on)")
-        local_only = "local" in self.launchers and ("skypilot" not in self.launchers or not spec.wants_gpu)
+        local_only = "local" in self.launchers and ("skypilot" not in self.launchers or on_host)
         if local_only and spec.num_nodes > self.settings.local_max_running:
             return (f"it needs {spec.num_nodes} nodes, and the local launcher runs at most "
                     f"{self.settings.local_max_running} at once (SPOTBROKER_LOCAL_MAX_RUNNING)")
