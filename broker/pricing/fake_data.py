@@ -16,6 +16,11 @@ def _raw(name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def _aws_raw() -> list[dict[str, str]]:
+    """The snapshot's AWS rows, GPU and CPU machines (same columns)."""
+    return _raw("aws_vms_gpu.csv") + _raw("aws_vms_cpu.csv")
+
+
 def _region_copies(region: str, scale: int) -> list[str]:
     return [region] + [f"{region}x{i}" for i in range(1, scale)]
 
@@ -171,7 +176,7 @@ def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
 def aws_products(scale: int = 1) -> list[dict[str, Any]]:
     """Pricing API products (`get_products`) with the snapshot's on-demand prices."""
     seen, out = set(), []
-    for r in _raw("aws_vms_gpu.csv"):
+    for r in _aws_raw():
         for region in _region_copies(r["Region"], scale):
             if not r["Price"] or (r["InstanceType"], region) in seen:
                 continue
@@ -195,14 +200,14 @@ def aws_products(scale: int = 1) -> list[dict[str, Any]]:
 def aws_spot_prices() -> dict[tuple[str, str], float]:
     """(zone id, instance type) -> the snapshot's spot price."""
     return {(r["AvailabilityZone"], r["InstanceType"]): float(r["SpotPrice"])
-            for r in _raw("aws_vms_gpu.csv") if r["SpotPrice"] and float(r["SpotPrice"]) > 0}
+            for r in _aws_raw() if r["SpotPrice"] and float(r["SpotPrice"]) > 0}
 
 
 def aws_advisor() -> dict[str, Any]:
     """The Spot Instance Advisor feed's shape: a band and a saving over
     on-demand (55-89 %) per (region, type)."""
     feed: dict[str, Any] = {}
-    for r in _raw("aws_vms_gpu.csv"):
+    for r in _aws_raw():
         band = sum(map(ord, r["InstanceType"] + r["Region"])) % 5
         saving = 55 + sum(map(ord, r["Region"] + r["InstanceType"])) % 35
         feed.setdefault(r["Region"], {"Linux": {}, "Windows": {}})["Linux"][r["InstanceType"]] = {"s": saving,
