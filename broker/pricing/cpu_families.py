@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 
 AWS_FAMILIES = ("m5", "m6i", "m7i", "c5", "c6i", "c7i")
-# GCP prices a machine from its family's per-vCPU and per-GiB SKUs (gcp.py).
+# GCP prices a machine from its series' per-vCPU and per-GiB SKUs (gcp.py),
+# named in the SKUs' descriptions ("N2 Instance Core running in Americas").
 GCP_FAMILIES = ("n2-standard", "n2-highcpu", "n4-standard", "n4-highcpu")
+GCP_SKU_SERIES = {"n2": "N2", "n4": "N4"}
 # Azure: Dsv5 (4 GiB per vCPU), Dlsv5 (2 GiB) and Fsv2 (compute).
 _AZURE_TYPE = re.compile(r"Standard_(D\d+l?s_v5|F\d+s_v2)")
 

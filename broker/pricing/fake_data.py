@@ -9,6 +9,7 @@ import csv
 from typing import Any
 
 from spotbroker.broker.pricing import catalog
+from spotbroker.broker.pricing.cpu_families import GCP_SKU_SERIES, gcp_cpu_type, gcp_family
 
 
 def _raw(name: str) -> list[dict[str, str]]:
@@ -129,12 +130,13 @@ def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
     """Billing Catalog SKUs whose sums give the snapshot's machine prices:
     per region, a core and a RAM SKU per series (the host price split half
     and half) and a per-GPU SKU, on-demand and Spot, among others (a disk)."""
-    rows = _raw("gcp_vms_gpu.csv")
+    rows = _raw("gcp_vms_gpu.csv") + _raw("gcp_vms_cpu.csv")
     hosts: dict[tuple[str, str], dict[str, str]] = {}
     gpus: dict[tuple[str, str], tuple[float, str, str]] = {}
     for r in rows:
         if r["InstanceType"]:
-            series = next((s for s in GCP_SERIES if r["InstanceType"].startswith(s)), None)
+            series = next((s for s in GCP_SERIES if r["InstanceType"].startswith(s)), None) \
+                or (gcp_family(r["InstanceType"]) if gcp_cpu_type(r["InstanceType"]) else None)
             key = (series, r["Region"])
             if series and float(r["vCPUs"]) > float(hosts.get(key, {"vCPUs": "0"})["vCPUs"]):
                 hosts[key] = r
@@ -155,7 +157,7 @@ def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
                     continue
                 host = float(r[column])
                 core, ram = host / 2 / float(r["vCPUs"]), host / 2 / float(r["MemoryGiB"])
-                name = GCP_SERIES[series]
+                name = {**GCP_SERIES, **GCP_SKU_SERIES}[series]
                 skus.append(_gcp_sku(n, f"{name} Instance Core", "CPU", usage, region + suffix, core))
                 skus.append(_gcp_sku(n + 1, f"{name} Instance Ram", "RAM", usage, region + suffix, ram, "GiBy.h"))
                 n += 2
@@ -231,9 +233,10 @@ def _zone_copies(zone: str, region: str, scale: int) -> list[str]:
 
 
 def gcp_machine_types(scale: int = 1, project: str = "fake-project") -> list[tuple[str, dict[str, Any]]]:
-    """(zone, `machineTypes` entry) for every GPU machine type of the
-    snapshot in each zone it lists, with a CPU machine type in each zone beside
-    them, as `machineTypes.aggregatedList` answers them."""
+    """(zone, `machineTypes` entry) for every GPU and CPU machine type of the
+    snapshot in each zone it lists, with a CPU machine type of a family no
+    source lists (e2) in each zone beside them, as `machineTypes.aggregatedList`
+    answers them."""
     out, zones = [], set()
     for n, r in enumerate(_raw("gcp_vms_gpu.csv")):
         shape = catalog.gcp_host_gpu(r["InstanceType"]) if r["InstanceType"] else None
@@ -243,7 +246,12 @@ def gcp_machine_types(scale: int = 1, project: str = "fake-project") -> list[tup
             zones.add(zone)
             out.append((zone, _machine_type(n, r["InstanceType"], float(r["vCPUs"]), float(r["MemoryGiB"]), zone,
                                             project, (GCP_ACCELERATOR_TYPE[shape[0]], shape[1]))))
-    out += [(zone, _machine_type(0, "n2-standard-8", 8, 32, zone, project, None)) for zone in sorted(zones)]
+    for n, r in enumerate(_raw("gcp_vms_cpu.csv")):
+        for zone in _zone_copies(r["AvailabilityZone"], r["Region"], scale):
+            zones.add(zone)
+            out.append((zone, _machine_type(n, r["InstanceType"], float(r["vCPUs"]), float(r["MemoryGiB"]), zone,
+                                            project, None)))
+    out += [(zone, _machine_type(0, "e2-standard-8", 8, 32, zone, project, None)) for zone in sorted(zones)]
     return out
 
 
