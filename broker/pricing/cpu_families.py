@@ -13,8 +13,8 @@ AWS_FAMILIES = ("m5", "m6i", "m7i", "c5", "c6i", "c7i")
 # named in the SKUs' descriptions ("N2 Instance Core running in Americas").
 GCP_FAMILIES = ("n2-standard", "n2-highcpu", "n4-standard", "n4-highcpu")
 GCP_SKU_SERIES = {"n2": "N2", "n4": "N4"}
-# Azure: Dsv5 (4 GiB per vCPU), Dlsv5 (2 GiB) and Fsv2 (compute).
-_AZURE_TYPE = re.compile(r"Standard_(D\d+l?s_v5|F\d+s_v2)")
+# Azure: Dsv5 (4 GiB per vCPU), Dlsv5 (2 GiB) and Fsv2 (compute, 2 GiB).
+_AZURE_TYPE = re.compile(r"Standard_(?:D(?P<d>\d+)(?P<low>l?)s_v5|F(?P<f>\d+)s_v2)")
 
 
 def aws_cpu_type(instance_type: str) -> bool:
@@ -36,3 +36,14 @@ def gcp_family(machine_type: str) -> str:
 
 def azure_cpu_type(sku_name: str) -> bool:
     return _AZURE_TYPE.fullmatch(sku_name) is not None
+
+
+def azure_cpu_shape(sku_name: str) -> tuple[float, float] | None:
+    """(vCPUs, GiB) of a size of these families, from its name (Azure's
+    naming: the number is the vCPUs; the memory per vCPU is the family's),
+    for when no subscription's resource SKUs say it."""
+    match = _AZURE_TYPE.fullmatch(sku_name)
+    if match is None:
+        return None
+    vcpus = float(match["d"] or match["f"])
+    return vcpus, vcpus * (4.0 if match["d"] and not match["low"] else 2.0)

@@ -39,10 +39,11 @@ def _azure_item(sku: str, region: str, price: float, meter: str, product: str) -
 
 
 def azure_items(scale: int = 1) -> list[dict[str, Any]]:
-    """Retail Prices items for every GPU size of the snapshot: pay-as-you-go,
-    Spot, Windows and Low Priority meters, and a CPU size beside them."""
+    """Retail Prices items for every GPU and CPU size of the snapshot:
+    pay-as-you-go, Spot, Windows and Low Priority meters, and a CPU size of
+    a family no source lists (DSv3) beside them."""
     items = []
-    for r in _raw("azure_vms_gpu.csv"):
+    for r in _raw("azure_vms_gpu.csv") + _raw("azure_vms_cpu.csv"):
         size = r["InstanceType"].removeprefix("Standard_").replace("_", " ")
         product = f"Virtual Machines {size.split()[0]} Series"
         for region in _region_copies(r["Region"], scale):
@@ -60,17 +61,19 @@ def azure_items(scale: int = 1) -> list[dict[str, Any]]:
 
 def azure_skus(scale: int = 1) -> list[dict[str, Any]]:
     """`resource_skus.list()` values for the snapshot's GPU sizes, with the
-    real GPU counts (the snapshot says 12 for ND96isr_H100_v5; it has 8)."""
+    real GPU counts (the snapshot says 12 for ND96isr_H100_v5; it has 8), and
+    its CPU sizes (which list no GPUs capability)."""
     by_size: dict[str, dict[str, Any]] = {}
-    for r in _raw("azure_vms_gpu.csv"):
+    for r in _raw("azure_vms_gpu.csv") + _raw("azure_vms_cpu.csv"):
         count = 8 if r["InstanceType"] == "Standard_ND96isr_H100_v5" else r["AcceleratorCount"] or "0"
+        gpus = [{"name": "GPUs", "value": str(int(float(count)))}] if float(count) else []
         sku = by_size.setdefault(r["InstanceType"], {
             "resourceType": "virtualMachines", "name": r["InstanceType"], "tier": "Standard",
-            "size": r["InstanceType"].removeprefix("Standard_"), "family": "standardNFamily",
+            "size": r["InstanceType"].removeprefix("Standard_"),
+            "family": "standardNFamily" if gpus else "standardDSv5Family",
             "locations": [], "locationInfo": [], "restrictions": [],
             "capabilities": [{"name": "vCPUs", "value": str(int(float(r["vCPUs"])))},
-                             {"name": "MemoryGB", "value": r["MemoryGiB"]},
-                             {"name": "GPUs", "value": str(int(float(count)))}]})
+                             {"name": "MemoryGB", "value": r["MemoryGiB"]}, *gpus]})
         for region in _region_copies(r["Region"], scale):
             sku["locations"].append(region)
             sku["locationInfo"].append({"location": region, "zones": ["1", "2", "3"], "zoneDetails": []})
@@ -79,10 +82,10 @@ def azure_skus(scale: int = 1) -> list[dict[str, Any]]:
 
 def azure_evictions(scale: int = 1) -> list[dict[str, Any]]:
     """Resource Graph `SpotResources` eviction-rate rows for the snapshot's
-    spot GPU sizes, a band each (lower-cased names, as the table has them)."""
+    spot sizes, GPU and CPU, a band each (lower-cased names, as the table has them)."""
     bands = ("0-5", "5-10", "10-15", "15-20", "20+")
     rows = []
-    for r in _raw("azure_vms_gpu.csv"):
+    for r in _raw("azure_vms_gpu.csv") + _raw("azure_vms_cpu.csv"):
         if not r["SpotPrice"]:
             continue
         for region in _region_copies(r["Region"], scale):
