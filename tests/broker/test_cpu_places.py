@@ -170,3 +170,17 @@ def test_the_operator_may_keep_cpu_jobs_on_the_host(env):
     assert "SPOTBROKER_CPU_JOBS_ON_HOST" in launched["why"]
     _, gpu, _ = run(factory, settings, team, run="true", resources={"accelerators": "T4:1"})
     assert gpu.cloud != "local"  # the setting is for jobs without accelerators only
+
+
+def test_the_launcher_takes_a_cpu_resource_set_only_for_a_cpu_offer():
+    from dataclasses import replace
+
+    from spotbroker.broker.launch.skypilot.task import chosen_alternative
+    from spotbroker.broker.pricing.offers import Placement
+
+    both = spec(infra="aws", any_of=[{"cpus": "8+", "disk_size": 512}, {"accelerators": "T4:1"}])
+    gpu = Placement(cloud="aws", region="us-east-1", zone="us-east-1b", zone_id=None, instance_type="g4dn.xlarge",
+                    accelerator="T4", accelerator_count=1, use_spot=True, price_per_hour=0.2)
+    cpu = replace(gpu, instance_type="m5.2xlarge", accelerator=None, accelerator_count=0)
+    assert chosen_alternative(both, gpu).accelerators == "T4:1"  # not the CPU set listed first
+    assert (chosen_alternative(both, cpu).accelerators, chosen_alternative(both, cpu).disk_size) == (None, 512)
