@@ -211,3 +211,17 @@ def test_a_cpu_task_naming_aws_launches_the_chosen_cpu_type_in_the_chosen_zone(s
         wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
     finally:
         engine.dispose()
+
+
+def test_a_place_known_by_its_zone_id_is_pinned_to_that_zone_by_name(sky_aws: SkyAws, launcher, caplog) -> None:
+    """The snapshot's AWS offers name zones by id (use1-az2); SkyPilot pins by
+    name, which the account (moto's) gives: us-east-1c."""
+    from dataclasses import replace as with_
+
+    by_id = with_(placement(zone=None), zone_id="use1-az2")
+    (resources,) = launcher.task(request(9, by_id)).resources
+    assert (resources.region, resources.zone) == ("us-east-1", "us-east-1c")
+    unknown = with_(placement(zone=None), zone_id="use1-az9")  # no such zone in this account
+    (resources,) = launcher.task(request(10, unknown)).resources
+    assert (resources.region, resources.zone) == ("us-east-1", None)
+    assert "use1-az9: not a zone of this account's us-east-1" in caplog.text
