@@ -54,6 +54,7 @@ from spotbroker.broker.launch.base import (
 from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
 from spotbroker.broker.money import storage as checkpoint_storage
+from spotbroker.broker.placement.host import host_reason, on_host
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
@@ -267,7 +268,7 @@ class Reconciler:
             transition(session, job, J.HELD, reason=hold, clock=self.clock)
             job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
             return None, ()
-        if spec.wants_gpu:
+        if not on_host(spec, self.settings.cpu_jobs_on_host):
             choice = self.placer.choose(session, job, spec, now)
             if choice is None:
                 transition(session, job, J.FAILED, reason="no_feasible_offer",
@@ -282,7 +283,7 @@ class Reconciler:
                 return None, ()
             placements, why = self.launching.bounded(choice.placements), choice.reason
         else:
-            placements, why = (LOCAL_PLACEMENT,), "a CPU job runs on the broker's host"
+            placements, why = (LOCAL_PLACEMENT,), host_reason(spec)
         launcher = self.launching.launcher_for(placements[0])
         if launcher == "local" and self.launching.local_nodes_free(session) < spec.num_nodes:
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
@@ -293,14 +294,15 @@ class Reconciler:
         """Why the job cannot be launched by this broker now, if it cannot."""
         if spec.secrets and (unreadable := sealed.problem(job, self.keyring)):
             return f"{unreadable}; a broker given the key that sealed them releases it"
-        if spec.wants_gpu and not {"local", "skypilot"} & set(self.launchers):
+        here = on_host(spec, self.settings.cpu_jobs_on_host)
+        if not here and not {"local", "skypilot"} & set(self.launchers):
             return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
                     "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "
                     "jobs on the broker's host)")
-        if not spec.wants_gpu and "local" not in self.launchers:
-            return ("no launcher can run it: a job without accelerators runs on the broker's host, and the local "
+        if here and "local" not in self.launchers:
+            return (f"no launcher can run it: {host_reason(spec)}, and the local "
                     "launcher is off (SPOTBROKER_LOCAL_LAUNCHER=true turns it on)")
-        local_only = "local" in self.launchers and ("skypilot" not in self.launchers or not spec.wants_gpu)
+        local_only = "local" in self.launchers and ("skypilot" not in self.launchers or here)
         if local_only and spec.num_nodes > self.settings.local_max_running:
             return (f"it needs {spec.num_nodes} nodes, and the local launcher runs at most "
                     f"{self.settings.local_max_running} at once (SPOTBROKER_LOCAL_MAX_RUNNING)")

@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     local_uid_range: str = "1900000000-1900999999"
     # The jobs' interpreter, first on their PATH (default: the broker's own).
     local_job_python: str | None = None
+    # Jobs that ask for no accelerator and no instance type run on this host
+    # (as `infra: local` does) instead of on a cloud CPU machine placed like
+    # any other job: for a broker whose host is itself the CPU pool.
+    cpu_jobs_on_host: bool = False
 
     # Which launcher runs jobs placed in a cloud: `local` simulates the place
     # on this host; `skypilot` launches there (broker/launch/skypilot/).

@@ -351,6 +351,12 @@ class JobSpec(_Strict):
         return self.model_copy(update={"envs": keep(self.envs), "secrets": keep(self.secrets)})
 
     @property
+    def asks_for_host(self) -> bool:
+        """Runs as the broker host's own job: every resource set says `infra: local`."""
+        return all(alt.infra is not None and Infra(alt.infra).cloud == "local"
+                   for alt in self.resources.alternatives())
+
+    @property
     def wants_gpu(self) -> bool:
         """Placed on a cloud offer: it names accelerators or an instance type."""
         return any(alt.accelerators or alt.instance_type for alt in self.resources.alternatives())

@@ -248,7 +248,7 @@ class LocalLauncher:
         url_file = Path(handle["run_dir"]) / sim_url_file(node)
         url = url_file.read_text().split("\n", 1)[0].strip() if url_file.exists() else ""
         if not url:
-            raise LaunchError("this attempt has no metadata simulator (a CPU job, or not started yet)")
+            raise LaunchError("this attempt has no metadata simulator (a job on the broker's host, or not started yet)")
         token_file = Path(handle["run_dir"]) / sim_token_file(node)
         headers = {"X-Sim-Token": token_file.read_text().strip()} if token_file.exists() else {}
         body = {} if self.notice_window is None else {"notice_seconds": self.notice_window}

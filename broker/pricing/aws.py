@@ -1,6 +1,6 @@
 """AWS through boto3 and the standard credential chain: spot prices per
-region (`describe_spot_price_history`, newest per AZ and type), GPU specs
-(`describe_instance_types`) and on-demand prices (the Pricing API's
+region (`describe_spot_price_history`, newest per AZ and type), the specs
+of GPU types and of the CPU families (`describe_instance_types`) and on-demand prices (the Pricing API's
 `get_products`) on the slower list interval, and the risk signals: spot
 placement scores per AZ and the Spot Instance Advisor's interruption band.
 """
@@ -19,6 +19,7 @@ import httpx
 from spotbroker.broker.pricing import risk
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
+from spotbroker.broker.pricing.cpu_families import aws_cpu_type
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
 from spotbroker.broker.pricing.settings import PricingSettings
 
@@ -29,7 +30,7 @@ _LINUX = ("Linux/UNIX", "Linux/UNIX (Amazon VPC)")
 
 @dataclass(frozen=True)
 class Spec:
-    accelerator: str
+    accelerator: str | None  # None: a CPU machine
     count: float
     vcpus: float
     memory_gib: float
@@ -97,18 +98,20 @@ class AwsSource:
                      ondemand: dict[tuple[str, str], float], advisor: dict[tuple[str, str], float],
                      report: QualityReport) -> list[OfferRow]:
         zone_ids = {z["ZoneName"]: z["ZoneId"] for z in ec2r.describe_availability_zones()["AvailabilityZones"]}
-        scores = self._scores(scores_client, region, list(specs), report)
+        # a placement score is asked for GPU types, and says nothing of a CPU type's market
+        scores = self._scores(scores_client, region, [t for t, s in specs.items() if s.accelerator], report)
         rows = []
         for (zone, itype), price in self._spot_prices(ec2r, list(specs)).items():
             spec, zone_id = specs[itype], zone_ids.get(zone)
             band = advisor.get((region, itype))
+            zone_id_scores = scores if spec.accelerator else {}
             rows.append(OfferRow(
                 cloud="aws", region=region, zone=zone, zone_id=zone_id, instance_type=itype,
                 accelerator=spec.accelerator, accelerator_count=spec.count, vcpus=spec.vcpus,
                 memory_gib=spec.memory_gib, spot_price=price, ondemand_price=ondemand.get((region, itype)),
-                risk=risk.combine(band, scores.get(zone_id)),
-                risk_source="aws-advisor+score" if band is not None and zone_id in scores
-                else "aws-advisor" if band is not None else "aws-score" if zone_id in scores else None))
+                risk=risk.combine(band, zone_id_scores.get(zone_id)),
+                risk_source="aws-advisor+score" if band is not None and zone_id in zone_id_scores
+                else "aws-advisor" if band is not None else "aws-score" if zone_id in zone_id_scores else None))
         return rows
 
     # --- specs and on-demand prices: on the list interval -------------------------------
@@ -120,12 +123,12 @@ class AwsSource:
         for page in ec2.get_paginator("describe_instance_types").paginate():
             for t in page["InstanceTypes"]:
                 gpus = (t.get("GpuInfo") or {}).get("Gpus") or []
-                if not gpus or gpus[0].get("Manufacturer") != "NVIDIA":
-                    continue
-                name = _aws_gpu_name(gpus[0])
-                specs[t["InstanceType"]] = Spec(name, float(sum(g["Count"] for g in gpus)),
-                                                float(t["VCpuInfo"]["DefaultVCpus"]),
-                                                t["MemoryInfo"]["SizeInMiB"] / 1024)
+                vcpus, memory = float(t["VCpuInfo"]["DefaultVCpus"]), t["MemoryInfo"]["SizeInMiB"] / 1024
+                if gpus and gpus[0].get("Manufacturer") == "NVIDIA":
+                    specs[t["InstanceType"]] = Spec(_aws_gpu_name(gpus[0]), float(sum(g["Count"] for g in gpus)),
+                                                    vcpus, memory)
+                elif not gpus and aws_cpu_type(t["InstanceType"]):
+                    specs[t["InstanceType"]] = Spec(None, 0.0, vcpus, memory)
         ondemand = self._ondemand(sorted(specs), set(regions), report)
         self._lists = (time.monotonic(), specs, ondemand)
         return specs, ondemand

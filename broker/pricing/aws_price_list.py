@@ -1,6 +1,6 @@
 """One region's EC2 offer file from AWS's Price List Bulk API, read as it
 streams in: the on-demand hourly list price and specs of each GPU instance
-type, and nothing else.
+type and of each type of the CPU families (cpu_families.py), and nothing else.
 
 A file is hundreds of MB (us-east-1's about 300 MB): a few preamble lines
 (`"FormatVersion","v1.0"`, `"Disclaimer",…`, `"Publication Date",…`,
@@ -9,7 +9,7 @@ A file is hundreds of MB (us-east-1's about 300 MB): a few preamble lines
 one row per SKU and price term: every instance type, operating system,
 tenancy, capacity status and reserved term. Each row is ~700 bytes and
 almost none is wanted, so a line is parsed as CSV only when a search over
-the bytes finds a GPU instance type's shared-tenancy usage in it; the file
+the bytes finds a wanted instance type's shared-tenancy usage in it; the file
 is never held whole.
 """
 from __future__ import annotations
@@ -20,6 +20,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from spotbroker.broker.pricing.cpu_families import AWS_FAMILIES
 from spotbroker.broker.pricing.normalise import QualityReport
 
 # The GPU of each NVIDIA instance family, for instance types the bundled
@@ -37,8 +38,8 @@ FAMILY_GPU = {
 # wanted one has it in its `usageType`, and one row in five or so has it
 # (a search for a GPU family's usage finds a few hundred rows in a file).
 _BOX = re.compile(rb'BoxUsage:([a-z0-9-]+)\.[a-z0-9]+"')
-_FAMILIES = b"|".join(re.escape(f.encode()) for f in sorted(FAMILY_GPU, key=len, reverse=True))
-_GPU_BOX = re.compile(rb'BoxUsage:(?:' + _FAMILIES + rb')\.[a-z0-9]+"')
+_FAMILIES = b"|".join(re.escape(f.encode()) for f in sorted((*FAMILY_GPU, *AWS_FAMILIES), key=len, reverse=True))
+_WANTED_BOX = re.compile(rb'BoxUsage:(?:' + _FAMILIES + rb')\.[a-z0-9]+"')
 # The term we price: plain Linux on shared hardware, paid by the hour.
 _WANTED = {"TermType": "OnDemand", "Operating System": "Linux", "Tenancy": "Shared", "Pre Installed S/W": "NA",
            "CapacityStatus": "Used", "Unit": "Hrs"}
@@ -47,7 +48,7 @@ _COLUMNS = (*_WANTED, "Instance Type", "PricePerUnit", "Currency", "vCPU", "Memo
 
 @dataclass(frozen=True)
 class ListPrice:
-    """One GPU instance type's on-demand list price ($/h, None when blank)
+    """One instance type's on-demand list price ($/h, None when blank)
     and the specs the file gives (the `GPU` count is the file's own)."""
 
     ondemand: float | None
@@ -138,7 +139,7 @@ class _Scan:
     def lines(self, data: bytes) -> bytes:
         """Read the whole lines of `data`; the unfinished last one is returned."""
         end = data.rfind(b"\n") + 1
-        for match in _GPU_BOX.finditer(data, 0, end):
+        for match in _WANTED_BOX.finditer(data, 0, end):
             start = data.rfind(b"\n", 0, match.start()) + 1
             self.row(data[start:data.find(b"\n", match.end())])
         # The other GPU instance rows: families this reader leaves out.

@@ -1,6 +1,6 @@
 """AWS prices with no credentials: on-demand list prices and specs from the
 Price List Bulk API's public files, spot prices estimated from the Spot
-Instance Advisor feed.
+Instance Advisor feed; for the GPU types and the CPU families (cpu_families.py).
 
 - The region index (`…/AmazonEC2/current/region_index.json`) names each
   region's current offer file by a versioned URL. A region's file is
@@ -25,6 +25,10 @@ Instance Advisor feed.
 A region whose file fails (time-out, cut off mid-way, not a CSV) is left
 out of the refresh's scope: its offers keep their previous prices and turn
 stale in time; never a half-read file's prices.
+
+What is kept of a file depends on what this reader wants of it: a file kept
+by a reader that wanted less (before the CPU families, GPU types only) is
+read again, as if a new version had been published (`_READS`).
 """
 from __future__ import annotations
 
@@ -45,6 +49,7 @@ from spotbroker.broker.pricing import catalog, risk
 from spotbroker.broker.pricing.aws_price_list import FAMILY_GPU, BadOfferFile, ListPrice, read_offer_file
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
+from spotbroker.broker.pricing.cpu_families import aws_cpu_type
 from spotbroker.broker.pricing.normalise import QualityReport
 from spotbroker.broker.pricing.settings import PricingSettings
 from spotbroker.broker.store.db import transaction
@@ -57,11 +62,13 @@ INDEX, ADVISOR = "region_index", "advisor"   # the other files remembered beside
 # (`us-east-1-bos-1`), GovCloud or a sovereign partition, which an account
 # of the commercial partition cannot run in.
 _REGION = re.compile(r"[a-z]{2}-[a-z]+-\d+")
+# What a kept file's version is stamped with: what this reader keeps of it.
+_READS = "gpu+cpu:"
 
 
 @dataclass(frozen=True)
 class Spec:
-    accelerator: str
+    accelerator: str | None  # None: a CPU machine
     count: float
     vcpus: float | None
     memory_gib: float | None
@@ -88,7 +95,7 @@ class AwsPublicSource:
         aws = [r for r in catalog.snapshot_rows() if r.cloud == "aws"]
         # The cloud's machine specs, as the snapshot has them from
         # describe_instance_types: they win over the price list's `GPU` column.
-        self.specs = {r.instance_type: Spec(r.accelerator or "", r.accelerator_count, r.vcpus, r.memory_gib)
+        self.specs = {r.instance_type: Spec(r.accelerator, r.accelerator_count, r.vcpus, r.memory_gib)
                       for r in aws}
         self.zones: dict[tuple[str, str], list[str]] = {}
         for r in aws:
@@ -134,7 +141,7 @@ class AwsPublicSource:
         if version is None:
             return {}, notes  # the index no longer lists it: nothing is offered there
         kept = self._load(region)
-        if kept is not None and kept.version == version:
+        if kept is not None and kept.version == _READS + version:
             return {t: ListPrice.from_json(v) for t, v in kept.body.items()}, notes
         url = urljoin(self.settings.aws_public_url, version.removesuffix(".json") + ".csv")
         try:
@@ -146,8 +153,8 @@ class AwsPublicSource:
                         region, type(exc).__name__, exc)
             notes.note("offer file failed (its region's offers keep their last prices)")
             return None, notes
-        self._save(region, version, None, {t: p.to_json() for t, p in prices.items()})
-        log.info("prices: aws-public: %s's offer file version %s read, %d GPU instance types",
+        self._save(region, _READS + version, None, {t: p.to_json() for t, p in prices.items()})
+        log.info("prices: aws-public: %s's offer file version %s read, %d instance types",
                  region, published or "?", len(prices))
         return prices, notes
 
@@ -156,6 +163,8 @@ class AwsPublicSource:
         rows = []
         for itype, price in sorted(prices.items()):
             spec = self._spec(itype, price, report)
+            if spec is None:
+                continue
             saving, band = (advisor.get(region, {}).get(itype) or [None, None])[:2]
             spot = _estimate(price.ondemand, saving, report)
             value = risk.from_advisor_band(int(band)) if band is not None else None
@@ -167,15 +176,18 @@ class AwsPublicSource:
                     risk=value, risk_source="aws-advisor" if value is not None else None))
         return rows
 
-    def _spec(self, itype: str, price: ListPrice, report: QualityReport) -> Spec:
+    def _spec(self, itype: str, price: ListPrice, report: QualityReport) -> Spec | None:
         known = self.specs.get(itype)
         if known is not None:
             if price.gpus is not None and price.gpus != known.count:
                 report.note("GPU count from the machine specs, not the price list")
             return Spec(known.accelerator, known.count, price.vcpus or known.vcpus,
                         price.memory_gib or known.memory_gib)
-        # Not in the snapshot (a new size): the family's GPU, the file's count.
-        return Spec(FAMILY_GPU[_family(itype)], price.gpus or 0, price.vcpus, price.memory_gib)
+        # Not in the snapshot (a new size): the family's GPU, the file's count;
+        # a CPU family's size (never a whole `metal` host) has none.
+        if _family(itype) in FAMILY_GPU:
+            return Spec(FAMILY_GPU[_family(itype)], price.gpus or 0, price.vcpus, price.memory_gib)
+        return Spec(None, 0.0, price.vcpus, price.memory_gib) if aws_cpu_type(itype) else None
 
     # --- the small files: index and advisor, asked with If-None-Match -------------------
 
@@ -183,21 +195,23 @@ class AwsPublicSource:
         """`keep(body)` of the JSON at `url`, or what was kept of it when it
         has not changed since (304 to the ETag remembered)."""
         kept = self._load(name)
+        if kept is not None and kept.version != _READS + url:
+            kept = None  # kept from another URL, or by a reader that kept less of it
         headers = {"If-None-Match": kept.etag} if kept is not None and kept.etag else {}
         r = http.get(url, headers=headers)
         if r.status_code == 304 and kept is not None:
             return kept.body
         r.raise_for_status()
         body = keep(r.json())
-        self._save(name, url, r.headers.get("ETag"), body)
+        self._save(name, _READS + url, r.headers.get("ETag"), body)
         return body
 
     def _advisor(self, http: httpx.Client, report: QualityReport) -> dict[str, dict[str, list[int]]]:
-        """region -> GPU instance type -> [saving %, interruption band], from
+        """region -> instance type -> [saving %, interruption band], from
         the feed, else from its last copy read (the feed is public and
         republished irregularly: a day without it changes little)."""
         try:
-            return self._json(http, ADVISOR, self.settings.aws_advisor_url, _gpu_advice)
+            return self._json(http, ADVISOR, self.settings.aws_advisor_url, _advice)
         except (httpx.HTTPError, ValueError, KeyError, AttributeError) as exc:
             kept = self._load(ADVISOR)
             report.note("no spot advisor feed (" + ("its last copy used" if kept else "on-demand only") + ")")
@@ -231,11 +245,12 @@ def _versions(index: dict[str, Any]) -> dict[str, str]:
     return {code: entry["currentVersionUrl"] for code, entry in index["regions"].items()}
 
 
-def _gpu_advice(feed: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
-    """What is kept of the advisor feed: its GPU instance types' Linux
-    saving and band (a few hundred entries of its tens of thousands)."""
+def _advice(feed: dict[str, Any]) -> dict[str, dict[str, list[int]]]:
+    """What is kept of the advisor feed: the Linux saving and band of its GPU
+    instance types and CPU families' types (a few hundred entries per region
+    of its tens of thousands)."""
     return {region: {t: [e.get("s"), e.get("r")] for t, e in (by_os.get("Linux") or {}).items()
-                     if _family(t) in FAMILY_GPU}
+                     if _family(t) in FAMILY_GPU or aws_cpu_type(t)}
             for region, by_os in feed["spot_advisor"].items()}
 
 

@@ -1,6 +1,7 @@
 """Azure: spot and pay-as-you-go prices from the Retail Prices API (public,
 no credentials), GPU shapes from `azure-mgmt-compute` `resource_skus.list()`
-when a subscription is configured, else from the bundled snapshot.
+when a subscription is configured, else from the bundled snapshot; the CPU
+families' sizes (cpu_families.py) likewise, else from their names.
 
 Retail prices are region-wide (Azure prices no zone apart), Linux only:
 Windows products and the retired Low Priority meters are dropped; the spot
@@ -19,6 +20,7 @@ from spotbroker.broker.pricing import catalog
 from spotbroker.broker.pricing.azure_eviction import EvictionRates
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
+from spotbroker.broker.pricing.cpu_families import azure_cpu_shape, azure_cpu_type
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
 from spotbroker.broker.pricing.settings import PricingSettings
 
@@ -30,7 +32,7 @@ _MAX_PAGES = 10_000  # a loop guard: the full VM meter list is a few hundred pag
 
 @dataclass(frozen=True)
 class Shape:
-    accelerator: str
+    accelerator: str | None  # None: a CPU machine
     count: float
     vcpus: float | None
     memory_gib: float | None
@@ -38,10 +40,14 @@ class Shape:
 
 
 def snapshot_shapes() -> dict[str, Shape]:
-    """GPU shapes of the bundled Azure rows (their known errors fixed there)."""
+    """GPU shapes of the bundled Azure rows (their known errors fixed there),
+    and the CPU shapes."""
     with catalog._open("azure_vms_gpu.csv") as f:
-        return {r.instance_type: Shape(r.accelerator, r.accelerator_count, r.vcpus, r.memory_gib)
-                for r in catalog.azure_rows(f)}
+        gpu = {r.instance_type: Shape(r.accelerator, r.accelerator_count, r.vcpus, r.memory_gib)
+               for r in catalog.azure_rows(f)}
+    with catalog._open("azure_vms_cpu.csv") as f:
+        cpu = {r.instance_type: Shape(None, 0.0, r.vcpus, r.memory_gib) for r in catalog.cpu_rows("azure", f)}
+    return {**cpu, **gpu}
 
 
 class AzureSource:
@@ -108,7 +114,10 @@ class AzureSource:
     def _take(item: dict[str, Any], shapes: dict[str, Shape], meters: dict, report: QualityReport) -> None:
         sku = item.get("armSkuName") or ""
         if sku not in shapes:
-            return  # not a GPU machine
+            cpu = azure_cpu_shape(sku)
+            if cpu is None:
+                return  # neither a GPU machine nor one of the CPU families
+            shapes[sku] = Shape(None, 0.0, *cpu)
         meter = f"{item.get('meterName', '')} {item.get('skuName', '')}"
         if "Windows" in item.get("productName", "") or "Low Priority" in meter:
             return
@@ -154,7 +163,7 @@ class AzureSource:
 
 class ResourceSkus:
     """GPU counts, vCPUs, memory and region restrictions of the subscription's
-    VM sizes (`resource_skus.list()`)."""
+    VM sizes (`resource_skus.list()`): the GPU sizes and the CPU families'."""
 
     def __init__(self, credential, subscription_id: str, base_url: str | None, timeout: float,
                  *, enforce_https: bool = True) -> None:
@@ -182,7 +191,9 @@ class ResourceSkus:
             caps = {c.name: c.value for c in sku.capabilities or []}
             gpus = float(caps.get("GPUs") or 0)
             name = known[sku.name].accelerator if sku.name in known else accelerator_name(_gpu_token(sku.name))
-            if not gpus or not name:
+            if not gpus and azure_cpu_type(sku.name):
+                name = None
+            elif not gpus or not name:
                 continue
             # A size the subscription may not use in a region is no offer there.
             restricted = {loc.lower() for r in sku.restrictions or [] if r.type == "Location"

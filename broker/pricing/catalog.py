@@ -1,5 +1,6 @@
 """The bundled snapshot of real SkyPilot catalog rows: the offer source that
-needs no credentials.
+needs no credentials. GPU machines, and a few general-purpose and compute
+CPU types (`*_vms_cpu.csv`) where jobs without accelerators run.
 
 The rows are real and carry real traps (see catalog_data/README.md): blank
 and zero prices, spot above on-demand by rounding, GCP host and GPU prices in
@@ -154,8 +155,39 @@ def azure_rows(f: TextIO) -> Iterator[OfferRow]:
         )
 
 
+def _cpu_row(cloud: str, r: dict[str, str], zone: str | None, zone_id: str | None) -> OfferRow | None:
+    ondemand, spot = _price(r["Price"]), _price(r["SpotPrice"])
+    if ondemand is None and spot is None:
+        return None
+    return OfferRow(
+        cloud=cloud, region=r["Region"], zone=zone, zone_id=zone_id, instance_type=r["InstanceType"],
+        accelerator=None, accelerator_count=0.0, vcpus=_num(r["vCPUs"]), memory_gib=_num(r["MemoryGiB"]),
+        spot_price=_capped(spot, ondemand), ondemand_price=ondemand,
+    )
+
+
+def cpu_rows(cloud: str, f: TextIO) -> Iterator[OfferRow]:
+    """The CPU-only rows of a cloud's catalog file (no accelerator, vCPUs
+    given): the places a job without accelerators runs. A GCP GPU host
+    (a2, g2...) or an Azure N-series type is never one, whatever its row says."""
+    for r in csv.DictReader(f):
+        if r.get("AcceleratorName") or not r.get("InstanceType") or not _num(r.get("vCPUs", "")):
+            continue
+        if cloud == "gcp" and gcp_host_gpu(r["InstanceType"]) is not None:
+            continue
+        if cloud == "azure" and r["InstanceType"].startswith("Standard_N"):
+            continue
+        zone = r.get("AvailabilityZone") or None
+        row = _cpu_row(cloud, r, zone if cloud == "gcp" else None, zone if cloud == "aws" else None)
+        if row is not None:
+            yield row
+
+
 def snapshot_rows() -> list[OfferRow]:
     rows: list[OfferRow] = []
+    for cloud in ("aws", "gcp", "azure"):
+        with _open(f"{cloud}_vms_cpu.csv") as f:
+            rows.extend(cpu_rows(cloud, f))
     for name, parse in (("aws_vms_gpu.csv", aws_rows), ("gcp_vms_gpu.csv", gcp_rows),
                         ("azure_vms_gpu.csv", azure_rows)):
         with _open(name) as f:

@@ -9,11 +9,17 @@ import csv
 from typing import Any
 
 from spotbroker.broker.pricing import catalog
+from spotbroker.broker.pricing.cpu_families import GCP_SKU_SERIES, gcp_cpu_type, gcp_family
 
 
 def _raw(name: str) -> list[dict[str, str]]:
     with catalog._open(name) as f:
         return list(csv.DictReader(f))
+
+
+def _aws_raw() -> list[dict[str, str]]:
+    """The snapshot's AWS rows, GPU and CPU machines (same columns)."""
+    return _raw("aws_vms_gpu.csv") + _raw("aws_vms_cpu.csv")
 
 
 def _region_copies(region: str, scale: int) -> list[str]:
@@ -33,10 +39,11 @@ def _azure_item(sku: str, region: str, price: float, meter: str, product: str) -
 
 
 def azure_items(scale: int = 1) -> list[dict[str, Any]]:
-    """Retail Prices items for every GPU size of the snapshot: pay-as-you-go,
-    Spot, Windows and Low Priority meters, and a CPU size beside them."""
+    """Retail Prices items for every GPU and CPU size of the snapshot:
+    pay-as-you-go, Spot, Windows and Low Priority meters, and a CPU size of
+    a family no source lists (DSv3) beside them."""
     items = []
-    for r in _raw("azure_vms_gpu.csv"):
+    for r in _raw("azure_vms_gpu.csv") + _raw("azure_vms_cpu.csv"):
         size = r["InstanceType"].removeprefix("Standard_").replace("_", " ")
         product = f"Virtual Machines {size.split()[0]} Series"
         for region in _region_copies(r["Region"], scale):
@@ -54,17 +61,19 @@ def azure_items(scale: int = 1) -> list[dict[str, Any]]:
 
 def azure_skus(scale: int = 1) -> list[dict[str, Any]]:
     """`resource_skus.list()` values for the snapshot's GPU sizes, with the
-    real GPU counts (the snapshot says 12 for ND96isr_H100_v5; it has 8)."""
+    real GPU counts (the snapshot says 12 for ND96isr_H100_v5; it has 8), and
+    its CPU sizes (which list no GPUs capability)."""
     by_size: dict[str, dict[str, Any]] = {}
-    for r in _raw("azure_vms_gpu.csv"):
+    for r in _raw("azure_vms_gpu.csv") + _raw("azure_vms_cpu.csv"):
         count = 8 if r["InstanceType"] == "Standard_ND96isr_H100_v5" else r["AcceleratorCount"] or "0"
+        gpus = [{"name": "GPUs", "value": str(int(float(count)))}] if float(count) else []
         sku = by_size.setdefault(r["InstanceType"], {
             "resourceType": "virtualMachines", "name": r["InstanceType"], "tier": "Standard",
-            "size": r["InstanceType"].removeprefix("Standard_"), "family": "standardNFamily",
+            "size": r["InstanceType"].removeprefix("Standard_"),
+            "family": "standardNFamily" if gpus else "standardDSv5Family",
             "locations": [], "locationInfo": [], "restrictions": [],
             "capabilities": [{"name": "vCPUs", "value": str(int(float(r["vCPUs"])))},
-                             {"name": "MemoryGB", "value": r["MemoryGiB"]},
-                             {"name": "GPUs", "value": str(int(float(count)))}]})
+                             {"name": "MemoryGB", "value": r["MemoryGiB"]}, *gpus]})
         for region in _region_copies(r["Region"], scale):
             sku["locations"].append(region)
             sku["locationInfo"].append({"location": region, "zones": ["1", "2", "3"], "zoneDetails": []})
@@ -73,10 +82,10 @@ def azure_skus(scale: int = 1) -> list[dict[str, Any]]:
 
 def azure_evictions(scale: int = 1) -> list[dict[str, Any]]:
     """Resource Graph `SpotResources` eviction-rate rows for the snapshot's
-    spot GPU sizes, a band each (lower-cased names, as the table has them)."""
+    spot sizes, GPU and CPU, a band each (lower-cased names, as the table has them)."""
     bands = ("0-5", "5-10", "10-15", "15-20", "20+")
     rows = []
-    for r in _raw("azure_vms_gpu.csv"):
+    for r in _raw("azure_vms_gpu.csv") + _raw("azure_vms_cpu.csv"):
         if not r["SpotPrice"]:
             continue
         for region in _region_copies(r["Region"], scale):
@@ -124,12 +133,13 @@ def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
     """Billing Catalog SKUs whose sums give the snapshot's machine prices:
     per region, a core and a RAM SKU per series (the host price split half
     and half) and a per-GPU SKU, on-demand and Spot, among others (a disk)."""
-    rows = _raw("gcp_vms_gpu.csv")
+    rows = _raw("gcp_vms_gpu.csv") + _raw("gcp_vms_cpu.csv")
     hosts: dict[tuple[str, str], dict[str, str]] = {}
     gpus: dict[tuple[str, str], tuple[float, str, str]] = {}
     for r in rows:
         if r["InstanceType"]:
-            series = next((s for s in GCP_SERIES if r["InstanceType"].startswith(s)), None)
+            series = next((s for s in GCP_SERIES if r["InstanceType"].startswith(s)), None) \
+                or (gcp_family(r["InstanceType"]) if gcp_cpu_type(r["InstanceType"]) else None)
             key = (series, r["Region"])
             if series and float(r["vCPUs"]) > float(hosts.get(key, {"vCPUs": "0"})["vCPUs"]):
                 hosts[key] = r
@@ -150,7 +160,7 @@ def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
                     continue
                 host = float(r[column])
                 core, ram = host / 2 / float(r["vCPUs"]), host / 2 / float(r["MemoryGiB"])
-                name = GCP_SERIES[series]
+                name = {**GCP_SERIES, **GCP_SKU_SERIES}[series]
                 skus.append(_gcp_sku(n, f"{name} Instance Core", "CPU", usage, region + suffix, core))
                 skus.append(_gcp_sku(n + 1, f"{name} Instance Ram", "RAM", usage, region + suffix, ram, "GiBy.h"))
                 n += 2
@@ -171,7 +181,7 @@ def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
 def aws_products(scale: int = 1) -> list[dict[str, Any]]:
     """Pricing API products (`get_products`) with the snapshot's on-demand prices."""
     seen, out = set(), []
-    for r in _raw("aws_vms_gpu.csv"):
+    for r in _aws_raw():
         for region in _region_copies(r["Region"], scale):
             if not r["Price"] or (r["InstanceType"], region) in seen:
                 continue
@@ -195,14 +205,14 @@ def aws_products(scale: int = 1) -> list[dict[str, Any]]:
 def aws_spot_prices() -> dict[tuple[str, str], float]:
     """(zone id, instance type) -> the snapshot's spot price."""
     return {(r["AvailabilityZone"], r["InstanceType"]): float(r["SpotPrice"])
-            for r in _raw("aws_vms_gpu.csv") if r["SpotPrice"] and float(r["SpotPrice"]) > 0}
+            for r in _aws_raw() if r["SpotPrice"] and float(r["SpotPrice"]) > 0}
 
 
 def aws_advisor() -> dict[str, Any]:
     """The Spot Instance Advisor feed's shape: a band and a saving over
     on-demand (55-89 %) per (region, type)."""
     feed: dict[str, Any] = {}
-    for r in _raw("aws_vms_gpu.csv"):
+    for r in _aws_raw():
         band = sum(map(ord, r["InstanceType"] + r["Region"])) % 5
         saving = 55 + sum(map(ord, r["Region"] + r["InstanceType"])) % 35
         feed.setdefault(r["Region"], {"Linux": {}, "Windows": {}})["Linux"][r["InstanceType"]] = {"s": saving,
@@ -226,9 +236,10 @@ def _zone_copies(zone: str, region: str, scale: int) -> list[str]:
 
 
 def gcp_machine_types(scale: int = 1, project: str = "fake-project") -> list[tuple[str, dict[str, Any]]]:
-    """(zone, `machineTypes` entry) for every GPU machine type of the
-    snapshot in each zone it lists, with a CPU machine type in each zone beside
-    them, as `machineTypes.aggregatedList` answers them."""
+    """(zone, `machineTypes` entry) for every GPU and CPU machine type of the
+    snapshot in each zone it lists, with a CPU machine type of a family no
+    source lists (e2) in each zone beside them, as `machineTypes.aggregatedList`
+    answers them."""
     out, zones = [], set()
     for n, r in enumerate(_raw("gcp_vms_gpu.csv")):
         shape = catalog.gcp_host_gpu(r["InstanceType"]) if r["InstanceType"] else None
@@ -238,7 +249,12 @@ def gcp_machine_types(scale: int = 1, project: str = "fake-project") -> list[tup
             zones.add(zone)
             out.append((zone, _machine_type(n, r["InstanceType"], float(r["vCPUs"]), float(r["MemoryGiB"]), zone,
                                             project, (GCP_ACCELERATOR_TYPE[shape[0]], shape[1]))))
-    out += [(zone, _machine_type(0, "n2-standard-8", 8, 32, zone, project, None)) for zone in sorted(zones)]
+    for n, r in enumerate(_raw("gcp_vms_cpu.csv")):
+        for zone in _zone_copies(r["AvailabilityZone"], r["Region"], scale):
+            zones.add(zone)
+            out.append((zone, _machine_type(n, r["InstanceType"], float(r["vCPUs"]), float(r["MemoryGiB"]), zone,
+                                            project, None)))
+    out += [(zone, _machine_type(0, "e2-standard-8", 8, 32, zone, project, None)) for zone in sorted(zones)]
     return out
 
 

@@ -66,8 +66,8 @@ _CAPACITY = [("Shared", "Used", "BoxUsage", 1.0), ("Shared", "UnusedCapacityRese
 _RESERVED = [("1yr", "No Upfront", "standard", 0.62, 0), ("1yr", "Partial Upfront", "standard", 0.29, 4380),
              ("1yr", "All Upfront", "convertible", 0.0, 6300), ("3yr", "No Upfront", "convertible", 0.45, 0),
              ("3yr", "Partial Upfront", "standard", 0.19, 9900), ("3yr", "All Upfront", "standard", 0.0, 14600)]
-_CPU_TYPES = [("m5.large", 2, 8), ("m5.4xlarge", 16, 64), ("c6i.xlarge", 4, 8), ("c6i.12xlarge", 48, 96),
-              ("r6g.2xlarge", 8, 64), ("t3.micro", 2, 1), ("m7i.8xlarge", 32, 128), ("i4i.4xlarge", 16, 128),
+_CPU_TYPES = [("m6a.large", 2, 8), ("m6a.4xlarge", 16, 64), ("c6a.xlarge", 4, 8), ("c6a.12xlarge", 48, 96),
+              ("r6g.2xlarge", 8, 64), ("t3.micro", 2, 1), ("m7a.8xlarge", 32, 128), ("i4i.4xlarge", 16, 128),
               ("c7g.16xlarge", 64, 128), ("x2idn.32xlarge", 128, 2048)]
 # GPU instance types the snapshot lacks, in a few regions: one of a family
 # read here (region-wide, since the snapshot knows no zones for it) and one
@@ -173,9 +173,9 @@ class PriceListFiles:
 
     def __post_init__(self) -> None:
         self.types: dict[str, dict[str, tuple[float, float, str]]] = {}  # region -> type -> (vcpus, memory, gpus)
-        for r in _raw("aws_vms_gpu.csv"):
+        for r in _raw("aws_vms_gpu.csv") + _raw("aws_vms_cpu.csv"):
             self.types.setdefault(r["Region"], {})[r["InstanceType"]] = (
-                float(r["vCPUs"]), float(r["MemoryGiB"]), f"{float(r['AcceleratorCount']):g}")
+                float(r["vCPUs"]), float(r["MemoryGiB"]), f"{float(r['AcceleratorCount'] or 0):g}")
             if r["Price"]:
                 self.price.setdefault((r["Region"], r["InstanceType"]), f"{float(r['Price']):.10f}")
         for region in EXTRA_REGIONS:
@@ -210,7 +210,8 @@ class PriceListFiles:
         if self._rendered.get(region, (None,))[0] != shapes:  # rendered once per state of the region's prices
             self._rendered[region] = (shapes, [row for itype, vcpus, memory, count, price, currency in shapes
                                                for row in type_rows(region, itype, vcpus, memory, count, price,
-                                                                    currency)])
+                                                                    currency, "GPU instance" if float(count)
+                                                                    else "General purpose")])
         gpu = self._rendered[region][1]
         blocks = max(1, round(f.mb * (1 << 20) / len(self._noise)))
         return [head, *gpu], blocks, len(head) + sum(map(len, gpu)) + blocks * len(self._noise)

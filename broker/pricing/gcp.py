@@ -1,11 +1,12 @@
 """GCP: on-demand and Spot prices from the Cloud Billing Catalog API
 (`google-cloud-billing`, Compute Engine service `6F81-5844-456A`).
 
-GCP bills a GPU machine as the sum of its parts: its vCPUs at the series'
-core SKU, its memory at the series' RAM SKU, and its GPUs at the GPU SKU, each
-per region, on-demand (`OnDemand`) or Spot (`Preemptible`). The machine
-types and the zones that offer them come from Compute Engine when a project
-is known (`gcp_zones.py`), else from the bundled snapshot.
+GCP bills a machine as the sum of its parts: its vCPUs at the series'
+core SKU, its memory at the series' RAM SKU, and its GPUs (if any) at the GPU
+SKU, each per region, on-demand (`OnDemand`) or Spot (`Preemptible`). The
+machine types (GPU machines, and the CPU families of cpu_families.py) and the
+zones that offer them come from Compute Engine when a project is known
+(`gcp_zones.py`), else from the bundled snapshot.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from typing import Any
 from spotbroker.broker.pricing import catalog
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
+from spotbroker.broker.pricing.cpu_families import GCP_SKU_SERIES, gcp_family
 from spotbroker.broker.pricing.fake_data import GCP_SERIES
 from spotbroker.broker.pricing.gcp_zones import ComputeZones
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
@@ -28,7 +30,7 @@ SOURCE = "gcp"
 SERVICE = "services/6F81-5844-456A"  # Compute Engine
 _DESCRIPTION = re.compile(r"^(?:Spot Preemptible )?(?P<what>.+?) running in ")
 _SERIES = {f"{name} Instance {part}": (series, part.lower())
-           for series, name in GCP_SERIES.items() for part in ("Core", "Ram")}
+           for series, name in {**GCP_SERIES, **GCP_SKU_SERIES}.items() for part in ("Core", "Ram")}
 
 
 @dataclass(frozen=True)
@@ -39,15 +41,18 @@ class Machine:
     zone: str
     vcpus: float
     memory_gib: float
-    accelerator: str
+    accelerator: str | None  # None: a CPU machine (cores and RAM only)
     count: int
 
 
 def snapshot_machines() -> list[Machine]:
-    """GPU machine types per zone, from the bundled snapshot's host rows."""
+    """GPU machine types per zone, from the bundled snapshot's host rows,
+    and its CPU machine types."""
     import csv
 
-    machines = []
+    machines = [Machine(r.instance_type, gcp_family(r.instance_type), r.region, r.zone or "", r.vcpus or 0.0,
+                        r.memory_gib or 0.0, None, 0) for r in catalog.snapshot_rows()
+                if r.cloud == "gcp" and r.accelerator is None]
     with catalog._open("gcp_vms_gpu.csv") as f:
         for r in csv.DictReader(f):
             shape = catalog.gcp_host_gpu(r["InstanceType"]) if r["InstanceType"] else None
@@ -144,7 +149,7 @@ class GcpSource:
     @staticmethod
     def _machine_price(m: Machine, parts: dict[tuple[str, str], float], usage: str) -> float | None:
         core, ram = parts.get((f"{m.series}:core", usage)), parts.get((f"{m.series}:ram", usage))
-        gpu = parts.get((f"gpu:{m.accelerator}", usage))
+        gpu = parts.get((f"gpu:{m.accelerator}", usage)) if m.accelerator else 0.0
         if core is None or ram is None or gpu is None:
             return None
         return round(core * m.vcpus + ram * m.memory_gib + gpu * m.count, 6)

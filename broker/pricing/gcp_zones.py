@@ -1,8 +1,8 @@
-"""GCP: which zones offer which GPU machine types, from Compute Engine
+"""GCP: which zones offer which machine types, from Compute Engine
 (`google-cloud-compute`): the machine types with built-in GPUs per zone
 (`machineTypes.aggregatedList`, each with its `accelerators`, vCPUs and
 memory), kept where the zone lists that GPU among its accelerator types
-(`acceleratorTypes.aggregatedList`).
+(`acceleratorTypes.aggregatedList`), and the CPU families' types per zone.
 
 Without it (no project configured, or the Compute API refused) the GCP
 source prices the bundled snapshot's machine types and zones.
@@ -14,13 +14,14 @@ from collections.abc import Iterator
 from typing import Any
 
 from spotbroker.broker.pricing.base import SourceUnavailable
+from spotbroker.broker.pricing.cpu_families import GCP_FAMILIES, gcp_cpu_type, gcp_family
 from spotbroker.broker.pricing.fake_data import GCP_SERIES
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
 
 log = logging.getLogger("spotbroker.pricing")
-# Only the series the Billing Catalog prices as core + RAM + GPU; the API
-# filters by name (RE2, the whole name must match), so CPU types never come.
-NAME_FILTER = "name eq '({})-.*'".format("|".join(sorted(GCP_SERIES)))
+# Only the series the Billing Catalog prices as core + RAM (+ GPU); the API
+# filters by name (RE2, the whole name must match), so other types never come.
+NAME_FILTER = "name eq '({})-.*'".format("|".join(sorted((*GCP_SERIES, *GCP_FAMILIES))))
 PAGE_SIZE = 500  # the API's largest page
 
 
@@ -40,7 +41,7 @@ class ComputeZones:
                    project, timeout)
 
     def machines(self, report: QualityReport) -> list:
-        """The GPU machine types in every zone that offers them (as `gcp.Machine`s)."""
+        """The GPU and CPU machine types in every zone that offers them (as `gcp.Machine`s)."""
         from spotbroker.broker.pricing.gcp import Machine
 
         # The raw protobuf messages (`type(x).pb(x)`): proto-plus's attribute
@@ -50,6 +51,10 @@ class ComputeZones:
         out = []
         for zone, scoped in self._pages(self.machine_types, NAME_FILTER):
             for m in type(scoped).pb(scoped).machine_types:
+                if not m.accelerators and gcp_cpu_type(m.name) and m.guest_cpus > 0:
+                    out.append(Machine(m.name, gcp_family(m.name), zone.rsplit("-", 1)[0], zone, float(m.guest_cpus),
+                                       round(m.memory_mb / 1024, 3), None, 0))
+                    continue
                 series = next((s for s in GCP_SERIES if m.name.startswith(s + "-")), None)
                 if series is None or not m.accelerators:
                     continue  # not a GPU machine the Billing Catalog prices by parts

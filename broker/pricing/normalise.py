@@ -56,6 +56,11 @@ def accelerator_name(raw: str | None) -> str | None:
     return raw.strip()
 
 
+def is_cpu(row: OfferRow) -> bool:
+    """A machine without accelerators: where a job that asks for none runs."""
+    return not (row.accelerator or "").strip() and not row.accelerator_count
+
+
 class QualityReport:
     """What the rules dropped or changed in one refresh, by reason (logged
     once per refresh, and returned for `spotbroker prices --refresh`)."""
@@ -79,17 +84,24 @@ def _positive(price: float | None) -> float | None:
 
 def clean(row: OfferRow, report: QualityReport, currency: str = "USD") -> OfferRow | None:
     """The row as an offer, or None with the reason noted. No offer is ever
-    priced at $0, and spot is never worth more than on-demand."""
+    priced at $0, and spot is never worth more than on-demand. A CPU row
+    (no accelerator at all) is an offer when it says how many vCPUs it has."""
     if currency != "USD":
         report.note(f"not in USD ({currency})")
         return None
-    name = accelerator_name(row.accelerator)
-    if name is None:
-        report.note("no known GPU")
-        return None
-    if not row.accelerator_count or row.accelerator_count <= 0:
-        report.note("no GPU count")
-        return None
+    if is_cpu(row):
+        if not row.vcpus or row.vcpus <= 0:
+            report.note("no vCPU count")
+            return None
+        name = None
+    else:
+        name = accelerator_name(row.accelerator)
+        if name is None:
+            report.note("no known GPU")
+            return None
+        if not row.accelerator_count or row.accelerator_count <= 0:
+            report.note("no GPU count")
+            return None
     spot, ondemand = _positive(row.spot_price), _positive(row.ondemand_price)
     if (row.spot_price is not None and spot is None) or (row.ondemand_price is not None and ondemand is None):
         report.note("placeholder zero price")

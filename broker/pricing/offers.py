@@ -91,18 +91,32 @@ def current_offers(session: Session, accelerator: str, count: float) -> list[Pri
     return sorted(rows, key=lambda o: o.id)
 
 
+# What SkyPilot gives a task that names no accelerator and no instance type
+# (its catalogs' `get_default_instance_type`): at least 8 vCPUs when it names
+# neither cpus nor memory, and at least 4 GiB per vCPU when it names no memory.
+CPU_DEFAULT_CPUS = "8+"
+CPU_DEFAULT_GIB_PER_VCPU = 4.0
+
+
 def fitting(want: ResourceSet) -> list | None:
     """The WHERE clauses of the current offers that fit a resource set (its
     shape or instance type, infra, image regions, cpus and memory; not its
-    price cap), or None when it asks for neither an accelerator nor a type."""
+    price cap), or None when it asks for the broker's host (`infra: local`).
+    A set with neither an accelerator nor a type fits the CPU machines."""
     shape = want.accelerator
+    if want.infra and Infra(want.infra).cloud == "local":
+        return None
+    cpus = want.cpus
     if shape is not None:
         where = [PriceOffer.accelerator == normalise.accelerator_name(shape[0]),
                  PriceOffer.accelerator_count == shape[1], PriceOffer.listed.is_(True)]
     elif want.instance_type is not None:  # the type says what it carries
         where = [PriceOffer.listed.is_(True)]
     else:
-        return None
+        where = [PriceOffer.accelerator.is_(None), PriceOffer.accelerator_count == 0, PriceOffer.listed.is_(True)]
+        if want.memory is None:
+            where.append(PriceOffer.memory_gib >= CPU_DEFAULT_GIB_PER_VCPU * PriceOffer.vcpus)
+            cpus = cpus or CPU_DEFAULT_CPUS
     if want.instance_type is not None:
         where.append(PriceOffer.instance_type == want.instance_type)
     if want.image_regions is not None:  # an image per region: only those regions have the job's image
@@ -117,7 +131,7 @@ def fitting(want: ResourceSet) -> list | None:
             where.append(or_(PriceOffer.zone == infra.zone, PriceOffer.zone_id == infra.zone))
     if refusing := resfields.clouds_refusing(want):  # a disk or network tier those places cannot give
         where.append(PriceOffer.cloud.not_in(refusing))
-    for wanted, have in ((want.cpus, PriceOffer.vcpus), (want.memory, PriceOffer.memory_gib)):
+    for wanted, have in ((cpus, PriceOffer.vcpus), (want.memory, PriceOffer.memory_gib)):
         if wanted is not None:
             amount, at_least = parse_amount(wanted)
             where.append(have >= amount if at_least else have == amount)  # NULL fits neither
@@ -182,7 +196,7 @@ def _ranked_key(p: Placement):
 
 def rank_offers(session: Session, spec: JobSpec, *, exclude_places: frozenset[str] = frozenset(),
                 limit: int = 20) -> list[Placement]:
-    """Feasible placements for a GPU job at list price, cheapest first (each
+    """Feasible placements for a job at list price, cheapest first (each
     resource set on spot or on-demand as it asks). Places in `exclude_places`
     (cool-downs after a capacity error) are skipped."""
     found = []

@@ -19,7 +19,9 @@ def test_cpu_job_runs_to_success_with_events_logs_and_cost(api, team_headers):
     job = wait_state(api, h, r.json()["id"], TERMINAL)
     assert job["state"] == "SUCCEEDED"
     (attempt,) = job["attempts"]
-    assert attempt["cloud"] == "local" and attempt["price_per_hour"] == 0 and attempt["exit_code"] == 0
+    # placed on a cloud's CPU machine (simulated here by the local launcher), priced as any place is
+    assert attempt["cloud"] in ("aws", "gcp", "azure") and attempt["accelerator"] is None
+    assert attempt["instance_type"] and attempt["price_per_hour"] > 0 and attempt["exit_code"] == 0
     for key in ("id", "state", "cloud", "region", "zone", "instance_type", "use_spot", "price_per_hour",
                 "started_at", "ended_at"):
         assert key in attempt
@@ -31,6 +33,14 @@ def test_cpu_job_runs_to_success_with_events_logs_and_cost(api, team_headers):
                      [("PENDING", "LAUNCHING"), ("LAUNCHING", "SUCCEEDED")])
     assert all(set(e) >= {"type", "at", "attempt_id", "data"} for e in events)
     assert api.get(f"/v1/jobs/{job['id']}/logs", headers=h).text == "hello world\n"
+
+
+def test_a_job_saying_infra_local_runs_on_the_brokers_host_at_no_price(api, team_headers):
+    h = team_headers()
+    r = api.post("/v1/jobs", json={"run": "echo here", "resources": {"infra": "local"}}, headers=h)
+    job = wait_state(api, h, r.json()["id"], TERMINAL)
+    (attempt,) = job["attempts"]
+    assert job["state"] == "SUCCEEDED" and (attempt["cloud"], attempt["price_per_hour"]) == ("local", 0)
 
 
 def test_gpu_job_is_placed_on_the_cheapest_spot_offer_and_simulated_here(api, team_headers):

@@ -102,6 +102,18 @@ def test_the_catalogs_aws_rows_give_way_to_the_live_source(factory, moto_url, cl
     assert {o.source for o in live} == {"aws"} and 0 < before - len(live) < before
 
 
+def test_the_cpu_families_are_offers_too(factory, moto_url, clouds):
+    refresh(factory, AwsSource(settings(moto_url, clouds, aws_regions=["us-east-1"]), session=session()))
+    (m5,) = offers(factory, instance_type="m5.2xlarge", zone_id="use1-az1")
+    assert (m5.accelerator, m5.accelerator_count, m5.vcpus, m5.memory_gib) == (None, 0, 8, 32)
+    assert (m5.spot_price, m5.ondemand_price) == (fake_data.aws_spot_prices()[("use1-az1", "m5.2xlarge")], 0.384)
+    # the advisor's band for the type; a placement score is asked for GPU types only
+    assert m5.risk_source == "aws-advisor"
+    cpu_types = {o.instance_type for o in offers(factory) if o.accelerator is None}
+    assert {"m5.large", "m5.4xlarge", "c6i.2xlarge", "c6i.4xlarge"} <= cpu_types
+    assert all(t.split(".")[0] in ("m5", "m6i", "m7i", "c5", "c6i", "c7i") for t in cpu_types)
+
+
 def test_on_demand_prices_are_cached_for_the_list_interval(factory, moto_url, clouds):
     src = AwsSource(settings(moto_url, clouds, aws_regions=["us-east-1"]), session=session())
     refresh(factory, src)

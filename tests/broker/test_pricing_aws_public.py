@@ -89,6 +89,29 @@ def test_a_full_refresh_prices_every_snapshot_zone_from_the_files(factory, cloud
     assert all((o.spot_price is None or o.spot_price > 0) and o.ondemand_price > 0 for o in offers(factory))
 
 
+def test_the_cpu_families_are_read_and_a_file_kept_by_a_gpu_only_reader_is_read_again(factory, clouds):
+    files = clouds.aws_price_list
+    for itype, shape, price in (("m7i.large", (2, 8, "0"), 0.1008), ("m7i.metal-24xl", (96, 384, "0"), 4.8384)):
+        files.types["us-east-1"][itype] = shape
+        files.price[("us-east-1", itype)] = f"{price:.10f}"
+    t = tracker(factory, clouds)
+    t.refresh("aws-public", force=True)
+    (m5,) = offers(factory, instance_type="m5.2xlarge", zone_id="use1-az1")
+    assert (m5.accelerator, m5.accelerator_count, m5.vcpus, m5.ondemand_price) == (None, 0, 8, 0.384)
+    assert m5.spot_price == round(0.384 * (1 - saving(clouds, "us-east-1", "m5.2xlarge") / 100), 6)
+    # a size of the families the snapshot lacks: region-wide, the file's specs; a whole host (metal) is none
+    (m7i,) = offers(factory, instance_type="m7i.large")
+    assert (m7i.place, m7i.accelerator, m7i.vcpus, m7i.memory_gib, m7i.ondemand_price) == ("", None, 2, 8, 0.1008)
+    assert not offers(factory, instance_type="m7i.metal-24xl") and not offers(factory, instance_type="m6a.large")
+    # What a GPU-only reader kept (its version unstamped) is read again, though nothing new was published.
+    with transaction(factory) as s:
+        kept = s.get(PriceListFile, ("aws-public", "eu-west-1"))
+        kept.version = kept.version.removeprefix("gpu+cpu:")
+    downloaded = len(csv_downloads(clouds))
+    t.refresh("aws-public", force=True)
+    assert [p.rsplit("/", 2)[1] for p in csv_downloads(clouds)[downloaded:]] == ["eu-west-1"]
+
+
 def test_nothing_published_since_costs_one_304_and_no_file_for_any_broker(factory, clouds):
     tracker(factory, clouds, owner="a").refresh("aws-public", force=True)
     first = len(csv_downloads(clouds))

@@ -64,7 +64,22 @@ def test_a_full_refresh_pages_through_every_meter(factory, clouds):
     # Linux pay-as-you-go and Spot meters; Windows and Low Priority ignored.
     assert (nc.ondemand_price, nc.spot_price, nc.accelerator, nc.accelerator_count) == (6.12, 0.7956, "V100", 2)
     assert all(o.source == "azure" and (o.spot_price is None or o.spot_price > 0) for o in offers(factory))
-    assert not offers(factory, instance_type="Standard_D2s_v3")  # not a GPU size
+    assert not offers(factory, instance_type="Standard_D2s_v3")  # neither a GPU size nor a CPU family listed
+
+
+@pytest.mark.parametrize("skus", [True, False], ids=["resource-skus", "names"])
+def test_the_cpu_families_are_offers_too(factory, clouds, skus):
+    clouds.azure_items.append(fake_data._azure_item("Standard_F16s_v2", "eastus", 0.677, "F16s v2",
+                                                    "Virtual Machines FSv2 Series"))
+    refresh(factory, source(clouds, skus=skus))
+    (d8,) = offers(factory, instance_type="Standard_D8s_v5", region="eastus")
+    assert (d8.ondemand_price, d8.spot_price, d8.accelerator, d8.accelerator_count, d8.vcpus, d8.memory_gib) == \
+        (0.384, 0.04224, None, 0, 8, 32)
+    (d8l,) = offers(factory, instance_type="Standard_D8ls_v5", region="eastus")
+    assert (d8l.vcpus, d8l.memory_gib) == (8, 16)
+    # a size of the families that no snapshot row names: its shape from the subscription, else its name
+    (f16,) = offers(factory, instance_type="Standard_F16s_v2")
+    assert (f16.ondemand_price, f16.accelerator, f16.vcpus, f16.memory_gib) == (0.677, None, 16, 32)
 
 
 def test_the_gpu_count_comes_from_the_subscriptions_skus(factory, clouds):

@@ -45,21 +45,35 @@ def places(factory, **where):
 
 
 def test_zones_come_from_the_compute_api_every_page(factory, clouds):
-    gpu_types = sum(1 for _, m in clouds.gcp_machine_types if m.get("accelerators"))
+    # GPU machines and the CPU families' types; the name filter leaves the other CPU types (e2) out
+    listed = sum(1 for _, m in clouds.gcp_machine_types if not m["name"].startswith("e2-"))
     src = source(clouds)
     result = refresh(factory, src)
     assert result is not None and result.new > 600
-    # every page of 500 (the API's largest), by nextPageToken; the name filter leaves the CPU types out
-    assert gpu_types > 500 and clouds.requests.count(
-        "GET /compute/v1/projects/my-project/aggregated/machineTypes") == -(-gpu_types // 500)
+    # every page of 500 (the API's largest), by nextPageToken
+    assert listed > 500 and clouds.requests.count(
+        "GET /compute/v1/projects/my-project/aggregated/machineTypes") == -(-listed // 500)
     assert clouds.requests.count("GET /compute/v1/projects/my-project/aggregated/acceleratorTypes") == 1
     machines = src.zones.machines(QualityReport())
-    assert len(machines) == gpu_types
+    assert len(machines) == listed
     a2 = next(m for m in machines if m.instance_type == "a2-highgpu-8g" and m.zone == "asia-northeast1-a")
     assert (a2.region, a2.vcpus, a2.memory_gib, a2.accelerator, a2.count, a2.series) == \
         ("asia-northeast1", 96.0, 680.0, "A100", 8, "a2-highgpu")
     assert {(m.instance_type, m.zone) for m in machines} == {(m.instance_type, m.zone) for m in snapshot_machines()}
     assert NAME_FILTER.startswith("name eq '(") and "|a2-megagpu|" in NAME_FILTER
+
+
+def test_the_cpu_families_are_priced_from_their_core_and_ram_skus(factory, clouds):
+    refresh(factory, source(clouds))
+    with factory() as s:
+        n2 = s.scalars(select(PriceOffer).filter_by(cloud="gcp", instance_type="n2-standard-8",
+                                                   zone="us-central1-a")).one()
+        kinds = {o.instance_type.split("-")[0] for o in s.scalars(select(PriceOffer).filter_by(
+            cloud="gcp", accelerator=None))}
+    assert (n2.accelerator, n2.accelerator_count, n2.vcpus, n2.memory_gib) == (None, 0, 8, 32)
+    # 8 cores and 32 GiB at the N2 SKUs: the snapshot's n2-standard-8 prices (0.38847, 0.12701)
+    assert n2.ondemand_price == pytest.approx(0.38847, abs=1e-4) and n2.spot_price == pytest.approx(0.12701, abs=1e-4)
+    assert kinds == {"n2"}
 
 
 def test_a_zone_that_stops_offering_a_machine_type_unlists_it(factory, clouds):

@@ -58,10 +58,13 @@ def test_a_job_that_prints_its_environment_sees_nothing_of_the_brokers(broker_en
     for name, value in BROKER_SECRETS.items():
         assert value not in out, f"{name} reached the job"
     env = dict(line.split("=", 1) for line in out.split("\n\n")[0].splitlines() if "=" in line)
-    assert not {k for k in env if k.startswith("SPOTBROKER_")} - {
+    extra = {k for k in env if k.startswith("SPOTBROKER_")} - {
         "SPOTBROKER_JOB_ID", "SPOTBROKER_ATTEMPT_ID", "SPOTBROKER_CHECKPOINT_JOB_URI", "SPOTBROKER_URL",
         "SPOTBROKER_CLOUD", "SPOTBROKER_REGION", "SPOTBROKER_ZONE", "SPOTBROKER_INSTANCE_TYPE",
-        "SPOTBROKER_CONTROL_DIR"}
+        "SPOTBROKER_CONTROL_DIR",
+        # the job runs in a simulated cloud place (a CPU machine): its node's metadata simulator and notice window
+        "SPOTBROKER_METADATA_URL", "SPOTBROKER_NOTICE_WINDOW"}
+    assert not extra, extra
     assert "SPOTBROKER_AGENT_TOKEN" not in env  # the agent's own: it keeps it from the trainer
     # The documented PATH: the jobs' interpreter first, then the system's.
     assert env["PATH"] == f"{os.path.dirname(job_python_default())}:{SYSTEM_PATH}"

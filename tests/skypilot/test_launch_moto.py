@@ -9,6 +9,7 @@ cancel the launch; what the node runs after SSH is test_node_program.py's.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 import pytest
 from skypilot.skyenv import SkyAws
@@ -165,3 +166,62 @@ def test_the_janitor_downs_a_cluster_no_live_attempt_owns(sky_aws: SkyAws, launc
         wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
     finally:
         engine.dispose()
+
+
+def test_a_cpu_task_naming_aws_launches_the_chosen_cpu_type_in_the_chosen_zone(sky_aws: SkyAws, launcher,
+                                                                                  tmp_path) -> None:
+    """Issue #23: a task without accelerators is placed among AWS's CPU offers
+    by the broker's ranking and launched there, never run on the broker's host."""
+    from datetime import UTC, datetime
+
+    from skypilot.skyenv import ZONES
+
+    from spotbroker.broker.jobs.spec import JobSpec
+    from spotbroker.broker.pricing.catalog import OfferRow
+    from spotbroker.broker.pricing.offers import rank_offers, record_samples
+    from spotbroker.broker.store import migrate
+    from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+
+    engine = make_engine(f"sqlite:///{tmp_path / 'broker.db'}")
+    migrate.prepare(engine, tmp_path)
+    factory = make_session_factory(engine)
+    # m6i.large in moto's three zones, as the live AWS source lists them (names and ids); us-east-1c is cheapest
+    spot = {"us-east-1a": 0.041, "us-east-1b": 0.043, "us-east-1c": 0.0312}
+    rows = [OfferRow(cloud="aws", region="us-east-1", zone=zone, zone_id=zone_id, instance_type="m6i.large",
+                     accelerator=None, accelerator_count=0.0, vcpus=2.0, memory_gib=8.0, spot_price=spot[zone],
+                     ondemand_price=0.096) for zone, zone_id in ZONES.items()]
+    spec = JobSpec.model_validate({"run": "python train.py", "resources": {"infra": "aws", "cpus": 2}})
+    try:
+        with transaction(factory) as s:
+            record_samples(s, rows, "aws", datetime.now(UTC))
+        with factory() as s:
+            chosen = rank_offers(s, spec, limit=1)[0]
+        assert (chosen.cloud, chosen.zone, chosen.instance_type, chosen.accelerator) == \
+            ("aws", "us-east-1c", "m6i.large", None)
+        req = replace(request(8, chosen), spec=spec)
+        task = launcher.task(req)
+        (resources,) = task.resources
+        assert (resources.instance_type, resources.zone, resources.accelerators) == ("m6i.large", "us-east-1c", None)
+        handle = launcher.launch(req)
+        (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
+        assert instance["InstanceType"] == "m6i.large"
+        assert instance["Placement"]["AvailabilityZone"] == "us-east-1c"
+        assert instance.get("InstanceLifecycle") == "spot"
+        launcher.terminate(handle)
+        wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+    finally:
+        engine.dispose()
+
+
+def test_a_place_known_by_its_zone_id_is_pinned_to_that_zone_by_name(sky_aws: SkyAws, launcher, caplog) -> None:
+    """The snapshot's AWS offers name zones by id (use1-az2); SkyPilot pins by
+    name, which the account (moto's) gives: us-east-1c."""
+    from dataclasses import replace as with_
+
+    by_id = with_(placement(zone=None), zone_id="use1-az2")
+    (resources,) = launcher.task(request(9, by_id)).resources
+    assert (resources.region, resources.zone) == ("us-east-1", "us-east-1c")
+    unknown = with_(placement(zone=None), zone_id="use1-az9")  # no such zone in this account
+    (resources,) = launcher.task(request(10, unknown)).resources
+    assert (resources.region, resources.zone) == ("us-east-1", None)
+    assert "use1-az9: not a zone of this account's us-east-1" in caplog.text

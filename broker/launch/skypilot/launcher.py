@@ -32,6 +32,7 @@ from spotbroker.broker.launch.skypilot.errors import Outcome
 from spotbroker.broker.launch.skypilot.follow import GONE, IN_FLIGHT, Follower
 from spotbroker.broker.launch.skypilot.node import node_program
 from spotbroker.broker.launch.skypilot.task import chosen_alternative, kept_resources, node_task
+from spotbroker.broker.launch.skypilot.zones import AwsZoneNames
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class SkyPilotLauncher:
         self.max_log_bytes = max_log_bytes  # of a job's output, per node (0: no bound)
         self.follower = Follower(sky, poll_s=poll_s, cluster_poll_s=cluster_poll_s)
         self._clouds: frozenset[str] | None = None
+        self.zone_names = AwsZoneNames()
 
     @classmethod
     def from_settings(cls, settings) -> SkyPilotLauncher:
@@ -111,14 +113,15 @@ class SkyPilotLauncher:
 
     def task(self, request: LaunchRequest):
         """The SkyPilot task for `request`: the job's file as SkyPilot reads
-        it, running the node program, pinned to the placement with the
+        it, running the node program, pinned to the placement (an AWS zone
+        known by its id only, by its name in this account: zones.py) with the
         chosen resource set's disk, image, cpus and memory."""
         program = node_program(request, str(self.wheelhouse), credentials=request.storage_env,
                                user_secrets=request.secrets, max_log_bytes=self.max_log_bytes)
         keep = {}
         if request.spec is not None:
             keep = kept_resources(chosen_alternative(request.spec, request.placement), request.placement)
-        resources = pinned_resources(self.sky, request.placement, **keep)
+        resources = pinned_resources(self.sky, self.zone_names.named(request.placement), **keep)
         return node_task(request.spec, program, resources, request.num_nodes, f"attempt-{request.attempt_id}",
                          request.mounts)
 

@@ -120,6 +120,8 @@ def chosen_alternative(spec: JobSpec, placement: Placement) -> ResourceSet:
 
 
 def _fits(want: ResourceSet, p: Placement) -> bool:
+    if want.accelerator is None and want.instance_type is None and p.accelerator:
+        return False  # a set for a CPU machine was not what a GPU offer was chosen for
     if want.accelerator is not None:
         name, count = want.accelerator
         if (p.accelerator or "").lower() != name.lower() or float(p.accelerator_count) != float(count):
