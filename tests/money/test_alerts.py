@@ -180,3 +180,47 @@ def test_over_budget_holds_new_jobs_and_stop_running_keeps_checkpoints(factory, 
     set_budget(factory, clock, team, amount=500.0)
     with factory() as s:
         assert budgets.hold_reason(s, team, True, clock.now()) is None
+
+
+def test_a_realistic_day_sends_one_notification_per_real_condition(factory, world, clock):
+    """A $100 day, evaluated every 2 minutes on the injected clock: job A runs
+    01:00-09:00 at $8/h and is preempted at 05:00 (its recovery starts at
+    05:04), job B runs 08:00-18:00 at $6/h; the budget is crossed once, at
+    14:00. Three real conditions: the running rate ends the day over
+    budget (from 01:00), the spend's level (50 %, then 80 %), the cap. Each
+    is opened once and no notification is sent twice; the old rules opened
+    three spend alerts and resolved and refired the rate's in the gap."""
+    day = T0.replace(hour=0)
+    clock.t = day
+    team = world.team()
+    set_budget(factory, clock, team, amount=100.0)
+    a_job, b_job = world.job(team, "a"), world.job(team, "b")
+    plan = {day.replace(hour=1): lambda: world.attempt(a_job, price=8.0, spot=True, start=clock.now()),
+            day.replace(hour=5): lambda: world.end(attempts["a"], clock.now(), "preempted"),
+            day.replace(hour=5, minute=4): lambda: world.attempt(a_job, price=8.0, spot=True, start=clock.now()),
+            day.replace(hour=8): lambda: world.attempt(b_job, price=6.0, spot=True, start=clock.now()),
+            day.replace(hour=9): lambda: world.end(attempts["a"], clock.now()),
+            day.replace(hour=18): lambda: world.end(attempts["b"], clock.now())}
+    attempts = {}
+    acc = Accruer(factory, MoneySettings(_env_file=None), clock=clock)
+    while clock.now() < day + timedelta(days=1, hours=1):
+        step = plan.get(clock.now())
+        if step:
+            made = step()
+            if made:
+                attempts["b" if clock.now().hour == 8 else "a"] = made
+        acc.accrue(clock.now())
+        with transaction(factory) as s:
+            alerts.evaluate(s, clock.now())
+        clock.advance(minutes=2)
+    with factory() as s:
+        opened = s.scalars(select(Alert).order_by(Alert.id)).all()
+        sent = s.execute(select(Notification.kind, Notification.alert_id, Notification.created_at)
+                         .order_by(Notification.id)).all()
+    fires = [(a.rule, a.fired_at.hour) for a in opened]
+    assert fires == [("forecast", 1), ("spend_100", 7), ("hard_cap", 14)]  # the spend alert climbed to 100
+    assert len(sent) == len({(k, a) for k, a, _ in sent})                   # nothing sent twice
+    assert [(k, next(a.rule for a in opened if a.id == i)) for k, i, _ in sent] == [
+        ("fire", "forecast"), ("fire", "spend_100"), ("escalate_80", "spend_100"), ("fire", "hard_cap"),
+        ("resolve", "forecast"), ("resolve", "spend_100"), ("resolve", "hard_cap")]
+    assert all(a.resolved_at is not None for a in opened)                  # the next day starts clean
