@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import case, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
@@ -69,17 +69,19 @@ class Spend:
     committed_rate: float = 0.0   # $/h of its running attempts
 
 
-def gather(session: Session, now: datetime) -> dict[int, Spend]:
-    """Every budgeted team's spend, in three statements whatever their number."""
+def gather(session: Session, now: datetime, teams: set[int] | None = None) -> dict[int, Spend]:
+    """Every budgeted team's spend (or those of `teams`), in four statements
+    whatever their number."""
+    budgeted = Budget.team_id.in_(teams) if teams is not None else true()
     starts = {p: budgets.period_of(p, now).start for p in ("day", "week", "month")}
     since = min([*starts.values(), now - WINDOWS["6h"]])
     cols = [func.sum(case((LedgerEntry.start_at >= s, LedgerEntry.amount), else_=0.0)) for s in starts.values()]
     cols += [func.sum(case((LedgerEntry.start_at >= now - w, LedgerEntry.amount), else_=0.0))
              for w in WINDOWS.values()]
-    kinds = {r.team_id: r.period for r in session.execute(select(Budget.team_id, Budget.period))}
+    kinds = {r.team_id: r.period for r in session.execute(select(Budget.team_id, Budget.period).where(budgeted))}
     out = {team_id: Spend(windows=dict.fromkeys(WINDOWS, 0.0)) for team_id in kinds}
     rows = session.execute(select(LedgerEntry.team_id, *cols).join(Budget, Budget.team_id == LedgerEntry.team_id)
-                           .where(LedgerEntry.start_at >= since, LedgerEntry.start_at < now)
+                           .where(budgeted, LedgerEntry.start_at >= since, LedgerEntry.start_at < now)
                            .group_by(LedgerEntry.team_id))
     for team_id, day, week, month, *windows in rows:
         if team_id not in out:  # its budget was set after `kinds` was read: the next pass sees it
@@ -92,7 +94,7 @@ def gather(session: Session, now: datetime) -> dict[int, Spend]:
                    Attempt.price_per_hour * Attempt.num_nodes)
             .join(Job, Job.id == Attempt.job_id).join(Budget, Budget.team_id == Job.team_id)
             .outerjoin(LedgerCursor, LedgerCursor.attempt_id == Attempt.id)
-            .where(Attempt.started_at.is_not(None),
+            .where(budgeted, Attempt.started_at.is_not(None),
                    or_(Attempt.ended_at.is_(None), Attempt.ended_at > since),
                    or_(LedgerCursor.closed.is_(False), LedgerCursor.attempt_id.is_(None)))):
         if team_id in out:   # the unwritten rest of an open attempt, in each window it falls in
@@ -101,7 +103,7 @@ def gather(session: Session, now: datetime) -> dict[int, Spend]:
     for team_id, rate in session.execute(
             select(Job.team_id, func.sum(Attempt.price_per_hour * Attempt.num_nodes))
             .join(Job, Job.id == Attempt.job_id).join(Budget, Budget.team_id == Job.team_id)
-            .where(Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])).group_by(Job.team_id)):
+            .where(budgeted, Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])).group_by(Job.team_id)):
         if team_id in out:
             out[team_id].committed_rate = rate or 0.0
     return out
@@ -192,6 +194,22 @@ def conditions(budget: Budget, spend: Spend, now: datetime, team: str = "TEAM") 
 
 def _hours(left: float, rate: float) -> str:
     return "no time" if left <= 0 else f"{left / rate:.1f} h" if rate > 0 else "indefinitely"
+
+
+def live(session: Session, open_alerts: list[Alert], now: datetime) -> dict[int, Condition | None]:
+    """Each open alert's condition read now (None: it no longer holds, the
+    alert waits out its hold), so what a reader sees is not the figure of
+    the minute it fired; a few statements for all of them."""
+    teams = {a.team_id for a in open_alerts}
+    if not teams:
+        return {}
+    spend = gather(session, now, teams)
+    names = {r.id: r.name for r in session.execute(select(Team.id, Team.name).where(Team.id.in_(teams)))}
+    holding = {}
+    for budget in session.scalars(select(Budget).where(Budget.team_id.in_(teams))):
+        for c in conditions(budget, spend[budget.team_id], now, names.get(budget.team_id, "TEAM")):
+            holding[(budget.team_id, key_of(c.rule))] = c
+    return {a.id: holding.get((a.team_id, key_of(a.rule))) for a in open_alerts}
 
 
 def _event(kind: str, c: Condition | Alert, now: datetime) -> dict:
