@@ -222,7 +222,10 @@ def evaluate(session: Session, now: datetime, hold: timedelta = timedelta(minute
     spend = gather(session, now)
     names = {r.id: r.name for r in session.execute(select(Team.id, Team.name).join(Budget, Budget.team_id == Team.id))}
     open_ = {}
-    for alert in session.scalars(select(Alert).where(Alert.open_key.is_not(None))):
+    for alert in session.scalars(select(Alert).where(Alert.open_key.is_not(None)).order_by(Alert.id)):
+        earlier = open_.get((alert.team_id, key_of(alert.rule)))
+        if earlier is not None:   # spend_50/80/100 opened apart before they were one alert: keep the newest
+            earlier.open_key, earlier.resolved_at = None, now
         open_[(alert.team_id, key_of(alert.rule))] = alert
     silenced = {(s.team_id, s.rule) for s in session.scalars(select(AlertSilence).where(AlertSilence.until > now))}
     opened = resolved = 0

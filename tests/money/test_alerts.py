@@ -224,3 +224,18 @@ def test_a_realistic_day_sends_one_notification_per_real_condition(factory, worl
         ("fire", "forecast"), ("fire", "spend_100"), ("escalate_80", "spend_100"), ("fire", "hard_cap"),
         ("resolve", "forecast"), ("resolve", "spend_100"), ("resolve", "hard_cap")]
     assert all(a.resolved_at is not None for a in opened)                  # the next day starts clean
+
+
+def test_spend_alerts_opened_apart_before_the_upgrade_become_one(factory, world, clock):
+    team = world.team()
+    set_budget(factory, clock, team, rules={"fast_burn": False, "slow_burn": False, "forecast": False,
+                                            "committed_hours": 0.001})
+    with transaction(factory) as s:
+        for t in (50, 80):
+            s.add(Alert(team_id=team, rule=f"spend_{t}", open_key=f"{team}:spend_{t}", severity="warning",
+                        summary="old", advice="old", value=1.0, threshold=t / 100 * 24, fired_at=T0))
+    world.attempt(world.job(team), price=12.0, spot=False)
+    clock.advance(minutes=100)                                  # 83 %
+    evaluate(factory, clock)
+    assert open_rules(factory) == {"spend_80"}
+    assert evaluate(factory, clock) == (0, 0)
