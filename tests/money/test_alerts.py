@@ -92,6 +92,10 @@ def test_one_spend_alert_per_period_escalates_50_80_100(factory, world, clock):
         ("fire", "spend_50"), ("escalate", "spend_80"), ("escalate", "spend_100")]
     assert "threshold 50%" in alert.history[0]["summary"]
     assert sent == [("fire", "spend_100"), ("escalate_80", "spend_100"), ("fire", "hard_cap")]
+    with factory() as s:
+        bodies = s.scalars(select(Notification.body).order_by(Notification.id)).all()
+    assert "threshold 80%" in bodies[1] and "`spotbroker costs --team ml --group-by job`" in bodies[1]
+    assert "`spotbroker budget set ml AMOUNT --period day` (admin) raises the budget" in bodies[2]  # was {team}
     clock.advance(days=1)                                     # a new period: the spend alert resolves at once
     world_end_all(factory, clock)
     evaluate(factory, clock)
