@@ -474,6 +474,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--growth-hours", type=float, default=2.0)
     p.add_argument("--only-api", action="store_true", help="parts 1 and 2 only")
+    p.add_argument("--only-alerts", action="store_true", help="part 2 only (on the same seeded ledger)")
     p.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql",
                    help="for parts 1 and 2 (with sqlite, only those run: 3 and 4 measure PostgreSQL)")
     args = p.parse_args()
@@ -491,16 +492,17 @@ def main() -> None:
         copy_s = seed_ledger(engine, attempts, args.entries, now)
         print(f"seeded {args.entries:,} entries for {args.teams} teams over {DAYS} days on {args.database} in "
               f"{time.perf_counter() - t:.0f} s (the entries {copy_s:.0f} s)")
-        print("1. costs API, 90-day team view, through HTTP:")
-        served = Served(url, data_dir)
-        try:
-            costs_api(served, [f"team{i:04d}" for i in range(args.teams)], args.requests, now, CpuMeter(engine))
-        finally:
-            served.close()
+        if not args.only_alerts:
+            print("1. costs API, 90-day team view, through HTTP:")
+            served = Served(url, data_dir)
+            try:
+                costs_api(served, [f"team{i:04d}" for i in range(args.teams)], args.requests, now, CpuMeter(engine))
+            finally:
+                served.close()
         print("2. alert evaluation:")
         more = seed_teams(factory, args.teams, args.alert_teams - args.teams, now)
         alert_passes(factory, teams + more, now)
-        if args.only_api or args.database != "postgresql":
+        if args.only_api or args.only_alerts or args.database != "postgresql":
             return
         print("3. ledger growth:")
         table_size(engine, args.entries, fresh(data_dir, lambda f: growth(f, args.growth_hours, 60.0)), args.teams)

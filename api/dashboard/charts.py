@@ -149,7 +149,7 @@ def burn(b: BudgetView, now: datetime, height: int = 240) -> Chart:
     chart.texts.append(dict(x=LEFT + 4, y=height - 8, text=f"{b.start:%Y-%m-%d}", cls="tick", anchor="start"))
     chart.texts.append(dict(x=x1, y=height - 8, text=f"{b.end:%Y-%m-%d}", cls="tick", anchor="end"))
     chart.legend = [("spent", "#0072B2"), ("even rate", "#999999"), ("budget", "#D55E00"),
-                    ("forecast (last 6 h's rate)", "#E69F00")]
+                    ("forecast (the running jobs' rate)", "#E69F00")]
     return chart
 
 

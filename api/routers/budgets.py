@@ -17,7 +17,8 @@ from spotbroker.api.deps import MAX_ID, Admin, SessionDep
 from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
 from spotbroker.broker.money import budgets, service
-from spotbroker.broker.money.alerts import RULES
+from spotbroker.broker.money.alerts import RULES, Condition
+from spotbroker.broker.money.models import Alert
 from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.store.models import Team
 from spotbroker.broker.store.sealing import Keyring, SealError
@@ -101,18 +102,32 @@ def put_budget(request: Request, body: budgets.BudgetIn, name: TeamName, _: Admi
     return out
 
 
+class AlertEvent(BaseModel):
+    at: datetime
+    kind: Literal["fire", "escalate", "resolve"]
+    rule: str | None = None
+    severity: str | None = None
+    summary: str | None = None
+    value: float | None = None
+
+
 class AlertOut(BaseModel):
     id: int
     team: str
     rule: str
     state: Literal["open", "resolved"]
     severity: str
-    summary: str
-    advice: str = Field(description="what to do")
+    summary: str = Field(description="an open alert: its figures read now (as_of); resolved: the last ones sent")
+    advice: str = Field(description="what to do (the commands)")
     value: float | None
     threshold: float | None
     fired_at: datetime
     resolved_at: datetime | None
+    as_of: datetime = Field(description="when summary and value were read")
+    clear_since: datetime | None = Field(None, description=(
+        "open, but its condition has not held since then (a rate's alert resolves once clear for a while)"))
+    fired_summary: str = Field(description="the figures it fired with")
+    history: list[AlertEvent] = Field(default_factory=list, description="fired, escalated, resolved, oldest first")
 
 
 class AlertList(BaseModel):
@@ -120,18 +135,28 @@ class AlertList(BaseModel):
 
 
 @router.get("/alerts", response_model=AlertList, responses=responses(401, 403, 404, 422))
-def list_alerts(session: SessionDep, principal: Caller,
+def list_alerts(session: SessionDep, principal: Caller, request: Request,
                 team: Annotated[str | None, Query(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$",
                                                   description="default: the token's team (admin: all)")] = None,
                 state: Literal["open", "resolved", "all"] = "all",
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> AlertList:
     """Budget alerts, newest first."""
     team_id = _readable_team(session, principal, team)
-    found = service.list_alerts(session, team_id, state, limit)
-    return AlertList(alerts=[AlertOut(
-        id=a.id, team=n, rule=a.rule, state="open" if a.open_key else "resolved", severity=a.severity,
+    found = service.list_alerts(session, team_id, state, request.app.state.clock.now(), limit)
+    return AlertList(alerts=[_alert_out(a, n, now, c) for a, n, now, c in found])
+
+
+def _alert_out(a: Alert, team: str, now: datetime, live: Condition | None) -> AlertOut:
+    history = a.history or []
+    out = AlertOut(
+        id=a.id, team=team, rule=a.rule, state="open" if a.open_key else "resolved", severity=a.severity,
         summary=a.summary, advice=a.advice, value=a.value, threshold=a.threshold, fired_at=a.fired_at,
-        resolved_at=a.resolved_at) for a, n in found])
+        resolved_at=a.resolved_at, as_of=now, clear_since=a.clear_since,
+        fired_summary=history[0].get("summary", a.summary) if history else a.summary,
+        history=[AlertEvent.model_validate(e) for e in history])
+    if live is not None:
+        out.severity, out.summary, out.value = live.severity, live.summary, live.value
+    return out
 
 
 class SilenceIn(BaseModel):

@@ -7,16 +7,23 @@ per budget, see budgets.Rules):
 - fast_burn: the 1 h and the 5 min windows both burn ≥ 14.4× (2 % of a
   month's budget in an hour, and still now);
 - slow_burn: the 6 h and the 30 min windows both burn ≥ 6×;
-- forecast: at the last 6 h's rate the period ends over budget;
-- spend_N: N % of the budget actually spent (50/80/100 by default);
-- committed: the running attempts' prices (known in advance) would spend
-  what is left in under `committed_hours` (24 by default);
+- forecast: what is spent plus the running attempts' rate (price × nodes,
+  now) to the period's end is over budget (an average over past hours
+  would dilute a job that just started);
+- spend_N: N % of the budget actually spent (50/80/100 by default): one
+  alert per period, which escalates to the next threshold crossed;
+- committed: the running attempts' rate would spend what is left in under
+  `committed_hours` (24 by default), when the forecast does not already say so;
 - hard_cap: the budget is spent; new jobs are held (always on).
 
-An alert is opened once per (team, rule) while its condition holds and
-resolved when it stops; opening and resolving each queue one notification
-per target in the same transaction (the outbox, notify.py), unless the rule
-is silenced. Spend is the ledger's written entries (accrual writes whole
+An alert is opened once per (team, condition) while it holds; a rate's
+alert (burn, forecast, committed) resolves once it has been clear for
+`hold` (a preemption's few minutes between attempts do not resolve and
+refire it), a spend's or the cap's as soon as it clears (a new period).
+Opening, escalating and resolving each queue one notification per target
+in the same transaction (the outbox, notify.py), unless the rule is
+silenced; a spend threshold of 100 % or more reached while the hard cap
+holds sends nothing of its own (the cap's message says it). Spend is the ledger's written entries (accrual writes whole
 intervals, so they stop at most two intervals back) plus the unwritten
 rest of each open attempt at its price, so a window counts to now and a
 crossing is seen by the first evaluation after it, whether or not an
@@ -29,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import case, func, or_, select
+from sqlalchemy import case, func, or_, select, true
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
@@ -62,17 +69,19 @@ class Spend:
     committed_rate: float = 0.0   # $/h of its running attempts
 
 
-def gather(session: Session, now: datetime) -> dict[int, Spend]:
-    """Every budgeted team's spend, in three statements whatever their number."""
+def gather(session: Session, now: datetime, teams: set[int] | None = None) -> dict[int, Spend]:
+    """Every budgeted team's spend (or those of `teams`), in four statements
+    whatever their number."""
+    budgeted = Budget.team_id.in_(teams) if teams is not None else true()
     starts = {p: budgets.period_of(p, now).start for p in ("day", "week", "month")}
     since = min([*starts.values(), now - WINDOWS["6h"]])
     cols = [func.sum(case((LedgerEntry.start_at >= s, LedgerEntry.amount), else_=0.0)) for s in starts.values()]
     cols += [func.sum(case((LedgerEntry.start_at >= now - w, LedgerEntry.amount), else_=0.0))
              for w in WINDOWS.values()]
-    kinds = {r.team_id: r.period for r in session.execute(select(Budget.team_id, Budget.period))}
+    kinds = {r.team_id: r.period for r in session.execute(select(Budget.team_id, Budget.period).where(budgeted))}
     out = {team_id: Spend(windows=dict.fromkeys(WINDOWS, 0.0)) for team_id in kinds}
     rows = session.execute(select(LedgerEntry.team_id, *cols).join(Budget, Budget.team_id == LedgerEntry.team_id)
-                           .where(LedgerEntry.start_at >= since, LedgerEntry.start_at < now)
+                           .where(budgeted, LedgerEntry.start_at >= since, LedgerEntry.start_at < now)
                            .group_by(LedgerEntry.team_id))
     for team_id, day, week, month, *windows in rows:
         if team_id not in out:  # its budget was set after `kinds` was read: the next pass sees it
@@ -85,7 +94,7 @@ def gather(session: Session, now: datetime) -> dict[int, Spend]:
                    Attempt.price_per_hour * Attempt.num_nodes)
             .join(Job, Job.id == Attempt.job_id).join(Budget, Budget.team_id == Job.team_id)
             .outerjoin(LedgerCursor, LedgerCursor.attempt_id == Attempt.id)
-            .where(Attempt.started_at.is_not(None),
+            .where(budgeted, Attempt.started_at.is_not(None),
                    or_(Attempt.ended_at.is_(None), Attempt.ended_at > since),
                    or_(LedgerCursor.closed.is_(False), LedgerCursor.attempt_id.is_(None)))):
         if team_id in out:   # the unwritten rest of an open attempt, in each window it falls in
@@ -94,7 +103,7 @@ def gather(session: Session, now: datetime) -> dict[int, Spend]:
     for team_id, rate in session.execute(
             select(Job.team_id, func.sum(Attempt.price_per_hour * Attempt.num_nodes))
             .join(Job, Job.id == Attempt.job_id).join(Budget, Budget.team_id == Job.team_id)
-            .where(Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])).group_by(Job.team_id)):
+            .where(budgeted, Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES])).group_by(Job.team_id)):
         if team_id in out:
             out[team_id].committed_rate = rate or 0.0
     return out
@@ -110,7 +119,27 @@ def _add_tail(spend: Spend, period: str, starts: dict[str, datetime], now: datet
         spend.windows[k] += dollars(now - w)
 
 
-def conditions(budget: Budget, spend: Spend, now: datetime) -> list[Condition]:
+def key_of(rule: str) -> str:
+    """The condition an alert stands for: every spend threshold is one."""
+    return "spend" if rule.startswith("spend_") else rule
+
+
+# Rates come and go with attempts: these resolve only once clear for a while.
+RATE_RULES = frozenset({"fast_burn", "slow_burn", "forecast", "committed"})
+# Where the dashboard sends its reader instead of a command: the job that spends, or the budget.
+LINKS = {"fast_burn": "job", "slow_burn": "job", "forecast": "job", "committed": "job", "spend": "budget",
+         "hard_cap": "budget"}
+READER_ADVICE = {
+    "fast_burn": "Look at the job spending it, and stop what should not run",
+    "slow_burn": "Look at the jobs started today",
+    "forecast": "Look at the running jobs: slow down, or ask the admin to raise the budget before then",
+    "committed": "Look at the running jobs: stop what can wait, or ask the admin to raise the budget",
+    "spend": "See where the budget went",
+    "hard_cap": "New jobs wait until the admin raises the budget or the next period starts",
+}
+
+
+def conditions(budget: Budget, spend: Spend, now: datetime, team: str = "TEAM") -> list[Condition]:
     """The rules of one budget that hold now. Functions of this size read
     better whole: each rule is three lines of arithmetic and its words."""
     rules = budgets.Rules.model_validate(budget.rules or {})
@@ -119,43 +148,47 @@ def conditions(budget: Budget, spend: Spend, now: datetime) -> list[Condition]:
     burn = {k: spend.windows[k] / (w.total_seconds() / 3600) / even for k, w in WINDOWS.items()}
     left = budget.amount - spend.period
     hours_left = (period.end - now).total_seconds() / 3600
-    look = "see `spotbroker costs --group-by job` for where it goes"
+    look = f"`spotbroker costs --team {team} --group-by job` shows where it goes"
+    raise_it = f"`spotbroker budget set {team} AMOUNT --period {budget.period}` (admin) raises the budget"
     out = []
     if rules.fast_burn and burn["1h"] >= FAST and burn["5m"] >= FAST:
         out.append(Condition("fast_burn", "critical", f"spending {burn['1h']:.1f}x the budget's even rate over "
                              f"the last hour (${spend.windows['1h']:.2f}); the {budget.period}'s budget lasts "
                              f"{_hours(left, spend.windows['1h'])} more at this pace",
-                             f"{look}; cancel what should not run, or raise the budget", burn["1h"], FAST))
+                             f"{look}; `spotbroker cancel JOB` stops what should not run, or {raise_it}",
+                             burn["1h"], FAST))
     if rules.slow_burn and burn["6h"] >= SLOW and burn["30m"] >= SLOW:
         out.append(Condition("slow_burn", "warning", f"spending {burn['6h']:.1f}x the budget's even rate over "
                              f"the last 6 hours (${spend.windows['6h']:.2f})",
                              f"{look}; check the jobs started today", burn["6h"], SLOW))
-    rate = spend.windows["6h"] / 6
+    rate = spend.committed_rate
     forecast = spend.period + rate * hours_left
-    if rules.forecast and rate > 0 and forecast > budget.amount:
-        out_at = now + timedelta(hours=max(left, 0) / rate)
-        out.append(Condition("forecast", "warning", f"at the last 6 hours' rate (${rate:.2f}/h) the "
-                             f"{budget.period} ends at ${forecast:.2f} of ${budget.amount:.2f}; the budget runs "
-                             f"out about {out_at:%Y-%m-%d %H:%M} UTC",
-                             f"{look}; slow down, or raise the budget before then", forecast, budget.amount))
-    for t in sorted(set(rules.thresholds)):
-        if spend.period >= budget.amount * t / 100:
-            out.append(Condition(f"spend_{t:g}", "critical" if t >= 100 else "warning",
-                                 f"{spend.period / budget.amount * 100:.0f}% of the {budget.period}'s budget "
-                                 f"spent (${spend.period:.2f} of ${budget.amount:.2f})",
-                                 look, spend.period, budget.amount * t / 100))
-    if spend.committed_rate > 0 and 0 < left < spend.committed_rate * rules.committed_hours:
-        out.append(Condition("committed", "warning", f"the running jobs cost ${spend.committed_rate:.2f}/h, "
-                             f"which spends the ${left:.2f} left in {_hours(left, spend.committed_rate)}",
-                             f"{look}; stop what can wait, or raise the budget",
-                             left / spend.committed_rate, rules.committed_hours))
+    if rules.forecast and rate > 0 and left > 0 and forecast > budget.amount:
+        out_at = now + timedelta(hours=left / rate)
+        out.append(Condition("forecast", "warning", f"the running jobs cost ${rate:.2f}/h; with the "
+                             f"${spend.period:.2f} spent, the {budget.period} ends at ${forecast:.2f} of "
+                             f"${budget.amount:.2f}: the budget runs out about {out_at:%Y-%m-%d %H:%M} UTC",
+                             f"{look}; slow down, or {raise_it} before then", forecast, budget.amount))
+    crossed = [t for t in sorted(set(rules.thresholds)) if spend.period >= budget.amount * t / 100]
+    if crossed:
+        t = crossed[-1]
+        out.append(Condition(f"spend_{t:g}", "critical" if t >= 100 else "warning",
+                             f"{spend.period / budget.amount * 100:.0f}% of the {budget.period}'s budget "
+                             f"spent (${spend.period:.2f} of ${budget.amount:.2f}; threshold {t:g}%)",
+                             look, spend.period, budget.amount * t / 100))
+    forecasting = any(c.rule == "forecast" for c in out)
+    if not forecasting and rate > 0 and 0 < left < rate * rules.committed_hours:
+        out.append(Condition("committed", "warning", f"the running jobs cost ${rate:.2f}/h, "
+                             f"which spends the ${left:.2f} left in {_hours(left, rate)}",
+                             f"{look}; `spotbroker cancel JOB` stops what can wait, or {raise_it}",
+                             left / rate, rules.committed_hours))
     if spend.period >= budget.amount:
         action = ("running jobs are stopped (checkpoints kept) and new ones held"
                   if budget.hard_cap_action == "stop_running" else "new jobs are held")
         out.append(Condition("hard_cap", "critical", f"the {budget.period}'s budget of ${budget.amount:.2f} is "
                              f"spent (${spend.period:.2f}): {action}",
-                             "raise the budget (PUT /v1/teams/{team}/budget) to release the held jobs, or wait "
-                             f"for the next {budget.period}", spend.period, budget.amount))
+                             f"{raise_it} and releases the held jobs; or wait for the next {budget.period}",
+                             spend.period, budget.amount))
     return out
 
 
@@ -163,33 +196,76 @@ def _hours(left: float, rate: float) -> str:
     return "no time" if left <= 0 else f"{left / rate:.1f} h" if rate > 0 else "indefinitely"
 
 
-def evaluate(session: Session, now: datetime) -> tuple[int, int]:
-    """Open and resolve alerts for every budget; (opened, resolved)."""
+def live(session: Session, open_alerts: list[Alert], now: datetime) -> dict[int, Condition | None]:
+    """Each open alert's condition read now (None: it no longer holds, the
+    alert waits out its hold), so what a reader sees is not the figure of
+    the minute it fired; a few statements for all of them."""
+    teams = {a.team_id for a in open_alerts}
+    if not teams:
+        return {}
+    spend = gather(session, now, teams)
+    names = {r.id: r.name for r in session.execute(select(Team.id, Team.name).where(Team.id.in_(teams)))}
+    holding = {}
+    for budget in session.scalars(select(Budget).where(Budget.team_id.in_(teams))):
+        for c in conditions(budget, spend[budget.team_id], now, names.get(budget.team_id, "TEAM")):
+            holding[(budget.team_id, key_of(c.rule))] = c
+    return {a.id: holding.get((a.team_id, key_of(a.rule))) for a in open_alerts}
+
+
+def _event(kind: str, c: Condition | Alert, now: datetime) -> dict:
+    return {"at": now.isoformat(), "kind": kind, "rule": c.rule, "severity": c.severity, "summary": c.summary,
+            "value": c.value}
+
+
+def evaluate(session: Session, now: datetime, hold: timedelta = timedelta(minutes=15)) -> tuple[int, int]:
+    """Open, escalate and resolve alerts for every budget; (opened, resolved)."""
     spend = gather(session, now)
     names = {r.id: r.name for r in session.execute(select(Team.id, Team.name).join(Budget, Budget.team_id == Team.id))}
     open_ = {}
-    for alert in session.scalars(select(Alert).where(Alert.open_key.is_not(None))):
-        open_[(alert.team_id, alert.rule)] = alert
+    for alert in session.scalars(select(Alert).where(Alert.open_key.is_not(None)).order_by(Alert.id)):
+        earlier = open_.get((alert.team_id, key_of(alert.rule)))
+        if earlier is not None:   # spend_50/80/100 opened apart before they were one alert: keep the newest
+            earlier.open_key, earlier.resolved_at = None, now
+        open_[(alert.team_id, key_of(alert.rule))] = alert
     silenced = {(s.team_id, s.rule) for s in session.scalars(select(AlertSilence).where(AlertSilence.until > now))}
     opened = resolved = 0
     for budget in session.scalars(select(Budget)):
-        holding = {c.rule: c for c in conditions(budget, spend[budget.team_id], now)}
-        quiet = {rule for (team, rule) in silenced if team == budget.team_id}
-        for rule, c in holding.items():
-            if (budget.team_id, rule) in open_:
+        team = names[budget.team_id]
+        holding = {key_of(c.rule): c for c in conditions(budget, spend[budget.team_id], now, team)}
+        quiet = {rule for (t, rule) in silenced if t == budget.team_id}
+        capped = "hard_cap" in holding   # the cap's own message says the budget is spent
+        for key, c in holding.items():
+            alert = open_.get((budget.team_id, key))
+            if alert is None:
+                alert = Alert(team_id=budget.team_id, rule=c.rule, open_key=f"{budget.team_id}:{key}",
+                              severity=c.severity, summary=c.summary, advice=c.advice, value=c.value,
+                              threshold=c.threshold, fired_at=now, history=[_event("fire", c, now)])
+                session.add(alert)
+                session.flush()
+                if not (capped and key == "spend" and c.threshold >= budget.amount):
+                    _queue(session, budget, alert, team, "fire", quiet, now)
+                opened += 1
                 continue
-            alert = Alert(team_id=budget.team_id, rule=rule, open_key=f"{budget.team_id}:{rule}",
-                          severity=c.severity, summary=c.summary, advice=c.advice, value=c.value,
-                          threshold=c.threshold, fired_at=now)
-            session.add(alert)
-            session.flush()
-            _queue(session, budget, alert, names[budget.team_id], "fire", quiet, now)
-            opened += 1
-        for (team, rule), alert in open_.items():
-            if team == budget.team_id and rule not in holding:
-                alert.open_key, alert.resolved_at = None, now
-                _queue(session, budget, alert, names[team], "resolve", quiet, now)
-                resolved += 1
+            if alert.clear_since is not None:
+                alert.clear_since = None
+            if key == "spend" and c.rule != alert.rule and c.threshold > (alert.threshold or 0):
+                alert.rule, alert.severity, alert.threshold = c.rule, c.severity, c.threshold
+                alert.summary, alert.value = c.summary, c.value
+                alert.history = [*(alert.history or []), _event("escalate", c, now)]
+                if not (capped and c.threshold >= budget.amount):
+                    _queue(session, budget, alert, team, f"escalate_{c.rule[6:]}"[:16], quiet, now)
+        for (t, key), alert in open_.items():
+            if t != budget.team_id or key in holding:
+                continue
+            if key in RATE_RULES and hold > timedelta(0):
+                if alert.clear_since is None:
+                    alert.clear_since = now
+                if now - alert.clear_since < hold:
+                    continue
+            alert.open_key, alert.resolved_at, alert.clear_since = None, now, None
+            alert.history = [*(alert.history or []), {"at": now.isoformat(), "kind": "resolve"}]
+            _queue(session, budget, alert, team, "resolve", quiet, now)
+            resolved += 1
     return opened, resolved
 
 
@@ -199,6 +275,9 @@ def _queue(session: Session, budget: Budget, alert: Alert, team: str, kind: str,
         return
     if kind == "fire":
         title = f"[spotbroker] {alert.severity}: team {team}: {alert.rule.replace('_', ' ')}"
+        body = f"{alert.summary}.\nWhat to do: {alert.advice}."
+    elif kind.startswith("escalate"):
+        title = f"[spotbroker] {alert.severity}: team {team}: {alert.rule.replace('_', ' ')}% (escalated)"
         body = f"{alert.summary}.\nWhat to do: {alert.advice}."
     else:
         title = f"[spotbroker] resolved: team {team}: {alert.rule.replace('_', ' ')}"

@@ -3,9 +3,10 @@ ledger's reads (views.py), so the page and the costs API agree: the same
 functions give the same totals.
 
 A team's page: spend per day by cloud and by GPU, where the budget's period
-stands (spent, the even-rate line, the forecast at the last 6 hours' rate,
+stands (spent, the even-rate line, the forecast at the running jobs' rate,
 as the forecast alert computes it), savings and waste, the top jobs by cost
-with each attempt's span, price and end, checkpoint storage, open alerts.
+with each attempt's span, price and end, checkpoint storage, open alerts
+(their figures read now, each linking to the job or the budget).
 The admin's overview: every team's spend over the same range.
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import RECLAIMED
-from spotbroker.broker.money import budgets, ledger, service, storage, views
+from spotbroker.broker.money import alerts, budgets, ledger, service, storage, views
 from spotbroker.broker.money.alerts import WINDOWS
 from spotbroker.broker.money.models import Alert, Budget
 from spotbroker.broker.money.settings import MoneySettings
@@ -63,7 +64,8 @@ class BudgetView:
     spent: float
     cumulative: list[tuple[datetime, float]]   # spend to the end of each day of the period, then to now
     rate_6h: float                              # $/h over the last 6 hours
-    forecast: float                             # the period's end at that rate
+    running_rate: float                         # $/h of the attempts running now (price × nodes)
+    forecast: float                             # the period's end: spent + the running rate to the end
     burn: dict[str, float]                      # window -> multiple of the even rate
 
     @property
@@ -85,8 +87,24 @@ class TeamPage:
     checkpoints: int
     checkpoint_bytes: int
     storage_monthly_cost: float  # at the configured prices per storage class
-    alerts: list[Alert]
+    alerts: list[AlertLine]
     teams: list[str] = field(default_factory=list)   # the admin's switcher
+
+
+@dataclass(frozen=True)
+class AlertLine:
+    """An open alert as the page says it: its figures read now, and for its
+    reader a link (the job that spends, or the budget) instead of a command."""
+
+    id: int
+    rule: str
+    severity: str
+    summary: str
+    advice: str
+    link: str            # an anchor on the page
+    link_text: str
+    fired_at: datetime
+    clear_since: datetime | None
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,32 @@ def _jobs(session: Session, by_job: dict[str, views.Money], tails: list[views.Un
                     attempts=spans[int(k)]) for k, m in top if int(k) in jobs]
 
 
+def _alerts(session: Session, team_id: int, tails: list[views.Unwritten], jobs: list[JobLine],
+            now: datetime) -> list[AlertLine]:
+    """The team's open alerts, read now (no statement more when none is open)."""
+    found = list(session.scalars(select(Alert).where(Alert.team_id == team_id, Alert.open_key.is_not(None))
+                                 .order_by(Alert.id.desc())))
+    if not found:
+        return []
+    figures = alerts.live(session, found, now)
+    running = [t.attempt for t in tails if t.attempt.ended_at is None]
+    top = max(running, key=lambda a: (a.price_per_hour or 0) * a.num_nodes, default=None)
+    shown = {j.id: j.name for j in jobs}
+    out = []
+    for a in found:
+        c, key = figures.get(a.id), alerts.key_of(a.rule)
+        if alerts.LINKS.get(key) == "job" and top is not None and top.job_id in shown:
+            link, text = f"#job-{top.job_id}", f"job {shown[top.job_id]} (${top.price_per_hour * top.num_nodes:.2f}/h)"
+        elif alerts.LINKS.get(key) == "job":
+            link, text = "#attempts", "the running jobs"
+        else:
+            link, text = "#budget", "the budget"
+        out.append(AlertLine(id=a.id, rule=a.rule, severity=c.severity if c else a.severity,
+                             summary=c.summary if c else a.summary, advice=alerts.READER_ADVICE.get(key, ""),
+                             link=link, link_text=text, fired_at=a.fired_at, clear_since=a.clear_since))
+    return out
+
+
 def _budget(row: Budget, sums: views.Breakdown, now: datetime) -> BudgetView:
     """Where the budget's period stands, from the page's sums by day (read
     from the period's start, marked at the last 6 hours and the last hour)."""
@@ -146,9 +190,10 @@ def _budget(row: Budget, sums: views.Breakdown, now: datetime) -> BudgetView:
         end = min(datetime.fromisoformat(day).replace(tzinfo=period.start.tzinfo) + timedelta(days=1), now)
         cumulative.append((end, running))
     even = row.amount / period.hours
-    rate = windows["6h"] / 6
+    rate = sum((t.attempt.price_per_hour or 0.0) * t.attempt.num_nodes for t in sums.tails
+               if t.attempt.ended_at is None and t.attempt.started_at is not None)
     return BudgetView(amount=row.amount, period=row.period, start=period.start, end=period.end,
-                      spent=running, cumulative=cumulative, rate_6h=rate,
+                      spent=running, cumulative=cumulative, rate_6h=windows["6h"] / 6, running_rate=rate,
                       forecast=running + rate * (period.end - now).total_seconds() / 3600,
                       burn={k: v / (WINDOWS[k].total_seconds() / 3600) / even for k, v in windows.items()})
 
@@ -176,13 +221,13 @@ def team_page(session: Session, name: str, since: datetime, now: datetime, with_
             by_cloud[day][cloud] += m.cost
             by_gpu[day][gpu] += m.cost
     stored = storage.storage_summary(session, team_id, settings)
-    alerts = list(session.scalars(select(Alert).where(Alert.team_id == team_id, Alert.open_key.is_not(None))
-                                  .order_by(Alert.id.desc())))
+    jobs = _jobs(session, by_job, sums.tails, now)
     return TeamPage(team=name, since=since, until=now, total=total, days=_days(since, now),
-                    by_cloud=by_cloud, by_gpu=by_gpu, jobs=_jobs(session, by_job, sums.tails, now),
+                    by_cloud=by_cloud, by_gpu=by_gpu, jobs=jobs,
                     budget=_budget(row, sums, now) if row else None, checkpoints=stored.checkpoints,
                     checkpoint_bytes=stored.bytes, storage_monthly_cost=stored.monthly_cost,
-                    alerts=alerts, teams=team_names(session) if with_teams else [])
+                    alerts=_alerts(session, team_id, sums.tails, jobs, now),
+                    teams=team_names(session) if with_teams else [])
 
 
 def team_names(session: Session) -> list[str]:

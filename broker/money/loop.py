@@ -10,6 +10,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -54,7 +55,8 @@ class MoneyLoop:
         try:
             result = AlertPass()
             with transaction(self.factory) as session:
-                result.opened, result.resolved = alerts.evaluate(session, now)
+                result.opened, result.resolved = alerts.evaluate(
+                    session, now, timedelta(seconds=self.settings.alert_resolve_seconds))
             result.stopped = hardcap.stop_running(self.factory, self.clock)
             if result.stopped and self.on_stopped:
                 self.on_stopped()

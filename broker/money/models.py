@@ -120,6 +120,10 @@ class Alert(Base):
     threshold: Mapped[float | None] = mapped_column(Float)
     fired_at: Mapped[datetime]
     resolved_at: Mapped[datetime | None]
+    # What happened to it, oldest first: fired, escalated (a spend threshold), resolved, with the figures then.
+    history: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    # A rate's condition stopped holding at this instant; it resolves once clear for the hold.
+    clear_since: Mapped[datetime | None]
 
 
 class AlertSilence(Base):
@@ -150,7 +154,7 @@ class Notification(Base):
     alert_id: Mapped[int] = mapped_column(ForeignKey("alerts.id", ondelete="CASCADE"))
     team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
     target: Mapped[str] = mapped_column(String(64))
-    kind: Mapped[str] = mapped_column(String(16))            # fire | resolve
+    kind: Mapped[str] = mapped_column(String(16))            # fire | escalate_N | resolve
     title: Mapped[str] = mapped_column(Text)
     body: Mapped[str] = mapped_column(Text)
     tries: Mapped[int] = mapped_column(Integer, default=0)

@@ -9,7 +9,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.money import budgets, hardcap, views
+from spotbroker.broker.money import alerts, budgets, hardcap, views
 from spotbroker.broker.money.models import Alert, AlertSilence, Budget
 from spotbroker.broker.store.models import Team
 from spotbroker.broker.store.sealing import Keyring
@@ -59,8 +59,11 @@ def set_budget(session: Session, name: str, body: budgets.BudgetIn, clock: Clock
 # --- alerts ----------------------------------------------------------------------------
 
 
-def list_alerts(session: Session, team: int | None, state: str, limit: int) -> list[tuple[Alert, str]]:
-    """Alerts newest first, each with its team's name; `state` open, resolved or all."""
+def list_alerts(session: Session, team: int | None, state: str, now: datetime,
+                limit: int) -> list[tuple[Alert, str, datetime, alerts.Condition | None]]:
+    """Alerts newest first, each with its team's name, when its figures were
+    read and, open, its condition read now (None: no longer holding);
+    `state` open, resolved or all."""
     query = select(Alert, Team.name).join(Team, Team.id == Alert.team_id)
     if team is not None:
         query = query.where(Alert.team_id == team)
@@ -68,7 +71,9 @@ def list_alerts(session: Session, team: int | None, state: str, limit: int) -> l
         query = query.where(Alert.open_key.is_not(None))
     elif state == "resolved":
         query = query.where(Alert.open_key.is_(None))
-    return [tuple(r) for r in session.execute(query.order_by(Alert.id.desc()).limit(limit))]
+    found = [tuple(r) for r in session.execute(query.order_by(Alert.id.desc()).limit(limit))]
+    figures = alerts.live(session, [a for a, _ in found if a.open_key], now)
+    return [(a, name, now if a.open_key else a.resolved_at, figures.get(a.id)) for a, name in found]
 
 
 def silence(session: Session, name: str, rule: str, minutes: float, now: datetime) -> AlertSilence:

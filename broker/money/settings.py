@@ -16,6 +16,10 @@ class MoneySettings(BaseSettings):
     accrual_interval: float = Field(60.0, gt=0, le=60)
     # Seconds between alert evaluations (and outbox deliveries).
     alert_interval: float = Field(60.0, gt=0)
+    # A rate's alert (burn, forecast, committed) resolves once its condition
+    # has been clear this many seconds, so the minutes between a preempted
+    # attempt and its recovery do not resolve it and fire it again.
+    alert_resolve_seconds: float = Field(900.0, ge=0)
     # A background duty's hold, so that one broker of several does it at a time.
     lease_seconds: float = Field(120.0, gt=0)
     # Outbox: tries before a notification is given up (it stays listed), and

@@ -115,3 +115,40 @@ def test_only_the_admin_silences_a_budgets_alerts_and_a_team_reads_its_own_silen
     (old,) = api.get("/v1/alerts/silences", params={"expired": "true"}, headers=a).json()["silences"]
     assert old["id"] == made.json()["id"]
     assert api.delete("/v1/alerts/silences/999999", headers=ADMIN).status_code == 404
+
+
+def test_an_open_alerts_figures_are_read_now_and_its_history_kept(api, team_headers, settings):
+    """The text an alert fired with stayed its text ("27.7x" while the page
+    said "282.7x"): /v1/alerts now answers an open alert's figures as they
+    are, and keeps what it fired with."""
+    from spotbroker.broker.money import alerts
+
+    a = team_headers("a")
+    assert api.put("/v1/teams/a/budget", json={"amount": 10, "period": "month"}, headers=ADMIN).status_code == 200
+    engine = make_engine(settings.sqlalchemy_url)
+    factory = make_session_factory(engine)
+    now = datetime.now(UTC)
+
+    def running(price: float) -> None:
+        with transaction(factory) as s:
+            team = s.scalar(select(Team.id).where(Team.name == "a"))
+            job = Job(team_id=team, name=f"run{price:g}", state="RUNNING", spec={"name": "r", "run": "true"},
+                      restarts=0, recoveries=0, created_at=now, updated_at=now)
+            s.add(job)
+            s.flush()
+            s.add(Attempt(job_id=job.id, state="RUNNING", launcher="local", cloud="aws", region="us-east-1",
+                          use_spot=False, num_nodes=1, price_per_hour=price, created_at=now, updated_at=now,
+                          started_at=now - timedelta(minutes=10), accelerator_count=0))
+
+    try:
+        running(5.0)
+        with transaction(factory) as s:
+            alerts.evaluate(s, datetime.now(UTC))
+        running(20.0)
+    finally:
+        engine.dispose()
+    (forecast,) = [x for x in api.get("/v1/alerts", headers=a).json()["alerts"] if x["rule"] == "forecast"]
+    assert "$25.00/h" in forecast["summary"] and "$5.00/h" in forecast["fired_summary"]
+    assert forecast["value"] > 25 * 24 and forecast["state"] == "open"
+    assert [e["kind"] for e in forecast["history"]] == ["fire"] and "$5.00/h" in forecast["history"][0]["summary"]
+    assert datetime.fromisoformat(forecast["as_of"]) >= now
