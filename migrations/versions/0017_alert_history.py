@@ -3,7 +3,7 @@ then) and when a rate's condition cleared, so it resolves only once clear
 for a while instead of flapping between a preempted attempt and its recovery
 
 Revision ID: 0017
-Revises: 0012
+Revises: 0014
 Create Date: 2026-11-28
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import spotbroker.broker.store.db
 from alembic import op
 
 revision = '0017'
-down_revision = '0012'
+down_revision = '0014'
 branch_labels = None
 depends_on = None
 
