@@ -22,6 +22,8 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 
+import anyio
+import anyio.to_thread
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
@@ -33,6 +35,7 @@ from spotbroker.broker.store.models import Attempt
 
 POLL_S = 0.25          # how often the followed logs' newest rows are looked at
 CHECK_S = 1.0          # how often the database is asked which attempts still run
+LOG_READS = 2          # log pages read at once per process (reads and followers together)
 
 LogKey = tuple[int, int]  # (attempt id, node rank)
 
@@ -46,8 +49,8 @@ class _Log:
     attempt has ended, and the event its followers wait on (replaced at each
     wake-up, so that a follower that looked before a wake-up never misses it)."""
 
-    def __init__(self, key: LogKey, factory: sessionmaker[Session]) -> None:
-        self.key, self.factory = key, factory
+    def __init__(self, key: LogKey, factory: sessionmaker[Session], limiter: anyio.CapacityLimiter) -> None:
+        self.key, self.factory, self.limiter = key, factory, limiter
         self.mark: int | None = None
         self.ended, self.followers = False, 0
         self.changed = asyncio.Event()
@@ -61,7 +64,7 @@ class _Log:
         async with self._reading:
             seen = (offset, self.mark, self.ended)
             if self._last is None or self._last[:3] != seen:
-                chunk = await run_in_threadpool(self._read, offset)
+                chunk = await anyio.to_thread.run_sync(self._read, offset, limiter=self.limiter)
                 self._last = (*seen, chunk)
             return self._last[3]
 
@@ -82,6 +85,16 @@ class Followers:
         self._logs: dict[LogKey, _Log] = {}
         self._closing = False
         self._ticker: asyncio.Task[None] | None = None
+        self._reads: anyio.CapacityLimiter | None = None
+
+    @property
+    def reads(self) -> anyio.CapacityLimiter:
+        """The log pages this process reads at once, for followers and whole
+        reads together: a team reading big logs takes turns, and leaves the
+        threads and the interpreter to everyone else's requests (issue #24)."""
+        if self._reads is None:  # made in the app's own event loop, which it belongs to
+            self._reads = anyio.CapacityLimiter(LOG_READS)
+        return self._reads
 
     @property
     def count(self) -> int:
@@ -107,7 +120,7 @@ class Followers:
     async def stream(self, key: LogKey, offset: int) -> AsyncIterator[bytes]:
         """The log from `offset` as it grows, until its attempt has ended and
         all of it is sent."""
-        log = self._logs.get(key) or self._logs.setdefault(key, _Log(key, self.factory))
+        log = self._logs.get(key) or self._logs.setdefault(key, _Log(key, self.factory, self.reads))
         log.followers += 1
         self._ensure_ticker()
         try:
@@ -162,7 +175,8 @@ class Followers:
         return set(ids) - live
 
 
-async def pages(factory: sessionmaker[Session], key: LogKey, offset: int, end: int) -> AsyncIterator[bytes]:
+async def pages(factory: sessionmaker[Session], key: LogKey, offset: int, end: int,
+                limiter: anyio.CapacityLimiter | None = None) -> AsyncIterator[bytes]:
     """The log from `offset` to `end`, one page (logs.PAGE_BYTES) at a time,
     each read in a short session of its own: a response holds one page, and
     the next is read only once the client has taken it."""
@@ -172,7 +186,7 @@ async def pages(factory: sessionmaker[Session], key: LogKey, offset: int, end: i
 
     decoder = codecs.getincrementaldecoder("utf-8")("replace")  # text, as the whole-body answer always was
     while offset < end:
-        chunk = await run_in_threadpool(read, offset)
+        chunk = await anyio.to_thread.run_sync(read, offset, limiter=limiter)
         if not chunk:
             break
         offset += len(chunk)

@@ -184,10 +184,10 @@ async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
     if start is None:
         return PlainTextResponse("")
     key = (start.attempt_id, start.rank)
-    if not follow:
-        return StreamingResponse(pages(state.session_factory, key, start.offset, start.end),
-                                 media_type="text/plain; charset=utf-8")
     followers: Followers = state.followers
+    if not follow:
+        return StreamingResponse(pages(state.session_factory, key, start.offset, start.end, followers.reads),
+                                 media_type="text/plain; charset=utf-8")
     try:
         followers.admit(team.team_id)
     except TooManyFollowers:
