@@ -25,7 +25,6 @@ from spotbroker.broker.store.models import LogChunk
 
 ROW_BYTES = 64 * 1024               # the most bytes in one row
 PAGE_BYTES = 256 * 1024             # the most one read returns (and a response sends at once)
-_PAGE_ROWS = PAGE_BYTES // ROW_BYTES + 1
 _APPEND_TRIES = 3
 
 
@@ -52,18 +51,20 @@ def marks(session: Session, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, 
 
 
 def read_from(session: Session, attempt_id: int, rank: int, offset: int, limit: int = PAGE_BYTES) -> bytes:
-    """At most `limit` bytes of the log from `offset` (fewer at its end)."""
+    """At most `limit` bytes of the log from `offset` (fewer at its end).
+    Rows are contiguous, so those that start within [offset - ROW_BYTES,
+    offset + limit) hold all of it and at most limit + 2 rows' bytes."""
     limit = min(limit, PAGE_BYTES)
     rows = session.execute(select(LogChunk.start, LogChunk.data).where(
         _of(attempt_id, rank), LogChunk.start > offset - ROW_BYTES, LogChunk.start < offset + limit)
-        .order_by(LogChunk.start).limit(_PAGE_ROWS))
+        .order_by(LogChunk.start))
     out = bytearray()
     for start, data in rows:
         if start + len(data) <= offset:
             continue
         if start > offset + len(out):  # a gap cannot happen (rows are contiguous); stop at it all the same
             break
-        out += data[max(0, offset + len(out) - start):]
+        out += data[offset + len(out) - start:]
         if len(out) >= limit:
             break
     return bytes(out[:limit])
@@ -82,7 +83,8 @@ def tail_start(session: Session, attempt_id: int, rank: int, lines: int | None) 
     left, before, newest = lines, end, True
     while before > 0:
         rows = session.execute(select(LogChunk.start, LogChunk.data).where(
-            _of(attempt_id, rank), LogChunk.start < before).order_by(LogChunk.start.desc()).limit(_PAGE_ROWS)).all()
+            _of(attempt_id, rank), LogChunk.start < before, LogChunk.start >= before - PAGE_BYTES)
+            .order_by(LogChunk.start.desc())).all()
         if not rows:
             break
         for start, data in rows:
