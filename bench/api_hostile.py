@@ -38,11 +38,12 @@ def free_port() -> int:
 
 
 class Broker:
-    def __init__(self, db_url: str, data_dir: Path) -> None:
+    def __init__(self, db_url: str, data_dir: Path, **settings: str) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
         env.update(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir), SPOTBROKER_ADMIN_TOKEN=ADMIN,
                    SPOTBROKER_LOCAL_MAX_RUNNING="4", SPOTBROKER_MAX_FOLLOWERS_PER_TEAM="100000",
-                   SPOTBROKER_RECONCILE_INTERVAL="0.5", SPOTBROKER_PRICES_SOURCES="catalog")  # no network
+                   SPOTBROKER_RECONCILE_INTERVAL="0.5", SPOTBROKER_PRICES_SOURCES="catalog",  # no network
+                   **settings)
         cli = [sys.executable, "-m", "spotbroker.broker.cli"]
         subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
         self.port = free_port()
