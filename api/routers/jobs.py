@@ -18,7 +18,8 @@ from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
 from spotbroker.api.schemas import CheckpointList, CheckpointOut, EventList, EventOut, JobOut, JobPage
 from spotbroker.broker.jobs import mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
-from spotbroker.broker.jobs.spec import MAX_NODES, MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
+from spotbroker.broker.jobs.spec import (MAX_NODES, MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError,
+                                         load_document)
 from spotbroker.broker.jobs.states import JobState
 from spotbroker.broker.store.db import retrying, transaction
 
