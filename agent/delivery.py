@@ -29,6 +29,7 @@ from spotbroker.agent.protocol import (
     CREDENTIALS_PATH,
     EVENT_NODE,
     EVENTS_PATH,
+    LOG_NODE_HEADER,
     LOG_OFFSET_HEADER,
     LOGS_PATH,
     PREEMPTION_NOTICE,
@@ -74,8 +75,9 @@ class BrokerClient:
         answer = self._send(EVENTS_PATH, json={"events": events})
         return _json_or_empty(answer)
 
-    def post_log(self, offset: int, chunk: bytes) -> int:
-        headers = {LOG_OFFSET_HEADER: str(offset), "Content-Type": "application/octet-stream"}
+    def post_log(self, offset: int, chunk: bytes, node: int = 0) -> int:
+        headers = {LOG_OFFSET_HEADER: str(offset), LOG_NODE_HEADER: str(node),
+                   "Content-Type": "application/octet-stream"}
         size = _json_or_empty(self._send(LOGS_PATH, content=chunk, headers=headers)).get("size")
         if not isinstance(size, int):
             raise BrokerUnavailable("log answer without a size")
@@ -244,12 +246,14 @@ def _log_notice_latency(batch: list[dict[str, Any]]) -> None:
 
 
 class LogShipper(Delivery):
-    """Ships the trainer's log file to the broker from the offset the broker has."""
+    """Ships the trainer's log file to the broker from the offset the broker
+    has: the log of node `node` (each node's agent ships its own)."""
 
     def __init__(self, path: Path, client: BrokerClient, config: RunnerConfig,
-                 on_gone: Callable[[], None] | None = None) -> None:
+                 on_gone: Callable[[], None] | None = None, node: int = 0) -> None:
         super().__init__("log-shipper", config, on_gone)
         self.path = path
+        self.node = node
         self.client = client
         self.shipped = 0
 
@@ -283,7 +287,7 @@ class LogShipper(Delivery):
             log_file.seek(self.shipped)
             chunk = log_file.read(LOG_CHUNK)
         try:
-            stored = self.client.post_log(self.shipped, chunk)
+            stored = self.client.post_log(self.shipped, chunk, self.node)
         except BrokerRejected as exc:
             log.error("the broker rejected log bytes %d..%d (%s); skipping them", self.shipped,
                       self.shipped + len(chunk), exc)

@@ -110,7 +110,8 @@ AGENT_EVENT_TYPES = frozenset({
 #   attempt. An answer without "drain" (an older broker) is no drain.
 # POST LOGS_PATH    raw bytes of the trainer's output, header `X-Log-Offset`:
 #   the byte offset of this chunk in the attempt's log; re-sent chunks are
-#   ignored by offset. Answer 200 {"size": int} (bytes stored so far).
+#   ignored by offset. Header `X-Log-Node`: the node's rank, whose log it is
+#   (absent: 0). Answer 200 {"size": int} (bytes stored so far).
 # POST CREDENTIALS_PATH (no body): fresh storage credentials for the attempt,
 #   answered 200 with CREDENTIALS_FILE's JSON while the attempt is live; 404
 #   when its checkpoint root needs none (file://); 409 once it has ended. The
@@ -119,6 +120,7 @@ EVENTS_PATH = "/v1/agent/events"
 CREDENTIALS_PATH = "/v1/agent/credentials"
 LOGS_PATH = "/v1/agent/logs"
 LOG_OFFSET_HEADER = "X-Log-Offset"
+LOG_NODE_HEADER = "X-Log-Node"
 ANSWER_CANCEL = "cancel"  # fields of the events answer
 ANSWER_DRAIN = "drain"
 ANSWER_DRAIN_SECONDS = "drain_seconds"

@@ -121,7 +121,7 @@ class RunnerConfig:
     # everything (through any outage) or answers 410 Gone.
     final_flush_timeout: float | None = None
     kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
-    node_rank: int = 0                  # > 0: events carry it; the trainer's log is node 0's to ship
+    node_rank: int = 0                  # > 0: events and the shipped log carry it
     credentials_lead: float = 600.0     # storage credentials are renewed this long before they end
     max_log_bytes: int = 0              # of the trainer's output kept in its log (and shipped); 0: no bound
     trainer_env: dict[str, str] = field(default_factory=dict)  # the trainer's, never in the agent's own environment
@@ -226,8 +226,8 @@ class Supervisor(NoticePath):
                 EventSender(self.outbox, self.client, self.config, self.cancel, self.drain, on_gone=self.gone,
                             node=self.config.node_rank),
             ]
-            if not self.config.node_rank:  # one log per attempt: node 0's (others stay in their node's file)
-                self._deliveries.append(LogShipper(self.log_path, self.client, self.config, on_gone=self.gone))
+            self._deliveries.append(LogShipper(self.log_path, self.client, self.config, on_gone=self.gone,
+                                               node=self.config.node_rank))
             for delivery in self._deliveries:
                 delivery.start()
             if self.credentials is not None:

@@ -17,6 +17,7 @@ from spotbroker.api.http_metrics import RequestMetrics, process_registry
 from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, storage, teams, uploads
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.jobs.logimport import import_disk_logs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.launch.skypilot import service as skypilot
@@ -43,6 +44,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         factory = make_session_factory(engine)
         with transaction(factory) as session:
             seed_from_catalog(session, clock)
+        import_disk_logs(factory, settings.data_dir)  # logs a broker kept on its disk before 0013
         launchers = {}
         if settings.local_launcher_enabled():
             launchers["local"] = LocalLauncher.from_settings(settings)

@@ -2,25 +2,28 @@
 
 Followers are coroutines on the event loop: none holds a thread, a timer or
 a database connection while it waits. One ticker serves them all: every
-POLL_S it looks at the size of each followed log once (however many follow
-it) and wakes that log's followers when it grew; every CHECK_S it asks the
-database, in one query, which followed attempts have ended. A follower stops
-when its attempt has ended and its log is read to the end, when its client
-goes (Starlette cancels the stream on the disconnect), or when the server
-shuts down: uvicorn's graceful shutdown waits for open responses before the
+POLL_S it asks the database, in one query, for the newest row of each
+followed log (however many follow it; whichever replica stored it) and wakes
+that log's followers when it changed; every CHECK_S it asks, in one query,
+which followed attempts have ended. Followers at the same offset share one
+read of at most logs.PAGE_BYTES. A follower stops when its attempt has
+ended and its log is read to the end, when its client goes (Starlette
+cancels the stream on the disconnect), or when the server shuts down:
+uvicorn's graceful shutdown waits for open responses before the
 application's own shutdown runs, so `close()` is called from the signal
 itself (see `on_shutdown_signal`).
 """
 from __future__ import annotations
 
 import asyncio
-import os
+import codecs
 import signal
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 
+import anyio
+import anyio.to_thread
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
@@ -30,9 +33,11 @@ from spotbroker.broker.jobs import logs
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.store.models import Attempt
 
-POLL_S = 0.25          # how often each followed log's size is looked at
+POLL_S = 0.25          # how often the followed logs' newest rows are looked at
 CHECK_S = 1.0          # how often the database is asked which attempts still run
-CHUNK = 256 * 1024     # the most read (and sent) at once: a read from the page cache, on the loop
+LOG_READS = 2          # log pages read at once per process (reads and followers together)
+
+LogKey = tuple[int, int]  # (attempt id, node rank)
 
 
 class TooManyFollowers(Exception):
@@ -40,25 +45,32 @@ class TooManyFollowers(Exception):
 
 
 class _Log:
-    """One followed log: its size at the last look, whether its attempt has
-    ended, and the event its followers wait on (replaced at each wake-up,
-    so that a follower that looked before a wake-up never misses it)."""
+    """One followed log: its newest row at the last look, whether its
+    attempt has ended, and the event its followers wait on (replaced at each
+    wake-up, so that a follower that looked before a wake-up never misses it)."""
 
-    def __init__(self, attempt_id: int, path: Path) -> None:
-        self.attempt_id, self.path = attempt_id, path
-        self.size, self.ended, self.followers = _size(path), False, 0
+    def __init__(self, key: LogKey, factory: sessionmaker[Session], limiter: anyio.CapacityLimiter) -> None:
+        self.key, self.factory, self.limiter = key, factory, limiter
+        self.mark: int | None = None
+        self.ended, self.followers = False, 0
         self.changed = asyncio.Event()
-        self._last: tuple[int, bytes] = (-1, b"")
+        self._last: tuple[int, int | None, bool, bytes] | None = None
+        self._reading = asyncio.Lock()
 
-    def read(self, offset: int, fresh: bool = False) -> bytes:
+    async def read(self, offset: int) -> bytes:
         """The log from `offset`: read once for all the followers that are
-        there (after a wake-up, most are at the same offset); `fresh` reads
-        the file whatever was read before."""
-        at, chunk = self._last
-        if fresh or at != offset or len(chunk) < min(CHUNK, self.size - offset):
-            chunk = logs.read_from(self.path, offset, CHUNK)
-            self._last = (offset, chunk)
-        return chunk
+        there (after a wake-up, most are at the same offset) until the log
+        changes or its attempt ends."""
+        async with self._reading:
+            seen = (offset, self.mark, self.ended)
+            if self._last is None or self._last[:3] != seen:
+                chunk = await anyio.to_thread.run_sync(self._read, offset, limiter=self.limiter)
+                self._last = (*seen, chunk)
+            return self._last[3]
+
+    def _read(self, offset: int) -> bytes:
+        with self.factory() as session:
+            return logs.read_from(session, *self.key, offset)
 
     def wake(self) -> None:
         woken, self.changed = self.changed, asyncio.Event()
@@ -70,9 +82,19 @@ class Followers:
                  poll_s: float = POLL_S, check_s: float = CHECK_S) -> None:
         self.factory, self.per_team, self.poll_s, self.check_s = factory, per_team, poll_s, check_s
         self._per_team: Counter[int] = Counter()
-        self._logs: dict[Path, _Log] = {}
+        self._logs: dict[LogKey, _Log] = {}
         self._closing = False
         self._ticker: asyncio.Task[None] | None = None
+        self._reads: anyio.CapacityLimiter | None = None
+
+    @property
+    def reads(self) -> anyio.CapacityLimiter:
+        """The log pages this process reads at once, for followers and whole
+        reads together: a team reading big logs takes turns, and leaves the
+        threads and the interpreter to everyone else's requests (issue #24)."""
+        if self._reads is None:  # made in the app's own event loop, which it belongs to
+            self._reads = anyio.CapacityLimiter(LOG_READS)
+        return self._reads
 
     @property
     def count(self) -> int:
@@ -95,30 +117,27 @@ class Followers:
         for log in self._logs.values():
             log.wake()
 
-    async def stream(self, attempt_id: int, path: Path, head: bytes, offset: int) -> AsyncIterator[bytes]:
-        """`head`, then the log from `offset` as it grows, until the attempt
-        has ended and all of it is sent."""
-        log = self._logs.get(path) or self._logs.setdefault(path, _Log(attempt_id, path))
+    async def stream(self, key: LogKey, offset: int) -> AsyncIterator[bytes]:
+        """The log from `offset` as it grows, until its attempt has ended and
+        all of it is sent."""
+        log = self._logs.get(key) or self._logs.setdefault(key, _Log(key, self.factory, self.reads))
         log.followers += 1
         self._ensure_ticker()
         try:
-            if head:
-                yield head
             while not self._closing:
-                changed, ended = log.changed, log.ended  # both before the size: no last bytes missed
-                if log.size > offset or ended:
-                    chunk = log.read(offset, fresh=ended)
-                    if chunk:
-                        offset += len(chunk)
-                        yield chunk
-                        continue
-                    if ended:
-                        return
+                changed, ended = log.changed, log.ended  # both before the read: no last bytes missed
+                chunk = await log.read(offset)
+                if chunk:
+                    offset += len(chunk)
+                    yield chunk
+                    continue
+                if ended:
+                    return
                 await changed.wait()
         finally:
             log.followers -= 1
             if log.followers <= 0:
-                self._logs.pop(path, None)
+                self._logs.pop(key, None)
 
     def _ensure_ticker(self) -> None:
         if self._ticker is None or self._ticker.done():
@@ -129,27 +148,50 @@ class Followers:
         and of each attempt that ended."""
         checked = 0.0
         while self._logs and not self._closing:
-            for log in list(self._logs.values()):
-                size = _size(log.path)
-                if size != log.size:
-                    log.size = size
+            marks = await run_in_threadpool(self._marks_of, list(self._logs))
+            for key, log in list(self._logs.items()):
+                if marks.get(key) != log.mark:
+                    log.mark = marks.get(key)
                     log.wake()
             if time.monotonic() - checked >= self.check_s:
                 checked = time.monotonic()
                 live = [log for log in self._logs.values() if not log.ended]
                 if live:
-                    ended = await run_in_threadpool(self._ended_of, [log.attempt_id for log in live])
+                    ended = await run_in_threadpool(self._ended_of, [log.key[0] for log in live])
                     for log in live:
-                        if log.attempt_id in ended:
+                        if log.key[0] in ended:
                             log.ended = True
                             log.wake()
             await asyncio.sleep(self.poll_s)
+
+    def _marks_of(self, keys: list[LogKey]) -> dict[LogKey, int]:
+        with self.factory() as session:
+            return logs.marks(session, keys)
 
     def _ended_of(self, ids: list[int]) -> set[int]:
         with self.factory() as session:
             live = set(session.scalars(select(Attempt.id).where(
                 Attempt.id.in_(ids), Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]))))
         return set(ids) - live
+
+
+async def pages(factory: sessionmaker[Session], key: LogKey, offset: int, end: int,
+                limiter: anyio.CapacityLimiter | None = None) -> AsyncIterator[bytes]:
+    """The log from `offset` to `end`, one page (logs.PAGE_BYTES) at a time,
+    each read in a short session of its own: a response holds one page, and
+    the next is read only once the client has taken it."""
+    def read(at: int) -> bytes:
+        with factory() as session:
+            return logs.read_from(session, *key, at, end - at)
+
+    decoder = codecs.getincrementaldecoder("utf-8")("replace")  # text, as the whole-body answer always was
+    while offset < end:
+        chunk = await anyio.to_thread.run_sync(read, offset, limiter=limiter)
+        if not chunk:
+            break
+        offset += len(chunk)
+        yield decoder.decode(chunk).encode()
+    yield decoder.decode(b"", final=True).encode()
 
 
 class FollowResponse(StreamingResponse):
@@ -166,13 +208,6 @@ class FollowResponse(StreamingResponse):
         finally:
             self._release()
             await self.body_iterator.aclose()
-
-
-def _size(path: Path) -> int:
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        return 0
 
 
 def on_shutdown_signal(followers: Followers) -> Callable[[], None]:

@@ -25,6 +25,7 @@ from spotbroker.agent import protocol
 from spotbroker.api.errors import Problem, responses
 from spotbroker.api.schemas import BoundedData
 from spotbroker.broker.jobs import logs
+from spotbroker.broker.jobs.spec import MAX_NODES
 from spotbroker.broker.launch import storage_credentials
 from spotbroker.broker.recovery import agent_channel
 from spotbroker.broker.store.db import retrying, transaction
@@ -88,6 +89,7 @@ class LogAnswer(BaseModel):
 class AttemptRef:
     id: int
     job_id: int
+    num_nodes: int = 1
 
 
 def current_attempt(request: Request,
@@ -104,7 +106,7 @@ def current_attempt(request: Request,
         if agent_channel.token_gone(attempt, state.clock.now(), grace):
             raise Problem(410, "Gone", f"attempt {attempt.id} ended more than {grace:g} s ago: "
                           "its agent token no longer works, and nothing more is taken from it")
-        return AttemptRef(attempt.id, attempt.job_id)
+        return AttemptRef(attempt.id, attempt.job_id, attempt.num_nodes)
 
 
 CurrentAttempt = Annotated[AttemptRef, Depends(current_attempt)]
@@ -151,19 +153,24 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
 
 @router.post(protocol.LOGS_PATH, response_model=LogAnswer, responses=responses(401, 410, 413, 422, s410=_GONE))
 async def post_logs(request: Request, attempt: CurrentAttempt,
-                    offset: Annotated[int, Header(alias=protocol.LOG_OFFSET_HEADER, ge=0, le=2**63 - 1)]
+                    offset: Annotated[int, Header(alias=protocol.LOG_OFFSET_HEADER, ge=0, le=2**63 - 1)],
+                    node: Annotated[int, Header(alias=protocol.LOG_NODE_HEADER, ge=0, le=MAX_NODES - 1)] = 0,
                     ) -> LogAnswer:
-    """Append the trainer's output at `X-Log-Offset`. A chunk that starts past
-    the end is refused (the answer says where to resume); one that overlaps
-    what is stored adds only its new bytes. The log keeps at most
-    SPOTBROKER_MAX_LOG_BYTES: the chunk that reaches it ends the log with a
-    marker and a `log_truncated` event, and what comes after is dropped."""
+    """Append node `X-Log-Node`'s output (default 0) at `X-Log-Offset`. A
+    chunk that starts past the end is refused (the answer says where to
+    resume); one that overlaps what is stored adds only its new bytes. The
+    log keeps at most SPOTBROKER_MAX_LOG_BYTES: the chunk that reaches it
+    ends the log with a marker and a `log_truncated` event, and what comes
+    after is dropped. The log lives in the database: any replica serves it."""
+    if node >= attempt.num_nodes:
+        raise Problem(422, "Invalid request", f"the attempt has {attempt.num_nodes} node(s): no node {node}",
+                      errors=[{"field": protocol.LOG_NODE_HEADER, "message": f"at most {attempt.num_nodes - 1}"}])
     chunk = await request.body()
     if len(chunk) > MAX_LOG_CHUNK:
         raise Problem(413, "Payload too large", f"send at most {MAX_LOG_CHUNK} bytes at a time")
     state = request.app.state
-    path = logs.log_path(state.settings.data_dir, attempt.job_id, attempt.id)
-    appended = await run_in_threadpool(logs.append_at, path, offset, chunk, state.settings.max_log_bytes)
+    appended = await run_in_threadpool(logs.append_at, state.session_factory, attempt.id, node, offset, chunk,
+                                       state.settings.max_log_bytes)
     if appended.cut:
         def record() -> None:
             with transaction(state.session_factory) as session:

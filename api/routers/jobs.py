@@ -8,13 +8,13 @@ from typing import Annotated
 import anyio.to_thread
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import PlainTextResponse, Response
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from pydantic import ValidationError
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, SessionDep
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
-from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers
+from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers, pages
 from spotbroker.api.schemas import (
     CheckpointList,
     CheckpointOut,
@@ -27,7 +27,8 @@ from spotbroker.api.schemas import (
 )
 from spotbroker.broker.jobs import buckets, execlimits, mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
-from spotbroker.broker.jobs.spec import MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError, load_document
+from spotbroker.broker.jobs.spec import (MAX_NODES, MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError,
+                                         load_document)
 from spotbroker.broker.jobs.states import JobState
 from spotbroker.broker.store.db import retrying, transaction
 
@@ -190,29 +191,32 @@ async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
                    = None,
                    tail: Annotated[int | None, Query(ge=0, le=1_000_000, description="last N lines; default all")]
                    = None,
+                   node: Annotated[int, Query(ge=0, le=MAX_NODES - 1, description="the node's rank; default 0")] = 0,
                    follow: Annotated[bool, Query(description="keep streaming until the attempt ends")] = False):
-    """An attempt's output. Following holds no thread and no database
-    connection, ends when the client goes, and is bounded per team (429)."""
+    """An attempt's output, streamed (a read holds a page of it, never the
+    whole log). Following holds no thread and no database connection, ends
+    when the client goes, and is bounded per team (429)."""
     state = request.app.state
     try:
-        start = await run_in_threadpool(jobs.log_start, state.session_factory, state.settings.data_dir,
-                                        team.team_id, job_id, attempt, tail)
+        start = await run_in_threadpool(jobs.log_start, state.session_factory, team.team_id, job_id, attempt, tail,
+                                        node)
     except jobs.JobNotFound:
         raise _not_found(job_id) from None
     except jobs.AttemptNotFound as exc:
         raise Problem(404, "Not found", str(exc)) from None
     if start is None:
         return PlainTextResponse("")
-    if not follow:
-        return PlainTextResponse(start.head.decode("utf-8", "replace"))
+    key = (start.attempt_id, start.rank)
     followers: Followers = state.followers
+    if not follow:
+        return StreamingResponse(pages(state.session_factory, key, start.offset, start.end, followers.reads),
+                                 media_type="text/plain; charset=utf-8")
     try:
         followers.admit(team.team_id)
     except TooManyFollowers:
         raise Problem(429, "Too many requests", f"a team follows at most {followers.per_team} logs at once "
                       "on this server", headers={"Retry-After": "5"}) from None
-    return FollowResponse(followers, team.team_id,
-                          followers.stream(start.attempt_id, start.path, start.head, start.offset))
+    return FollowResponse(followers, team.team_id, followers.stream(key, start.offset))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=_READ)

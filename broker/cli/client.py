@@ -98,14 +98,13 @@ class Client:
     def events(self, job_id: int) -> list[dict[str, Any]]:
         return self._request("GET", f"/v1/jobs/{job_id}/events").json()["events"]
 
-    def logs(self, job_id: int, tail: int | None = None, attempt: int | None = None) -> str:
-        params = {k: v for k, v in {"tail": tail, "attempt": attempt}.items() if v is not None}
+    def logs(self, job_id: int, tail: int | None = None, attempt: int | None = None, node: int | None = None) -> str:
+        params = {k: v for k, v in {"tail": tail, "attempt": attempt, "node": node}.items() if v is not None}
         return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params).text
 
-    def follow_logs(self, job_id: int, tail: int | None = None) -> Iterator[str]:
+    def follow_logs(self, job_id: int, tail: int | None = None, node: int | None = None) -> Iterator[str]:
         params: dict[str, Any] = {"follow": "true"}
-        if tail is not None:
-            params["tail"] = tail
+        params.update({k: v for k, v in {"tail": tail, "node": node}.items() if v is not None})
         try:
             with self.http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
                 if r.status_code >= 400:

@@ -253,17 +253,18 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
 @click.option("-f", "--follow", is_flag=True, help="keep printing until the attempt ends")
 @click.option("--tail", type=int, default=None, help="only the last N lines")
 @click.option("--attempt", type=int, default=None, help="an earlier attempt's log")
-def logs(job_id: int, follow: bool, tail: int | None, attempt: int | None) -> None:
-    """Print a job's output (its newest attempt's by default)."""
+@click.option("--node", type=click.IntRange(min=0), default=None, help="another node's output (its rank; default 0)")
+def logs(job_id: int, follow: bool, tail: int | None, attempt: int | None, node: int | None) -> None:
+    """Print a job's output (its newest attempt's, node 0's, by default)."""
     c = client()
     if follow:
         try:
-            for chunk in c.follow_logs(job_id, tail):
+            for chunk in c.follow_logs(job_id, tail, node):
                 click.echo(chunk, nl=False)
         except ApiError as exc:
             raise click.ClickException(str(exc)) from None
     else:
-        click.echo(call(c.logs, job_id, tail, attempt), nl=False)
+        click.echo(call(c.logs, job_id, tail, attempt, node), nl=False)
 
 
 @click.command()

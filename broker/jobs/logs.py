@@ -1,70 +1,105 @@
-"""Attempt logs on the broker's disk: `{data_dir}/logs/{job_id}/{attempt_id}.log`.
+"""Attempt logs in the database (`log_chunks`), where every broker replica
+reads them.
 
-Node 0's agent ships the trainer's output here over HTTP (`append_at`); the
-local launcher's other nodes write theirs directly. Each keeps at most
-SPOTBROKER_MAX_LOG_BYTES, then a marker (agent/logbound.py). Reading is by
-tail and by following.
+Each node's agent ships the trainer's output over HTTP (`append_at`), to
+whichever replica the load balancer picks; each log keeps at most
+SPOTBROKER_MAX_LOG_BYTES, then a marker (agent/logbound.py). A log is rows
+of at most ROW_BYTES, contiguous from offset 0, keyed (attempt, rank, start).
+
+Nothing here holds a whole log: reads are pages of at most PAGE_BYTES
+(`read_from`), `tail_start` walks rows backwards from the end only as far as
+the lines it is asked for, and a caller streams the rest page by page.
 """
 from __future__ import annotations
 
-import fcntl
-import os
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+
+from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.agent import logbound
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import LogChunk
+
+ROW_BYTES = 64 * 1024               # the most bytes in one row
+PAGE_BYTES = 256 * 1024             # the most one read returns (and a response sends at once)
+_APPEND_TRIES = 3
 
 
-def log_path(data_dir: Path, job_id: int, attempt_id: int, rank: int = 0) -> Path:
-    suffix = "" if rank == 0 else f".node-{rank}"
-    return data_dir / "logs" / str(job_id) / f"{attempt_id}{suffix}.log"
+def _of(attempt_id: int, rank: int):
+    return (LogChunk.attempt_id == attempt_id) & (LogChunk.rank == rank)
 
 
-def tail(path: Path, lines: int | None) -> tuple[bytes, int]:
-    """The last `lines` lines (all when None) and the file offset after them."""
-    try:
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if lines is None:
-                f.seek(0)
-                return f.read(), size
-            block, data, pos = 64 * 1024, b"", size
-            while pos > 0 and data.count(b"\n") <= lines:
-                pos = max(0, pos - block)
-                f.seek(pos)
-                data = f.read(size - pos)
-            kept = data.splitlines(keepends=True)[-lines:] if lines else []
-            return b"".join(kept), size
-    except FileNotFoundError:
-        return b"", 0
+def size(session: Session, attempt_id: int, rank: int = 0) -> int:
+    """The log's length in bytes (0 when nothing was stored)."""
+    last = session.execute(select(LogChunk.start, LogChunk.size).where(_of(attempt_id, rank))
+                           .order_by(LogChunk.start.desc()).limit(1)).first()
+    return last.start + last.size if last else 0
 
 
-def read_from(path: Path, offset: int, limit: int = 1 << 20) -> bytes:
-    try:
-        with path.open("rb") as f:
-            f.seek(offset)
-            return f.read(limit)
-    except FileNotFoundError:
-        return b""
+def marks(session: Session, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """For each (attempt, rank) log that has rows: the start of its newest row,
+    which changes with every append (a follower's cue to read)."""
+    ids = {attempt_id for attempt_id, _ in keys}
+    if not ids:
+        return {}
+    rows = session.execute(select(LogChunk.attempt_id, LogChunk.rank, func.max(LogChunk.start))
+                           .where(LogChunk.attempt_id.in_(ids)).group_by(LogChunk.attempt_id, LogChunk.rank))
+    return {(a, r): m for a, r, m in rows}
 
 
-def follow(path: Path, offset: int, still_running: Callable[[], bool], poll: float = 0.25) -> Iterator[bytes]:
-    """Yield new bytes as they are written, until `still_running()` is false
-    and nothing is left to read."""
-    while True:
-        chunk = read_from(path, offset)
-        if chunk:
-            offset += len(chunk)
-            yield chunk
+def read_from(session: Session, attempt_id: int, rank: int, offset: int, limit: int = PAGE_BYTES) -> bytes:
+    """At most `limit` bytes of the log from `offset` (fewer at its end).
+    Rows are contiguous, so those that start within [offset - ROW_BYTES,
+    offset + limit) hold all of it and at most limit + 2 rows' bytes."""
+    limit = min(limit, PAGE_BYTES)
+    rows = session.execute(select(LogChunk.start, LogChunk.data).where(
+        _of(attempt_id, rank), LogChunk.start > offset - ROW_BYTES, LogChunk.start < offset + limit)
+        .order_by(LogChunk.start))
+    out = bytearray()
+    for start, data in rows:
+        if start + len(data) <= offset:
             continue
-        if not still_running():
-            chunk = read_from(path, offset)
-            if chunk:
-                yield chunk
-            return
-        time.sleep(poll)
+        if start > offset + len(out):  # a gap cannot happen (rows are contiguous); stop at it all the same
+            break
+        out += data[offset + len(out) - start:]
+        if len(out) >= limit:
+            break
+    return bytes(out[:limit])
+
+
+def tail_start(session: Session, attempt_id: int, rank: int, lines: int | None) -> tuple[int, int]:
+    """(where the last `lines` lines begin, the log's length): all of it when
+    `lines` is None. Walks rows back from the end, as far as those lines go,
+    one page at a time: time and memory follow what is asked, not the log.
+    A line ends with b"\\n"; an unfinished last line counts as one."""
+    end = size(session, attempt_id, rank)
+    if lines is None:
+        return 0, end
+    if lines == 0:
+        return end, end
+    left, before, newest = lines, end, True
+    while before > 0:
+        rows = session.execute(select(LogChunk.start, LogChunk.data).where(
+            _of(attempt_id, rank), LogChunk.start < before, LogChunk.start >= before - PAGE_BYTES)
+            .order_by(LogChunk.start.desc())).all()
+        if not rows:
+            break
+        for start, data in rows:
+            if newest and data.endswith(b"\n"):  # the log's final newline ends its last line, starts none
+                data = data[:-1]
+            newest = False
+            found = data.count(b"\n")
+            if found >= left:
+                at = len(data)
+                for _ in range(left):
+                    at = data.rindex(b"\n", 0, at)
+                return start + at + 1, end
+            left -= found
+            before = start
+    return 0, end
 
 
 @dataclass(frozen=True)
@@ -73,21 +108,29 @@ class Appended:
     cut: bool   # this chunk reached the bound: the log now ends with the marker
 
 
-def append_at(path: Path, offset: int, chunk: bytes, limit: int = 0) -> Appended:
+def append_at(factory: sessionmaker[Session], attempt_id: int, rank: int, offset: int, chunk: bytes,
+              limit: int = 0) -> Appended:
     """Store `chunk` as the bytes at `offset` of the log, keeping at most
     `limit` bytes (0: no bound): past them the marker, once, and nothing more.
 
     Idempotent for re-sent chunks; a chunk past the end is not stored (the
     caller resends from the returned size), unless the log is cut already:
-    then every chunk is taken and dropped."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("ab") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)  # a re-sent chunk racing the first: one writes, one cut
-        size = f.seek(0, os.SEEK_END)
-        if limit and size > limit:  # cut already: what the node sends now is dropped
-            return Appended(offset + len(chunk), cut=False)
-        if not offset <= size < offset + len(chunk):
-            return Appended(size, cut=False)
-        kept, cut = logbound.cut(size, chunk[size - offset:], limit)
-        f.write(kept)
-    return Appended(offset + len(chunk), cut)
+    then every chunk is taken and dropped. Two replicas storing at the same
+    offset at once: the primary key lets one in, the other looks again."""
+    for tries_left in range(_APPEND_TRIES - 1, -1, -1):
+        try:
+            with transaction(factory) as session:
+                stored = size(session, attempt_id, rank)
+                if limit and stored > limit:  # cut already: what the node sends now is dropped
+                    return Appended(offset + len(chunk), cut=False)
+                if not offset <= stored < offset + len(chunk):
+                    return Appended(stored, cut=False)
+                kept, cut = logbound.cut(stored, chunk[stored - offset:], limit)
+                session.add_all(LogChunk(attempt_id=attempt_id, rank=rank, start=stored + i, size=len(piece),
+                                         data=piece)
+                                for i in range(0, len(kept), ROW_BYTES) for piece in [kept[i:i + ROW_BYTES]])
+            return Appended(offset + len(chunk), cut)
+        except IntegrityError:
+            if not tries_left:
+                raise
+    raise AssertionError("unreachable")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
@@ -186,20 +185,21 @@ class AttemptNotFound(LookupError):
 
 @dataclass(frozen=True)
 class LogStart:
-    """An attempt's output so far: where it is, its last lines, and the offset after them."""
+    """Where to read an attempt's output: node `rank`'s log from `offset` (the
+    start of the last lines asked for) to `end` (its length at the request)."""
 
     attempt_id: int
-    path: Path
-    head: bytes
+    rank: int
     offset: int
+    end: int
 
 
-def log_start(factory: sessionmaker[Session], data_dir: Path, team_id: int, job_id: int,
-              attempt_id: int | None = None, lines: int | None = None) -> LogStart | None:
-    """The output of the job's attempt `attempt_id` (default: the newest), its
-    last `lines` lines (all when None); None when the job has no attempt yet.
-    The session is a short one of its own: none is held while a client
-    follows the log."""
+def log_start(factory: sessionmaker[Session], team_id: int, job_id: int, attempt_id: int | None = None,
+              lines: int | None = None, rank: int = 0) -> LogStart | None:
+    """The output of node `rank` of the job's attempt `attempt_id` (default:
+    the newest) from its last `lines` lines (all when None); None when the
+    job has no attempt yet. The session is a short one of its own: none is
+    held while a client reads or follows the log."""
     with factory() as session:
         job = get(session, team_id, job_id)
         if not job.attempts:
@@ -207,10 +207,11 @@ def log_start(factory: sessionmaker[Session], data_dir: Path, team_id: int, job_
         chosen = next((a for a in job.attempts if a.id == attempt_id), None) if attempt_id else job.attempts[-1]
         if chosen is None:
             raise AttemptNotFound(f"job {job_id} has no attempt {attempt_id}")
-        chosen_id = chosen.id
-    path = logs.log_path(data_dir, job_id, chosen_id)
-    head, offset = logs.tail(path, lines)
-    return LogStart(chosen_id, path, head, offset)
+        if rank >= chosen.num_nodes:
+            raise AttemptNotFound(f"attempt {chosen.id} of job {job_id} has {chosen.num_nodes} node(s): "
+                                  f"no node {rank}")
+        offset, end = logs.tail_start(session, chosen.id, rank, lines)
+        return LogStart(chosen.id, rank, offset, end)
 
 
 class NotPreemptible(RuntimeError):

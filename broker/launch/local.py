@@ -16,7 +16,8 @@ stop runs that another one launched.
     {data_dir}/runs/{attempt_id}/stopping           the run was stopped for a failed node (once)
     {data_dir}/runs/{attempt_id}/sim.url            node 0's metadata simulator (sim-{rank}.url: others')
     {data_dir}/runs/{attempt_id}/node-{rank}/       the node's own: home/, tmp/, workdir/, agent/
-    {data_dir}/logs/{job_id}/{attempt_id}.log       node 0's output (node-{rank} for others)
+    {data_dir}/runs/{attempt_id}/node-{rank}.out    the node's raw output (its agent ships the
+                                                    trainer's to the broker's log store)
 
 Every node runs its own agent and, when the attempt simulates a cloud, its
 own metadata simulator, as every VM of a real cluster has its own.
@@ -53,7 +54,6 @@ import httpx
 
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
-from spotbroker.broker.jobs.logs import log_path
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers
 from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
@@ -129,12 +129,10 @@ class LocalLauncher:
         return self.agent and protocol.ENV_AGENT_TOKEN in request.extra_env
 
     def _output(self, request: LaunchRequest, rank: int) -> Path:
-        # Under the agent, node 0's output reaches the broker's log through the
-        # agent's channel; the raw stream stays in the run directory. Other
-        # nodes' agents ship no log: their output is the node's own log file.
-        if rank == 0 and self._with_agent(request, rank):
-            return self.run_dir(request.attempt_id) / "node-0.out"
-        return log_path(self.data_dir, request.job_id, request.attempt_id, rank)
+        # The raw stream stays in the run directory, as a VM's console stays on
+        # the VM: each node's agent ships its trainer's output to the broker's
+        # log store (any replica's), as it does on a cloud.
+        return self.run_dir(request.attempt_id) / f"node-{rank}.out"
 
     def _start_node(self, request: LaunchRequest, rank: int, out: Path) -> dict:
         run_dir = self.run_dir(request.attempt_id)

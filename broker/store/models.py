@@ -4,7 +4,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
+                        UniqueConstraint)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from spotbroker.broker.store.db import Base
@@ -164,6 +165,20 @@ class Event(Base):
     type: Mapped[str] = mapped_column(String(32))
     at: Mapped[datetime]
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class LogChunk(Base):
+    """A piece of an attempt's output: the bytes at `start` of node `rank`'s
+    log, at most logs.ROW_BYTES of them. The rows of one log are contiguous
+    from 0; every broker replica reads the same ones (docs/architecture.md)."""
+
+    __tablename__ = "log_chunks"
+
+    attempt_id: Mapped[int] = mapped_column(ForeignKey("attempts.id", ondelete="CASCADE"), primary_key=True)
+    rank: Mapped[int] = mapped_column(Integer, primary_key=True)
+    start: Mapped[int] = mapped_column(BigInteger, primary_key=True)
+    size: Mapped[int] = mapped_column(Integer)  # len(data), read without the bytes themselves
+    data: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Checkpoint(Base):

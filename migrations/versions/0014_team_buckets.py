@@ -4,7 +4,7 @@ file's `file_mounts: {/data: s3://my-datasets}` can be honoured and the
 node's credentials scoped to it
 
 Revision ID: 0014
-Revises: 0012
+Revises: 0013
 Create Date: 2026-11-28
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0014'
-down_revision = '0012'
+down_revision = '0013'
 branch_labels = None
 depends_on = None
 

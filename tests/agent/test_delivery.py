@@ -24,7 +24,7 @@ class Broker:
             action, self.on_post = self.on_post, None
             action()
 
-    def post_log(self, offset: int, chunk: bytes) -> int:
+    def post_log(self, offset: int, chunk: bytes, node: int = 0) -> int:
         if offset == len(self.log):
             self.log += chunk
         self._during()

@@ -75,14 +75,19 @@ def _serve_process(db_url: str, data_dir: Path, admin_token: str, log_level: str
 @pytest.fixture
 def serve_process(db_url, data_dir):
     """`with serve_process(**env) as server:` a server on the test's database
-    and data directory; every local node it started is stopped after."""
+    and data directory (`disk=`: a replica with a data directory of its
+    own); every local node they started is stopped after."""
     from conftest import ADMIN_TOKEN
 
-    def start(log_level: str = "info", **env: str):
-        return _serve_process(db_url, data_dir, ADMIN_TOKEN, log_level, **env)
+    disks = {data_dir}
+
+    def start(log_level: str = "info", disk: Path | None = None, **env: str):
+        disks.add(disk or data_dir)
+        return _serve_process(db_url, disk or data_dir, ADMIN_TOKEN, log_level, **env)
 
     yield start
-    stop_local_nodes(data_dir)
+    for disk in disks:
+        stop_local_nodes(disk)
 
 
 @pytest.fixture

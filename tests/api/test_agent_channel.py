@@ -349,3 +349,25 @@ def test_an_event_racing_another_writer_of_its_job_is_stored_not_a_server_error(
                if e["type"] == "preemption_notice"]
     assert len(notices) == 1  # the lost try wrote nothing
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_each_node_ships_its_own_log_and_a_reader_picks_the_node(api, team_headers, settings):
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "sleep 60", "num_nodes": 2}, headers=h).json()["id"]
+    job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    auth = {"Authorization": f"Bearer {agent_token(settings.signing_key(), job['attempts'][-1]['id'])}"}
+
+    def send(node: str | None, data: bytes):
+        node_header = {"X-Log-Node": node} if node is not None else {}
+        return api.post("/v1/agent/logs", content=data, headers={**auth, "X-Log-Offset": "0", **node_header})
+
+    assert send(None, b"from node 0\n").json()["size"] == 12
+    assert send("1", b"node 1 says\n").json()["size"] == 12
+    for bad in ("2", "-1", "x"):  # the attempt has nodes 0 and 1
+        r = send(bad, b"lost\n")
+        assert r.status_code == 422 and "X-Log-Node" in r.text, r.text
+    assert api.get(f"/v1/jobs/{job_id}/logs", headers=h).text == "from node 0\n"
+    assert api.get(f"/v1/jobs/{job_id}/logs", params={"node": 1, "tail": 1}, headers=h).text == "node 1 says\n"
+    r = api.get(f"/v1/jobs/{job_id}/logs", params={"node": 2}, headers=h)
+    assert r.status_code == 404 and "no node 2" in r.json()["detail"]
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
