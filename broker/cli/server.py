@@ -26,6 +26,18 @@ def _ready_engine():
     return engine
 
 
+def _client_url(host: str, port: int) -> str:
+    """The address a client on this machine uses: a wildcard listen address
+    is no address to connect to."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "[::1]"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
 @click.command()
 @click.option("--host", default=None, help="address to listen on [default: 127.0.0.1]")
 @click.option("--port", default=None, type=int, help="port [default: 8000]")
@@ -48,6 +60,9 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
     click.echo(f"spotbroker: serving on http://{host}:{port} (database: "
                f"{settings.sqlalchemy_url.split('@')[-1]}, data: {settings.data_dir}, workers: {workers})",
                err=True)
+    if port:  # port 0: the kernel picks one, which is only known once bound
+        # The client commands find the broker through this variable alone.
+        click.echo(f"spotbroker: in another shell: export SPOTBROKER_URL={_client_url(host, port)}", err=True)
     from spotbroker.api.headlimit import BoundedHead  # a request's head is bounded
 
     if workers == 1:
