@@ -161,7 +161,8 @@ def reseal() -> None:
 
 @click.group()
 def teams() -> None:
-    """Teams and their tokens (on the broker's own database)."""
+    """Teams and their tokens: create (on the broker's own database), list and
+    token rotate/revoke (through the broker, SPOTBROKER_ADMIN_TOKEN)."""
 
 
 @teams.command("create")
@@ -183,3 +184,14 @@ def teams_create(name: str, as_json: bool) -> None:
     else:
         click.echo(f"created team {team.name}; its token (shown once):", err=True)
         click.echo(token)
+
+
+def _add_http_commands() -> None:
+    # The team commands that go through a running broker live in cli/teams.py.
+    from spotbroker.broker.cli.teams import teams_list, token
+
+    teams.add_command(teams_list)
+    teams.add_command(token)
+
+
+_add_http_commands()
