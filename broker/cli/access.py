@@ -25,19 +25,3 @@ def admin_client() -> Client:
         raise click.ClickException("this needs the admin token: set SPOTBROKER_ADMIN_TOKEN")
     return Client(settings.url, token.get_secret_value())
 
-
-def table(*columns: str, title: str | None = None):
-    from rich.table import Table
-
-    return Table(*columns, title=title)
-
-
-def show(table_) -> None:
-    from spotbroker.broker.cli.output import console
-
-    console().print(table_)
-
-
-def when(iso: str | None) -> str:
-    """An API time as a table shows it: to the minute, UTC."""
-    return "-" if not iso else iso[:16].replace("T", " ")

@@ -8,8 +8,9 @@ from typing import Any
 
 import click
 
-from spotbroker.broker.cli.access import admin_client, show, table, team_client, when
+from spotbroker.broker.cli.access import admin_client, team_client
 from spotbroker.broker.cli.jobs import call
+from spotbroker.broker.cli.output import show, table, when
 
 _TEAM = click.option("--team", default=None, help="the team (default: the token's own; the admin's: every team)")
 

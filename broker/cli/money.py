@@ -6,9 +6,10 @@ import json
 
 import click
 
-from spotbroker.broker.cli.access import admin_client, show, table, team_client, when
+from spotbroker.broker.cli.access import admin_client, team_client
 from spotbroker.broker.cli.client import Client
 from spotbroker.broker.cli.jobs import call
+from spotbroker.broker.cli.output import show, table, when
 
 GROUPS = ("day", "job", "cloud", "gpu", "zone")
 

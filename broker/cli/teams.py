@@ -8,8 +8,9 @@ import json
 
 import click
 
-from spotbroker.broker.cli.access import admin_client, show, table, when
+from spotbroker.broker.cli.access import admin_client
 from spotbroker.broker.cli.jobs import call
+from spotbroker.broker.cli.output import show, table, when
 
 
 @click.command("list")

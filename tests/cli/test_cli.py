@@ -100,7 +100,8 @@ def test_serve_refuses_a_postgresql_database_that_is_behind(env, pg_server):
 
 def test_help_lists_every_command_fast(env):
     r = spotbroker("--help", env=env)
-    for name in ("serve", "db", "teams", "submit", "jobs", "job", "logs", "cancel", "demo", "simulate", "agent"):
+    for name in ("serve", "db", "teams", "submit", "jobs", "job", "logs", "cancel", "demo", "simulate", "agent",
+                 "alerts", "silences", "budget", "costs", "prices"):
         assert f"  {name} " in r.stdout
 
 
