@@ -131,6 +131,11 @@ class TokenOut(BaseModel):
     token: str = Field(description="shown once; only its SHA-256 digest is stored")
 
 
+class TokensRevoked(BaseModel):
+    team: str
+    revoked: int = Field(description="how many working tokens were revoked")
+
+
 class Health(BaseModel):
     status: str
     detail: str | None = None

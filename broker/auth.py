@@ -10,7 +10,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -70,10 +70,25 @@ def create_token(session: Session, team: Team, name: str = "default", clock: Clo
     return token
 
 
+def revoke_tokens(session: Session, team: Team, clock: Clock = SYSTEM_CLOCK) -> int:
+    """Revoke every working token of a team; how many. The rows stay, marked."""
+    done = session.execute(update(ApiToken).where(ApiToken.team_id == team.id, ApiToken.revoked_at.is_(None))
+                           .values(revoked_at=clock.now()))
+    return done.rowcount
+
+
+def rotate_tokens(session: Session, team: Team, clock: Clock = SYSTEM_CLOCK) -> str:
+    """Replace a team's tokens by one new one (returned in the clear, once),
+    in one transaction: there is never a moment with both or neither."""
+    revoke_tokens(session, team, clock)
+    return create_token(session, team, name="rotated", clock=clock)
+
+
 class TokenResolver:
     """Maps a bearer token to its principal, caching lookups briefly so a
-    busy API does not hit the database twice per request. A revoked token
-    stops working within `ttl` seconds."""
+    busy API does not hit the database twice per request. A token revoked
+    through this process stops working at once (`forget_team`); other
+    broker processes sharing the database drop it within `ttl` seconds."""
 
     def __init__(self, admin_token: str | None, ttl: float = 30.0) -> None:
         self._admin_digest = digest(admin_token) if admin_token else None
@@ -91,6 +106,13 @@ class TokenResolver:
         if hit and hit[0] > time.monotonic():
             return True, hit[1]
         return False, None
+
+    def forget_team(self, team_id: int) -> None:
+        """Drop a team's cached tokens (after a rotation or revocation), so
+        that this process stops taking the old ones at once."""
+        with self._lock:
+            for key in [k for k, (_, p) in self._cache.items() if p is not None and p.team_id == team_id]:
+                del self._cache[key]
 
     def resolve(self, session: Session, token: str) -> Principal | None:
         known, principal = self.cached(token)

@@ -43,6 +43,16 @@ def test_the_wheel_holds_every_package_of_the_tree(wheel):
     assert in_wheel == in_tree
 
 
+def test_the_wheel_holds_the_price_snapshot_and_its_date(wheel):
+    """The bundled prices are the broker's offline source, and SNAPSHOT_DATE
+    is what says how old they are: a wheel without either misleads."""
+    data = REPO / "broker" / "pricing" / "catalog_data"
+    names = set(zipfile.ZipFile(wheel).namelist())
+    missing = [p.name for p in data.iterdir()
+               if p.is_file() and f"spotbroker/broker/pricing/catalog_data/{p.name}" not in names]
+    assert not missing and (data / "SNAPSHOT_DATE").exists()
+
+
 def agent_modules_in_the_tree() -> set[str]:
     """spotbroker.agent.* for every module and subpackage under agent/."""
     names = set()

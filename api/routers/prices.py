@@ -6,8 +6,8 @@ from __future__ import annotations
 import logging
 import threading
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
-from typing import Annotated
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from spotbroker.api.deps import get_principal
 from spotbroker.api.errors import Problem, responses
 from spotbroker.broker.jobs.spec import parse_accelerator
-from spotbroker.broker.pricing import store
+from spotbroker.broker.pricing import catalog, store
 from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
 from spotbroker.broker.pricing.settings import get_pricing_settings, source_label
 from spotbroker.broker.pricing.sources import build_source
@@ -67,9 +67,11 @@ class PriceOut(BaseModel):
     saving: float | None          # 1 - spot / on-demand
     observed_at: datetime          # since when this price holds
     checked_at: datetime           # when its source last confirmed it
-    age_seconds: float
+    age_seconds: float             # since checked_at; a snapshot row: since the snapshot was cut
     source: str
     stale: bool
+    age_class: Literal["fresh", "stale", "snapshot"]  # snapshot: the bundled prices, as old as snapshot_date
+    snapshot_date: date | None     # the day the bundled snapshot was cut (snapshot rows only)
     risk: float | None             # published interruption frequency, fraction per month
     risk_source: str | None
 
@@ -126,12 +128,18 @@ async def list_prices(
     for p in page:
         o = p.offer
         saving = round(1 - o.spot_price / o.ondemand_price, 4) if o.spot_price and o.ondemand_price else None
+        snapshot = catalog.snapshot_date() if o.source == catalog.SOURCE else None
+        # Re-reading the bundled file says nothing about the market: a snapshot
+        # row is as old as the snapshot, not as the last re-read.
+        since = datetime.combine(snapshot, time(), UTC) if snapshot else o.checked_at
         offers.append(PriceOut(
             cloud=o.cloud, region=o.region, zone=o.zone, zone_id=o.zone_id, instance_type=o.instance_type,
             accelerator=o.accelerator, accelerator_count=o.accelerator_count, vcpus=o.vcpus,
             memory_gib=o.memory_gib, spot_price=o.spot_price, on_demand_price=o.ondemand_price, saving=saving,
             observed_at=o.observed_at, checked_at=o.checked_at,
-            age_seconds=round((now - o.checked_at).total_seconds(), 1), source=source_label(o.source), stale=p.stale,
+            age_seconds=round((now - since).total_seconds(), 1), source=source_label(o.source), stale=p.stale,
+            age_class="snapshot" if o.source == catalog.SOURCE else "stale" if p.stale else "fresh",
+            snapshot_date=snapshot,
             risk=o.risk, risk_source=o.risk_source))
     return PricesOut(offers=offers, next_cursor=next_cursor)
 

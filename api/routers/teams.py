@@ -1,4 +1,5 @@
-"""Teams and tokens (admin token), and who-am-I (any token)."""
+"""Teams and tokens (admin token; a team may rotate its own), and who-am-I
+(any token)."""
 from __future__ import annotations
 
 from typing import Annotated
@@ -8,7 +9,8 @@ from sqlalchemy import select
 
 from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
 from spotbroker.api.errors import Problem, responses
-from spotbroker.api.schemas import TeamCreate, TeamOut, TokenOut
+from spotbroker.api.routers.costs import Caller, may_read
+from spotbroker.api.schemas import TeamCreate, TeamOut, TokenOut, TokensRevoked
 from spotbroker.broker import auth
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
@@ -48,6 +50,39 @@ def create_token(request: Request, name: TeamName, _: Admin) -> TokenOut:
             raise Problem(404, "Not found", f"no team {name!r}")
         token = auth.create_token(session, team, name="api", clock=request.app.state.clock)
     return TokenOut(team=team.name, token=token)
+
+
+def _team(session, name: str) -> Team:
+    team = session.scalar(select(Team).where(Team.name == name))
+    if team is None:
+        raise Problem(404, "Not found", f"no team {name!r}")
+    return team
+
+
+@router.post("/teams/{name}/tokens/rotate", status_code=201, response_model=TokenOut,
+             responses=responses(401, 403, 404, 422, s403="A team's token naming another team"))
+def rotate_tokens(request: Request, name: TeamName, principal: Caller) -> TokenOut:
+    """Replace every token of the team by one new one (shown once); the old
+    ones stop working at once. The admin's token, or the team's own (a team
+    that still holds its token may replace it, e.g. after a leak)."""
+    may_read(principal, name)
+    with transaction(request.app.state.session_factory) as session:
+        team = _team(session, name)
+        token = auth.rotate_tokens(session, team, clock=request.app.state.clock)
+    request.app.state.tokens.forget_team(team.id)
+    return TokenOut(team=team.name, token=token)
+
+
+@router.post("/teams/{name}/tokens/revoke", response_model=TokensRevoked,
+             responses=responses(401, 403, 404, 422))
+def revoke_tokens(request: Request, name: TeamName, _: Admin) -> TokensRevoked:
+    """Revoke every token of the team: it has none that works until the
+    admin rotates (its jobs keep running; only API access ends)."""
+    with transaction(request.app.state.session_factory) as session:
+        team = _team(session, name)
+        count = auth.revoke_tokens(session, team, clock=request.app.state.clock)
+    request.app.state.tokens.forget_team(team.id)
+    return TokensRevoked(team=team.name, revoked=count)
 
 
 @router.get("/whoami", response_model=TeamOut, responses=responses(401, 403))

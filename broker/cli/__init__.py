@@ -14,7 +14,7 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("spotbroker.broker.cli.server:serve", "Run the broker: REST API and reconciler."),
     "db": ("spotbroker.broker.cli.server:db", "Database schema (upgrade, ready, current), key rotation (reseal)."),
-    "teams": ("spotbroker.broker.cli.server:teams", "Create teams and their tokens."),
+    "teams": ("spotbroker.broker.cli.server:teams", "Teams: create, list, token rotate/revoke."),
     "submit": ("spotbroker.broker.cli.jobs:submit", "Submit a job from a JSON or YAML file."),
     "jobs": ("spotbroker.broker.cli.jobs:list_jobs", "List your team's jobs."),
     "job": ("spotbroker.broker.cli.jobs:show_job", "Show one job: attempts, cost, events."),
@@ -25,6 +25,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                             "Send a simulated preemption notice (local launcher)."),
     "costs": ("spotbroker.broker.cli.money:costs", "A team's spend from the ledger; --group-by day|job|..."),
     "budget": ("spotbroker.broker.cli.money:budget", "Read or set a team's budget."),
+    "alerts": ("spotbroker.broker.cli.alerts:alerts", "Budget alerts, newest first; --state open|resolved."),
+    "silences": ("spotbroker.broker.cli.alerts:silences", "Silences on budget alerts: list, add, expire."),
     "prices": ("spotbroker.broker.cli.prices:prices", "GPU prices across the clouds; --history, --refresh."),
     "demo": ("spotbroker.broker.cli.demo:demo", "Run the local demo end to end."),
     "simulate": ("spotbroker.broker.sim.cli:simulate", "Replay a placement policy over spot traces."),

@@ -17,6 +17,12 @@ class ApiError(Exception):
         self.status, self.body = status, body or {}
 
 
+def unreachable(url: object, exc: Exception, verb: str = "cannot reach") -> ApiError:
+    """The address comes from SPOTBROKER_URL: say so, or a broker on another
+    port looks like a broker that is down."""
+    return ApiError(0, f"{verb} the broker at {url} (SPOTBROKER_URL): {exc}")
+
+
 class Client:
     def __init__(self, url: str, token: str | None, timeout: float = 30.0) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -47,7 +53,7 @@ class Client:
         try:
             return self._check(self.http.request(method, path, **kw))
         except httpx.TransportError as exc:
-            raise ApiError(0, f"cannot reach the broker at {self.http.base_url}: {exc}") from None
+            raise unreachable(self.http.base_url, exc) from None
 
     def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         return self._submit({"json": spec}, idempotency_key)
@@ -65,7 +71,7 @@ class Client:
                 return self._check(self.http.post("/v1/jobs", headers=headers, **body)).json()
             except httpx.TransportError as exc:
                 if attempt == tries - 1:
-                    raise ApiError(0, f"cannot reach the broker at {self.http.base_url}: {exc}") from None
+                    raise unreachable(self.http.base_url, exc) from None
                 time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 
@@ -79,7 +85,7 @@ class Client:
             if exc.status != 404:
                 raise
         except httpx.TransportError as exc:
-            raise ApiError(0, f"cannot reach the broker at {self.http.base_url}: {exc}") from None
+            raise unreachable(self.http.base_url, exc) from None
         return self._request("PUT", f"/v1/uploads/{sha256}", content=archive,
                              headers={"Content-Type": "application/gzip"}, timeout=600).json()
 
@@ -112,7 +118,7 @@ class Client:
                     self._check(r)
                 yield from r.iter_text()
         except httpx.TransportError as exc:
-            raise ApiError(0, f"lost the broker at {self.http.base_url}: {exc}") from None
+            raise unreachable(self.http.base_url, exc, "lost") from None
 
     def cancel(self, job_id: int) -> dict[str, Any]:
         return self._request("POST", f"/v1/jobs/{job_id}/cancel").json()

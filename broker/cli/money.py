@@ -6,19 +6,12 @@ import json
 
 import click
 
+from spotbroker.broker.cli.access import admin_client, team_client
 from spotbroker.broker.cli.client import Client
 from spotbroker.broker.cli.jobs import call
-from spotbroker.broker.settings import get_settings
+from spotbroker.broker.cli.output import show, table, when
 
 GROUPS = ("day", "job", "cloud", "gpu", "zone")
-
-
-def _client() -> Client:
-    settings = get_settings()
-    token = settings.token or settings.admin_token
-    if token is None:
-        raise click.ClickException("set SPOTBROKER_TOKEN to a team token (or SPOTBROKER_ADMIN_TOKEN)")
-    return Client(settings.url, token.get_secret_value())
 
 
 def _team(c: Client, team: str | None) -> str:
@@ -35,7 +28,7 @@ def _team(c: Client, team: str | None) -> str:
 @click.option("--json", "as_json", is_flag=True)
 def costs(team: str | None, since: str | None, until: str | None, group_by: str | None, as_json: bool) -> None:
     """A team's spend from the ledger: paid, on-demand equivalent, savings, waste."""
-    c = _client()
+    c = team_client()
     report = call(c.costs, _team(c, team), since, until, group_by)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -68,10 +61,21 @@ def budget(ctx: click.Context) -> None:
 
 @budget.command("show")
 @click.argument("team", required=False)
-def budget_show(team: str | None) -> None:
-    """Print a team's budget (targets redacted)."""
-    c = _client()
-    click.echo(json.dumps(call(c.budget, _team(c, team)), indent=2))
+@click.option("--json", "as_json", is_flag=True)
+def budget_show(team: str | None, as_json: bool) -> None:
+    """Print a team's budget and where it stands this period (targets redacted)."""
+    c = team_client()
+    b = call(c.budget, _team(c, team))
+    if as_json:
+        click.echo(json.dumps(b, indent=2))
+        return
+    state = "OVER: " + b["hard_cap_action"] if b["over"] else "within"
+    t = table("TEAM", "BUDGET $", "PERIOD", "FROM", "TO", "SPENT $", "REMAINING $", "STATE", "OVER IT",
+              "RECOVERIES", "TARGETS")
+    t.add_row(b["team"], f"{b['amount']:.2f}", b["period"], when(b["period_start"]), when(b["period_end"]),
+              f"{b['spent']:.2f}", f"{b['remaining']:.2f}", state, b["hard_cap_action"], b["recoveries"],
+              ", ".join(f"{x['name']} ({x['kind']})" for x in b["targets"]) or "-")
+    show(t)
 
 
 @budget.command("set")
@@ -81,8 +85,8 @@ def budget_show(team: str | None) -> None:
 @click.option("--hard-cap", "hard_cap", type=click.Choice(["hold_new", "stop_running"]), default=None,
               help="over budget: hold new jobs (default), or also stop running ones")
 def budget_set(team: str, amount: float, period: str, hard_cap: str | None) -> None:
-    """Set a team's budget (the admin's token); other settings are kept."""
-    c = _client()
+    """Set a team's budget (SPOTBROKER_ADMIN_TOKEN); other settings are kept."""
+    c = admin_client()
     try:
         body = {k: v for k, v in call(c.budget, team).items() if k in ("rules", "recoveries", "hard_cap_action")}
     except click.ClickException:

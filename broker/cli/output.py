@@ -17,3 +17,18 @@ def console():
     if sys.stdout.isatty() or os.environ.get("COLUMNS"):
         return Console()
     return Console(width=10_000)
+
+
+def table(*columns: str, title: str | None = None):
+    from rich.table import Table
+
+    return Table(*columns, title=title)
+
+
+def show(table_) -> None:
+    console().print(table_)
+
+
+def when(iso: str | None) -> str:
+    """An API time as a table shows it: to the minute, UTC."""
+    return "-" if not iso else iso[:16].replace("T", " ")

@@ -84,12 +84,18 @@ def _print_offers(body: dict[str, Any], as_json: bool) -> None:
     for o in body["offers"]:
         saving = "-" if o["saving"] is None else f"{o['saving']:.0%}"
         risk = "-" if o["risk"] is None else f"{o['risk']:.0%}/mo"
-        age = _age(o["age_seconds"]) + (" stale" if o["stale"] else "")
+        if o.get("age_class") == "snapshot":  # the bundled file: its own date, not when it was re-read
+            age = f"snapshot {o['snapshot_date'] or '(date unknown)'}"
+        else:
+            age = _age(o["age_seconds"]) + (" stale" if o["stale"] else "")
         table.add_row(o["cloud"], o["region"], o["zone"] or o["zone_id"] or "-", o["instance_type"],
                       f"{o['accelerator']}:{o['accelerator_count']:g}", f"{o['vcpus'] or 0:g}",
                       f"{o['memory_gib'] or 0:g}", _money(o["spot_price"]), _money(o["on_demand_price"]), saving,
                       age, o["source"], risk)
     console().print(table)
+    if body["offers"] and all(o["risk"] is None for o in body["offers"]):
+        click.echo("(RISK: no interruption figures for these offers; they come from the live sources "
+                   "aws-advisor and azure-eviction, see docs/prices.md)")
     if body.get("next_cursor"):
         click.echo("(more: raise --limit, or page with the API's cursor)")
 
@@ -123,14 +129,16 @@ def _refresh(names: list[str], as_json: bool) -> None:
             raise click.ClickException("the database schema is behind: run 'spotbroker db upgrade'")
         factory = make_session_factory(engine)
         tracker = PriceTracker(factory, build_sources(pricing, names or None, factory), pricing)
-        results = {}
+        results, outcome = {}, {}
         for name in tracker.sources:
             result = tracker.refresh(name, force=True)
             results[name] = result
+            outcome[name] = ("reachable", "") if result is not None else tracker.why_not.get(name, ("failed", ""))
             if as_json:
                 continue
             if result is None:
-                click.echo(f"{name}: not refreshed (unavailable, failed, or another broker holds it; see the log)")
+                kind, detail = outcome[name]
+                click.echo(f"{name}: {kind}, not refreshed ({detail}); its offers keep their last prices")
                 continue
             click.echo(result.summary())
             for line in result.changes:
@@ -138,7 +146,11 @@ def _refresh(names: list[str], as_json: bool) -> None:
     finally:
         engine.dispose()
     if as_json:
-        click.echo(json.dumps({n: None if r is None else {
-            "new": r.new, "changed": r.changed, "unchanged": r.unchanged, "unlisted": r.unlisted,
-            "samples": r.samples, "changes": r.changes, "dropped_or_fixed": dict(r.quality.counts)}
-            for n, r in results.items()}, indent=2))
+        click.echo(json.dumps({n: {"outcome": outcome[n][0], "error": outcome[n][1] or None} if r is None else {
+            "outcome": "reachable", "new": r.new, "changed": r.changed, "unchanged": r.unchanged,
+            "unlisted": r.unlisted, "samples": r.samples, "changes": r.changes,
+            "dropped_or_fixed": dict(r.quality.counts)} for n, r in results.items()}, indent=2))
+        return
+    reached = [n for n in results if outcome[n][0] == "reachable"]
+    missed = [n for n in results if outcome[n][0] != "reachable"]
+    click.echo(f"reachable: {', '.join(reached) or 'none'}; not: {', '.join(missed) or 'none'}")

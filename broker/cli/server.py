@@ -26,6 +26,18 @@ def _ready_engine():
     return engine
 
 
+def _client_url(host: str, port: int) -> str:
+    """The address a client on this machine uses: a wildcard listen address
+    is no address to connect to."""
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "[::1]"
+    elif ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
 @click.command()
 @click.option("--host", default=None, help="address to listen on [default: 127.0.0.1]")
 @click.option("--port", default=None, type=int, help="port [default: 8000]")
@@ -48,6 +60,9 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
     click.echo(f"spotbroker: serving on http://{host}:{port} (database: "
                f"{settings.sqlalchemy_url.split('@')[-1]}, data: {settings.data_dir}, workers: {workers})",
                err=True)
+    if port:  # port 0: the kernel picks one, which is only known once bound
+        # The client commands find the broker through this variable alone.
+        click.echo(f"spotbroker: in another shell: export SPOTBROKER_URL={_client_url(host, port)}", err=True)
     from spotbroker.api.headlimit import BoundedHead  # a request's head is bounded
 
     if workers == 1:
@@ -146,7 +161,8 @@ def reseal() -> None:
 
 @click.group()
 def teams() -> None:
-    """Teams and their tokens (on the broker's own database)."""
+    """Teams and their tokens: create (on the broker's own database), list and
+    token rotate/revoke (through the broker, SPOTBROKER_ADMIN_TOKEN)."""
 
 
 @teams.command("create")
@@ -170,7 +186,15 @@ def teams_create(name: str, as_json: bool) -> None:
         click.echo(token)
 
 
-# Over HTTP, unlike the commands above: the admin's token sets it, and a team's reads its own.
-from spotbroker.broker.cli.storage import storage as _storage  # noqa: E402
+def _add_http_commands() -> None:
+    # The team commands that go through a running broker (the admin's token, or a
+    # team's for its own): cli/teams.py and cli/storage.py.
+    from spotbroker.broker.cli.storage import storage
+    from spotbroker.broker.cli.teams import teams_list, token
 
-teams.add_command(_storage)
+    teams.add_command(teams_list)
+    teams.add_command(token)
+    teams.add_command(storage)
+
+
+_add_http_commands()

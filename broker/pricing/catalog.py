@@ -12,6 +12,8 @@ import csv
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import date
+from functools import lru_cache
 from importlib import resources
 from typing import TextIO
 
@@ -181,6 +183,18 @@ def cpu_rows(cloud: str, f: TextIO) -> Iterator[OfferRow]:
         row = _cpu_row(cloud, r, zone if cloud == "gcp" else None, zone if cloud == "aws" else None)
         if row is not None:
             yield row
+
+
+@lru_cache(maxsize=1)
+def snapshot_date() -> date | None:
+    """The day the snapshot was cut (catalog_data/SNAPSHOT_DATE, written when
+    it is made): its prices are at least this old, whenever the broker last
+    re-read them. None when the file is missing or unreadable."""
+    try:
+        with _open("SNAPSHOT_DATE") as f:
+            return date.fromisoformat(f.read().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def snapshot_rows() -> list[OfferRow]:

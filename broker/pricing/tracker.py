@@ -37,6 +37,10 @@ class PriceTracker:
         self.factory, self.sources, self.settings, self.clock = factory, sources, settings, clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._said: dict[str, str] = {}      # the last unavailability logged per source
+        # Why each source's last refresh here answered None, for a person
+        # asking (`prices --refresh`): (kind, detail), kind one of
+        # "unreachable", "failed", "held" (another broker has it).
+        self.why_not: dict[str, tuple[str, str]] = {}
         self._pruned_at: datetime | None = None
         self._prune_lock = threading.Lock()
 
@@ -46,7 +50,9 @@ class PriceTracker:
         """Refresh one source if it is due (or `force`) and no other broker
         holds it; what changed, or None when skipped or unavailable."""
         now = self.clock.now()
+        self.why_not.pop(name, None)
         if not self._claim(name, now, force):
+            self.why_not[name] = ("held", "another broker is refreshing it now")
             return None
         error: str | None = None
         try:
@@ -60,12 +66,14 @@ class PriceTracker:
             return result
         except SourceUnavailable as exc:
             error = str(exc)
+            self.why_not[name] = ("unreachable", error)
             if self._said.get(name) != error:  # once, not every interval
                 log.warning("prices: %s skipped (%s); its offers keep their last prices", name, error)
                 self._said[name] = error
             return None
         except Exception as exc:  # a refresh must never take the broker down
             error = f"{type(exc).__name__}: {exc}"
+            self.why_not[name] = ("failed", error)
             log.warning("prices: %s refresh failed, previous prices kept: %s", name, error)
             return None
         finally:

@@ -3,7 +3,9 @@ import json
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, time
 
+from spotbroker.broker.pricing.catalog import snapshot_date
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine
 
@@ -24,9 +26,19 @@ def test_prices_lists_offers_and_history_from_the_broker(api, team_headers, sett
     r = spotbroker("A100:8", "--limit", "5", env=env)
     assert r.returncode == 0, r.stderr
     assert "SPOT $/h" in r.stdout and "catalog" in r.stdout and "A100:8" in r.stdout
+    # The bundled snapshot says its own date, not when the broker last re-read the file.
+    taken = snapshot_date()
+    rows = [line for line in r.stdout.splitlines() if " A100:8 " in line]
+    assert taken is not None and len(rows) == 5
+    assert all(f"snapshot {taken.isoformat()}" in row for row in rows), r.stdout
+    assert "RISK: no interruption figures" in r.stdout             # offline: why every RISK is '-'
     r = spotbroker("H100:8", "--cloud", "gcp", "--on-demand", "--json", env=env)
     offers = json.loads(r.stdout)["offers"]
     assert offers and all(o["cloud"] == "gcp" for o in offers)
+    age = (datetime.now(UTC) - datetime.combine(taken, time(), UTC)).total_seconds()
+    for o in offers:
+        assert (o["age_class"], o["snapshot_date"]) == ("snapshot", taken.isoformat())
+        assert abs(o["age_seconds"] - age) < 600                     # as old as the snapshot
     first = offers[0]
     r = spotbroker("--history", "--cloud", "gcp", "--zone", first["zone"], "--instance-type",
                    first["instance_type"], env=env)
@@ -68,5 +80,17 @@ def test_refresh_runs_once_and_prints_what_changed(tmp_path):
     again = spotbroker("--refresh", "--source", "catalog", "--json", env=env)
     assert json.loads(again.stdout)["catalog"]["new"] == 0
     assert json.loads(again.stdout)["catalog"]["changed"] == 0
+    assert r.stdout.splitlines()[-1] == "reachable: catalog; not: none"
+
+    # A source that cannot be reached says so, by name; the others still refresh.
+    dead = {**env, "SPOTBROKER_PRICES_AWS_ADVISOR_URL": "http://127.0.0.1:9/spot-advisor-data.json"}
+    r = spotbroker("--refresh", "--source", "catalog", "--source", "aws-advisor", env=dead)
+    assert r.returncode == 0, r.stderr
+    assert "aws-advisor: unreachable, not refreshed (" in r.stdout and "127.0.0.1:9" in r.stdout
+    assert r.stdout.splitlines()[-1] == "reachable: catalog; not: aws-advisor"
+    r = spotbroker("--refresh", "--source", "catalog", "--source", "aws-advisor", "--json", env=dead)
+    answer = json.loads(r.stdout)
+    assert answer["catalog"]["outcome"] == "reachable" and answer["aws-advisor"]["outcome"] == "unreachable"
+    assert "127.0.0.1:9" in answer["aws-advisor"]["error"]
     r = spotbroker("--refresh", "--source", "ibm", env=env)
     assert r.returncode == 2 and "unknown source" in r.stderr

@@ -51,8 +51,37 @@ def test_submit_names_the_file_and_line_of_a_syntax_error(env, tmp_path):
 def test_client_commands_explain_an_unreachable_broker(env):
     r = spotbroker("jobs", env={**env, "SPOTBROKER_TOKEN": "t", "SPOTBROKER_URL": "http://127.0.0.1:9"})
     assert r.returncode == 1 and "cannot reach the broker" in r.stderr and "Traceback" not in r.stderr
+    assert "http://127.0.0.1:9 (SPOTBROKER_URL)" in r.stderr        # where the address came from
     r = spotbroker("jobs", env=env)
     assert r.returncode == 1 and "SPOTBROKER_TOKEN" in r.stderr
+
+
+def test_serve_prints_the_address_clients_export(env):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--host", "0.0.0.0",
+                             "--port", str(port)], env={**env, "SPOTBROKER_ADMIN_TOKEN": "x" * 32},
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    import threading
+
+    stop = threading.Timer(60, proc.terminate)  # a banner without the line must not hang the test
+    stop.start()
+    try:
+        lines = []
+        for line in proc.stderr:
+            lines.append(line)
+            if "SPOTBROKER_URL" in line or len(lines) > 50:
+                break
+    finally:
+        stop.cancel()
+        proc.terminate()
+        proc.wait(timeout=30)
+        proc.stderr.close()
+    # A wildcard address is where it listens, not where a client connects.
+    assert f"export SPOTBROKER_URL=http://127.0.0.1:{port}\n" in lines[-1], lines
 
 
 def test_serve_refuses_a_postgresql_database_that_is_behind(env, pg_server):
@@ -71,7 +100,8 @@ def test_serve_refuses_a_postgresql_database_that_is_behind(env, pg_server):
 
 def test_help_lists_every_command_fast(env):
     r = spotbroker("--help", env=env)
-    for name in ("serve", "db", "teams", "submit", "jobs", "job", "logs", "cancel", "demo", "simulate", "agent"):
+    for name in ("serve", "db", "teams", "submit", "jobs", "job", "logs", "cancel", "demo", "simulate", "agent",
+                 "alerts", "silences", "budget", "costs", "prices"):
         assert f"  {name} " in r.stdout
 
 

@@ -74,7 +74,7 @@ def test_budget_set_and_show(api, env):
     r = spotbroker("budget", "set", "ml", "5000", "--period", "week", "--hard-cap", "stop_running", env=admin)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "team ml: budget $5000.00 per week, over it: stop_running"
-    shown = json.loads(spotbroker("budget", "show", env=mine).stdout)        # the token's own team
+    shown = json.loads(spotbroker("budget", "show", "--json", env=mine).stdout)  # the token's own team
     assert (shown["amount"], shown["period"], shown["hard_cap_action"]) == (5000, "week", "stop_running")
     assert shown == api.get("/v1/teams/ml/budget", headers={"Authorization": f"Bearer {token}"}).json()
 
@@ -82,7 +82,18 @@ def test_budget_set_and_show(api, env):
     assert r.returncode == 0 and "$8000.00 per month, over it: stop_running" in r.stdout
     r = spotbroker("budget", "set", "ml", "1", env=mine)                      # a team's token: refused
     assert r.returncode == 1 and "admin" in r.stderr and "Traceback" not in r.stderr
-    assert json.loads(spotbroker("budget", "show", "ml", env=admin).stdout)["amount"] == 8000
+    assert json.loads(spotbroker("budget", "show", "ml", "--json", env=admin).stdout)["amount"] == 8000
+    r = spotbroker("budget", "show", env=mine)                                # a table, like every command
+    assert r.returncode == 0, r.stderr
+    head, row = [line for line in r.stdout.splitlines() if "BUDGET $" in line or "8000.00" in line]
+    assert "SPENT $" in head and "REMAINING $" in head
+    assert [cell.strip() for cell in row.split("│")[1:4]] == ["ml", "8000.00", "month"]
+    assert "stop_running" in row
+    both = {**mine, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN}                   # both exported: admin's is sent
+    r = spotbroker("budget", "set", "ml", "9000", env=both)
+    assert r.returncode == 0 and "$9000.00 per month" in r.stdout, r.stderr
+    r = spotbroker("budget", "show", "--json", env=both)                     # a team command: the team's own
+    assert r.returncode == 0 and json.loads(r.stdout)["team"] == "ml"
     for bad in ("0", "-5", "lots"):
         r = spotbroker("budget", "set", "ml", bad, env=admin)
         assert r.returncode == 2 and "AMOUNT" in r.stderr and "Traceback" not in r.stderr
