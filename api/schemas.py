@@ -118,9 +118,16 @@ class TokenOut(BaseModel):
     token: str = Field(description="shown once; only its SHA-256 digest is stored")
 
 
+class LaunchReadiness(BaseModel):
+    launcher: str
+    ready: bool
+    detail: str
+
+
 class Health(BaseModel):
     status: str
     detail: str | None = None
+    launch: LaunchReadiness | None = None  # /readyz with a cloud launcher: whether it can launch now
 
 
 class CheckpointOut(BaseModel):
