@@ -13,7 +13,7 @@ import time
 import pytest
 from skypilot.skyenv import SkyAws
 
-from spotbroker.broker.launch.base import LaunchRequest, RunState
+from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable, LaunchRequest, RunState
 from spotbroker.broker.pricing.offers import Placement
 
 pytestmark = pytest.mark.timeout(600)
@@ -165,3 +165,41 @@ def test_the_janitor_downs_a_cluster_no_live_attempt_owns(sky_aws: SkyAws, launc
         wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
     finally:
         engine.dispose()
+
+
+def test_a_zone_id_placement_lands_in_that_zone(sky_aws: SkyAws, launcher) -> None:
+    # The catalog names AWS zones by ID; the launch must name the zone the
+    # policy chose (moto's us-east-1 maps use1-az2 to us-east-1c), not the region.
+    by_id = Placement(cloud="aws", region="us-east-1", zone=None, zone_id="use1-az2", instance_type="g4dn.xlarge",
+                      accelerator="T4", accelerator_count=1, use_spot=True, price_per_hour=0.2)
+    zone = {z["ZoneId"]: z["ZoneName"] for z in sky_aws.ec2().describe_availability_zones()["AvailabilityZones"]}
+    assert zone["use1-az2"] == "us-east-1c"
+    handle = launcher.launch(request(8, by_id))
+    (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
+    assert instance["Placement"]["AvailabilityZone"] == "us-east-1c"
+    launcher.terminate(handle)
+    wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+    unknown = Placement(**{**by_id.__dict__, "zone_id": "use1-az9"})
+    with pytest.raises(LaunchError, match="use1-az9 is not a zone of us-east-1"):
+        launcher.launch(request(9, unknown))
+
+
+def test_a_launch_while_the_local_api_server_is_down_waits_for_it(sky_aws: SkyAws, launcher) -> None:
+    # The re-attach's api_status neither starts nor waits for a local server:
+    # the launch is put off (never failed), and the janitor's probe starts it.
+    import sky
+
+    from spotbroker.broker.launch.skypilot.janitor import check
+
+    sky.api_stop()
+    with pytest.raises(LauncherUnavailable, match="SkyPilot's API server does not answer"):
+        launcher.launch(request(10, placement("us-east-1b")))
+    assert launcher.readiness()[0] is False
+    assert launcher.server.wanted.is_set(), "the janitor is asked to probe now"
+    check(launcher)  # what the janitor's thread does next: starts the server, runs sky check
+    assert launcher.readiness() == (True, "SkyPilot can launch on aws")
+    handle = launcher.launch(request(10, placement("us-east-1b")))
+    (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
+    assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
+    launcher.terminate(handle)
+    wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
