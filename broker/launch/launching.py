@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
+from spotbroker.broker.jobs.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, EndReason, JobState,
+                                           transition)
 from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LauncherUnavailable, RunStatus
 from spotbroker.broker.launch.request import launch_request
 from spotbroker.broker.placement.placer import Placer
@@ -142,8 +143,8 @@ class Launching:
         then it is a place that gave no node in time (the next is tried)."""
         with transaction(self.factory) as session:
             job, attempt = session.get(Job, job_id), session.get(Attempt, attempt_id)
-            if attempt.state not in LIVE_ATTEMPT_STATES or job.state != J.LAUNCHING:
-                return True  # cancelled or moved on meanwhile: nothing to launch
+            if attempt.state not in LIVE_ATTEMPT_STATES or job.state not in LIVE_JOB_STATES:
+                return True  # cancelled or ended meanwhile: nothing to launch
             now = self.clock.now()
             waited = (now - attempt.created_at).total_seconds()
             if waited >= self.settings.skypilot_launch_timeout:
@@ -154,7 +155,8 @@ class Launching:
             if not (job.reason or "").startswith(RETRYING):  # said once per outage, not every try
                 session.add(Event(job_id=job.id, attempt_id=attempt.id, type="launch_retry", at=now,
                                   data={"reason": why}))
-            job.reason = reason
+            if job.state == J.LAUNCHING:
+                job.reason = reason
             job.next_check_at = now + timedelta(seconds=delay)
             log.info("attempt %d: launch put off %.0f s: %s", attempt_id, delay, why)
             return True
