@@ -10,6 +10,9 @@ flight) without waiting for it.
 A cluster is named from the broker's prefix and the attempt's id, so a
 broker that died between sending a launch and storing its handle finds it
 again by name (`api_status(cluster_name=...)`) rather than launching twice.
+When SkyPilot's API server does not answer (`server.py`), `launch` raises
+LauncherUnavailable and the reconciler tries again later; the attempt is
+never failed for it.
 
 While a launch is in flight `status` says PENDING; a refusal for capacity
 (or a launch still waiting after `launch_timeout_s`) says FAILED with
@@ -28,8 +31,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spotbroker.broker.launch.base import (Handle, LaunchError, LauncherUnavailable, LaunchRequest, RunState,
-                                           RunStatus)
+from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.launch.skypilot.errors import Outcome, server_unreachable
 from spotbroker.broker.launch.skypilot.server import ServerWatch
 from spotbroker.broker.launch.skypilot.follow import GONE, IN_FLIGHT, Follower

@@ -80,7 +80,6 @@ class ServerWatch:
         """Ask the server whether it is up, starting a local one first if it
         is not (SkyPilot's own start: seconds, waited for); raises
         LauncherUnavailable if it does not answer."""
-        self.wanted.clear()
         try:
             self.healthy_now()
         except LauncherUnavailable:
@@ -91,6 +90,8 @@ class ServerWatch:
             except Exception as exc:
                 raise self.unavailable(exc) from None
             self.healthy_now()
+        finally:
+            self.wanted.clear()  # (set by its own failed look too: the next probe is a launch's or an interval's)
         self.answered()
 
     def wait_until_up(self, stop: threading.Event, longest_s: float = 30.0) -> bool:
