@@ -38,6 +38,7 @@ def launcher(sky_aws: SkyAws, tmp_path_factory):
     (wheels / "spotbroker-0.1.0-py3-none-any.whl").write_bytes(b"")
     launcher = SkyPilotLauncher(wheels, prefix=f"sbt{int(time.time()) % 100000}", launch_timeout_s=60,
                                 poll_s=0.2, cluster_poll_s=1.0)
+    launcher.server.probe()  # a launch never starts SkyPilot's server: in a broker, the janitor's thread does
     yield launcher
     launcher.close()
 
