@@ -86,6 +86,7 @@ class ServerWatch:
             if not local_server():
                 raise
             try:
+                _forget_last_health()
                 self.sky.api_start()
             except Exception as exc:
                 raise self.unavailable(exc) from None
@@ -112,3 +113,12 @@ def local_server() -> bool:
     from sky.server import common
 
     return common.is_api_server_local()
+
+
+def _forget_last_health() -> None:
+    """SkyPilot caches its last /api/health answer for 5 s: after a crash or
+    `sky api stop` its start would take that answer for a running server
+    and start nothing."""
+    from sky.server import common
+
+    common.get_api_server_status_response.cache_clear()
