@@ -136,9 +136,16 @@ class TokensRevoked(BaseModel):
     revoked: int = Field(description="how many working tokens were revoked")
 
 
+class LaunchReadiness(BaseModel):
+    launcher: str
+    ready: bool
+    detail: str
+
+
 class Health(BaseModel):
     status: str
     detail: str | None = None
+    launch: LaunchReadiness | None = None  # /readyz with a cloud launcher: whether it can launch now
 
 
 class CheckpointOut(BaseModel):

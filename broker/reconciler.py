@@ -55,7 +55,7 @@ from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
 from spotbroker.broker.money import storage as checkpoint_storage
 from spotbroker.broker.placement.host import host_reason, on_host
-from spotbroker.broker.placement.placer import Placer
+from spotbroker.broker.placement.placer import NO_CLOUD, Placer, enabled_clouds
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.recovery import attempts as recovery
@@ -295,6 +295,8 @@ class Reconciler:
         if spec.secrets and (unreadable := sealed.problem(job, self.keyring)):
             return f"{unreadable}; a broker given the key that sealed them releases it"
         here = on_host(spec, self.settings.cpu_jobs_on_host)
+        if not here and enabled_clouds(self.launchers) == frozenset():
+            return NO_CLOUD  # (not FAILED no_feasible_offer: credentials may come)
         if not here and not {"local", "skypilot"} & set(self.launchers):
             return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
                     "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "

@@ -66,6 +66,9 @@ class Settings(BaseSettings):
     skypilot_cluster_prefix: str = "spotbroker"  # cluster names: {prefix}-{attempt id}
     skypilot_launch_timeout: float = Field(900.0, gt=0)  # a launch waiting longer is cancelled: next place
     skypilot_janitor_interval: float = Field(300.0, gt=0)  # how often clusters no live attempt owns are downed
+    # How often SkyPilot's API server is asked whether it answers and `sky check` is run again (the
+    # clouds it enables limit placement; a job held because none is enabled is released after one).
+    skypilot_check_interval: float = Field(120.0, gt=0)
     # A YAML/JSON file listing the operator's Kubernetes clusters, each a place
     # with a price per GPU-hour (broker/placement/kubernetes.py); unset: none.
     kubernetes_places: Path | None = None
@@ -87,6 +90,9 @@ class Settings(BaseSettings):
     launch_retries: int = Field(2, ge=0, le=100)
     launch_retry_seconds: float = Field(10.0, ge=0)
     max_recoveries: int = Field(100, ge=0)
+    # Longest wait between two tries of a launch whose launcher's service (SkyPilot's API server) did
+    # not answer; the tries stop at the launcher's launch timeout.
+    launch_retry_max: float = Field(30.0, gt=0)
 
     # Signs the per-attempt agent tokens. Brokers sharing a database need the
     # same key; unset, one is made once in data_dir.

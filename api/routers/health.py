@@ -5,7 +5,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
-from spotbroker.api.schemas import Health
+from spotbroker.api.schemas import Health, LaunchReadiness
 from spotbroker.broker.store import migrate
 
 router = APIRouter(tags=["health"])
@@ -14,6 +14,14 @@ router = APIRouter(tags=["health"])
 @router.get("/healthz", response_model=Health)
 def healthz() -> Health:
     return Health(status="ok")
+
+
+def launch_readiness(launchers: dict) -> LaunchReadiness | None:
+    launcher = launchers.get("skypilot")
+    if launcher is None:
+        return None
+    ready, detail = launcher.readiness()
+    return LaunchReadiness(launcher=launcher.name, ready=ready, detail=detail)
 
 
 @router.get("/readyz", response_model=Health, responses={503: {"model": Health}})
@@ -28,4 +36,7 @@ def readyz(request: Request):
     except Exception as exc:
         return JSONResponse(Health(status="unavailable", detail=f"database unreachable: "
                                    f"{type(exc).__name__}").model_dump(), status_code=503)
-    return Health(status="ok")
+    # The launcher's state is said, not made a 503: a broker whose SkyPilot is
+    # down still serves submissions, cancels, logs and status, and a replica
+    # taken out of its Service for it would take the API down with it.
+    return Health(status="ok", launch=launch_readiness(request.app.state.launchers))

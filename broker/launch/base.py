@@ -27,6 +27,13 @@ class CapacityError(LaunchError):
     """No capacity or quota for this offer now: try the next offer."""
 
 
+class LauncherUnavailable(Exception):
+    """The service the launcher sends launches to cannot be reached now (its
+    API server starting, restarting or gone; a 5xx): nothing about the job
+    or the place is wrong. The launch is tried again later, the attempt
+    staying LAUNCHING, within the launcher's launch timeout."""
+
+
 @dataclass(frozen=True)
 class CodeRef:
     """The job's uploaded workdir: an archive in the team's storage prefix."""

@@ -21,8 +21,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
-from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, RunStatus
+from spotbroker.broker.jobs.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, EndReason, JobState,
+                                           transition)
+from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LauncherUnavailable, RunStatus
 from spotbroker.broker.launch.request import launch_request
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.pricing.offers import Placement
@@ -30,11 +31,12 @@ from spotbroker.broker.recovery import attempts as recovery
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.store.models import Attempt, Event, Job
 
 log = logging.getLogger(__name__)
 
 A, J = AttemptState, JobState
+RETRYING = "launch waiting: "  # the job's reason while the launcher's service does not answer
 
 
 class Launching:
@@ -110,7 +112,9 @@ class Launching:
                     request = launch_request(session, attempt, self.settings, self._key)
                     launcher = self.launchers[attempt.launcher]
                 handle = launcher.launch(request)
-            except CapacityError as exc:
+            except (CapacityError, LauncherUnavailable) as exc:
+                if isinstance(exc, LauncherUnavailable) and self._put_off(job_id, attempt_id, str(exc)):
+                    return
                 next_attempt = self._failover(job_id, attempt_id, str(exc), rest)
                 if next_attempt is None:
                     return
@@ -130,6 +134,32 @@ class Launching:
                 return
             self._store_handle(job_id, attempt_id, handle)
             return
+
+    def _put_off(self, job_id: int, attempt_id: int, why: str) -> bool:
+        """The launcher's service did not answer: the attempt stays LAUNCHING,
+        the job saying why, and is launched again after a back-off that grows
+        with the time it has waited (1 s, then half that time, at most
+        `launch_retry_max`). False once it has waited the launch timeout:
+        then it is a place that gave no node in time (the next is tried)."""
+        with transaction(self.factory) as session:
+            job, attempt = session.get(Job, job_id), session.get(Attempt, attempt_id)
+            if attempt.state not in LIVE_ATTEMPT_STATES or job.state not in LIVE_JOB_STATES:
+                return True  # cancelled or ended meanwhile: nothing to launch
+            now = self.clock.now()
+            waited = (now - attempt.created_at).total_seconds()
+            if waited >= self.settings.skypilot_launch_timeout:
+                log.warning("attempt %d: no launch in %g s (%s)", attempt_id, waited, why)
+                return False
+            delay = min(self.settings.launch_retry_max, max(1.0, waited / 2))
+            reason = f"{RETRYING}{why}; the launch is tried again (waited {waited:.0f} s)"
+            if not (job.reason or "").startswith(RETRYING):  # said once per outage, not every try
+                session.add(Event(job_id=job.id, attempt_id=attempt.id, type="launch_retry", at=now,
+                                  data={"reason": why}))
+            if job.state == J.LAUNCHING:
+                job.reason = reason
+            job.next_check_at = now + timedelta(seconds=delay)
+            log.info("attempt %d: launch put off %.0f s: %s", attempt_id, delay, why)
+            return True
 
     def refusal_pause(self, job: Job) -> float:
         """Seconds before a job whose live attempt's launch was refused after it
@@ -154,6 +184,8 @@ class Launching:
             attempt.handle = handle
             attempt.released = False  # whatever it holds now must be released when it ends
             job = session.get(Job, job_id)
+            if (job.reason or "").startswith(RETRYING):
+                job.reason = None  # sent at last
             if job.state in (J.LAUNCHING, J.RUNNING) or (job.state == J.PREEMPTING and not recovery.is_move(job)):
                 # The launch is recorded: nothing to redo, unless a deadline is watched.
                 job.next_check_at = self.deadline_check(job) if job.state != J.PREEMPTING else None

@@ -153,6 +153,10 @@ def _samples(runs: list[tuple[float, float, bool]], points: list[tuple[float, Ev
     return sorted(out, key=lambda e: (e[0], e[1]))
 
 
+NO_CLOUD = ("SkyPilot's `sky check` enabled no cloud: give its API server a cloud's credentials; the broker "
+            "checks again every SPOTBROKER_SKYPILOT_CHECK_INTERVAL and releases the job once one is enabled")
+
+
 def enabled_clouds(launchers: dict) -> frozenset[str] | None:
     """The clouds the cloud launcher can reach (SkyPilot's `sky check`, as it
     last cached it), or None: no limit (the local launcher simulates every

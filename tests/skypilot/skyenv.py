@@ -197,6 +197,13 @@ def _reload_sky(catalog_dir: str) -> None:
 
 @pytest.fixture(scope="module")
 def sky_aws() -> Iterator[SkyAws]:
+    with sky_environment() as env:
+        yield env
+
+
+@contextmanager
+def sky_environment() -> Iterator[SkyAws]:
+    """What `sky_aws` gives a test module, for a script too (bench/stack_failover.py)."""
     from moto.server import ThreadedMotoServer
 
     home = Path(tempfile.mkdtemp(prefix="sky-home-"))

@@ -4,7 +4,7 @@ answering `enabled_clouds` as SkyPilot's API server does); the real answer
 against moto's AWS is test_launch_moto.py's."""
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
@@ -102,3 +102,43 @@ def test_the_janitor_refreshes_the_clouds_on_each_sweep(factory, tmp_path):
 
     run_janitor(launcher, factory, 0.05, stop, on_sweep=on_sweep)
     assert sky.asked == 2 and launcher.enabled_clouds() == frozenset({"aws", "azure"})
+
+
+def test_with_no_cloud_enabled_a_gpu_job_is_held_saying_so_and_released_once_one_is(factory, settings, tmp_path):
+    from spotbroker.broker.placement.placer import NO_CLOUD
+    from spotbroker.broker.reconciler import Reconciler
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with transaction(factory) as s:
+        seed_from_catalog(s)
+        team, _ = auth.create_team(s, "ml")
+        job_id = jobs.submit(s, team.id, JobSpec.model_validate(
+            {"run": "true", "resources": {"accelerators": "T4:1"}})).id
+    sky = CheckedSky([])  # `sky check` found no credentials anywhere
+    launcher = SkyPilotLauncher(tmp_path, prefix="sbclouds", sky=sky)
+    rec = Reconciler(factory, {"skypilot": launcher}, settings)
+    try:
+        assert launcher.refresh_clouds() == frozenset()
+        assert launcher.readiness() == (False, "waiting for SkyPilot's API server to start")
+        launcher.server.answered()
+        assert launcher.readiness() == (False, NO_CLOUD)
+        rec.pass_once()
+        with factory() as s:
+            job = s.get(Job, job_id)
+            assert (job.state, job.reason) == ("HELD", NO_CLOUD)  # not FAILED no_feasible_offer
+            s.execute(update(Job).where(Job.id == job_id).values(next_check_at=Clock().now()))
+            s.commit()
+        rec.pass_once()
+        with factory() as s:
+            assert s.get(Job, job_id).state == "HELD", "held while no cloud is enabled"
+            s.execute(update(Job).where(Job.id == job_id).values(next_check_at=Clock().now()))
+            s.commit()
+        sky.names = ["AWS"]  # the next check finds credentials
+        launcher.refresh_clouds()
+        assert launcher.readiness() == (True, "SkyPilot can launch on aws")
+        rec.pass_once()
+        with factory() as s:
+            job = s.get(Job, job_id)
+            assert (job.state, job.reason) == ("PENDING", "nothing holds it now")
+    finally:
+        launcher.close()

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 from skypilot.skyenv import SkyAws
 
-from spotbroker.broker.launch.base import LaunchRequest, RunState
+from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable, LaunchRequest, RunState
 from spotbroker.broker.pricing.offers import Placement
 
 pytestmark = pytest.mark.timeout(600)
@@ -39,6 +39,7 @@ def launcher(sky_aws: SkyAws, tmp_path_factory):
     (wheels / "spotbroker-0.1.0-py3-none-any.whl").write_bytes(b"")
     launcher = SkyPilotLauncher(wheels, prefix=f"sbt{int(time.time()) % 100000}", launch_timeout_s=60,
                                 poll_s=0.2, cluster_poll_s=1.0)
+    launcher.server.probe()  # a launch never starts SkyPilot's server: in a broker, the janitor's thread does
     yield launcher
     launcher.close()
 
@@ -198,7 +199,7 @@ def test_a_cpu_task_naming_aws_launches_the_chosen_cpu_type_in_the_chosen_zone(s
             chosen = rank_offers(s, spec, limit=1)[0]
         assert (chosen.cloud, chosen.zone, chosen.instance_type, chosen.accelerator) == \
             ("aws", "us-east-1c", "m6i.large", None)
-        req = replace(request(8, chosen), spec=spec)
+        req = replace(request(20, chosen), spec=spec)
         task = launcher.task(req)
         (resources,) = task.resources
         assert (resources.instance_type, resources.zone, resources.accelerators) == ("m6i.large", "us-east-1c", None)
@@ -213,15 +214,39 @@ def test_a_cpu_task_naming_aws_launches_the_chosen_cpu_type_in_the_chosen_zone(s
         engine.dispose()
 
 
-def test_a_place_known_by_its_zone_id_is_pinned_to_that_zone_by_name(sky_aws: SkyAws, launcher, caplog) -> None:
-    """The snapshot's AWS offers name zones by id (use1-az2); SkyPilot pins by
-    name, which the account (moto's) gives: us-east-1c."""
-    from dataclasses import replace as with_
+def test_a_zone_id_placement_lands_in_that_zone(sky_aws: SkyAws, launcher) -> None:
+    # The catalog names AWS zones by ID; the launch must name the zone the
+    # policy chose (moto's us-east-1 maps use1-az2 to us-east-1c), not the region.
+    by_id = Placement(cloud="aws", region="us-east-1", zone=None, zone_id="use1-az2", instance_type="g4dn.xlarge",
+                      accelerator="T4", accelerator_count=1, use_spot=True, price_per_hour=0.2)
+    zone = {z["ZoneId"]: z["ZoneName"] for z in sky_aws.ec2().describe_availability_zones()["AvailabilityZones"]}
+    assert zone["use1-az2"] == "us-east-1c"
+    handle = launcher.launch(request(8, by_id))
+    (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
+    assert instance["Placement"]["AvailabilityZone"] == "us-east-1c"
+    launcher.terminate(handle)
+    wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+    unknown = Placement(**{**by_id.__dict__, "zone_id": "use1-az9"})
+    with pytest.raises(LaunchError, match="use1-az9 is not a zone of us-east-1"):
+        launcher.launch(request(9, unknown))
 
-    by_id = with_(placement(zone=None), zone_id="use1-az2")
-    (resources,) = launcher.task(request(9, by_id)).resources
-    assert (resources.region, resources.zone) == ("us-east-1", "us-east-1c")
-    unknown = with_(placement(zone=None), zone_id="use1-az9")  # no such zone in this account
-    (resources,) = launcher.task(request(10, unknown)).resources
-    assert (resources.region, resources.zone) == ("us-east-1", None)
-    assert "use1-az9: not a zone of this account's us-east-1" in caplog.text
+
+def test_a_launch_while_the_local_api_server_is_down_waits_for_it(sky_aws: SkyAws, launcher) -> None:
+    # The re-attach's api_status neither starts nor waits for a local server:
+    # the launch is put off (never failed), and the janitor's probe starts it.
+    import sky
+
+    from spotbroker.broker.launch.skypilot.janitor import check
+
+    sky.api_stop()
+    with pytest.raises(LauncherUnavailable, match="SkyPilot's API server does not answer"):
+        launcher.launch(request(10, placement("us-east-1b")))
+    assert launcher.readiness()[0] is False
+    assert launcher.server.wanted.is_set(), "the janitor is asked to probe now"
+    check(launcher)  # what the janitor's thread does next: starts the server, runs sky check
+    assert launcher.readiness() == (True, "SkyPilot can launch on aws")
+    handle = launcher.launch(request(10, placement("us-east-1b")))
+    (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
+    assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
+    launcher.terminate(handle)
+    wait_for(lambda: not sky_aws.instances(), 90, "no instance left")

@@ -44,7 +44,7 @@ class LaunchFailure:
 def classify(exc: BaseException) -> LaunchFailure:
     """The broker's reading of what `sky.get(launch)` raised."""
     name = type(exc).__name__
-    message = _one_line(exc) or name
+    message = one_line(exc) or name
     if name == "RequestCancelled":
         return LaunchFailure(Outcome.CANCELLED, message)
     if _is_a(exc, "ResourcesUnavailableError"):
@@ -58,11 +58,38 @@ def classify(exc: BaseException) -> LaunchFailure:
     return LaunchFailure(Outcome.CAPACITY, f"{name}: {message}")
 
 
+# What the SDK raises when SkyPilot's API server did not answer: nothing
+# about the launch itself, and the same request may succeed in a moment.
+# By module too: a cloud SDK's own "ConnectionError" (botocore's) met by the
+# server while provisioning is the place's failure, not the server's.
+_SKY_UNREACHABLE = {"ApiServerConnectionError", "ServerTemporarilyUnavailableError", "RequestInterruptedError"}
+_TRANSPORT = {"requests.exceptions": {"ConnectionError", "Timeout", "ChunkedEncodingError"},
+              "builtins": {"ConnectionError", "TimeoutError"}}
+
+
+def server_unreachable(exc: BaseException | None) -> bool:
+    """Whether `exc` (or what caused it) says SkyPilot's API server could not
+    be reached or answered 5xx: a reason to ask again, never to fail."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        for cls in type(exc).__mro__:
+            if cls.__name__ in _SKY_UNREACHABLE and cls.__module__.startswith("sky."):
+                return True
+            if cls.__name__ in _TRANSPORT.get(cls.__module__, ()):
+                return True
+        response = getattr(exc, "response", None)
+        if type(exc).__name__ == "HTTPError" and getattr(response, "status_code", 0) >= 500:
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def _is_a(exc: BaseException, name: str) -> bool:
     return any(cls.__name__ == name for cls in type(exc).__mro__)
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
     # SkyPilot's messages carry terminal colours and several lines of advice.
     text = str(exc)
     for code in ("\x1b[0m", "\x1b[1m", "\x1b[31m", "\x1b[33m", "\x1b[36m", "\x1b[2m", "\x1b[22m", "\x1b[39m"):

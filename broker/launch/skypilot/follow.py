@@ -18,7 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from spotbroker.broker.launch.skypilot.errors import LaunchFailure, classify
+from spotbroker.broker.launch.skypilot.errors import LaunchFailure, classify, server_unreachable
+from spotbroker.broker.launch.skypilot.server import ServerWatch
 
 log = logging.getLogger(__name__)
 
@@ -44,11 +45,13 @@ class Follower:
     poll_s: float = 1.0
     cluster_poll_s: float = 15.0
     on_change: Callable[[], None] | None = None
+    server: ServerWatch | None = None     # told whether SkyPilot's API server answered
     _seen: dict[str, Seen] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _thread: threading.Thread | None = None
     _stop: threading.Event = field(default_factory=threading.Event)
     _clusters_at: float = 0.0
+    _asked: bool = False                  # whether the last look asked the server anything
 
     def watch(self, cluster: str, request_id: str | None) -> None:
         with self._lock:
@@ -77,13 +80,20 @@ class Follower:
         while not self._stop.wait(self.poll_s):
             try:
                 self.poll_once()
-            except Exception:  # the API server restarting, say: ask again next time
-                log.warning("following SkyPilot failed", exc_info=True)
+            except Exception as exc:
+                if not server_unreachable(exc):
+                    log.warning("following SkyPilot failed", exc_info=True)
+                elif self.server is not None:  # starting, restarting or gone: ask again next time
+                    self.server.unavailable(exc)
+                continue
+            if self.server is not None and self._asked:
+                self.server.answered()
 
     # --- one look ----------------------------------------------------------------------
 
     def poll_once(self) -> bool:
         """Ask SkyPilot once; returns whether anything changed."""
+        self._asked = False
         changed = self._follow_requests()
         if time.monotonic() - self._clusters_at >= self.cluster_poll_s:
             self._clusters_at = time.monotonic()
@@ -106,6 +116,9 @@ class Follower:
             flying = {s.request_id: c for c, s in self._seen.items() if s.request_id and s.request in IN_FLIGHT}
         if not flying:
             return False
+        self._asked = True
+        if self.server is not None:
+            self.server.healthy_now()  # (SkyPilot's calls would wait up to 600 s on a 503)
         changed = False
         for payload in self.sky.api_status(request_ids=list(flying)):
             cluster = flying.get(payload.request_id)
@@ -121,6 +134,8 @@ class Follower:
         try:
             job_id, _ = self.sky.get(request_id)
         except Exception as exc:
+            if server_unreachable(exc):  # the server went between the two calls: not the launch's end
+                raise
             failure = classify(exc)
             return self._update(cluster, request="FAILED", failure=failure)
         # Launched: the node's state is the next cluster look's, soon.
@@ -132,6 +147,9 @@ class Follower:
             up = {c: s for c, s in self._seen.items() if s.request == "SUCCEEDED"}
         if not up:
             return False
+        self._asked = True
+        if self.server is not None:
+            self.server.healthy_now()
         records = {r["name"]: r for r in self.sky.get(self.sky.status(cluster_names=list(up)))}
         changed = False
         for cluster, seen in up.items():

@@ -16,12 +16,14 @@ from __future__ import annotations
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
+from spotbroker.broker.launch.skypilot.errors import server_unreachable
 from spotbroker.broker.launch.skypilot.follow import IN_FLIGHT
 from spotbroker.broker.store.models import Attempt
 
@@ -64,19 +66,50 @@ def sweep(launcher, factory: sessionmaker[Session]) -> list[str]:
 
 
 def run_janitor(launcher, factory: sessionmaker[Session], interval: float, stop: threading.Event,
-                on_sweep: Callable[[list[str]], None] | None = None) -> None:
-    """Sweep at once (a broker that starts may follow one that crashed), then every `interval`;
-    each time, refresh the clouds SkyPilot reports enabled (placement's limit)."""
+                on_sweep: Callable[[list[str]], None] | None = None, check_interval: float | None = None) -> None:
+    """First wait for SkyPilot's API server (a local one is started; the
+    launcher sends no launch until then). Then, every `check_interval`,
+    make sure it still answers and refresh the clouds `sky check` enables
+    (placement's limit); sweep at once (a broker that starts may follow one
+    that crashed), then every `interval`."""
+    check_interval = interval if check_interval is None else check_interval
+    if not launcher.server.wait_until_up(stop):
+        return
+    next_sweep = 0.0
     while not stop.is_set():
-        try:
-            clouds = launcher.refresh_clouds()
-            log.info("SkyPilot's enabled clouds: %s", ", ".join(sorted(clouds)) or "none")
-        except Exception:
-            log.warning("asking SkyPilot for its enabled clouds failed", exc_info=True)
-        try:
-            downed = sweep(launcher, factory)
-            if on_sweep is not None:
-                on_sweep(downed)
-        except Exception:
-            log.warning("janitor sweep failed", exc_info=True)
-        stop.wait(interval)
+        check(launcher)
+        if time.monotonic() >= next_sweep:
+            next_sweep = time.monotonic() + interval
+            try:
+                downed = sweep(launcher, factory)
+                if on_sweep is not None:
+                    on_sweep(downed)
+            except Exception as exc:
+                if server_unreachable(exc):
+                    launcher.server.unavailable(exc)
+                else:
+                    log.warning("janitor sweep failed", exc_info=True)
+        _wait(launcher.server.wanted, stop, max(0.0, min(check_interval, next_sweep - time.monotonic())))
+
+
+def _wait(wanted: threading.Event, stop: threading.Event, seconds: float) -> None:
+    """Until `stop`, `seconds` gone, or a launch that met no server wants a probe now."""
+    until = time.monotonic() + seconds
+    while not stop.is_set() and not wanted.is_set() and (left := until - time.monotonic()) > 0:
+        stop.wait(min(left, 0.5))
+
+
+def check(launcher) -> None:
+    """Ask whether SkyPilot's API server answers (starting a local one) and,
+    if it does, which clouds `sky check` enables now."""
+    try:
+        launcher.server.probe()
+        clouds = launcher.refresh_clouds()
+    except Exception as exc:  # LauncherUnavailable included: the next check asks again
+        if server_unreachable(exc):
+            launcher.server.unavailable(exc)
+        log.warning("asking SkyPilot for its enabled clouds failed: %s", exc)
+        return
+    if clouds != launcher.last_logged_clouds:
+        launcher.last_logged_clouds = clouds
+        log.info("SkyPilot's enabled clouds: %s", ", ".join(sorted(clouds)) or "none")

@@ -10,6 +10,9 @@ flight) without waiting for it.
 A cluster is named from the broker's prefix and the attempt's id, so a
 broker that died between sending a launch and storing its handle finds it
 again by name (`api_status(cluster_name=...)`) rather than launching twice.
+When SkyPilot's API server does not answer (`server.py`), `launch` raises
+LauncherUnavailable and the reconciler tries again later; the attempt is
+never failed for it.
 
 While a launch is in flight `status` says PENDING; a refusal for capacity
 (or a launch still waiting after `launch_timeout_s`) says FAILED with
@@ -24,15 +27,18 @@ from __future__ import annotations
 import logging
 import re
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
-from spotbroker.broker.launch.skypilot.errors import Outcome
+from spotbroker.broker.launch.skypilot.errors import Outcome, server_unreachable
+from spotbroker.broker.launch.skypilot.server import ServerWatch
 from spotbroker.broker.launch.skypilot.follow import GONE, IN_FLIGHT, Follower
 from spotbroker.broker.launch.skypilot.node import node_program
 from spotbroker.broker.launch.skypilot.task import chosen_alternative, kept_resources, node_task
-from spotbroker.broker.launch.skypilot.zones import AwsZoneNames
+from spotbroker.broker.launch.skypilot.zones import ZoneNames
+from spotbroker.broker.placement.placer import NO_CLOUD
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -68,16 +74,25 @@ class SkyPilotLauncher:
         self.wheelhouse = wheelhouse
         self.launch_timeout_s = launch_timeout_s
         self.max_log_bytes = max_log_bytes  # of a job's output, per node (0: no bound)
-        self.follower = Follower(sky, poll_s=poll_s, cluster_poll_s=cluster_poll_s)
+        self.server = ServerWatch(sky)
+        self.follower = Follower(sky, poll_s=poll_s, cluster_poll_s=cluster_poll_s, server=self.server)
         self._clouds: frozenset[str] | None = None
-        self.zone_names = AwsZoneNames()
+        self._zones = ZoneNames()
+        self.last_logged_clouds: frozenset[str] | None = None
 
     @classmethod
     def from_settings(cls, settings) -> SkyPilotLauncher:
+        from spotbroker.broker.launch.skypilot import catalogs, server
         from spotbroker.broker.launch.skypilot.wheel import wheelhouse
 
-        return cls(wheelhouse(settings.data_dir / "wheels"), prefix=settings.skypilot_cluster_prefix,
-                   launch_timeout_s=settings.skypilot_launch_timeout, max_log_bytes=settings.max_log_bytes)
+        if server.local_server():
+            # Before the first `sky check` (the janitor's), which starts the local server: offline,
+            # a check without catalog rows enables no compute.
+            catalogs.ensure()
+        launcher = cls(wheelhouse(settings.data_dir / "wheels"), prefix=settings.skypilot_cluster_prefix,
+                       launch_timeout_s=settings.skypilot_launch_timeout, max_log_bytes=settings.max_log_bytes)
+        launcher.server.gate_until_seen = True  # the janitor's thread starts (or finds) the server first
+        return launcher
 
     def set_on_change(self, callback) -> None:
         """Called (from the follower's thread) whenever SkyPilot said something new."""
@@ -86,15 +101,25 @@ class SkyPilotLauncher:
     # --- launching -----------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> Handle:
+        """Send the launch; LauncherUnavailable when SkyPilot's API server
+        cannot take it now (the reconciler tries again, with back-off)."""
         cluster = cluster_name(self.prefix, request.attempt_id)
-        found = self._reattach(cluster)
+        self.server.check_open()
+        self.server.healthy_now()
+        try:
+            found = self._reattach(cluster)
+        except Exception as exc:
+            raise self.server.unavailable(exc) if server_unreachable(exc) else exc
         if found is not None:
             return found
         task = self.task(request)
         try:
             request_id = self.sky.launch(task, cluster_name=cluster, retry_until_up=False, down=False)
         except Exception as exc:  # refused before it was queued: the task itself (the server checks it again)
+            if server_unreachable(exc):
+                raise self.server.unavailable(exc) from None
             raise LaunchError(f"SkyPilot refused the launch: {type(exc).__name__}: {exc}") from None
+        self.server.answered()
         handle = {"cluster": cluster, "request_id": str(request_id), "submitted_at": time.time()}
         self.follower.watch(cluster, handle["request_id"])
         return handle
@@ -121,7 +146,11 @@ class SkyPilotLauncher:
         keep = {}
         if request.spec is not None:
             keep = kept_resources(chosen_alternative(request.spec, request.placement), request.placement)
-        resources = pinned_resources(self.sky, self.zone_names.named(request.placement), **keep)
+        placement = request.placement
+        if placement.zone is None and placement.zone_id is not None:
+            # SkyPilot takes zone names only; an account's id -> name mapping is its own
+            placement = replace(placement, zone=self._zones.name_of(placement))
+        resources = pinned_resources(self.sky, placement, **keep)
         return node_task(request.spec, program, resources, request.num_nodes, f"attempt-{request.attempt_id}",
                          request.mounts)
 
@@ -143,6 +172,17 @@ class SkyPilotLauncher:
         names = self.sky.get(self._sdk("enabled_clouds")(expand=True))
         self._clouds = frozenset(name for n in names for name in _broker_names(str(n)))
         return self._clouds
+
+    def readiness(self) -> tuple[bool, str]:
+        """Whether a launch can be sent now, and why (for `/readyz`): SkyPilot's
+        API server answered last time it was asked, and `sky check` enabled a cloud."""
+        if self.server.down_since is not None or not self.server.seen:
+            return False, self.server.detail or "waiting for SkyPilot's API server to start"
+        if self._clouds is None:
+            return False, "waiting for SkyPilot's first `sky check`"
+        if not self._clouds:
+            return False, NO_CLOUD
+        return True, "SkyPilot can launch on " + ", ".join(sorted(self._clouds))
 
     def _sdk(self, name: str):
         found = getattr(self.sky, name, None)

@@ -21,6 +21,7 @@ def start(settings, factory: sessionmaker[Session], launchers: dict, hint: Calla
     launcher.set_on_change(hint)
     launchers[launcher.name] = launcher
     janitor = threading.Thread(target=run_janitor, name="skypilot-janitor", daemon=True,
-                               args=(launcher, factory, settings.skypilot_janitor_interval, stop))
+                               args=(launcher, factory, settings.skypilot_janitor_interval, stop),
+                               kwargs={"check_interval": settings.skypilot_check_interval})
     janitor.start()
     return janitor

@@ -1,56 +1,66 @@
-"""AWS zone names for placements that know only a zone id.
+"""An AWS zone ID (`use1-az2`) as the zone name SkyPilot launches in.
 
-The bundled snapshot and the public price list name AWS zones by id
-(`use1-az1`: the same place in every account), while SkyPilot pins a zone
-by its name (`us-east-1b`), which differs from account to account. The
-account SkyPilot launches in is the one boto3's standard chain reaches from
-this process, so the broker asks EC2 there (`describe_availability_zones`
-with `ZoneIds`), once per zone id. Unresolved (no credentials, a zone id
-the account lacks), the place stays pinned to its region only, and a log
-line says so once per zone id.
+Offers from SkyPilot's catalog name AWS zones by ID, the same physical zone
+in every account; SkyPilot's `infra` takes zone names (`us-east-1a`), which
+each account maps to IDs its own way. Sending only the region lets SkyPilot
+pick the zone: the launch must name the zone the policy chose, so the ID is
+mapped through the account's own EC2 API (`DescribeAvailabilityZones`,
+with the broker's AWS credentials, as for spot prices), once per region.
 """
 from __future__ import annotations
 
-import logging
-from dataclasses import replace
-from threading import Lock
+import threading
 
+from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable
 from spotbroker.broker.pricing.offers import Placement
 
-log = logging.getLogger(__name__)
+_TIMEOUTS = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 2}}
 
 
-class AwsZoneNames:
-    def __init__(self, timeout_s: float = 10.0) -> None:
-        self.timeout_s = timeout_s
-        self._names: dict[str, str | None] = {}  # zone id -> name (None: asked, not found)
-        self._lock = Lock()
+class ZoneNames:
+    """Zone ID -> zone name per AWS region, asked of EC2 once per region."""
 
-    def named(self, p: Placement) -> Placement:
-        """`p` with its zone's name when it has only an AWS zone id."""
-        if p.cloud != "aws" or p.zone or not p.zone_id or not p.region:
-            return p
+    def __init__(self, session=None) -> None:
+        self._session = session
+        self._names: dict[str, dict[str, str]] = {}
+        self._lock = threading.Lock()
+
+    def name_of(self, p: Placement) -> str:
+        """The zone name of `p.zone_id` in `p.region` (the place's cloud is AWS)."""
+        if p.cloud != "aws":
+            raise LaunchError(f"the place {p.place} names a zone ID ({p.zone_id}) on {p.cloud}: only AWS zones "
+                              "are chosen by ID")
         with self._lock:
-            if p.zone_id not in self._names:
-                self._names[p.zone_id] = self._ask(p.region, p.zone_id)
-            name = self._names[p.zone_id]
-        return replace(p, zone=name) if name else p
+            names = self._names.get(p.region)
+        if names is None or p.zone_id not in names:
+            names = self._ask(p.region)
+            with self._lock:
+                self._names[p.region] = names
+        if p.zone_id not in names:
+            raise LaunchError(f"zone ID {p.zone_id} is not a zone of {p.region} in this AWS account "
+                              f"(its zones: {', '.join(sorted(names)) or 'none'})")
+        return names[p.zone_id]
 
-    def _ask(self, region: str, zone_id: str) -> str | None:
+    def _ask(self, region: str) -> dict[str, str]:
         import boto3
-        from botocore.config import Config
-        from botocore.exceptions import BotoCoreError, ClientError
+        import botocore.config
+        import botocore.exceptions as errors
 
-        config = Config(connect_timeout=self.timeout_s, read_timeout=self.timeout_s, retries={"max_attempts": 2})
+        session = self._session or boto3.session.Session()
         try:
-            ec2 = boto3.session.Session().client("ec2", region_name=region, config=config)
-            zones = ec2.describe_availability_zones(ZoneIds=[zone_id])["AvailabilityZones"]
-        except (BotoCoreError, ClientError) as exc:
-            log.warning("zone %s (%s): no name from EC2 (%s); the launch is pinned to the region only",
-                        zone_id, region, type(exc).__name__)
-            return None
-        name = next((z["ZoneName"] for z in zones if z.get("ZoneId") == zone_id), None)
-        if name is None:
-            log.warning("zone %s: not a zone of this account's %s; the launch is pinned to the region only",
-                        zone_id, region)
-        return name
+            ec2 = session.client("ec2", region_name=region, config=botocore.config.Config(**_TIMEOUTS))
+            zones = ec2.describe_availability_zones(
+                Filters=[{"Name": "region-name", "Values": [region]}])["AvailabilityZones"]
+        except (errors.NoCredentialsError, errors.PartialCredentialsError) as exc:
+            raise LaunchError(f"cannot pin the launch to an AWS zone ID: the broker has no AWS credentials to ask "
+                              f"EC2 which zone name it is in this account ({exc})") from None
+        except errors.ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            if exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500:
+                raise LauncherUnavailable(f"EC2 DescribeAvailabilityZones in {region}: {code}") from None
+            raise LaunchError(f"cannot pin the launch to an AWS zone ID: EC2 DescribeAvailabilityZones in "
+                              f"{region} was refused ({code}); the broker's AWS identity needs "
+                              "ec2:DescribeAvailabilityZones") from None
+        except errors.BotoCoreError as exc:  # EC2 not reachable now: the launch is tried again
+            raise LauncherUnavailable(f"EC2 DescribeAvailabilityZones in {region}: {exc}") from None
+        return {z["ZoneId"]: z["ZoneName"] for z in zones if z.get("ZoneId") and z.get("ZoneName")}
