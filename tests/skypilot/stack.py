@@ -130,6 +130,19 @@ def _one_wheelhouse(root: Path, replicas: list[Replica]) -> None:
         shutil.copytree(built.parent, Path(r.env["SPOTBROKER_DATA_DIR"]) / "wheels")
 
 
+def broker_env(database_url: str, role: str, api_server: str) -> dict[str, str]:
+    """The replicas' settings: docker-compose.yml's broker services name the
+    same ones (test_stack.py checks it), less what paces this test."""
+    return {"SPOTBROKER_DATABASE_URL": database_url, "SPOTBROKER_LAUNCHER": "skypilot",
+            "SPOTBROKER_SECRET_KEY": SECRET, "SKYPILOT_API_SERVER_ENDPOINT": api_server,
+            "SPOTBROKER_NODE_ROLE_ARN": role, "SPOTBROKER_CHECKPOINT_ROOT": f"s3://{BUCKET}/ckpt",
+            "SPOTBROKER_LOCAL_LAUNCHER": "false",
+            # pacing: a short lease and pass, a janitor that sweeps within the test, clusters named per run
+            "SPOTBROKER_LEASE_SECONDS": str(LEASE_S), "SPOTBROKER_RECONCILE_INTERVAL": str(PASS_S),
+            "SPOTBROKER_SKYPILOT_CLUSTER_PREFIX": f"stack{int(time.time()) % 100000}",
+            "SPOTBROKER_SKYPILOT_JANITOR_INTERVAL": "30"}
+
+
 @contextmanager
 def stack(sky_aws: SkyAws, root: Path, replicas: int = 2) -> Iterator[Stack]:
     """The stack, every replica ready to launch; all of it stopped and removed after."""
@@ -150,12 +163,7 @@ def stack(sky_aws: SkyAws, root: Path, replicas: int = 2) -> Iterator[Stack]:
             config.write("allowed_clouds: [aws]\n")
         sky.api_start()  # the one SkyPilot API server, its own process, shared by the replicas
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
-        env.update(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_LAUNCHER="skypilot", SPOTBROKER_SECRET_KEY=SECRET,
-                   SKYPILOT_API_SERVER_ENDPOINT=f"http://127.0.0.1:{os.environ['SKYPILOT_API_SERVER_LOCAL_PORT']}",
-                   SPOTBROKER_NODE_ROLE_ARN=role, SPOTBROKER_CHECKPOINT_ROOT=f"s3://{BUCKET}/ckpt",
-                   SPOTBROKER_LEASE_SECONDS=str(LEASE_S), SPOTBROKER_RECONCILE_INTERVAL=str(PASS_S),
-                   SPOTBROKER_SKYPILOT_CLUSTER_PREFIX=f"stack{int(time.time()) % 100000}",
-                   SPOTBROKER_SKYPILOT_JANITOR_INTERVAL="30", SPOTBROKER_LOCAL_LAUNCHER="false")
+        env.update(broker_env(url, role, f"http://127.0.0.1:{os.environ['SKYPILOT_API_SERVER_LOCAL_PORT']}"))
         started = [Replica(chr(ord("a") + i), env, root) for i in range(replicas)]
         _one_wheelhouse(root, started)
         for r in started:

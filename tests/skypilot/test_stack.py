@@ -15,23 +15,46 @@ the test over the agent API, with the attempt's own token.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 from skypilot.skyenv import SkyAws
-from skypilot.stack import (LEASE_S, PASS_S, SECRET, Replica, Stack, cancel_and_wait_clean, handle_of,
-                            kill_while_launching, stack, wait_for)
+from skypilot.stack import (LEASE_S, PASS_S, SECRET, Replica, Stack, broker_env, cancel_and_wait_clean,
+                            handle_of, kill_while_launching, stack, wait_for)
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.models import Attempt, Job
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(280)]
+REPO = Path(__file__).resolve().parents[2]
 
 # Logs shipped to one replica are read through another (the log store is the database).
 LOGS_ACROSS_REPLICAS = True
 
 
+def test_compose_runs_the_stack_this_test_runs() -> None:
+    """docker-compose.yml is this topology (PostgreSQL, moto, one SkyPilot API
+    server, two broker replicas) with the settings the replicas get here,
+    less what paces the test; the stack makes its team in the database and
+    migrates itself, where compose has an admin token and a `migrate` service."""
+    services = yaml.safe_load((REPO / "docker-compose.yml").read_text())["services"]
+    assert {"postgres", "moto", "skypilot-api", "migrate", "broker", "broker-2"} <= set(services)
+    pacing = {"SPOTBROKER_LEASE_SECONDS", "SPOTBROKER_RECONCILE_INTERVAL", "SPOTBROKER_SKYPILOT_CLUSTER_PREFIX",
+              "SPOTBROKER_SKYPILOT_JANITOR_INTERVAL"}
+    ours = set(broker_env("postgresql://", "arn:aws:iam::123456789012:role/x", "http://127.0.0.1:1")) - pacing
+    for name in ("broker", "broker-2"):
+        env = services[name]["environment"]
+        names = {k for k in env if k.startswith(("SPOTBROKER_", "SKYPILOT_"))}
+        assert names - {"SPOTBROKER_ADMIN_TOKEN", "SPOTBROKER_MIGRATE_ON_START"} == ours, name
+        assert (env["SPOTBROKER_LAUNCHER"], env["SPOTBROKER_LOCAL_LAUNCHER"]) == ("skypilot", "false")
+        assert env["SKYPILOT_API_SERVER_ENDPOINT"] == "http://skypilot-api:46580"
+        assert env["SPOTBROKER_NODE_ROLE_ARN"] and env["AWS_ENDPOINT_URL"] == "http://moto:5000"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(280)
 def test_the_stack_launches_hands_over_between_replicas_and_cancels(sky_aws: SkyAws, pg_server, tmp_path) -> None:
     import sky
 
