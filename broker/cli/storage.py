@@ -7,7 +7,7 @@ import json
 import click
 
 from spotbroker.broker.cli.jobs import call
-from spotbroker.broker.cli.money import _client
+from spotbroker.broker.cli.access import admin_client
 
 
 @click.command("storage")
@@ -20,7 +20,7 @@ def storage(team: str, rw: tuple[str, ...], ro: tuple[str, ...], clear: bool, as
     """Show, or with --bucket/--read-only/--clear replace, the bucket prefixes TEAM's jobs may mount.
 
     The list given replaces the whole list: name every prefix the team keeps."""
-    c = _client()
+    c = admin_client()  # the admin sets any team's list and reads any; a team token reads its own
     if clear and (rw or ro):
         raise click.ClickException("--clear allows none: give it alone, or give the whole list without it")
     if clear or rw or ro:
