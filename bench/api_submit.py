@@ -8,6 +8,7 @@ so what is measured is the API: auth, validation, the insert, the answer.
 
     python bench/api_submit.py                     # PostgreSQL and SQLite
     python bench/api_submit.py --db sqlite --rates 100,200 --seconds 5
+    python bench/api_submit.py --db postgresql --replicas 2   # two brokers on one database, requests alternating
 """
 from __future__ import annotations
 
@@ -34,13 +35,15 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_broker(db_url: str, data_dir: Path, workers: int) -> tuple[subprocess.Popen, str, str]:
+def start_broker(db_url: str, data_dir: Path, workers: int, first: bool = True) -> tuple[subprocess.Popen, str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir),
                SPOTBROKER_LOCAL_MAX_RUNNING="0", SPOTBROKER_ADMIN_TOKEN="bench-admin",
+               SPOTBROKER_SECRET_KEY="bench-signing-key-shared-by-the-replicas",
                SPOTBROKER_PRICES_SOURCES="catalog")  # no network
     cli = [sys.executable, "-m", "spotbroker.broker.cli"]
-    subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
+    if first:
+        subprocess.run([*cli, "db", "upgrade"], env=env, check=True, capture_output=True)
     port = free_port()
     proc = subprocess.Popen([*cli, "serve", "--port", str(port), "--log-level", "warning",
                              *(["--workers", str(workers)] if workers > 1 else [])], env=env,
@@ -57,7 +60,7 @@ def start_broker(db_url: str, data_dir: Path, workers: int) -> tuple[subprocess.
             raise SystemExit("the broker did not start")
         time.sleep(0.2)
     token = httpx.post(f"{url}/v1/teams", json={"name": "bench"},
-                       headers={"Authorization": "Bearer bench-admin"}).json()["token"]
+                       headers={"Authorization": "Bearer bench-admin"}).json()["token"] if first else ""
     return proc, url, token
 
 
@@ -81,21 +84,23 @@ class Connection:
         return int(status_line.split()[1])
 
 
-async def run_rate(url: str, token: str, rate: float, seconds: float) -> dict:
-    host, port = url.removeprefix("http://").split(":")
+async def run_rate(urls: list[str], token: str, rate: float, seconds: float) -> dict:
+    """Requests alternate between the brokers at `urls` (replicas on one database)."""
     body = json.dumps(JOB).encode()
-    raw = (f"POST /v1/jobs HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {token}\r\n"
+    raw = (f"POST /v1/jobs HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {token}\r\n"
            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-    idle: list[tuple[Connection, float]] = []  # (connection, when it was last used), oldest first
+    pools: list[list[tuple[Connection, float]]] = [[] for _ in urls]  # per broker: (connection, last used)
     latencies: list[float] = []
     errors = 0
     kinds: dict[str, int] = {}
 
-    async def one(scheduled: float) -> None:
+    async def one(scheduled: float, which: int) -> None:
         nonlocal errors
+        idle = pools[which]
         # uvicorn closes a keep-alive connection after 5 s idle: never reuse one that old.
         while idle and time.perf_counter() - idle[0][1] > 4:
             idle.pop(0)[0].writer.close()
+        host, port = urls[which].removeprefix("http://").split(":")
         conn = idle.pop()[0] if idle else Connection(*await asyncio.open_connection(host, int(port)))
         try:
             status = await conn.request(raw)
@@ -117,9 +122,9 @@ async def run_rate(url: str, token: str, rate: float, seconds: float) -> dict:
         delay = due - time.perf_counter()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(due)))
+        tasks.append(asyncio.create_task(one(due, i % len(urls))))
     await asyncio.gather(*tasks)
-    for conn, _ in idle:
+    for conn, _ in (c for idle in pools for c in idle):
         conn.writer.close()
     latencies.sort()
 
@@ -131,24 +136,32 @@ async def run_rate(url: str, token: str, rate: float, seconds: float) -> dict:
     return {"rate": rate, "sent": n, "errors": errors, "p50": pct(0.50), "p99": pct(0.99), "max": pct(1.0)}
 
 
-def bench(db: str, rates: list[float], seconds: float, workers: int) -> float:
+def bench(db: str, rates: list[float], seconds: float, workers: int, replicas: int = 1) -> float:
     data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
     db_url, drop = temporary_database(db, data_dir)
-    proc, url, token = start_broker(db_url, data_dir, workers)
+    procs, urls, token = [], [], ""
+    for i in range(replicas):
+        proc, url, got = start_broker(db_url, data_dir / f"replica-{i}" if i else data_dir, workers, first=i == 0)
+        procs.append(proc)
+        urls.append(url)
+        token = token or got
     best = 0.0
     try:
-        print(f"\n{db} ({workers} worker{'s' if workers > 1 else ''}), {seconds:.0f} s per rate")
+        print(f"\n{db} ({replicas} replica{'s' if replicas > 1 else ''}, {workers} worker{'s' if workers > 1 else ''}"
+              f" each), {seconds:.0f} s per rate")
         print(f"{'rate/s':>8} {'sent':>6} {'errors':>6} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8}")
         for rate in rates:
-            r = asyncio.run(run_rate(url, token, rate, seconds))
+            r = asyncio.run(run_rate(urls, token, rate, seconds))
             print(f"{r['rate']:>8.0f} {r['sent']:>6} {r['errors']:>6} {r['p50']:>8.1f} {r['p99']:>8.1f} "
                   f"{r['max']:>8.1f}")
             if r["errors"] or r["p99"] > 100:
                 break
             best = rate
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
         drop()
     print(f"{db}: highest rate held with p99 <= 100 ms and no errors: {best:.0f} submissions/s")
     return best
@@ -160,10 +173,11 @@ def main() -> None:
     ap.add_argument("--rates", default="100,200,300,400,500,600,800")
     ap.add_argument("--seconds", type=float, default=20)
     ap.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
+    ap.add_argument("--replicas", type=int, default=1, help="brokers on the one database (PostgreSQL)")
     args = ap.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     for db in (["postgresql", "sqlite"] if args.db == "both" else [args.db]):
-        bench(db, rates, args.seconds, args.workers)
+        bench(db, rates, args.seconds, args.workers, args.replicas)
 
 
 if __name__ == "__main__":
