@@ -70,10 +70,19 @@ def decode(text: str) -> list[Mount]:
 
 
 def target(path: str, home: Path, fs_root: Path) -> Path:
-    """Where the mount `path` is on this node."""
-    if path.startswith("~/"):
-        return home / path[2:]
-    return fs_root / path.lstrip("/")
+    """Where the mount `path` is on this node: always under `home` or
+    `fs_root`, through no link (the node may place it as root, and a link
+    on the way, one a job left in a bucket, would take it anywhere)."""
+    base, rel = (home, path[2:]) if path.startswith("~/") else (fs_root, path[1:] if path.startswith("/") else "")
+    parts = rel.split("/")
+    if not rel or any(p in ("", ".", "..") for p in parts):
+        raise CodeError(f"file_mounts {path}: not a path a mount may take")
+    here = base
+    for part in parts[:-1]:
+        here = here / part
+        if here.is_symlink():
+            raise CodeError(f"file_mounts {path}: {here} is a link; a mount is placed through none")
+    return base.joinpath(*parts)
 
 
 def _made_parent(dest: Path) -> None:
@@ -113,9 +122,37 @@ def place_file(uri: str, sha256: str, dest: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _copy_directory(source: Path, dest: Path) -> None:
+    """A `file://` bucket copied: its regular files and directories only,
+    each opened without following a link (on a local node this runs as
+    root, and a link a job left in its bucket must not copy a file of the
+    host's to the next job)."""
+    if source.is_symlink() or not source.is_dir():
+        raise CodeError(f"{source}: not a directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    for top, _dirs, files, dir_fd in os.fwalk(source, follow_symlinks=False):
+        out = dest / os.path.relpath(top, source)
+        out.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
+            except OSError:
+                continue  # a link, or gone
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    continue
+                with os.fdopen(os.dup(fd), "rb") as src, open(out / name, "xb") as dst:
+                    shutil.copyfileobj(src, dst)
+            finally:
+                os.close(fd)
+
+
 def _copy_bucket(uri: str, dest: Path) -> None:
     from spotbroker.agent.checkpoint.storage import Storage
 
+    if uri.startswith("file://"):
+        _copy_directory(Path(uri.removeprefix("file://")), dest)
+        return
     store = Storage(uri)
     dest.mkdir(parents=True, exist_ok=True)
     for info in store.iter():
@@ -133,8 +170,6 @@ def place(mounts: list[Mount], home: Path, fs_root: Path, cloud_buckets: bool = 
         if mount.kind == "bucket" and not mount.uri.startswith("file://") and not cloud_buckets:
             continue
         dest = target(mount.path, home, fs_root)
-        if dest in (home, fs_root) or dest.parent == dest:  # never replaced by a mount (the broker refuses them)
-            raise CodeError(f"file_mounts {mount.path}: not a path a mount may take")
         try:
             _made_parent(dest)
             if mount.kind == "dir":

@@ -228,6 +228,22 @@ class Resources(ResourceSet):
         return self.ordered is not None
 
 
+MAX_FILE_MOUNTS = 64  # each is a line of the node's SPOTBROKER_MOUNTS, which execve bounds
+
+
+def _refuse_nested(remotes: list[str]) -> None:
+    """A mount inside another's path would be placed through what the other
+    placed (a bucket a job writes, links included): each takes its own path."""
+    if len(remotes) > MAX_FILE_MOUNTS:
+        raise ValueError(f"{len(remotes)} mounts: at most {MAX_FILE_MOUNTS} (mount a directory that holds them)")
+    given = set(remotes)
+    for remote in remotes:
+        parts = remote.split("/")
+        for outer in ("/".join(parts[:i]) for i in range(1, len(parts))):
+            if outer in given:
+                raise ValueError(f"{remote!r} lies inside {outer!r}: mount each at a path of its own")
+
+
 def _check_env_name(key: Any) -> None:
     if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
         raise ValueError(f"{key!r} is not a valid environment variable name")
@@ -300,11 +316,12 @@ class JobSpec(_Strict):
             for remote in value:
                 if not isinstance(remote, str) or not (remote.startswith("/") or remote.startswith("~/")):
                     raise ValueError(f"{remote!r}: a remote path is absolute or starts with ~/")
-                # `~/.` would be the home itself, which a node replaces with what it places.
-                parts = remote.removeprefix("~/").lstrip("/").split("/")
+                # `~/.` would be the home itself, `~//tmp` the host's /tmp: a node places mounts as root.
+                parts = (remote[2:] if remote.startswith("~/") else remote[1:]).split("/")
                 if remote.rstrip("/") != remote or "$" in remote or any(p in ("", ".", "..") for p in parts):
                     raise ValueError(f"{remote!r}: give the path itself, without a trailing '/', '.', '..', '//' "
                                      "or '$'")
+            _refuse_nested(list(value))
         return value
 
     @field_validator("file_mounts")

@@ -65,7 +65,8 @@ def test_what_is_no_single_file_or_no_mount_path_is_refused(node):
         place([Mount("~/key", "file", uri, sha)], home, fs)
     with pytest.raises(CodeError, match="sha256"):
         place([Mount("~/key", "dir", uri, "0" * 64)], home, fs)
-    assert target("~/.", home, fs) == home
+    with pytest.raises(CodeError, match="not a path a mount may take"):
+        target("~/.", home, fs)
     with pytest.raises(CodeError, match="not a path a mount may take"):
         place([Mount("~/.", "dir", uri, sha)], home, fs)
     assert (home.exists(), list(home.iterdir())) == (True, [])
@@ -92,3 +93,47 @@ def test_saving_reads_only_the_jobs_regular_files_and_follows_no_link(node, tmp_
     saved = Storage(s3_uri)
     assert [o.key for o in saved.list()] == ["team/buckets/ckpt/d/w.bin"]
     assert saved.get("team/buckets/ckpt/d/w.bin") == b"weights"
+
+
+def test_a_mount_path_never_leaves_the_nodes_home_or_root(node, tmp_path):
+    """`~//x` joined as `home / "/x"` was the host's /x, which the node (root
+    on a local node) cleared and wrote: every path stays under its base."""
+    store, home, fs = node
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("the host's")
+    uri, sha = stored(store, one_file("f", b"the team's"))
+    for path in (f"~/{outside}/keep", f"/{outside}/keep", "~/a/../../outside/keep", "relative/keep"):
+        with pytest.raises(CodeError, match="not a path a mount may take"):
+            place([Mount(path, "file", uri, sha)], home, fs)
+    assert (outside / "keep").read_text() == "the host's"
+
+
+def test_a_mount_is_placed_through_no_link_a_job_left(node, tmp_path):
+    """A link planted in a bucket (`~/b/sub -> /anywhere`) does not carry a
+    later mount's placing outside the node."""
+    store, home, fs = node
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (home / "b").mkdir()
+    (home / "b" / "sub").symlink_to(outside, target_is_directory=True)
+    uri, sha = stored(store, one_file("f", b"the team's"))
+    with pytest.raises(CodeError, match="is a link"):
+        place([Mount("~/b/sub/pwned", "file", uri, sha)], home, fs)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_copied_bucket_brings_no_file_a_link_in_it_points_to(node, tmp_path):
+    """COPY of a file:// bucket (as root on a local node) copies the bucket's
+    own regular files; a link a job left there to a host file is not followed."""
+    store, home, fs = node
+    secret = tmp_path / "secret_key"
+    secret.write_text("the broker's")
+    bucket = store / "buckets" / "b"
+    (bucket / "d").mkdir(parents=True)
+    (bucket / "d" / "data.txt").write_text("the team's")
+    (bucket / "leak").symlink_to(secret)
+    (bucket / "dirlink").symlink_to(tmp_path, target_is_directory=True)
+    place([Mount("~/copy", "bucket", f"file://{bucket}", mode="COPY")], home, fs)
+    assert (home / "copy" / "d" / "data.txt").read_text() == "the team's"
+    assert not (home / "copy" / "leak").exists() and not (home / "copy" / "dirlink").exists()

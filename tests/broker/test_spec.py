@@ -66,3 +66,14 @@ def test_skypilot_accelerator_set_means_any_of():
     doc = load_document(b"run: python train.py\nresources:\n  accelerators: {A10G: 1, L4: 1}\n  infra: aws\n")
     spec = JobSpec.model_validate(doc)
     assert [(a.accelerators, a.infra) for a in spec.resources.alternatives()] == [("A10G:1", "aws"), ("L4:1", "aws")]
+
+
+@pytest.mark.parametrize("mounts, says", [
+    ({"~//tmp/x": "s3://b/x"}, "give the path itself"),        # the host's /tmp, joined to a home
+    ({"//etc/cron.d/x": "s3://b/x"}, "give the path itself"),
+    ({"~/b": {"name": "bkt"}, "~/b/sub/x": "s3://b/y"}, "lies inside '~/b'"),  # placed through a bucket's links
+    ({f"/m{i}": "s3://b/a" for i in range(65)}, "at most 64"),
+])
+def test_a_mount_path_outside_its_base_nested_or_one_too_many_is_refused(mounts, says):
+    with pytest.raises(ValidationError, match=says):
+        JobSpec.model_validate({"run": "x", "file_mounts": mounts})
