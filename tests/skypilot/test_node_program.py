@@ -123,6 +123,7 @@ def test_the_node_installs_the_wheel_fetches_the_code_and_reports_to_the_broker(
     node = NodeSky(sky, tmp_path / "node-home")
     launcher = SkyPilotLauncher(wheelhouse(tmp_path / "wheels"), prefix="sbnode", poll_s=0.2, cluster_poll_s=0.5,
                                 sky=node)
+    launcher.server.probe()  # a broker's janitor thread starts (or finds) the API server before any launch
     try:
         # What the reconciler commits before it launches: the attempt, in the place chosen.
         reconciler = Reconciler(factory, {"skypilot": launcher}, settings)
@@ -204,6 +205,7 @@ def test_the_node_places_uploaded_files_and_directories_and_a_named_bucket_befor
     node = NodeSky(sky, tmp_path / "node-home")
     launcher = SkyPilotLauncher(wheelhouse(tmp_path / "wheels"), prefix="sbnode", poll_s=0.2, cluster_poll_s=0.5,
                                 sky=node)
+    launcher.server.probe()  # a broker's janitor thread starts (or finds) the API server before any launch
     try:
         attempt_id, request = _launch_request(settings, job_id)
         task = launcher.task(request)
