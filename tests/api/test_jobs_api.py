@@ -114,9 +114,9 @@ def test_cancel_stops_the_process(api, team_headers, settings):
     def gone():
         try:
             os.kill(node["pid"], 0)
-        except ProcessLookupError:
+            return open(f"/proc/{node['pid']}/stat").read().split(") ")[1].startswith("Z")
+        except (ProcessLookupError, FileNotFoundError):  # reaped, maybe between the two looks
             return True
-        return open(f"/proc/{node['pid']}/stat").read().split(") ")[1].startswith("Z")
 
     wait_for(gone, what="the cancelled process to exit")
     assert api.post(f"/v1/jobs/{job_id}/cancel", headers=h).json()["state"] == "CANCELLED"  # idempotent
