@@ -40,13 +40,21 @@ def settings(settings, aws_iam, session_policies_enforced):  # noqa: F811
     return settings
 
 
-def sessions_of(attempt_id: int) -> list:
+def sessions() -> list:
     from moto.sts.models import sts_backends
 
-    return [a for a in sts_backends["123456789012"]["aws"].assumed_roles if a.session_name.endswith(f"-a{attempt_id}")]
+    return sts_backends["123456789012"]["aws"].assumed_roles
+
+
+def sessions_of(attempt_id: int, since: int) -> list:
+    """The attempt's sessions among those made after `since` (how many there
+    were when the test began): the worker's moto lives across tests, whose
+    fresh databases number their attempts from 1 again."""
+    return [a for a in sessions()[since:] if a.session_name.endswith(f"-a{attempt_id}")]
 
 
 def test_a_job_flushes_and_resumes_with_only_its_scoped_credentials(api, team_headers, settings, aws_iam):  # noqa: F811
+    since = len(sessions())
     h = team_headers("vision")
     job_id = api.post("/v1/jobs", json={"name": "train", "run": shlex.join(TRAIN), "max_restarts": 0,
                                         "envs": RENEW_EARLY, "resources": {"accelerators": "T4:1"}},
@@ -56,9 +64,9 @@ def test_a_job_flushes_and_resumes_with_only_its_scoped_credentials(api, team_he
     wait_for(lambda: "step=12 " in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text, timeout=60,
              what="training to be under way")
     # The agent renewed the launch's session over its channel (a second STS session, same name).
-    wait_for(lambda: len(sessions_of(first_id)) >= 2, timeout=30, what="the agent to renew its credentials")
+    wait_for(lambda: len(sessions_of(first_id, since)) >= 2, timeout=30, what="the agent to renew its credentials")
     assert all(s.session_name == f"sb-vision-j{job_id}-a{first_id}" and s.role_arn == aws_iam.role_arn
-               for s in sessions_of(first_id))
+               for s in sessions_of(first_id, since))
     # Asked twice at once (a multi-node attempt's agents renew together): one STS session, shared.
     bearer = {"Authorization": f"Bearer {agent_token(settings.signing_key(), first_id)}"}
     answers = [api.post("/v1/agent/credentials", headers=bearer) for _ in range(2)]
@@ -70,7 +78,7 @@ def test_a_job_flushes_and_resumes_with_only_its_scoped_credentials(api, team_he
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)
     assert job["state"] == "SUCCEEDED", (job, api.get(f"/v1/jobs/{job_id}/logs", headers=h).text[-3000:])
     first, second = job["attempts"]
-    assert first["state"] == "PREEMPTED" and sessions_of(second["id"])
+    assert first["state"] == "PREEMPTED" and sessions_of(second["id"], since)
     events = api.get(f"/v1/jobs/{job_id}/events", headers=h).json()["events"]
     resumed = next((e for e in events if e["type"] == "resumed" and e["attempt_id"] == second["id"]), None)
     assert resumed, events
@@ -130,6 +138,7 @@ def test_a_jobs_own_keys_read_its_own_data_while_checkpoints_use_the_scoped_ones
     its checkpoints must go through the attempt's scoped credentials.
     (Failed before the credentials left the standard variables: the scoped
     keys shadowed the job's own and its read got a 403.)"""
+    since = len(sessions())
     bucket, key, secret = make_user(moto_endpoint)
     user_s3 = aws_iam.client("s3", key, secret)
     user_s3.put_object(Bucket=bucket, Key="data.csv", Body=b"x,y\n1,2")
@@ -154,7 +163,7 @@ def test_a_jobs_own_keys_read_its_own_data_while_checkpoints_use_the_scoped_ones
                        if "=" in line and line.split("=", 1)[0].isupper())
     assert environment["AWS_ACCESS_KEY_ID"] == key and environment["AWS_SECRET_ACCESS_KEY"] == secret
     assert environment["AWS_REGION"] == "us-east-1" and "AWS_SESSION_TOKEN" not in environment
-    scoped = [s.access_key_id for s in sessions_of(attempt_id)]
+    scoped = [s.access_key_id for s in sessions_of(attempt_id, since)]
     assert scoped and not any(k in out for k in scoped)  # no scoped key anywhere in the trainer's environment
     assert "SPOTBROKER_STORAGE_CREDENTIALS" not in environment  # the agent's file replaced the launch's variable
 
