@@ -163,11 +163,13 @@ def test_notice_reaches_the_broker_then_the_commit_then_the_exit(cloud, agent, b
     assert TOKEN not in out + err
 
 
-def test_trainer_without_the_library_is_never_signalled(agent, broker, make_sim, wait):
+def test_trainer_without_the_library_is_never_signalled(agent, broker, make_sim, wait, tmp_path):
     sim = make_sim("aws", notice_window=30)
     # Without the library SIGUSR1 would kill this trainer (exit 138); it runs until SIGTERM (exit 42).
-    process = agent(broker_url=broker.url, sim_url=sim.url, cloud="aws")
+    ready = tmp_path / "trainer-env.json"  # written once its handlers are in (a SIGTERM before: exit 143)
+    process = agent("--env-file", str(ready), broker_url=broker.url, sim_url=sim.url, cloud="aws")
     wait(lambda: broker.first(TRAINER_STARTED), what="trainer_started")
+    wait(ready.exists, what="the trainer's handlers")
     sim.preempt()
     wait(lambda: broker.first(NO_FLUSH), what="no_flush")
     process.proc.send_signal(signal.SIGTERM)
