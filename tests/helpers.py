@@ -189,3 +189,13 @@ def setting_names() -> set[str]:
             alias = field.validation_alias
             names.add(alias if isinstance(alias, str) else f"{prefix}{name}".upper())
     return names
+
+
+def submit(factory, team_id: int, **spec) -> int:
+    """A job stored as the API stores one (its spec validated), in the session factory's database."""
+    from spotbroker.broker.jobs import service as jobs
+    from spotbroker.broker.jobs.spec import JobSpec
+    from spotbroker.broker.store.db import transaction
+
+    with transaction(factory) as s:
+        return jobs.submit(s, team_id, JobSpec.model_validate(spec)).id

@@ -9,7 +9,6 @@ import time
 import pytest
 from sqlalchemy import select
 
-from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
@@ -110,15 +109,6 @@ def test_infra_local_is_no_cloud_offer(session):
 
 
 # --- the reconciler ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def env(factory, settings, agent_endpoint):
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    with transaction(factory) as s:
-        seed_from_catalog(s)
-        team, _ = auth.create_team(s, "ml")
-    return factory, settings, team.id
 
 
 def run(factory, settings, team_id, **spec_fields) -> tuple[Job, Attempt, dict]:

@@ -8,15 +8,13 @@ import time
 from datetime import timedelta
 
 import pytest
+from helpers import submit
 from sqlalchemy import select
 
-from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import service as jobs
-from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import CapacityError
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.recovery.checkpoints import attempt_prefix, checkpoint_uri
 from spotbroker.broker.store.db import transaction
@@ -35,20 +33,6 @@ class ShiftedClock(Clock):
 
 class Crash(BaseException):
     """Stands for the process dying at that line (not caught like an Exception)."""
-
-
-@pytest.fixture
-def env(factory, settings, agent_endpoint):
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    with transaction(factory) as s:
-        seed_from_catalog(s)
-        team, _ = auth.create_team(s, "ml")
-    return factory, settings, team.id
-
-
-def submit(factory, team_id, **spec) -> int:
-    with transaction(factory) as s:
-        return jobs.submit(s, team_id, JobSpec.model_validate(spec)).id
 
 
 def reconciler(factory, settings, launcher=None, clock=None) -> Reconciler:

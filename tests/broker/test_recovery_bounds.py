@@ -12,30 +12,12 @@ import signal
 import time
 
 import pytest
+from helpers import submit
 from sqlalchemy import select
 
-from spotbroker.broker import auth
-from spotbroker.broker.jobs import service as jobs
-from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
-from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
-
-
-@pytest.fixture
-def env(factory, settings, agent_endpoint):
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    with transaction(factory) as s:
-        seed_from_catalog(s)
-        team, _ = auth.create_team(s, "ml")
-    return factory, settings, team.id
-
-
-def submit(factory, team_id, **spec) -> int:
-    with transaction(factory) as s:
-        return jobs.submit(s, team_id, JobSpec.model_validate(spec)).id
 
 
 def reconciler(factory, settings) -> Reconciler:
