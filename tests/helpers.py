@@ -199,3 +199,10 @@ def submit(factory, team_id: int, **spec) -> int:
 
     with transaction(factory) as s:
         return jobs.submit(s, team_id, JobSpec.model_validate(spec)).id
+
+
+def team_token(api, name: str, admin_token: str) -> str:
+    """A new team's token, from the admin's `POST /v1/teams` on the test client `api`."""
+    r = api.post("/v1/teams", json={"name": name}, headers={"Authorization": f"Bearer {admin_token}"})
+    assert r.status_code == 201, r.text
+    return r.json()["token"]

@@ -5,30 +5,16 @@ SPOTBROKER_ADMIN_TOKEN even when a team token is exported too."""
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime
 
-import pytest
 from cli.test_cli import spotbroker
 from conftest import ADMIN_TOKEN
+from helpers import team_token
 from sqlalchemy import select
 
 from spotbroker.broker.money.models import Alert
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
-
-
-@pytest.fixture
-def env(tmp_path, settings, api) -> dict[str, str]:
-    # (no COLUMNS: xdist's workers have one, and the tables would fold to it)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_") and k not in ("COLUMNS", "LINES")}
-    return {**clean, "HOME": str(tmp_path / "home"), "SPOTBROKER_URL": f"http://127.0.0.1:{settings.port}"}
-
-
-def team_token(api, name: str) -> str:
-    r = api.post("/v1/teams", json={"name": name}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert r.status_code == 201, r.text
-    return r.json()["token"]
 
 
 def cells(stdout: str, word: str) -> list[str]:
@@ -39,8 +25,8 @@ def cells(stdout: str, word: str) -> list[str]:
 
 
 def test_teams_list_and_token_rotation(api, env):
-    old = team_token(api, "ml")
-    team_token(api, "cv")
+    old = team_token(api, "ml", ADMIN_TOKEN)
+    team_token(api, "cv", ADMIN_TOKEN)
     both = {**env, "SPOTBROKER_TOKEN": old, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN}
     mine = {**env, "SPOTBROKER_TOKEN": old}
 
@@ -83,8 +69,8 @@ def test_teams_list_and_token_rotation(api, env):
 
 
 def test_alerts_and_silences(api, env, factory):
-    token = team_token(api, "ml")
-    team_token(api, "cv")
+    token = team_token(api, "ml", ADMIN_TOKEN)
+    team_token(api, "cv", ADMIN_TOKEN)
     with transaction(factory) as s:
         ml, cv = (s.scalar(select(Team.id).where(Team.name == n)) for n in ("ml", "cv"))
         now = datetime.now(UTC).replace(microsecond=0)

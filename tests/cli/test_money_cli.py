@@ -4,34 +4,21 @@ answers, and a refusal is a message, never a traceback."""
 from __future__ import annotations
 
 import json
-import os
 from datetime import UTC, datetime, timedelta
 
 import pytest
 from cli.test_cli import spotbroker
 from conftest import ADMIN_TOKEN
+from helpers import team_token
 from money.world import World
 from sqlalchemy import select
 
 from spotbroker.broker.store.models import Team
 
 
-@pytest.fixture
-def env(tmp_path, settings, api) -> dict[str, str]:
-    # (no COLUMNS: xdist's workers have one, and the tables would fold to it)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_") and k not in ("COLUMNS", "LINES")}
-    return {**clean, "HOME": str(tmp_path / "home"), "SPOTBROKER_URL": f"http://127.0.0.1:{settings.port}"}
-
-
-def team_token(api, name: str) -> str:
-    r = api.post("/v1/teams", json={"name": name}, headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-    assert r.status_code == 201, r.text
-    return r.json()["token"]
-
-
 def test_costs_prints_the_ledger_as_the_api_answers_it(api, env, factory):
-    token = team_token(api, "ml")
-    team_token(api, "cv")
+    token = team_token(api, "ml", ADMIN_TOKEN)
+    team_token(api, "cv", ADMIN_TOKEN)
     world = World(factory)
     with factory() as s:
         ml = s.scalar(select(Team.id).where(Team.name == "ml"))
@@ -66,7 +53,7 @@ def test_costs_prints_the_ledger_as_the_api_answers_it(api, env, factory):
 
 
 def test_budget_set_and_show(api, env):
-    token = team_token(api, "ml")
+    token = team_token(api, "ml", ADMIN_TOKEN)
     admin = {**env, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN}
     mine = {**env, "SPOTBROKER_TOKEN": token}
 
