@@ -32,6 +32,7 @@ import shutil
 import stat
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -122,29 +123,37 @@ def place_file(uri: str, sha256: str, dest: Path) -> None:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _copy_directory(source: Path, dest: Path) -> None:
-    """A `file://` bucket copied: its regular files and directories only,
-    each opened without following a link (on a local node this runs as
-    root, and a link a job left in its bucket must not copy a file of the
-    host's to the next job)."""
-    if source.is_symlink() or not source.is_dir():
-        raise CodeError(f"{source}: not a directory")
-    dest.mkdir(parents=True, exist_ok=True)
-    for top, _dirs, files, dir_fd in os.fwalk(source, follow_symlinks=False):
-        out = dest / os.path.relpath(top, source)
-        out.mkdir(parents=True, exist_ok=True)
+def _regular_files(root: Path, owner_uid: int | None = None) -> Iterator[tuple[str, int]]:
+    """(key under `root`, an open descriptor) of each regular file below
+    it (of `owner_uid`, when given), each opened without following a link
+    and walked through no linked directory. On a local node this runs as
+    root: a link a job left in a bucket must never make it read a file of
+    the host's. The descriptor is closed once the next is asked for."""
+    for top, _dirs, files, dir_fd in os.fwalk(root, follow_symlinks=False):
+        rel_top = os.path.relpath(top, root)
         for name in files:
             try:
                 fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
             except OSError:
                 continue  # a link, or gone
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):
-                    continue
-                with os.fdopen(os.dup(fd), "rb") as src, open(out / name, "xb") as dst:
-                    shutil.copyfileobj(src, dst)
+                info = os.fstat(fd)
+                if stat.S_ISREG(info.st_mode) and (owner_uid is None or info.st_uid == owner_uid):
+                    yield (name if rel_top == "." else f"{rel_top}/{name}"), fd
             finally:
                 os.close(fd)
+
+
+def _copy_directory(source: Path, dest: Path) -> None:
+    """A `file://` bucket copied: its regular files only (`_regular_files`)."""
+    if source.is_symlink() or not source.is_dir():
+        raise CodeError(f"{source}: not a directory")
+    dest.mkdir(parents=True, exist_ok=True)
+    for key, fd in _regular_files(source):
+        out = dest / key
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.dup(fd), "rb") as src, open(out, "xb") as dst:
+            shutil.copyfileobj(src, dst)
 
 
 def _copy_bucket(uri: str, dest: Path) -> None:
@@ -202,10 +211,8 @@ def written_back(mount: Mount) -> bool:
 
 def save(mounts: list[Mount], home: Path, fs_root: Path, owner_uid: int | None = None) -> int:
     """Upload what the job left in its writable cloud buckets' places; the
-    files saved. Runs as root on a local node, so only regular files (of
-    `owner_uid`, when given) are read, each opened without following a
-    link, and through its descriptor: a link the job left never makes the
-    node read a file of the host's."""
+    files saved: the job's regular files (of `owner_uid`, when given), read
+    through their descriptors (`_regular_files`)."""
     from spotbroker.agent.checkpoint.storage import Storage
 
     saved = 0
@@ -216,22 +223,9 @@ def save(mounts: list[Mount], home: Path, fs_root: Path, owner_uid: int | None =
         if dest.is_symlink() or not dest.is_dir():
             continue
         store = Storage(mount.uri)
-        for top, _dirs, files, dir_fd in os.fwalk(dest, follow_symlinks=False):
-            rel_top = os.path.relpath(top, dest)
-            for name in files:
-                try:
-                    fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY, dir_fd=dir_fd)
-                except OSError:
-                    continue  # a link, or gone
-                try:
-                    info = os.fstat(fd)
-                    if not stat.S_ISREG(info.st_mode) or (owner_uid is not None and info.st_uid != owner_uid):
-                        continue
-                    key = name if rel_top == "." else f"{rel_top}/{name}"
-                    store.put_file(key, f"/proc/self/fd/{fd}")
-                    saved += 1
-                finally:
-                    os.close(fd)
+        for key, fd in _regular_files(dest, owner_uid):
+            store.put_file(key, f"/proc/self/fd/{fd}")
+            saved += 1
     return saved
 
 
