@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from spotbroker.broker.jobs.spec import SpecShapeError, check_shape, public
+from spotbroker.broker.jobs.spec import SpecShapeError, check_shape, labels_of, public
 from spotbroker.broker.money import costs
 from spotbroker.broker.store.models import Attempt, Event, Job
 
@@ -61,6 +61,8 @@ class JobOut(BaseModel):
     state: str
     reason: str | None
     team: str
+    labels: dict[str, str] = Field(description="what its costs are allocated by (resources.labels; with "
+                                   "alternatives, those all of them carry)")
     spec: dict[str, Any]
     restarts: int
     recoveries: int
@@ -74,8 +76,8 @@ class JobOut(BaseModel):
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
         money = costs.job_costs(job, now)  # from the ledger (broker/money/)
         attempts = [AttemptOut.of(a, money.get(a.id, 0.0)) for a in job.attempts]
-        return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team, spec=public(job.spec),
-                   restarts=job.restarts, recoveries=job.recoveries,
+        return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team,
+                   labels=labels_of(job.spec), spec=public(job.spec), restarts=job.restarts, recoveries=job.recoveries,
                    cost=round(sum(money.values()), 6), created_at=job.created_at,
                    updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
 

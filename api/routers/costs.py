@@ -10,16 +10,17 @@ from __future__ import annotations
 import threading
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Annotated, Literal
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from spotbroker.api.deps import SessionDep, get_principal
 from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
-from spotbroker.broker.money import service, views
+from spotbroker.broker.jobs import resfields
+from spotbroker.broker.money import export, service, views
 from spotbroker.broker.money.loop import MoneyLoop
 from spotbroker.broker.money.settings import get_money_settings
 
@@ -64,8 +65,8 @@ class Money(BaseModel):
 
 
 class CostGroup(Money):
-    key: str = Field(description="the day (YYYY-MM-DD, UTC), job id, cloud, GPU ('none': CPU) or "
-                                 "cloud/region/zone")
+    key: str = Field(description="the day (YYYY-MM-DD, UTC), job id, cloud, GPU ('none': CPU), "
+                                 "cloud/region/zone, or the label's value ('(none)': jobs without it)")
     name: str | None = Field(None, description="the job's name, grouping by job")
 
 
@@ -102,21 +103,52 @@ def time_range(since: datetime | None, until: datetime | None, now: datetime) ->
     return since, until
 
 
-@router.get("/teams/{name}/costs", response_model=CostReport, responses=responses(
-    401, 403, 404, 422, s403="A team's token asking for another team", s404="No such team (admin)"))
-def team_costs(request: Request, session: SessionDep, principal: Caller,
-               name: TeamName, since: When = None, until: When = None,
-               group_by: Annotated[Literal["day", "job", "cloud", "gpu", "zone"] | None, Query()] = None,
-               ) -> CostReport:
-    """A team's spend with ledger entries starting in [since, until)
-    (default: the last 30 days), exact to now."""
+GroupBy = Annotated[str | None, Query(max_length=140, description=(
+    "day, job, cloud, gpu, zone, or label:KEY (by the value of the jobs' label KEY; jobs without it are "
+    "the group '(none)')"), examples=["cloud", "label:project"])]
+_ERRORS = responses(401, 403, 404, 422, s403="A team's token asking for another team", s404="No such team (admin)")
+
+
+def _group_by(value: str | None) -> str | None:
+    if value is None or value in views.GROUPS:
+        return value
+    label = views.label_key(value)
+    if label is not None and resfields.LABEL_KEY_RE.match(label):
+        return value
+    raise invalid([{"field": "group_by", "message": f"{value!r}: one of {', '.join(views.GROUPS)}, or label:KEY "
+                    "(KEY a label's name: letters, digits, '.', '_', '-', '/')"}])
+
+
+def _report(request: Request, session, principal: Principal, name: str, since: datetime | None,
+            until: datetime | None, group_by: str | None) -> tuple[datetime, datetime, views.Report]:
     may_read(principal, name)
+    group_by = _group_by(group_by)
     now = request.app.state.clock.now()
     since, until = time_range(since, until, now)
     try:
-        report = service.costs(session, name, since, until, group_by, now)
+        return since, until, service.costs(session, name, since, until, group_by, now)
     except service.TeamNotFound as exc:
         raise Problem(404, "Not found", str(exc)) from None
+
+
+@router.get("/teams/{name}/costs", response_model=CostReport, responses=_ERRORS)
+def team_costs(request: Request, session: SessionDep, principal: Caller,
+               name: TeamName, since: When = None, until: When = None, group_by: GroupBy = None) -> CostReport:
+    """A team's spend with ledger entries starting in [since, until)
+    (default: the last 30 days), exact to now."""
+    since, until, report = _report(request, session, principal, name, since, until, group_by)
     return CostReport(team=name, since=since, until=until, group_by=group_by, total=Money.of(report.total),
                       groups=[CostGroup(key=k, name=report.names.get(k), **Money.of(m).model_dump())
                               for k, m in report.groups.items()])
+
+
+@router.get("/teams/{name}/costs.csv", response_class=Response, responses={
+    **_ERRORS, 200: {"content": {"text/csv": {}}, "description": "a header row, then a row per group"}})
+def team_costs_csv(request: Request, session: SessionDep, principal: Caller,
+                   name: TeamName, since: When = None, until: When = None, group_by: GroupBy = None) -> Response:
+    """The same report as CSV, for a spreadsheet: a row per group (one
+    `total` row ungrouped); a text cell that a spreadsheet would run as a
+    formula (starting with = + - @) is written with a leading '."""
+    since, until, report = _report(request, session, principal, name, since, until, group_by)
+    return Response(export.report_csv(name, since, until, group_by, report), media_type="text/csv; charset=utf-8",
+                    headers={"Content-Disposition": f'attachment; filename="costs-{name}.csv"'})

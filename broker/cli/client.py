@@ -140,6 +140,11 @@ class Client:
         params = {k: v for k, v in {"since": since, "until": until, "group_by": group_by}.items() if v}
         return self._request("GET", f"/v1/teams/{team}/costs", params=params).json()
 
+    def costs_csv(self, team: str, since: str | None = None, until: str | None = None,
+                  group_by: str | None = None) -> str:
+        params = {k: v for k, v in {"since": since, "until": until, "group_by": group_by}.items() if v}
+        return self._request("GET", f"/v1/teams/{team}/costs.csv", params=params).text
+
     def budget(self, team: str) -> dict[str, Any]:
         return self._request("GET", f"/v1/teams/{team}/budget").json()
 

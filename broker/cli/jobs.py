@@ -234,6 +234,8 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
     out = console()
     out.print(f"[bold]job {job['id']}[/] {job['name']}: {job['state']}"
               + (f" ({job['reason']})" if job.get("reason") else "") + f", cost ${job['cost']:.6f}")
+    if job.get("labels"):
+        out.print("labels: " + ", ".join(f"{k}={v}" for k, v in job["labels"].items()), markup=False)
     attempts = Table("ATTEMPT", "STATE", "WHERE", "STARTED", "ENDED", "COST $", title="attempts")
     for a in job["attempts"]:
         attempts.add_row(str(a["id"]), a["state"] + (f" ({a['reason']})" if a["reason"] else ""), _where(a),

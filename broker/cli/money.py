@@ -14,6 +14,17 @@ from spotbroker.broker.cli.output import show, table, when
 GROUPS = ("day", "job", "cloud", "gpu", "zone")
 
 
+class GroupBy(click.ParamType):
+    """One of GROUPS, or label:KEY (by the value of the jobs' label KEY)."""
+
+    name = "[" + "|".join(GROUPS) + "|label:KEY]"
+
+    def convert(self, value, param, ctx):
+        if value in GROUPS or (value.startswith("label:") and len(value) > len("label:")):
+            return value
+        self.fail(f"{value!r}: one of {', '.join(GROUPS)}, or label:KEY (label:project)", param, ctx)
+
+
 def _team(c: Client, team: str | None) -> str:
     if team:
         return team
@@ -24,16 +35,23 @@ def _team(c: Client, team: str | None) -> str:
 @click.option("--team", default=None, help="the team (default: the token's own)")
 @click.option("--since", default=None, help="ISO 8601 time or date (default: 30 days ago)")
 @click.option("--until", default=None, help="ISO 8601 time or date (default: now)")
-@click.option("--group-by", "group_by", type=click.Choice(GROUPS), default=None)
+@click.option("--group-by", "group_by", type=GroupBy(), default=None,
+              help="label:KEY groups by the value of the jobs' label KEY ('(none)': jobs without it)")
 @click.option("--json", "as_json", is_flag=True)
-def costs(team: str | None, since: str | None, until: str | None, group_by: str | None, as_json: bool) -> None:
+@click.option("--csv", "as_csv", is_flag=True, help="the grouped rows as CSV, for a spreadsheet")
+def costs(team: str | None, since: str | None, until: str | None, group_by: str | None, as_json: bool,
+          as_csv: bool) -> None:
     """A team's spend from the ledger: paid, on-demand equivalent, savings, waste."""
     c = team_client()
+    if as_csv:
+        click.echo(call(c.costs_csv, _team(c, team), since, until, group_by), nl=False)
+        return
     report = call(c.costs, _team(c, team), since, until, group_by)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
     from rich.table import Table
+    from rich.text import Text  # a team's own words (job names, label values) are never markup
 
     from spotbroker.broker.cli.output import console
 
@@ -44,7 +62,7 @@ def costs(team: str | None, since: str | None, until: str | None, group_by: str 
                   "NODE-HOURS", title=title)
     for g in report["groups"]:
         key = f"{g['key']} {g['name']}" if g.get("name") else g["key"]
-        table.add_row(key, f"{g['cost']:.2f}", f"{g['on_demand_cost']:.2f}", f"{g['savings']:.2f}",
+        table.add_row(Text(key), f"{g['cost']:.2f}", f"{g['on_demand_cost']:.2f}", f"{g['savings']:.2f}",
                       f"{g['wasted']:.2f}", f"{g['node_hours']:.1f}")
     table.add_row("total", f"{t['cost']:.2f}", f"{t['on_demand_cost']:.2f}", f"{t['savings']:.2f}",
                   f"{t['wasted']:.2f}", f"{t['node_hours']:.1f}", style="bold")

@@ -16,7 +16,11 @@ MAX_PORTS = 64
 MAX_LABELS = 64
 
 _PORT_RE = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?$")
-_LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,127}$")
+# SkyPilot's rules for AWS tags, the loosest of its clouds' (`is_label_valid`):
+# a key of at most 127 characters, a value of at most 255, no spaces; a key
+# here is also plain (no ':', so never AWS's reserved `aws:`).
+LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}$")
+MAX_LABEL_VALUE = 255
 
 
 def _ports(value: Any) -> Any:
@@ -46,16 +50,20 @@ def _labels(value: Any) -> Any:
         raise ValueError(f"at most {MAX_LABELS} labels")
     out = {}
     for key, val in value.items():
-        if not isinstance(key, str) or not _LABEL_KEY_RE.match(key):
-            raise ValueError(f"{key!r}: a label's name is letters, digits, '.', '_', '-' or '/' (at most 128)")
+        if not isinstance(key, str) or not LABEL_KEY_RE.match(key):
+            raise ValueError(f"{key!r}: a label's name is letters, digits, '.', '_', '-' or '/' (at most 127)")
         if isinstance(val, dict | list) or val is None:
             raise ValueError(f"{key}: a label's value is a string")
-        out[key] = str(val).lower() if isinstance(val, bool) else str(val)
+        text = str(val).lower() if isinstance(val, bool) else str(val)
+        if len(text) > MAX_LABEL_VALUE or not all(c.isprintable() and not c.isspace() for c in text):
+            raise ValueError(f"{key}: a label's value is at most {MAX_LABEL_VALUE} characters, without spaces "
+                             "(SkyPilot gives it to the instances as a tag)")
+        out[key] = text
     return out
 
 
 Ports = Annotated[list[str], BeforeValidator(_ports)]
-Labels = Annotated[dict[str, Annotated[str, Field(max_length=256)]], BeforeValidator(_labels)]
+Labels = Annotated[dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]], BeforeValidator(_labels)]
 PASSED = ("disk_tier", "network_tier", "labels", "ports")
 
 # What a cloud's places cannot take (SkyPilot's unsupported features per

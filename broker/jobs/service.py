@@ -28,7 +28,7 @@ from spotbroker.broker.recovery.checkpoints import (  # CheckpointUnverified: th
     checkpoint_uri,
     verify_and_keep,
 )
-from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, Team
+from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, JobLabel, Team
 from spotbroker.broker.store.sealing import Keyring
 
 
@@ -83,6 +83,10 @@ def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYS
         session.execute(insert(Event), [dict(job_id=job_id, attempt_id=None, type="submitted", at=now,
                                              data={"name": values["name"]})
                                         for job_id, (_, values) in zip(ids, rows, strict=True)])
+        labels = [dict(job_id=job_id, key=k, team_id=values["team_id"], value=v)
+                  for job_id, (i, values) in zip(ids, rows, strict=True) for k, v in subs[i].spec.labels.items()]
+        if labels:  # what costs group by (`group_by=label:KEY`)
+            session.execute(insert(JobLabel), labels)
         for job_id, (i, values) in zip(ids, rows, strict=True):
             made[i] = Job(id=job_id, **values, attempts=[])  # a detached copy: attempts known empty
     out = []

@@ -208,6 +208,8 @@ class Resources(ResourceSet):
                     if key not in alt.model_fields_set:
                         setattr(alt, key, value)
                         alt.model_fields_set.add(key)
+                    elif key == "labels" and value and alt.labels is not None:  # added to, as SkyPilot does
+                        alt.labels = {**value, **alt.labels}
         for i, want in enumerate(alternatives or [self]):  # a tier the named cloud cannot give
             if (problem := resfields.refusal(want, Infra(want.infra).cloud if want.infra else None)):
                 key = "any_of" if self.any_of is not None else "ordered"
@@ -378,6 +380,11 @@ class JobSpec(_Strict):
         """Placed on a cloud offer: it names accelerators or an instance type."""
         return any(alt.accelerators or alt.instance_type for alt in self.resources.alternatives())
 
+    @property
+    def labels(self) -> dict[str, str]:
+        """What its costs are allocated by (`labels_of`)."""
+        return labels_of(self.stored())
+
     def secret_values(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.secrets.items()}
 
@@ -392,6 +399,18 @@ class JobSpec(_Strict):
         if not out.get("file_mounts"):
             out.pop("file_mounts", None)
         return out
+
+
+def labels_of(stored: dict[str, Any]) -> dict[str, str]:
+    """A job's labels, what its costs are allocated by: `resources.labels`
+    (SkyPilot's key, which it also gives the instances as tags); with
+    alternatives, the labels every one of them carries (each carries the
+    top level's). Read from a stored spec, so a job listing reads no table."""
+    res = stored.get("resources") or {}
+    alts = res.get("any_of") if res.get("any_of") is not None else res.get("ordered")
+    sets = [alt.get("labels") or {} for alt in alts] if alts else [res.get("labels") or {}]
+    first, *rest = sets
+    return {k: v for k, v in sorted(first.items()) if all(other.get(k) == v for other in rest)}
 
 
 def public(stored: dict[str, Any]) -> dict[str, Any]:

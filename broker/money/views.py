@@ -13,14 +13,21 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Date, cast, func, literal, null, or_, select, union_all
+from sqlalchemy import Date, and_, cast, func, literal, null, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.money import ledger
 from spotbroker.broker.money.models import LedgerCursor, LedgerEntry
-from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.store.models import Attempt, Job, JobLabel
 
 GROUPS = ("day", "job", "cloud", "gpu", "zone")
+LABEL = "label:"        # group_by=label:KEY groups by the value of a job's label KEY
+NO_LABEL = "(none)"     # the group of jobs that do not carry the label
+
+
+def label_key(group_by: str | None) -> str | None:
+    """KEY of `label:KEY`; None for another grouping."""
+    return group_by[len(LABEL):] if group_by and group_by.startswith(LABEL) else None
 
 
 @dataclass
@@ -160,25 +167,60 @@ def _values(d: ledger.Draft) -> tuple[float, float, float, float]:
     return d.amount, d.ondemand_amount, d.wasted, d.node_hours
 
 
+def _by_label(team_id: int, label: str, since: datetime, until: datetime):
+    """The team's sums per value of a label: first per job (on PostgreSQL an
+    index-only scan of the team's entries, as every other grouping), then
+    the few job rows joined to their label on its primary key (job, key)."""
+    per_job = (select(LedgerEntry.job_id.label("job_id"),
+                      *(s.label(n) for s, n in zip(_sums(), ("cost", "od", "wasted", "hours"), strict=True)))
+               .where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since, LedgerEntry.start_at < until)
+               .group_by(LedgerEntry.job_id).subquery())
+    j = per_job.c
+    return (select(JobLabel.value, func.sum(j.cost), func.sum(j.od), func.sum(j.wasted), func.sum(j.hours))
+            .select_from(per_job)
+            .outerjoin(JobLabel, and_(JobLabel.job_id == j.job_id, JobLabel.key == label))
+            .group_by(JobLabel.value))
+
+
+def label_values(session: Session, label: str, job_ids: Iterable[int]) -> dict[int, str]:
+    """job id -> its value of the label, for those of the jobs that carry it."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    return dict(session.execute(select(JobLabel.job_id, JobLabel.value)
+                                .where(JobLabel.key == label, JobLabel.job_id.in_(ids))).all())
+
+
 def team_costs(session: Session, team_id: int, since: datetime, until: datetime, group_by: str | None,
                now: datetime) -> Report:
-    """A team's spend with `start_at` in [since, until), optionally grouped."""
+    """A team's spend with `start_at` in [since, until), optionally grouped
+    (by `GROUPS`, or `label:KEY`: by the value of the jobs' label KEY, jobs
+    without it under NO_LABEL)."""
     total, groups = Money(), defaultdict(Money)
-    keys = _key_columns(session, group_by) if group_by else []
-    query = select(*keys, *_sums()).where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since,
-                                          LedgerEntry.start_at < until)
-    if keys:
-        query = query.group_by(*keys)
+    label = label_key(group_by)
+    keys = [] if label is not None or not group_by else _key_columns(session, group_by)
+    if label is not None:
+        query, width = _by_label(team_id, label, since, until), 1
+    else:
+        query = select(*keys, *_sums()).where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since,
+                                              LedgerEntry.start_at < until)
+        query, width = query.group_by(*keys) if keys else query, len(keys)
     for row in session.execute(query):
-        values = [v or 0.0 for v in row[len(keys):]]
+        values = [v or 0.0 for v in row[width:]]
         total.add(*values)
-        if group_by:
-            groups[key(group_by, tuple(row[:len(keys)]))].add(*values)
-    for tail in unwritten(session, team_id, min(now, until)):
+        if label is not None:
+            groups[row[0] if row[0] is not None else NO_LABEL].add(*values)
+        elif group_by:
+            groups[key(group_by, tuple(row[:width]))].add(*values)
+    tails = unwritten(session, team_id, min(now, until))
+    values_of = label_values(session, label, (t.attempt.job_id for t in tails)) if label is not None else {}
+    for tail in tails:
         for d in tail.drafts:
             if since <= d.start_at < until:
                 total.add(*_values(d))
-                if group_by:
+                if label is not None:
+                    groups[values_of.get(tail.attempt.job_id, NO_LABEL)].add(*_values(d))
+                elif group_by:
                     groups[draft_key(group_by, d, tail.attempt)].add(*_values(d))
     report = Report(total, dict(sorted(groups.items())))
     if group_by == "job" and groups:

@@ -109,6 +109,21 @@ class Job(Base):
     __mapper_args__ = {"version_id_col": version}
 
 
+class JobLabel(Base):
+    """One of a job's labels (`resources.labels`, SkyPilot's key; see
+    `spec.labels_of`), a row each, written with the job: costs group by a
+    label through a join on this key instead of reading every job's spec."""
+
+    __tablename__ = "job_labels"
+    # A team's label names (the dashboard's choice) and its jobs carrying one value.
+    __table_args__ = (Index("ix_job_labels_team_id_key_value", "team_id", "key", "value"),)
+
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True)
+    key: Mapped[str] = mapped_column(String(128), primary_key=True)
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"))
+    value: Mapped[str] = mapped_column(String(256))
+
+
 class Attempt(Base):
     """One launch of a job on one offer."""
 

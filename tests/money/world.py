@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Offer, PriceOffer, Team
+from spotbroker.broker.store.models import Attempt, Checkpoint, Job, JobLabel, Offer, PriceOffer, Team
 from spotbroker.broker.store.sealing import Keyring
 
 T0 = datetime(2026, 3, 2, 12, 0, tzinfo=UTC)
@@ -40,12 +40,16 @@ class World:
             s.flush()
             return team.id
 
-    def job(self, team_id: int, name: str = "train", state: str = "RUNNING") -> int:
+    def job(self, team_id: int, name: str = "train", state: str = "RUNNING",
+            labels: dict[str, str] | None = None) -> int:
+        """A job; its `labels` stored as a submission stores them (in its spec and job_labels)."""
+        spec = {"name": name, "run": "true", **({"resources": {"labels": labels}} if labels else {})}
         with transaction(self.factory) as s:
-            job = Job(team_id=team_id, name=name, state=state, spec={"name": name, "run": "true"}, restarts=0,
+            job = Job(team_id=team_id, name=name, state=state, spec=spec, restarts=0,
                       recoveries=0, created_at=T0, updated_at=T0)
             s.add(job)
             s.flush()
+            s.add_all([JobLabel(job_id=job.id, key=k, team_id=team_id, value=v) for k, v in (labels or {}).items()])
             return job.id
 
     def attempt(self, job_id: int, *, start: datetime = T0, end: datetime | None = None, price: float = 1.0,
