@@ -204,3 +204,30 @@ def timeline(jobs: list[JobLine], since: datetime, now: datetime, row: int = 34)
     chart.texts.append(dict(x=WIDTH - RIGHT, y=chart.height - 6, text=f"now {now:%Y-%m-%d %H:%M} UTC", cls="tick",
                             anchor="end"))
     return chart
+
+
+def sparkline(days: list[str], values: list[float], width: int = 240, height: int = 40) -> Chart:
+    """A team's spend per day as small bars, no axis: the trend at a glance
+    (each bar's title says its day and amount)."""
+    chart = Chart(height, width=width)
+    top = max(values, default=0.0) or 1.0
+    slot = width / max(len(days), 1)
+    chart.lines.append(dict(x1=0, y1=height - 0.5, x2=width, y2=height - 0.5, cls="grid"))
+    for i, (day, v) in enumerate(zip(days, values, strict=True)):
+        h = (height - 4) * v / top
+        chart.rects.append(dict(x=i * slot + slot * 0.1, y=height - 1 - h, w=slot * 0.8, h=h, fill=PALETTE[0],
+                                day=day, key=day, amount=round(v, 6), title=f"{day}: {money(v)}"))
+    return chart
+
+
+def meter(spent: float, amount: float, width: int = 240, height: int = 22) -> Chart:
+    """Spent against a budget: the budget's bar, filled to what is spent
+    (orange past 80 %, red past it all)."""
+    chart = Chart(height, width=width)
+    share = spent / amount if amount > 0 else 0.0
+    fill = "#D55E00" if share >= 1 else "#E69F00" if share >= 0.8 else "#009E73"
+    chart.rects.append(dict(x=0, y=3, w=width, h=height - 6, fill="#dde1e8", key="budget", amount=round(amount, 6),
+                            title=f"budget {money(amount)}"))
+    chart.rects.append(dict(x=0, y=3, w=width * min(share, 1.0), h=height - 6, fill=fill, key="spent",
+                            amount=round(spent, 6), title=f"spent {money(spent)} ({share:.0%})"))
+    return chart

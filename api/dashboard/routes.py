@@ -22,7 +22,8 @@ from jinja2 import Environment, FileSystemLoader
 from spotbroker.api.dashboard import charts, session
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
-from spotbroker.broker.money import dashboard, service
+from spotbroker.broker.jobs import resfields
+from spotbroker.broker.money import dashboard, labels, overview, service
 
 HERE = Path(__file__).parent
 CSP = ("default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'self'; "
@@ -128,29 +129,37 @@ def home(request: Request, days: Days = 30) -> Response:
     now = request.app.state.clock.now()
     since = now - timedelta(days=days)
     with request.app.state.session_factory() as s:
-        teams = dashboard.overview(s, since, now, now)
+        day_list, teams = overview.teams(s, since, now)
     rows = [(t.team, t.total.cost, charts.PALETTE[0]) for t in teams]
     return page("overview.html", teams=teams, chart=charts.bars(rows, width=1000), since=since, until=now, days=days,
-                admin=True)
+                admin=True, trends={t.team: charts.sparkline(day_list, t.trend) for t in teams},
+                meters={t.team: charts.meter(t.budget.spent, t.budget.amount) for t in teams if t.budget})
 
 
 @router.get("/teams/{name}")
-def team(request: Request, name: str, days: Days = 30) -> Response:
+def team(request: Request, name: str, days: Days = 30,
+         label: Annotated[str | None, Query(max_length=127, description="the label charted")] = None) -> Response:
     principal = who(request)
     if principal is None:
         return to_login()
     if not auth.TEAM_NAME_RE.match(name) or (not principal.is_admin and principal.team_name != name):
         return page("error.html", 403, title="Forbidden", detail="a team's token reads its own team only",
                     admin=principal.is_admin)
+    if label is not None and not resfields.LABEL_KEY_RE.match(label):
+        return page("error.html", 422, title="Invalid request", admin=principal.is_admin,
+                    detail="label: a label's name (letters, digits, '.', '_', '-', '/')")
     now = request.app.state.clock.now()
     since = now - timedelta(days=days)
     try:
         with request.app.state.session_factory() as s:
             data = dashboard.team_page(s, name, since, now, with_teams=principal.is_admin,
                                        settings=session.money_settings(request))
+            label_keys, label, by_label = labels.team_chart(s, name, label, since, now)
     except service.TeamNotFound:
         return page("error.html", 404, title="Not found", detail=f"no team {name!r}", admin=principal.is_admin)
-    return page("team.html", p=data, now=now, days=days, admin=principal.is_admin, **_charts(data, now))
+    return page("team.html", p=data, now=now, days=days, admin=principal.is_admin, label_keys=label_keys,
+                label=label, by_label=charts.stacked_days(data.days, by_label, height=200) if label else None,
+                **_charts(data, now))
 
 
 def _charts(data: dashboard.TeamPage, now) -> dict:

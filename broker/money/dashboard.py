@@ -7,7 +7,7 @@ stands (spent, the even-rate line, the forecast at the running jobs' rate,
 as the forecast alert computes it), savings and waste, the top jobs by cost
 with each attempt's span, price and end, checkpoint storage, open alerts
 (their figures read now, each linking to the job or the budget).
-The admin's overview: every team's spend over the same range.
+The admin's overview is overview.py's.
 """
 from __future__ import annotations
 
@@ -105,12 +105,6 @@ class AlertLine:
     link_text: str
     fired_at: datetime
     clear_since: datetime | None
-
-
-@dataclass(frozen=True)
-class TeamSpend:
-    team: str
-    total: views.Money
 
 
 def _days(since: datetime, until: datetime) -> list[str]:
@@ -232,11 +226,3 @@ def team_page(session: Session, name: str, since: datetime, now: datetime, with_
 
 def team_names(session: Session) -> list[str]:
     return list(session.scalars(select(Team.name).order_by(Team.name)))
-
-
-def overview(session: Session, since: datetime, until: datetime, now: datetime) -> list[TeamSpend]:
-    """Every team's spend over the range (the admin's first page), most first."""
-    teams = session.execute(select(Team.id, Team.name).order_by(Team.name)).all()
-    totals = views.every_team(session, since, until, now)
-    out = [TeamSpend(n, totals.get(i, views.Money())) for i, n in teams]
-    return sorted(out, key=lambda t: (-t.total.cost, t.team))

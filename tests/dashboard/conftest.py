@@ -1,7 +1,8 @@
 """A broker on a real socket, on a clock that stands still (so the page and
 the API are read at the same instant), with two teams' money seeded in its
 ledger's tables: jobs whose attempts ran on three clouds, one reclaimed
-after a checkpoint, one still running, and one job whose name is a script."""
+after a checkpoint, one still running, and one job whose name (and label)
+is a script; the jobs carry labels (`project`, `owner`)."""
 from __future__ import annotations
 
 import threading
@@ -24,6 +25,7 @@ from spotbroker.broker.store.models import Checkpoint, Team
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 HOSTILE = "<script>document.body.dataset.pwned='yes'</script><img src=x onerror=\"document.title='pwned'\">"
+HOSTILE_LABEL = "<script>document.body.dataset.pwned='label'</script>"      # a label's value has no spaces
 H = timedelta(hours=1)
 
 
@@ -45,21 +47,21 @@ def serve(settings, clock) -> tuple[uvicorn.Server, threading.Thread]:
 def seed(factory, team_ids: dict[str, int]) -> None:
     world = World(factory)
     ml, vision = team_ids["ml"], team_ids["vision"]
-    pretrain = world.job(ml, "pretrain-llama")
+    pretrain = world.job(ml, "pretrain-llama", labels={"project": "llama", "owner": "ann"})
     first = world.attempt(pretrain, start=T0 - 72 * H, end=T0 - 44 * H, price=12.0, nodes=2,
                           end_reason="preempted")
     world.checkpoint(pretrain, first, T0 - 46 * H)
     world.attempt(pretrain, start=T0 - 43 * H, end=T0 - 20 * H, price=9.5, nodes=2, cloud="gcp",
                   region="us-central1", zone_id="us-central1-a", instance_type="a2-highgpu-8g")
-    finetune = world.job(ml, "finetune-h100")
+    finetune = world.job(ml, "finetune-h100", labels={"project": "llama"})
     world.attempt(finetune, start=T0 - 18 * H, price=40.0, spot=False, instance_type="p5.48xlarge",
                   accelerator="H100", zone_id="use1-az2")       # still running
-    hostile = world.job(ml, HOSTILE)
+    hostile = world.job(ml, HOSTILE, labels={"project": HOSTILE_LABEL})
     world.attempt(hostile, start=T0 - 9 * H, end=T0 - 5 * H, price=3.1, cloud="azure", region="eastus",
                   zone_id="1", instance_type="Standard_ND40rs_v2", accelerator="V100")
     old = world.job(ml, "last-month")
     world.attempt(old, start=T0 - 40 * 24 * H, end=T0 - 39 * 24 * H, price=5.0)   # outside 30 days
-    other = world.job(vision, "resnet")
+    other = world.job(vision, "resnet", labels={"project": "vision-secret"})
     world.attempt(other, start=T0 - 30 * H, end=T0 - 26 * H, price=2.0, cloud="gcp", region="us-central1",
                   zone_id="us-central1-b", instance_type="g2-standard-8", accelerator="L4")
     with transaction(factory) as s:

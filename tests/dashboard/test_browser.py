@@ -90,7 +90,7 @@ def test_a_job_named_with_a_script_is_inert_on_the_admins_view(site, tmp_path):
         browser.goto(f"{site.url}/dashboard/login")
         browser.submit("form", {"token": ADMIN["Authorization"].split()[1]})
         assert browser.evaluate("location.pathname") == "/dashboard"
-        teams = browser.evaluate("Array.from(document.querySelectorAll('nav.switch a, ul.teams a'))"
+        teams = browser.evaluate("Array.from(document.querySelectorAll('nav.switch a, table.teams a'))"
                                  ".map(a => a.textContent)")
         assert {"ml", "vision"} <= set(teams)
         browser.goto(f"{site.url}/dashboard/teams/ml")

@@ -12,7 +12,7 @@ import pytest
 from money.world import T0
 from sqlalchemy import event, func, select
 
-from spotbroker.broker.money import budgets, costs, dashboard, ledger, views
+from spotbroker.broker.money import budgets, costs, dashboard, labels, ledger, overview, views
 from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.models import LedgerEntry
 from spotbroker.broker.money.settings import MoneySettings
@@ -139,8 +139,10 @@ def test_the_page_the_overview_and_the_costs_api_read_a_few_statements_however_m
         now = clock.now()
         with factory() as s:
             for read in (lambda: dashboard.team_page(s, "ml", now - 30 * H * 24, now, settings=SETTINGS),
-                         lambda: dashboard.overview(s, now - 30 * H * 24, now, now),
-                         lambda: views.team_costs(s, ids["ml"], now - 30 * H * 24, now, "job", now)):
+                         lambda: overview.teams(s, now - 30 * H * 24, now),
+                         lambda: views.team_costs(s, ids["ml"], now - 30 * H * 24, now, "job", now),
+                         lambda: views.team_costs(s, ids["ml"], now - 30 * H * 24, now, "label:project", now),
+                         lambda: labels.team_chart(s, "ml", "project", now - 30 * H * 24, now)):
                 seen[0] = 0
                 read()
                 out.append(seen[0])
@@ -150,10 +152,12 @@ def test_the_page_the_overview_and_the_costs_api_read_a_few_statements_however_m
         budgets.put(s, ids["ml"], budgets.BudgetIn.model_validate({"amount": 500, "period": "week"}))
     few = reads()
     for i in range(12):                                             # twelve more running, at three places
-        world.attempt(world.job(ids["ml"], f"more-{i}"), start=T0 + i * M, price=1.0 + i / 10,
+        world.attempt(world.job(ids["ml"], f"more-{i}", labels={"project": f"p{i % 4}"}), start=T0 + i * M,
+                      price=1.0 + i / 10,
                       zone_id=("use1-az1", "use1-az2", "use1-az3")[i % 3])
     assert reads() == few
-    assert few == [11, 6, 6]
+    # The overview: the tails (4), the range, the budget's period, teams, budgets, alerts, per-day sums.
+    assert few == [11, 10, 6, 6, 8]
 
 
 def test_a_teams_page_sums_are_the_costs_apis_numbers_over_each_range(factory, world, clock):
