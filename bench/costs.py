@@ -1,6 +1,7 @@
 """The money's figures (issue #14), on PostgreSQL (parts 1 and 2 on SQLite too):
 
-1. the costs API's p50/p99 for a 90-day team view, by each grouping, over
+1. the costs API's p50/p99 for a 90-day team view, by each grouping (and
+   by a label, as JSON and as CSV), over
    1,000,000 ledger entries (100 teams, 90 days), through HTTP on a real
    server (goal: p99 <= 100 ms); the dashboard's 90-day team page, rendered
    for a team logged in through the form (its session cookie) that has a
@@ -19,6 +20,7 @@
 
     python bench/costs.py [--entries 1000000] [--teams 100] [--requests 60] [--interval 10] [--trials 3]
     python bench/costs.py --only-api [--database sqlite]      # parts 1 and 2 (on SQLite: a file)
+    python bench/costs.py --only-costs                        # part 1
 
 Seeding uses COPY on PostgreSQL, so it takes a minute, not ten. Prices come
 from the bundled catalog only (SPOTBROKER_PRICES_SOURCES=catalog): the figures are the
@@ -56,7 +58,7 @@ from spotbroker.broker.money.models import Budget, LedgerEntry  # noqa: E402
 from spotbroker.broker.money.settings import MoneySettings  # noqa: E402
 from spotbroker.broker.store import migrate  # noqa: E402
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction  # noqa: E402
-from spotbroker.broker.store.models import Attempt, Job, Team  # noqa: E402
+from spotbroker.broker.store.models import Attempt, Job, JobLabel, Team  # noqa: E402
 from spotbroker.broker.store.sealing import Keyring  # noqa: E402
 
 ADMIN = "bench-admin-token"
@@ -140,6 +142,9 @@ def seed_attempts(factory, teams: list[int], now: datetime) -> dict[int, list[tu
                           spec={"run": "true"}, restarts=0, recoveries=0, created_at=now, updated_at=now)
                 s.add(job)
                 s.flush()
+                # Labels as teams allocate: a project on most jobs (some have none), an owner on every one.
+                s.add_all([JobLabel(job_id=job.id, team_id=team, key=k, value=v) for k, v in
+                           (("owner", f"user{j % 3}"), *((("project", f"p{j % 4}"),) if j % 5 else ()))])
                 cloud, region, zone, gpu = PLACES[j % len(PLACES)]
                 a = Attempt(job_id=job.id, state="RUNNING" if running else "SUCCEEDED", launcher="skypilot",
                             cloud=cloud, region=region, zone=zone, instance_type="x", accelerator=gpu,
@@ -248,19 +253,23 @@ class Served:
 def costs_api(served: Served, names: list[str], requests: int, now: datetime, cpu: CpuMeter) -> None:
     rng = random.Random(11)
     since = (now - timedelta(days=DAYS)).isoformat()
-    for group_by in (None, "day", "job", "cloud", "gpu", "zone"):
+    for route, group_by in ((path, g) for path in ("costs", "costs.csv")
+                            for g in (None, "day", "job", "cloud", "gpu", "zone", "label:project")):
+        if route == "costs.csv" and group_by not in ("job", "label:project"):
+            continue
         params = {"since": since} | ({"group_by": group_by} if group_by else {})
-        served.client.get(f"/v1/teams/{names[0]}/costs", params=params).raise_for_status()  # warm
+        served.client.get(f"/v1/teams/{names[0]}/{route}", params=params).raise_for_status()  # warm
         times, before = [], cpu.read()
         for _ in range(requests):
             t = time.perf_counter()
-            r = served.client.get(f"/v1/teams/{rng.choice(names)}/costs", params=params)
+            r = served.client.get(f"/v1/teams/{rng.choice(names)}/{route}", params=params)
             times.append((time.perf_counter() - t) * 1000)
             r.raise_for_status()
         used = cpu.per_request(before, cpu.read(), requests)
-        print(f"  GET /v1/teams/{{team}}/costs?since=-90d&group_by={group_by or '-':5}  "
+        groups = len(r.json()["groups"]) if route == "costs" else len(r.text.splitlines()) - 1
+        print(f"  GET /v1/teams/{{team}}/{route:9}?since=-90d&group_by={group_by or '-':13}  "
               f"p50 {statistics.median(times):6.1f} ms  p99 {pct(times, 0.99):6.1f} ms  {used}  "
-              f"({requests} requests, {len(r.json()['groups'])} groups)")
+              f"({requests} requests, {groups} groups)")
     dashboard(served, names, requests, rng, cpu)
     times = []
     for _ in range(10):
@@ -474,6 +483,7 @@ def main() -> None:
     p.add_argument("--trials", type=int, default=3)
     p.add_argument("--growth-hours", type=float, default=2.0)
     p.add_argument("--only-api", action="store_true", help="parts 1 and 2 only")
+    p.add_argument("--only-costs", action="store_true", help="part 1 only")
     p.add_argument("--only-alerts", action="store_true", help="part 2 only (on the same seeded ledger)")
     p.add_argument("--database", choices=("postgresql", "sqlite"), default="postgresql",
                    help="for parts 1 and 2 (with sqlite, only those run: 3 and 4 measure PostgreSQL)")
@@ -499,6 +509,8 @@ def main() -> None:
                 costs_api(served, [f"team{i:04d}" for i in range(args.teams)], args.requests, now, CpuMeter(engine))
             finally:
                 served.close()
+        if args.only_costs:
+            return
         print("2. alert evaluation:")
         more = seed_teams(factory, args.teams, args.alert_teams - args.teams, now)
         alert_passes(factory, teams + more, now)

@@ -146,3 +146,31 @@ def test_0011_seals_the_secrets_written_in_clear_and_a_downgrade_opens_them(empt
         assert load(conn.execute(text("SELECT spec FROM jobs WHERE id = 1")).scalar()) == spec
         assert load(conn.execute(text("SELECT targets FROM budgets")).scalar()) == targets
     engine.dispose()
+
+
+def test_0018_copies_the_labels_of_jobs_stored_before(empty_url):
+    """A job's labels, kept until now in its spec only, become job_labels rows
+    (with alternatives: those every one carries); a downgrade drops the table."""
+    import json
+
+    from sqlalchemy import text
+
+    engine = make_engine(empty_url)
+    migrate.upgrade(engine, "0017")
+    specs = {1: {"run": "x", "resources": {"labels": {"project": "llama", "owner": "ann"}}},
+             2: {"run": "x", "resources": {"any_of": [{"labels": {"project": "vit", "pool": "a"}},
+                                                      {"labels": {"project": "vit"}}]}},
+             3: {"run": "x"}}
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO teams (id, name, created_at) VALUES (1, 'ml', CURRENT_TIMESTAMP)"))
+        for job_id, spec in specs.items():
+            conn.execute(text("INSERT INTO jobs (id, team_id, name, state, spec, restarts, recoveries, created_at, "
+                              "updated_at, version) VALUES (:id, 1, 'j', 'SUCCEEDED', :spec, 0, 0, "
+                              "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP, 1)"), {"id": job_id, "spec": json.dumps(spec)})
+    migrate.upgrade(engine)
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT job_id, team_id, key, value FROM job_labels ORDER BY job_id, key")).all()
+    assert [tuple(r) for r in rows] == [(1, 1, "owner", "ann"), (1, 1, "project", "llama"), (2, 1, "project", "vit")]
+    migrate.downgrade(engine, "0017")
+    assert "job_labels" not in inspect(engine).get_table_names()
+    engine.dispose()

@@ -1,5 +1,5 @@
 """Reads of the ledger: a job's and its attempts' cost, a team's spend over
-a time range grouped by day, job, cloud, GPU or zone, a dashboard page's
+a time range grouped by day, job, cloud, GPU, zone or a label, a dashboard page's
 sums (`breakdown`), every team's totals, and spend over a window (for
 budgets and alerts). Each is the written entries plus the tail the next
 accrual will write for attempts still open (`ledger.pending`), so every
