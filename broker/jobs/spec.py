@@ -382,8 +382,10 @@ class JobSpec(_Strict):
 
     @property
     def labels(self) -> dict[str, str]:
-        """What its costs are allocated by (`labels_of`)."""
-        return labels_of(self.stored())
+        """What its costs are allocated by (`labels_of`, read from the model)."""
+        res = self.resources
+        alts = res.any_of if res.any_of is not None else res.ordered
+        return _common([alt.labels or {} for alt in alts] if alts else [res.labels or {}])
 
     def secret_values(self) -> dict[str, str]:
         return {k: v.get_secret_value() for k, v in self.secrets.items()}
@@ -408,7 +410,11 @@ def labels_of(stored: dict[str, Any]) -> dict[str, str]:
     top level's). Read from a stored spec, so a job listing reads no table."""
     res = stored.get("resources") or {}
     alts = res.get("any_of") if res.get("any_of") is not None else res.get("ordered")
-    sets = [alt.get("labels") or {} for alt in alts] if alts else [res.get("labels") or {}]
+    return _common([alt.get("labels") or {} for alt in alts] if alts else [res.get("labels") or {}])
+
+
+def _common(sets: list[dict[str, str]]) -> dict[str, str]:
+    """The labels every set carries with the same value, sorted by name."""
     first, *rest = sets
     return {k: v for k, v in sorted(first.items()) if all(other.get(k) == v for other in rest)}
 
