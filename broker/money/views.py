@@ -280,17 +280,15 @@ def breakdown(session: Session, team_id: int, since: datetime, now: datetime,
     return out
 
 
-def every_team(session: Session, since: datetime, until: datetime, now: datetime,
-               tails: list[Unwritten] | None = None) -> dict[int, Money]:
+def every_team(session: Session, since: datetime, until: datetime, now: datetime) -> dict[int, Money]:
     """Every team's totals with `start_at` in [since, until), as `team_costs`
-    gives each, in one statement (and the open attempts' tails, read at
-    once; `tails`: every team's to `min(now, until)`, when read already)."""
+    gives each, in one statement (and the open attempts' tails, read at once)."""
     out: dict[int, Money] = defaultdict(Money)
     for team_id, *values in session.execute(
             select(LedgerEntry.team_id, *_sums())
             .where(LedgerEntry.start_at >= since, LedgerEntry.start_at < until).group_by(LedgerEntry.team_id)):
         out[team_id].add(*(v or 0.0 for v in values))
-    for tail in unwritten(session, None, min(now, until)) if tails is None else tails:
+    for tail in unwritten(session, None, min(now, until)):
         for d in tail.drafts:
             if since <= d.start_at < until:
                 out[tail.team_id].add(*_values(d))

@@ -62,6 +62,15 @@ def test_the_admins_overview_shows_budget_spend_alerts_and_trend_per_team(site, 
         assert budget["spent"] > budget["amount"]
         assert browser.evaluate("document.querySelector('#meter-vision rect[data-key=spent]').getAttribute('fill')") \
             == "#D55E00"
+        # A range shorter than the budget's period: what was spent this period still counts it all.
+        browser.goto(f"{site.url}/dashboard?days=1")
+        for team in ("ml", "vision"):
+            spent = site.client.get(f"/v1/teams/{team}/budget", headers=ADMIN).json()["spent"]
+            assert browser.evaluate(ROW.format(team=team, cell="spent")).startswith(money(spent))
+            assert browser.evaluate(ROW.format(team=team, cell="total")) == money(
+                site.client.get(f"/v1/teams/{team}/costs", params={"since": "2026-03-01T12:00:00Z"},
+                                headers=ADMIN).json()["total"]["cost"])
+        browser.goto(f"{site.url}/dashboard")
         only_local(browser)
         shot = browser.screenshot(tmp_path / "dashboard-overview.png")
         print(f"\nscreenshot of the admin's overview: {shot}")
