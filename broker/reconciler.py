@@ -295,7 +295,8 @@ class Reconciler:
 
     def _why_held(self, session: Session, job: Job, spec: JobSpec) -> str | None:
         """What holds the job before its next attempt, if anything does."""
-        return (unlaunchable(job, spec, self.keyring, self.launchers, self.settings) or hardcap.budget_hold(session, job, self.clock)
+        return (unlaunchable(job, spec, self.keyring, self.launchers, self.settings)
+                or hardcap.budget_hold(session, job, self.clock)
                 or limits.team_hold(session, job, spec, self.settings.cpu_jobs_on_host)
                 or checkpoint_storage.resume_hold(session, job, self.clock.now()))
 

@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import JobState
-from spotbroker.broker.store.models import Job
+from spotbroker.broker.store.models import Job, Team
 
 QUEUED = "queued: waiting to be placed"
 WAITING_SPOT = "waiting for spot: "          # the placement policy waits for spot capacity or a better price
@@ -24,6 +24,7 @@ WAITING_LIMIT = "waiting for a place within the team's limits: "
 # The placement waits that the jobs-waiting metric counts.
 PLACEMENT_WAITS = (WAITING_SPOT, WAITING_CAPACITY)
 _QUEUE_STATES = (str(JobState.PENDING), str(JobState.RECOVERING))
+NOT_RUNNING = (JobState.PENDING, JobState.LAUNCHING, JobState.PREEMPTING, JobState.RECOVERING, JobState.HELD)
 MAX_MARKED = 500  # jobs told their place in the queue per pass (the rest keep what they were told)
 
 
@@ -71,3 +72,10 @@ def mark_slot_waits(session: Session, slots: int, now: datetime) -> int:
 def slots_ahead(session: Session, job_id: int, now: datetime) -> int:
     """How many jobs due to be placed were submitted before this one."""
     return sum(1 for other, _ in _due_queue(session, now, MAX_MARKED) if other < job_id)
+
+
+def not_running(session: Session, team: str, limit: int = 100):
+    """The team's live jobs that do not run, oldest first: (id, name, state, reason, updated_at)."""
+    return session.execute(
+        select(Job.id, Job.name, Job.state, Job.reason, Job.updated_at).join(Team, Team.id == Job.team_id)
+        .where(Team.name == team, Job.state.in_([str(s) for s in NOT_RUNNING])).order_by(Job.id).limit(limit)).all()

@@ -211,7 +211,8 @@ def placements(session: Session, names: dict[int, str]) -> Iterator[Metric]:
         select(Job.team_id, Attempt.cloud, Attempt.use_spot, func.count()).join(Job, Job.id == Attempt.job_id)
         .group_by(Job.team_id, Attempt.cloud, Attempt.use_spot))}
     waiting = dict(session.execute(
-        select(Job.team_id, func.count()).where(Job.state == "PENDING", or_(*(Job.reason.startswith(w) for w in reasons.PLACEMENT_WAITS)))
+        select(Job.team_id, func.count())
+        .where(Job.state == "PENDING", or_(*(Job.reason.startswith(w) for w in reasons.PLACEMENT_WAITS)))
         .group_by(Job.team_id)).all())
     launched = CounterMetricFamily("spotbroker_placement_decisions", "Launch decisions (attempts) by cloud and "
                                    "market", labels=["team", "cloud", "market"])
