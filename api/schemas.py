@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from spotbroker.broker.jobs.policy import Policy
 from spotbroker.broker.jobs.spec import SpecShapeError, check_shape, labels_of, public
 from spotbroker.broker.money import costs
 from spotbroker.broker.store.models import Attempt, Event, Job
@@ -136,6 +137,12 @@ class TokenOut(BaseModel):
 class TokensRevoked(BaseModel):
     team: str
     revoked: int = Field(description="how many working tokens were revoked")
+
+
+class PolicyOut(Policy):
+    """A team's policy as stored (keys not set are left out)."""
+
+    team: str
 
 
 class LaunchReadiness(BaseModel):

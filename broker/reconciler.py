@@ -37,7 +37,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.jobs import sealed
+from spotbroker.broker.jobs import limits, reasons
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
@@ -54,8 +54,8 @@ from spotbroker.broker.launch.base import (
 from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
 from spotbroker.broker.money import storage as checkpoint_storage
-from spotbroker.broker.placement.host import host_reason, on_host
-from spotbroker.broker.placement.placer import NO_CLOUD, Placer, enabled_clouds
+from spotbroker.broker.placement.host import host_reason, on_host, unlaunchable
+from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.recovery import attempts as recovery
@@ -197,8 +197,9 @@ class Reconciler:
             due = Job.next_check_at <= now
             if "skypilot" not in self.launchers and self.launching.local_nodes_free(session, lock=False) <= 0:
                 # Every new attempt would run here and no slot is free: only
-                # jobs that already hold an attempt can move.
+                # jobs that already hold an attempt can move; the others are told why they wait.
                 due = and_(due, Job.state.not_in([str(J.PENDING), str(J.RECOVERING)]))
+                reasons.mark_slot_waits(session, self.settings.local_max_running, now)
             wanted = or_(due, Job.id.in_(list(changed))) if changed else due
             query = (select(Job.id)
                      .where(Job.state.in_([str(s) for s in LIVE_JOB_STATES]), wanted,
@@ -262,9 +263,7 @@ class Reconciler:
         now = self.clock.now()
         if recovery.recoveries_exhausted(session, job, recovery.Bounds.from_settings(self.settings), self.clock):
             return None, ()
-        hold = (self._hold_reason(job, spec) or hardcap.budget_hold(session, job, self.clock)
-                or checkpoint_storage.resume_hold(session, job, now))
-        if hold is not None:
+        if (hold := self._why_held(session, job, spec)) is not None:
             transition(session, job, J.HELD, reason=hold, clock=self.clock)
             job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
             return None, ()
@@ -274,48 +273,42 @@ class Reconciler:
                 transition(session, job, J.FAILED, reason="no_feasible_offer",
                            data={"resources": spec.resources.model_dump(exclude_none=True)}, clock=self.clock)
                 return None, ()
-            if choice.action is not Action.LAUNCH:  # wait (for spot); look again later
+            policy = limits.policy_of(session, job)
+            within = tuple(p for p in choice.placements if limits.admits(p, spec, policy))
+            if choice.action is not Action.LAUNCH or not within:  # wait (for spot); look again later
                 job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
-                why = f"waiting: {choice.reason}"
+                why = (reasons.placement_wait(choice.reason) if choice.action is not Action.LAUNCH
+                       else reasons.WAITING_LIMIT + limits.over(choice.placements[0], spec, policy))
                 if job.reason != why:  # said once, not every interval
                     job.reason = why
-                    session.add(Event(job_id=job.id, type="waiting", at=now, data={"reason": choice.reason}))
+                    session.add(Event(job_id=job.id, type="waiting", at=now, data={"reason": why}))
                 return None, ()
-            placements, why = self.launching.bounded(choice.placements), choice.reason
+            placements, why = self.launching.bounded(within), choice.reason
         else:
             placements, why = (LOCAL_PLACEMENT,), host_reason(spec)
         launcher = self.launching.launcher_for(placements[0])
         if launcher == "local" and self.launching.local_nodes_free(session) < spec.num_nodes:
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
+            job.reason = reasons.slot_wait(reasons.slots_ahead(session, job.id, now), self.settings.local_max_running)
             return None, ()
         return self.launching.new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
 
-    def _hold_reason(self, job: Job, spec: JobSpec) -> str | None:
-        """Why the job cannot be launched by this broker now, if it cannot."""
-        if spec.secrets and (unreadable := sealed.problem(job, self.keyring)):
-            return f"{unreadable}; a broker given the key that sealed them releases it"
-        here = on_host(spec, self.settings.cpu_jobs_on_host)
-        if not here and enabled_clouds(self.launchers) == frozenset():
-            return NO_CLOUD  # (not FAILED no_feasible_offer: credentials may come)
-        if not here and not {"local", "skypilot"} & set(self.launchers):
-            return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
-                    "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "
-                    "jobs on the broker's host)")
-        if here and "local" not in self.launchers:
-            return (f"no launcher can run it: {host_reason(spec)}, and the local "
-                    "launcher is off (SPOTBROKER_LOCAL_LAUNCHER=true turns it on)")
-        local_only = "local" in self.launchers and ("skypilot" not in self.launchers or here)
-        if local_only and spec.num_nodes > self.settings.local_max_running:
-            return (f"it needs {spec.num_nodes} nodes, and the local launcher runs at most "
-                    f"{self.settings.local_max_running} at once (SPOTBROKER_LOCAL_MAX_RUNNING)")
-        return None
+    def _why_held(self, session: Session, job: Job, spec: JobSpec) -> str | None:
+        """What holds the job before its next attempt, if anything does."""
+        return (unlaunchable(job, spec, self.keyring, self.launchers, self.settings)
+                or hardcap.budget_hold(session, job, self.clock)
+                or limits.team_hold(session, job, spec, self.settings.cpu_jobs_on_host)
+                or checkpoint_storage.resume_hold(session, job, self.clock.now()))
 
     def _reconsider_hold(self, session: Session, job: Job) -> None:
         """A HELD job goes back to being placed once what held it is gone; it is
         looked at again every placement interval until then."""
-        if (self._hold_reason(job, JobSpec.model_validate(job.spec)) or hardcap.budget_hold(session, job, self.clock)
-                or checkpoint_storage.resume_hold(session, job, self.clock.now())):
-            job.next_check_at = self.clock.now() + timedelta(seconds=self.settings.placement_interval)
+        if (hold := self._why_held(session, job, JobSpec.model_validate(job.spec))) is not None:
+            # a team's GPUs at once free up as its attempts end: looked at again soon
+            wait = self.settings.reconcile_interval if limits.HELD in hold else self.settings.placement_interval
+            job.next_check_at = self.clock.now() + timedelta(seconds=wait)
+            if hold != job.reason:  # (e.g. "8 running" becoming "6 running")
+                job.reason = hold
             return
         back = J.RECOVERING if job.attempts else J.PENDING
         transition(session, job, back, reason="nothing holds it now", clock=self.clock)

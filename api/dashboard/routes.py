@@ -22,7 +22,7 @@ from jinja2 import Environment, FileSystemLoader
 from spotbroker.api.dashboard import charts, session
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
-from spotbroker.broker.jobs import resfields
+from spotbroker.broker.jobs import reasons, resfields
 from spotbroker.broker.money import dashboard, labels, overview, service
 
 HERE = Path(__file__).parent
@@ -155,10 +155,12 @@ def team(request: Request, name: str, days: Days = 30,
             data = dashboard.team_page(s, name, since, now, with_teams=principal.is_admin,
                                        settings=session.money_settings(request))
             label_keys, label, by_label = labels.team_chart(s, name, label, since, now)
+            waiting = reasons.not_running(s, name)
     except service.TeamNotFound:
         return page("error.html", 404, title="Not found", detail=f"no team {name!r}", admin=principal.is_admin)
     return page("team.html", p=data, now=now, days=days, admin=principal.is_admin, label_keys=label_keys,
                 label=label, by_label=charts.stacked_days(data.days, by_label, height=200) if label else None,
+                waiting=waiting,
                 **_charts(data, now))
 
 

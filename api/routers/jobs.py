@@ -25,7 +25,7 @@ from spotbroker.api.schemas import (
     JobSubmitted,
     SubmitWarning,
 )
-from spotbroker.broker.jobs import buckets, execlimits, mounts, taskyaml, uploads
+from spotbroker.broker.jobs import buckets, execlimits, intake, mounts, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import (MAX_NODES, MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError,
                                          load_document)
@@ -64,8 +64,9 @@ async def _parse_task(request: Request, body: bytes) -> tuple[dict, list[dict]]:
     return await anyio.to_thread.run_sync(taskyaml.parse_warned, body, limiter=limiter)
 
 
-async def _read_spec(request: Request) -> tuple[JobSpec, list[dict]]:
-    """The submitted spec, and the warnings about what of it was dropped."""
+async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
+    """The submitted spec, the team `policy`'s defaults merged under it, and
+    the warnings about what of it was dropped."""
     body = await request.body()
     if len(body) > MAX_BODY:
         raise Problem(413, "Payload too large", f"a job spec is at most {MAX_BODY} bytes")
@@ -89,6 +90,7 @@ async def _read_spec(request: Request) -> tuple[JobSpec, list[dict]]:
         raise invalid([err]) from None
     except taskyaml.TaskFileError as exc:
         raise invalid(exc.errors) from None
+    doc = intake.with_defaults(doc, policy)
     try:
         spec = JobSpec.model_validate(doc)
     except ValidationError as exc:
@@ -116,11 +118,15 @@ async def submit_job(request: Request, team: CurrentTeam,
     (`Content-Type: application/yaml`), read with SkyPilot's own schema. A
     task file without `use_spot` runs on on-demand, as in SkyPilot; a JSON
     spec without it on spot. `warnings` says what of a task file was
-    dropped (an alternative on a cloud the broker does not place on)."""
-    spec, warnings = await _read_spec(request)
+    dropped (an alternative on a cloud the broker does not place on), and
+    whether the job is HELD from the start (over budget, or over the team's
+    GPUs at once). The team's policy (`PUT /v1/teams/{team}/policy`) adds its
+    defaults and refuses a job that breaks one of its limits."""
+    state = request.app.state
+    policy = await run_in_threadpool(intake.policy_of, state.session_factory, team.team_id)
+    spec, warnings = await _read_spec(request, policy)
     if problems := spec.per_attempt_errors() + execlimits.size_errors(spec):
         raise invalid(problems)
-    state = request.app.state
     problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds
                                   + state.settings.deadline_margin_seconds)
     if problem:
@@ -134,13 +140,19 @@ async def submit_job(request: Request, team: CurrentTeam,
         if problems:
             raise invalid(problems)
         warnings = warnings + mounts.mount_warnings(state.settings, spec)
-    out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key),
-                                                 team.team_name)
+    admission = await run_in_threadpool(intake.admit, state.session_factory, team.team_id, team.team_name, spec,
+                                        policy, state.settings.cpu_jobs_on_host, state.clock.now())
+    if admission.errors:
+        raise invalid(admission.errors)
+    out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key,
+                                                                 admission.hold), team.team_name)
     if idempotency_key is not None and not jobs.same_spec(out.spec, spec):
         # The key named another request: answering with its job would tell the
         # caller that this one was submitted.
         raise invalid([{"field": "Idempotency-Key", "message": f"already used for job {out.id}, whose spec "
                         "differs from this one; a retry must send the same body, a new job a new key"}])
+    if out.state == JobState.HELD:
+        warnings = [*warnings, {"field": "state", "message": f"the job is HELD: {out.reason}"}]
     # Already a JobOut: send it as it is, without validating it a second time.
     answer = JobSubmitted.model_construct(**dict(out), warnings=[SubmitWarning(**w) for w in warnings])
     return Response(answer.model_dump_json(), status_code=201, media_type="application/json")

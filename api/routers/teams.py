@@ -10,8 +10,10 @@ from sqlalchemy import select
 from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
 from spotbroker.api.errors import Problem, responses
 from spotbroker.api.routers.costs import Caller, may_read
-from spotbroker.api.schemas import TeamCreate, TeamOut, TokenOut, TokensRevoked
+from spotbroker.api.schemas import PolicyOut, TeamCreate, TeamOut, TokenOut, TokensRevoked
 from spotbroker.broker import auth
+from spotbroker.broker.jobs import policy as policies
+from spotbroker.broker.money.hardcap import release_held
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
 
@@ -83,6 +85,35 @@ def revoke_tokens(request: Request, name: TeamName, _: Admin) -> TokensRevoked:
         count = auth.revoke_tokens(session, team, clock=request.app.state.clock)
     request.app.state.tokens.forget_team(team.id)
     return TokensRevoked(team=team.name, revoked=count)
+
+
+def _policy_out(team: Team, policy: policies.Policy) -> PolicyOut:
+    return PolicyOut.model_validate({**policy.shown(), "team": team.name})
+
+
+@router.put("/teams/{name}/policy", response_model=PolicyOut, response_model_exclude_none=True,
+            responses=responses(401, 403, 404, 422))
+def put_policy(request: Request, name: TeamName, body: policies.Policy, _: Admin) -> PolicyOut:
+    """Set the team's defaults and limits (the whole document: a key left out
+    is no default, no limit). Jobs submitted from now on meet them; a job
+    that already runs is never stopped for a lowered limit, its next attempt
+    is held with the reason."""
+    state = request.app.state
+    with transaction(state.session_factory) as session:
+        team = _team(session, name)
+        policies.put(session, team.id, body, clock=state.clock)
+        release_held(session, team.id, state.clock.now())  # a raised limit releases what it held
+    state.reconciler.hint()
+    return _policy_out(team, body)
+
+
+@router.get("/teams/{name}/policy", response_model=PolicyOut, response_model_exclude_none=True,
+            responses=responses(401, 403, 404, 422, s403="A team's token naming another team"))
+def get_policy(session: SessionDep, name: TeamName, principal: Caller) -> PolicyOut:
+    """The team's defaults and limits: the admin's token, or the team's own."""
+    may_read(principal, name)
+    team = _team(session, name)
+    return _policy_out(team, policies.get(session, team.id))
 
 
 @router.get("/whoami", response_model=TeamOut, responses=responses(401, 403))

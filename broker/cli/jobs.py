@@ -98,7 +98,8 @@ def submit(file: Path, as_json: bool, yes: bool, **launch: Any) -> None:
     if as_json:
         _echo_json(job)
     else:
-        click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}")
+        held = f" ({job['reason']})" if job["state"] == "HELD" and job.get("reason") else ""
+        click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}{held}")
 
 
 def _line_in(data: bytes, field: str) -> int | None:
@@ -203,14 +204,25 @@ def list_jobs(states: tuple[str, ...], limit: int, as_json: bool) -> None:
 
     from spotbroker.broker.cli.output import console
 
-    table = Table("ID", "NAME", "STATE", "WHERE", "ATTEMPTS", "COST $", "SUBMITTED")
+    table = Table("ID", "NAME", "STATE", "REASON", "WHERE", "ATTEMPTS", "COST $", "SUBMITTED")
     for j in page["jobs"]:
         last = j["attempts"][-1] if j["attempts"] else None
         style = _STATE_STYLE.get(j["state"], "")
         table.add_row(str(j["id"]), j["name"], f"[{style}]{j['state']}[/]" if style else j["state"],
-                      _where(last) if last else "-", str(len(j["attempts"])), f"{j['cost']:.4f}",
+                      short_reason(j), _where(last) if last else "-", str(len(j["attempts"])), f"{j['cost']:.4f}",
                       j["created_at"][:19].replace("T", " "))
     console().print(table)
+
+
+REASON_WIDTH = 44  # the list stays narrow: `spotbroker job ID` says the whole reason
+
+
+def short_reason(job: dict[str, Any]) -> str:
+    """Why a job that does not run waits, in a column's width ('-' for a running or succeeded one)."""
+    reason = job.get("reason")
+    if not reason or job["state"] in ("RUNNING", "SUCCEEDED"):
+        return "-"
+    return reason if len(reason) <= REASON_WIDTH else reason[:REASON_WIDTH - 1] + "…"
 
 
 @click.command("job")

@@ -188,10 +188,12 @@ def teams_create(name: str, as_json: bool) -> None:
 
 def _add_http_commands() -> None:
     # The team commands that go through a running broker (the admin's token, or a
-    # team's for its own): cli/teams.py and cli/storage.py.
+    # team's for its own): cli/teams.py, cli/storage.py and cli/policy.py.
+    from spotbroker.broker.cli.policy import policy
     from spotbroker.broker.cli.storage import storage
     from spotbroker.broker.cli.teams import teams_list, token
 
+    teams.add_command(policy)
     teams.add_command(teams_list)
     teams.add_command(token)
     teams.add_command(storage)

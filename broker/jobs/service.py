@@ -11,7 +11,7 @@ from sqlalchemy import insert, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.jobs import logs, sealed
+from spotbroker.broker.jobs import logs, reasons, sealed
 from spotbroker.broker.jobs.spec import JobSpec, public
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
@@ -41,6 +41,7 @@ class Submission:
     team_id: int
     spec: JobSpec
     idempotency_key: str | None = None
+    hold: str | None = None  # why it is HELD from the start (intake.admit), if it is
 
 
 def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_CLOCK,
@@ -72,7 +73,8 @@ def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYS
             continue
         first_of_key.setdefault(key, i)
         stored = sealed.seal(s.spec.stored(), s.team_id, keyring) if s.spec.secrets else s.spec.stored()
-        rows.append((i, dict(team_id=s.team_id, name=s.spec.name, state=str(JobState.PENDING),
+        state = JobState.HELD if s.hold else JobState.PENDING
+        rows.append((i, dict(team_id=s.team_id, name=s.spec.name, state=str(state), reason=s.hold or reasons.QUEUED,
                              spec=stored, idempotency_key=s.idempotency_key, created_at=now,
                              updated_at=now, next_check_at=now, restarts=0, recoveries=0, version=1)))
     made: dict[int, Job] = {}
@@ -80,9 +82,13 @@ def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYS
         # Plain inserts (no unit of work): submission is the API's hot path.
         ids = session.scalars(insert(Job).returning(Job.id, sort_by_parameter_order=True),
                               [values for _, values in rows]).all()
-        session.execute(insert(Event), [dict(job_id=job_id, attempt_id=None, type="submitted", at=now,
-                                             data={"name": values["name"]})
-                                        for job_id, (_, values) in zip(ids, rows, strict=True)])
+        made_events = [dict(job_id=job_id, attempt_id=None, type="submitted", at=now, data={"name": values["name"]})
+                       for job_id, (_, values) in zip(ids, rows, strict=True)]
+        # A job held from the start says so as any hold does (the reconciler releases it).
+        made_events += [dict(job_id=job_id, attempt_id=None, type="job_state", at=now,
+                             data={"from": str(JobState.PENDING), "to": str(JobState.HELD), "reason": values["reason"]})
+                        for job_id, (_, values) in zip(ids, rows, strict=True) if values["state"] == JobState.HELD]
+        session.execute(insert(Event), made_events)
         labels = [dict(job_id=job_id, key=k, team_id=values["team_id"], value=v)
                   for job_id, (i, values) in zip(ids, rows, strict=True) for k, v in subs[i].spec.labels.items()]
         if labels:  # what costs group by (`group_by=label:KEY`)

@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
+from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, EndReason, JobState,
                                            transition)
@@ -93,7 +94,7 @@ class Launching:
         session.add(attempt)
         session.flush()
         attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))
-        if (job.reason or "").startswith("waiting: "):
+        if reasons.is_wait(job.reason):
             job.reason = None  # it waits no more
         transition(session, job, J.LAUNCHING, clock=self.clock, data={
             "attempt_id": attempt.id, "cloud": placement.cloud, "region": placement.region,

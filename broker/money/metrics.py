@@ -42,10 +42,11 @@ from datetime import datetime, timedelta
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import case, func, select
+from sqlalchemy import case, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.spec import CLOUDS
 from spotbroker.broker.jobs.states import EndReason, JobState
 from spotbroker.broker.money import budgets, leases, ops_metrics
@@ -210,7 +211,8 @@ def placements(session: Session, names: dict[int, str]) -> Iterator[Metric]:
         select(Job.team_id, Attempt.cloud, Attempt.use_spot, func.count()).join(Job, Job.id == Attempt.job_id)
         .group_by(Job.team_id, Attempt.cloud, Attempt.use_spot))}
     waiting = dict(session.execute(
-        select(Job.team_id, func.count()).where(Job.state == "PENDING", Job.reason.like("waiting:%"))
+        select(Job.team_id, func.count())
+        .where(Job.state == "PENDING", or_(*(Job.reason.startswith(w) for w in reasons.PLACEMENT_WAITS)))
         .group_by(Job.team_id)).all())
     launched = CounterMetricFamily("spotbroker_placement_decisions", "Launch decisions (attempts) by cloud and "
                                    "market", labels=["team", "cloud", "market"])

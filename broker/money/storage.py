@@ -26,14 +26,14 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.agent.checkpoint.coldtier import cold_tier, data_keys
 from spotbroker.broker.money.models import CheckpointTier
 from spotbroker.broker.money.settings import MoneySettings, get_money_settings
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Checkpoint, Job
+from spotbroker.broker.store.models import Checkpoint, Job, TeamPolicy
 
 log = logging.getLogger("spotbroker.money")
 BATCH = 200          # checkpoints archived per pass (the rest wait for the next)
@@ -49,14 +49,15 @@ class ArchiveStats:
 
 
 def archive_due(factory: sessionmaker[Session], settings: MoneySettings, now: datetime) -> ArchiveStats:
-    """Move committed checkpoints past the retention to the cold tier."""
+    """Move committed checkpoints past the retention to the cold tier (the
+    team policy's `checkpoint_retention_days` where it sets one, else the
+    broker's)."""
     stats = ArchiveStats()
-    cutoff = now - timedelta(days=settings.checkpoint_retention_days)
     with factory() as session:
         due = session.execute(
             select(Checkpoint.id, Checkpoint.uri, Job.team_id).join(Job, Job.id == Checkpoint.job_id)
             .outerjoin(CheckpointTier, CheckpointTier.checkpoint_id == Checkpoint.id)
-            .where(Checkpoint.committed_at < cutoff, Checkpoint.keep.is_(False),
+            .where(_past_retention(session, settings, now), Checkpoint.keep.is_(False),
                    CheckpointTier.checkpoint_id.is_(None))
             .order_by(Checkpoint.id).limit(BATCH)).all()
     for checkpoint_id, uri, team_id in due:
@@ -78,6 +79,18 @@ def archive_due(factory: sessionmaker[Session], settings: MoneySettings, now: da
         stats.archived += 1
         stats.objects += len(keys)
     return stats
+
+
+def _past_retention(session: Session, settings: MoneySettings, now: datetime):
+    """Committed before its team's retention: one clause per team whose policy sets its own."""
+    own = {team_id: days for team_id, doc in session.execute(select(TeamPolicy.team_id, TeamPolicy.document))
+           if (days := (doc or {}).get("checkpoint_retention_days")) is not None}
+    default = Checkpoint.committed_at < now - timedelta(days=settings.checkpoint_retention_days)
+    if not own:
+        return default
+    return or_(and_(Job.team_id.not_in(list(own)), default),
+               *(and_(Job.team_id == team_id, Checkpoint.committed_at < now - timedelta(days=float(days)))
+                 for team_id, days in own.items()))
 
 
 def cold_reason(session: Session, checkpoint: Checkpoint | None) -> str | None:

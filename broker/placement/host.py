@@ -20,3 +20,27 @@ def host_reason(spec: JobSpec) -> str:
     if spec.asks_for_host:
         return "it asks for the broker's host (infra: local)"
     return "a job without accelerators runs on the broker's host (SPOTBROKER_CPU_JOBS_ON_HOST)"
+
+
+def unlaunchable(job, spec: JobSpec, keyring, launchers: dict, settings) -> str | None:
+    """Why this broker cannot launch the job now (its launchers, its keys), if it cannot."""
+    from spotbroker.broker.jobs import sealed
+    from spotbroker.broker.placement.placer import NO_CLOUD, enabled_clouds
+
+    if spec.secrets and (unreadable := sealed.problem(job, keyring)):
+        return f"{unreadable}; a broker given the key that sealed them releases it"
+    here = on_host(spec, settings.cpu_jobs_on_host)
+    if not here and enabled_clouds(launchers) == frozenset():
+        return NO_CLOUD  # (not FAILED no_feasible_offer: credentials may come)
+    if not here and not {"local", "skypilot"} & set(launchers):
+        return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
+                "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "
+                "jobs on the broker's host)")
+    if here and "local" not in launchers:
+        return (f"no launcher can run it: {host_reason(spec)}, and the local "
+                "launcher is off (SPOTBROKER_LOCAL_LAUNCHER=true turns it on)")
+    local_only = "local" in launchers and ("skypilot" not in launchers or here)
+    if local_only and spec.num_nodes > settings.local_max_running:
+        return (f"it needs {spec.num_nodes} nodes, and the local launcher runs at most "
+                f"{settings.local_max_running} at once (SPOTBROKER_LOCAL_MAX_RUNNING)")
+    return None

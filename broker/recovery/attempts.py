@@ -45,6 +45,7 @@ from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
 from spotbroker.broker.clock import Clock
+from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
@@ -287,7 +288,7 @@ def capacity_refused(session: Session, job: Job, attempt: Attempt, why: str, clo
                    clock=clock)
     if last and job.state == J.LAUNCHING:  # every choice refused
         job.next_check_at = clock.now() + timedelta(seconds=retry_after_s)
-        transition(session, job, J.RECOVERING, reason="no_capacity", clock=clock)
+        transition(session, job, J.RECOVERING, reason=reasons.capacity_wait(why), clock=clock)
     return ended
 
 

@@ -36,6 +36,17 @@ class TeamBucket(Base):
     read_only: Mapped[bool] = mapped_column(Boolean)
 
 
+class TeamPolicy(Base):
+    """A team's defaults and limits, set by the admin (`PUT
+    /v1/teams/{team}/policy`): the document broker/jobs/policy.py reads."""
+
+    __tablename__ = "team_policies"
+
+    team_id: Mapped[int] = mapped_column(ForeignKey("teams.id", ondelete="CASCADE"), primary_key=True)
+    document: Mapped[dict[str, Any]] = mapped_column(JSON)
+    updated_at: Mapped[datetime]
+
+
 class ApiToken(Base):
     """A team's API token. Only the SHA-256 digest of the token is stored."""
 

@@ -189,8 +189,8 @@ def test_infra_k8s_runs_only_on_the_clusters_and_waits_while_they_are_full(facto
     for job_id in (anywhere[3], waiting):
         job = job_of(factory, job_id)
         assert live_attempt(factory, job_id) is None and job.state == "PENDING", job.state
-        assert job.reason == "waiting: no Kubernetes place that fits has room: lab-a has 0 of 16 H100 free; " \
-                             "lab-b has 0 of 16 H100 free"
+        assert job.reason == ("waiting for capacity: no Kubernetes place that fits has room: lab-a has 0 of 16 H100 "
+                              "free; lab-b has 0 of 16 H100 free")
     # a job no cluster can ever fit (more GPUs per node than a node has) fails as an unfit job does
     too_big = submit(factory, teams["ml"], resources={"accelerators": "H100:16", "infra": "k8s"})
     rec.pass_once()

@@ -317,7 +317,7 @@ def test_a_job_told_to_wait_says_why_once_and_is_looked_at_again_each_interval(e
     with factory() as s:
         job = s.get(Job, job_id)
         waits = s.scalars(select(Event).where(Event.job_id == job_id, Event.type == "waiting")).all()
-        assert (job.state, job.reason) == ("PENDING", "waiting: plan: wait") and len(waits) == 1
+        assert (job.state, job.reason) == ("PENDING", "waiting for spot: plan: wait") and len(waits) == 1
         assert job.next_check_at > clock.now() + timedelta(seconds=settings.placement_interval - 5)
 
 

@@ -39,7 +39,7 @@ def seed(factory, world, clock) -> None:
     waiting = world.job(cv, "later", state="PENDING")
     with transaction(factory) as s:
         s.get(Job, recovering).recoveries = 1
-        s.get(Job, waiting).reason = "waiting: spot capacity is scarce in every zone"
+        s.get(Job, waiting).reason = "waiting for spot: spot capacity is scarce in every zone"
         for step, seconds, reason in ((1, 3.0, "flush"), (2, 40.0, "flush"), (3, 100.0, "periodic")):
             s.add(Checkpoint(job_id=recovering, attempt_id=lost, step=step, uri=f"file:///c/{step}", bytes=1,
                              seconds=seconds, reason=reason, keep=False, committed_at=T0 - 2 * H))

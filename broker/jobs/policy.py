@@ -1,0 +1,151 @@
+"""A team's defaults and limits, set by the admin (`PUT /v1/teams/{team}/policy`).
+
+Defaults are merged into a submitted document before it is validated, under
+what the job says itself: `envs` key by key (the job's value wins), and
+`preflight`, `early_stop` and `checkpoint` as whole fragments where the job
+does not set the key. A default whose key the job spec does not know yet is
+stored and shown, and applied from the day the spec knows it.
+
+Limits are checked at submission (a 422 naming the rule and the limit,
+broker/jobs/limits.py) and again before each attempt is launched (a job
+that breaks a limit lowered since is HELD with the reason; what runs is
+never stopped for it). What "the job's $/h" is: the place's price per node
+(spot or on-demand, as the job asks) times its nodes.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from sqlalchemy.orm import Session
+
+from spotbroker.agent import protocol
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.jobs.spec import _ACCEL_RE, _ENV_NAME_RE, MAX_NODES, MAX_PRICE_PER_HOUR
+from spotbroker.broker.pricing import normalise
+from spotbroker.broker.store.models import TeamPolicy as PolicyRow
+
+# The spec keys whose default is a fragment of the job's own spec.
+SPEC_DEFAULTS = ("preflight", "early_stop", "checkpoint")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+class PreflightDefault(_Strict):
+    run: Annotated[str, Field(min_length=1)] | None = None
+    steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    timeout: Annotated[int, Field(ge=1, le=86_400, description="seconds")] | None = None
+    accelerators: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+
+
+class EarlyStopDefault(_Strict):
+    metric: Annotated[str, Field(min_length=1, max_length=128)]
+    mode: Literal["min", "max"] = "min"
+    patience: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    min_delta: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+    min_steps: Annotated[int, Field(ge=0)] | None = None
+
+
+class CheckpointDefault(_Strict):
+    interval: Literal["auto", "code"] | Annotated[int, Field(ge=1, le=86_400, description="seconds")]
+
+
+class Policy(_Strict):
+    """The document the admin PUTs (the whole policy: a key left out is no limit, no default)."""
+
+    envs: dict[str, str] = Field(default_factory=dict, description="merged under each job's own envs")
+    allowed_accelerators: Annotated[list[str], Field(max_length=256)] | None = Field(
+        default=None, description="accelerator names the team's jobs may ask for (any count); null: any")
+    max_price_per_hour: Annotated[float, Field(gt=0, le=MAX_PRICE_PER_HOUR * MAX_NODES, allow_inf_nan=False)] \
+        | None = Field(default=None, description="dollars per hour for the whole job: the place's price per node "
+                                                 "(spot or on-demand, as the job asks) times its nodes")
+    max_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] | None = Field(default=None, description="per job")
+    max_gpus_running: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        default=None, description="accelerators of the team's launching and running attempts at once")
+    preflight: bool | PreflightDefault | None = None
+    early_stop: EarlyStopDefault | None = None
+    checkpoint: CheckpointDefault | None = None
+    checkpoint_retention_days: Annotated[float, Field(gt=0, le=36_500, allow_inf_nan=False)] | None = Field(
+        default=None, description="days before a committed checkpoint moves to the cold tier")
+
+    @field_validator("envs", mode="before")
+    @classmethod
+    def _envs(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for key, val in value.items():
+            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
+                raise ValueError(f"{key!r} is not a valid environment variable name")
+            if key in protocol.PER_ATTEMPT_ENV:
+                raise ValueError(f"{key} is set by the broker for each attempt: a default may not set it")
+            if val is None or isinstance(val, dict | list):
+                raise ValueError(f"{key}: value must be a string or a number")
+            out[key] = str(val).lower() if isinstance(val, bool) else str(val)
+        return out
+
+    @field_validator("allowed_accelerators")
+    @classmethod
+    def _names(cls, value: list[str] | None) -> list[str] | None:
+        if value is None:
+            return None
+        for name in value:
+            match = _ACCEL_RE.match(name)
+            if not match or match["count"] is not None:
+                raise ValueError(f"{name!r} is not an accelerator name (T4, L4, A100; no count)")
+        return value
+
+    def allows(self, accelerator: str | None) -> bool:
+        """Whether a job may run on this accelerator (a CPU place, None, always may)."""
+        if self.allowed_accelerators is None or accelerator is None:
+            return True
+        wanted = normalise.accelerator_name(accelerator).lower()
+        return any(normalise.accelerator_name(a).lower() == wanted for a in self.allowed_accelerators)
+
+    def spec_defaults(self) -> dict[str, Any]:
+        return {key: value for key in SPEC_DEFAULTS
+                if (value := _dumped(getattr(self, key))) is not None}
+
+    def shown(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def _dumped(value: Any) -> Any:
+    return value.model_dump(mode="json", exclude_none=True) if isinstance(value, BaseModel) else value
+
+
+EMPTY = Policy()
+
+
+def get(session: Session, team_id: int) -> Policy:
+    row = session.get(PolicyRow, team_id)
+    return Policy.model_validate(row.document) if row is not None else EMPTY
+
+
+def put(session: Session, team_id: int, policy: Policy, clock: Clock = SYSTEM_CLOCK) -> Policy:
+    row = session.get(PolicyRow, team_id)
+    if row is None:
+        row = PolicyRow(team_id=team_id, document={}, updated_at=clock.now())
+        session.add(row)
+    row.document, row.updated_at = policy.shown(), clock.now()
+    return policy
+
+
+def with_defaults(doc: Any, policy: Policy, known: frozenset[str] | set[str]) -> Any:
+    """A submitted document with the team's defaults merged under it. `known`:
+    the spec's keys (a default for a key the spec does not know is left out)."""
+    if not isinstance(doc, dict) or policy is EMPTY:
+        return doc
+    out = dict(doc)
+    if policy.envs:
+        own = out.get("envs")
+        if own is None:
+            out["envs"] = dict(policy.envs)
+        elif isinstance(own, dict):  # (anything else: the spec's validation names it)
+            out["envs"] = {**policy.envs, **own}
+    for key, value in policy.spec_defaults().items():
+        if key in known and out.get(key) is None:
+            out[key] = value
+    return out

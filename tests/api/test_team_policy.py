@@ -1,0 +1,170 @@
+"""Team defaults and limits (`PUT /v1/teams/{team}/policy`), through the real
+server and the local launcher: the admin sets them, the team reads them;
+each limit refuses a job with a 422 naming the rule and the limit; default
+envs reach the job's process; a lowered limit never stops what runs but
+holds the next attempt, with the reason; the team's GPUs at once hold a
+launch that would exceed them, and the submission's answer says so."""
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from conftest import ADMIN_TOKEN
+from helpers import wait_for, wait_state
+from sqlalchemy import select
+
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.store.models import Attempt, Job, Team
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
+
+
+def set_policy(api, team: str, **policy) -> dict:
+    r = api.put(f"/v1/teams/{team}/policy", json=policy, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_the_admin_sets_a_policy_the_team_reads_its_own_and_cannot_change_it(api, team_headers):
+    a, b = team_headers("a"), team_headers("b")
+    body = {"envs": {"MIXED_PRECISION": "bf16"}, "allowed_accelerators": ["T4", "L4"], "max_nodes": 2,
+            "max_gpus_running": 8, "max_price_per_hour": 12.5, "checkpoint_retention_days": 30,
+            "early_stop": {"metric": "val_loss", "patience": 3}, "checkpoint": {"interval": "auto"}}
+    assert api.put("/v1/teams/a/policy", json=body, headers=a).status_code == 403   # not its own either
+    assert api.get("/v1/teams/a/policy", headers=a).json() == {"team": "a", "envs": {}}  # nothing was written
+    assert api.put("/v1/teams/nobody/policy", json=body, headers=ADMIN).status_code == 404
+    shown = set_policy(api, "a", **body)
+    assert shown["team"] == "a" and shown["max_nodes"] == 2 and shown["allowed_accelerators"] == ["T4", "L4"]
+    assert shown["early_stop"] == {"metric": "val_loss", "mode": "min", "patience": 3}
+    mine = api.get("/v1/teams/a/policy", headers=a)
+    assert mine.status_code == 200 and mine.json() == shown
+    assert api.get("/v1/teams/a/policy", headers=b).status_code == 403
+    assert api.get("/v1/teams/b/policy", headers=ADMIN).json() == {"team": "b", "envs": {}}
+
+
+def test_a_policy_document_is_checked_field_by_field(api, team_headers):
+    team_headers("a")
+    for bad, field in (({"allowed_accelerators": ["A100:8"]}, "allowed_accelerators"),
+                       ({"max_nodes": 0}, "max_nodes"),
+                       ({"max_price_per_hour": -1}, "max_price_per_hour"),
+                       ({"envs": {"SPOTBROKER_ATTEMPT_ID": "1"}}, "envs"),
+                       ({"envs": {"1BAD": "x"}}, "envs"),
+                       ({"checkpoint": {"interval": "sometimes"}}, "checkpoint.interval"),
+                       ({"early_stop": {"mode": "min"}}, "early_stop.metric"),
+                       ({"max_gpu": 8}, "max_gpu")):
+        r = api.put("/v1/teams/a/policy", json=bad, headers=ADMIN)
+        assert r.status_code == 422, (bad, r.text)
+        assert r.json()["errors"][0]["field"].startswith(field), (bad, r.json())
+
+
+def test_each_limit_refuses_a_job_with_a_422_naming_the_rule_and_the_limit(api, team_headers):
+    h = team_headers("ml")
+    set_policy(api, "ml", allowed_accelerators=["T4", "L4"], max_nodes=2, max_gpus_running=4,
+               max_price_per_hour=0.05)
+
+    def refused(spec: dict, field: str) -> str:
+        r = api.post("/v1/jobs", json={"run": "true", **spec}, headers=h)
+        assert r.status_code == 422, r.text
+        error = r.json()["errors"][0]  # (A100:8 also breaks the GPUs at once: that comes after)
+        assert error["field"] == field, error
+        return error["message"]
+
+    assert refused({"resources": {"accelerators": "A100:8"}}, "resources.accelerators") == \
+        "accelerators: A100:8 is not allowed for team ml (allowed_accelerators: T4, L4)"
+    message = refused({"num_nodes": 3}, "num_nodes")
+    assert "3 nodes" in message and "max_nodes" in message and "2 nodes per job" in message
+    message = refused({"resources": {"accelerators": "T4:4"}, "num_nodes": 2}, "resources.accelerators")
+    assert "8 GPUs at once" in message and "max_gpus_running" in message and "limit of 4" in message
+    message = refused({"resources": {"accelerators": "T4:1"}}, "resources")
+    assert message.startswith("max_price_per_hour: the cheapest place that fits costs $") and "$0.05/h" in message
+    # A SkyPilot task file meets the same limits.
+    r = api.post("/v1/jobs", content=b"run: 'true'\nresources:\n  accelerators: A100:8\n",
+                 headers={**h, "Content-Type": "application/yaml"})
+    assert r.status_code == 422 and "not allowed for team ml" in r.json()["errors"][0]["message"]
+    # Within every limit once the price limit is raised.
+    set_policy(api, "ml", allowed_accelerators=["T4", "L4"], max_nodes=2, max_gpus_running=4,
+               max_price_per_hour=5)
+    ok = api.post("/v1/jobs", json={"run": "true", "resources": {"accelerators": "T4:1"}}, headers=h)
+    assert ok.status_code == 201 and ok.json()["warnings"] == []
+
+
+def test_default_envs_reach_the_jobs_process_under_its_own(api, team_headers):
+    h = team_headers("ml")
+    set_policy(api, "ml", envs={"MIXED_PRECISION": "bf16", "WHO": "the team"})
+    r = api.post("/v1/jobs", json={"run": "echo mp=$MIXED_PRECISION who=$WHO", "envs": {"WHO": "the job"}},
+                 headers=h)
+    assert r.status_code == 201 and r.json()["spec"]["envs"] == {"MIXED_PRECISION": "bf16", "WHO": "the job"}
+    job = wait_state(api, h, r.json()["id"], TERMINAL, timeout=60)
+    assert job["state"] == "SUCCEEDED", job
+    assert "mp=bf16 who=the job" in api.get(f"/v1/jobs/{job['id']}/logs", headers=h).text
+    # The same through a SkyPilot task file.
+    r = api.post("/v1/jobs", content=b"run: echo mp=$MIXED_PRECISION\n",
+                 headers={**h, "Content-Type": "application/yaml"})
+    assert r.status_code == 201, r.text
+    job = wait_state(api, h, r.json()["id"], TERMINAL, timeout=60)
+    assert "mp=bf16" in api.get(f"/v1/jobs/{job['id']}/logs", headers=h).text
+
+
+def test_a_lowered_limit_never_stops_what_runs_and_holds_its_next_attempt(api, team_headers):
+    h = team_headers("ml")
+    r = api.post("/v1/jobs", json={"run": "sleep 60", "resources": {"accelerators": "T4:1"}}, headers=h)
+    job = wait_state(api, h, r.json()["id"], {"RUNNING"}, timeout=60)
+    set_policy(api, "ml", allowed_accelerators=["L4"])
+    assert api.get(f"/v1/jobs/{job['id']}", headers=h).json()["state"] == "RUNNING"  # not stopped
+    wait_for(lambda: api.post(f"/v1/jobs/{job['id']}/simulate-preemption", headers=h).status_code == 202,
+             timeout=30, what="the node's metadata simulator")
+    held = wait_state(api, h, job["id"], {"HELD"}, timeout=60)
+    assert held["reason"] == ("held by a limit: accelerators: T4:1 is not allowed for team ml "
+                              "(allowed_accelerators: L4)")
+    assert len(held["attempts"]) == 1
+    set_policy(api, "ml", allowed_accelerators=["L4", "T4"])  # raised again: it resumes
+    wait_state(api, h, job["id"], {"LAUNCHING", "RUNNING"}, timeout=60)
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_the_teams_gpus_at_once_hold_a_launch_and_the_answer_says_so(api, team_headers):
+    h = team_headers("ml")
+    set_policy(api, "ml", max_gpus_running=1)
+    first = api.post("/v1/jobs", json={"run": "sleep 60", "resources": {"accelerators": "T4:1"}}, headers=h).json()
+    wait_state(api, h, first["id"], {"RUNNING"}, timeout=60)
+    r = api.post("/v1/jobs", json={"run": "echo second", "resources": {"accelerators": "T4:1"}}, headers=h)
+    assert r.status_code == 201 and r.json()["state"] == "HELD"
+    reason = "held by a limit: team max 1 GPUs at once, 1 running (it needs 1)"
+    assert r.json()["reason"] == reason
+    assert r.json()["warnings"] == [{"field": "state", "message": f"the job is HELD: {reason}", "line": None}]
+    listed = api.get("/v1/jobs", headers=h).json()["jobs"]
+    assert [j["reason"] for j in listed if j["id"] == r.json()["id"]] == [reason]
+    api.post(f"/v1/jobs/{first['id']}/cancel", headers=h)  # its GPUs free: the held job runs
+    done = wait_state(api, h, r.json()["id"], TERMINAL, timeout=60)
+    assert done["state"] == "SUCCEEDED"
+
+
+def test_a_budget_over_at_submission_answers_held_with_a_warning(api, team_headers, settings):
+    h = team_headers("a")
+    spend_today(settings, "a", 10.0)
+    assert api.put("/v1/teams/a/budget", json={"amount": 5, "period": "day"}, headers=ADMIN).status_code == 200
+    r = api.post("/v1/jobs", json={"name": "next", "run": "echo ran"}, headers=h)
+    assert r.status_code == 201 and r.json()["state"] == "HELD"
+    assert r.json()["reason"].startswith("over budget: $10.00 spent of $5.00 this day")
+    (warning,) = r.json()["warnings"]
+    assert warning["field"] == "state" and warning["message"].startswith("the job is HELD: over budget")
+    yaml = api.post("/v1/jobs", content=b"run: echo ran\n", headers={**h, "Content-Type": "application/yaml"})
+    assert yaml.json()["state"] == "HELD" and yaml.json()["warnings"][-1]["field"] == "state"
+    wait_for(lambda: api.get(f"/v1/jobs/{r.json()['id']}", headers=h).json()["state"] == "HELD", timeout=5)
+
+
+def spend_today(settings, team: str, dollars: float) -> None:
+    """A job of the team that ran one minute ago for a minute, costing `dollars`."""
+    engine = make_engine(settings.sqlalchemy_url)
+    end = datetime.now(UTC) - timedelta(seconds=30)
+    start = end - timedelta(minutes=1)
+    with transaction(make_session_factory(engine)) as s:
+        job = Job(team_id=s.scalar(select(Team.id).where(Team.name == team)), name="spent", state="SUCCEEDED",
+                  spec={"name": "spent", "run": "true"}, restarts=0, recoveries=0, created_at=start, updated_at=end,
+                  ended_at=end)
+        s.add(job)
+        s.flush()
+        s.add(Attempt(job_id=job.id, state="SUCCEEDED", launcher="local", cloud="aws", region="us-east-1",
+                      use_spot=False, num_nodes=1, price_per_hour=dollars * 60, created_at=start, updated_at=end,
+                      started_at=start, ended_at=end, end_reason="succeeded", released=True, accelerator_count=0))
+    engine.dispose()
