@@ -108,9 +108,12 @@ class Client:
         params = {k: v for k, v in {"tail": tail, "attempt": attempt, "node": node}.items() if v is not None}
         return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params).text
 
-    def follow_logs(self, job_id: int, tail: int | None = None, node: int | None = None) -> Iterator[str]:
+    def follow_logs(self, job_id: int, tail: int | None = None, node: int | None = None,
+                    attempt: int | None = None) -> Iterator[str]:
+        """The job's output across its attempts until it ends (with `attempt`:
+        that attempt's, until it ends), as the server streams it."""
         params: dict[str, Any] = {"follow": "true"}
-        params.update({k: v for k, v in {"tail": tail, "node": node}.items() if v is not None})
+        params.update({k: v for k, v in {"tail": tail, "node": node, "attempt": attempt}.items() if v is not None})
         try:
             with self.http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
                 if r.status_code >= 400:

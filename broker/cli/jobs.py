@@ -14,6 +14,7 @@ from spotbroker.broker.cli import launchflags
 from spotbroker.broker.cli.client import ApiError, Client
 from spotbroker.broker.settings import get_settings
 
+_ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
 _STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan",
                 "PREEMPTING": "magenta", "RECOVERING": "magenta", "HELD": "yellow"}
 
@@ -44,9 +45,11 @@ def _where(a: dict[str, Any]) -> str:
 
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the job as JSON (with --wait: the ended job; "
+              "its output goes to stderr)")
+@click.option("-f", "--wait", is_flag=True, help="follow the job's output until it ends; exit 0 only if it succeeded")
 @launchflags.options
-def submit(file: Path, as_json: bool, yes: bool, **launch: Any) -> None:
+def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> None:
     """Submit a job from a JSON spec or a SkyPilot task YAML; '-' reads stdin.
 
     A YAML file is read by the broker with SkyPilot's own schema; its
@@ -95,10 +98,33 @@ def submit(file: Path, as_json: bool, yes: bool, **launch: Any) -> None:
         line = _line_in(data, str(warning.get("field"))) if fmt == "yaml" else None
         click.echo(f"{file}{f':{line}' if line else ''}: warning: {warning.get('field')}: {warning.get('message')}",
                    err=True)
+    if not wait:
+        if as_json:
+            _echo_json(job)
+        else:
+            click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}")
+        return
+    click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}", err=as_json)
+    ended = follow(c, job["id"], err=as_json)
     if as_json:
-        _echo_json(job)
-    else:
-        click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}")
+        _echo_json(ended)
+    sys.exit(0 if ended["state"] == "SUCCEEDED" else 1)
+
+
+def follow(c: Client, job_id: int, tail: int | None = None, node: int | None = None, err: bool = False) -> dict:
+    """Print the job's output across its attempts until it ends (the server
+    says what happens between them); the ended job. A stream that ends
+    before the job (the broker went away) is an error that says so."""
+    try:
+        for chunk in c.follow_logs(job_id, tail, node):
+            click.echo(chunk, nl=False, err=err)
+    except ApiError as exc:
+        raise click.ClickException(str(exc)) from None
+    job = call(c.job, job_id)
+    if job["state"] not in _ENDED:
+        raise click.ClickException(f"the broker ended the stream before job {job_id} ended ({job['state']}): "
+                                   f"spotbroker logs {job_id} -f follows it again")
+    return job
 
 
 def _line_in(data: bytes, field: str) -> int | None:
@@ -250,16 +276,23 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
 
 @click.command()
 @click.argument("job_id", type=int)
-@click.option("-f", "--follow", is_flag=True, help="keep printing until the attempt ends")
-@click.option("--tail", type=int, default=None, help="only the last N lines")
-@click.option("--attempt", type=int, default=None, help="an earlier attempt's log")
+@click.option("-f", "--follow", "follows", is_flag=True,
+              help="keep printing, across attempts, until the job ends; exit 0 only if it succeeded")
+@click.option("--tail", type=int, default=None, help="only the last N lines (following: of the newest attempt)")
+@click.option("--attempt", type=int, default=None, help="an earlier attempt's log (following: until it ends)")
 @click.option("--node", type=click.IntRange(min=0), default=None, help="another node's output (its rank; default 0)")
-def logs(job_id: int, follow: bool, tail: int | None, attempt: int | None, node: int | None) -> None:
-    """Print a job's output (its newest attempt's, node 0's, by default)."""
+def logs(job_id: int, follows: bool, tail: int | None, attempt: int | None, node: int | None) -> None:
+    """Print a job's output (its newest attempt's, node 0's, by default).
+
+    With -f, every attempt's output in order from the first (from the
+    newest's last --tail lines when given), a line at each change (why an
+    attempt ended, where the next runs, why the job waits) until it ends."""
     c = client()
-    if follow:
+    if follows and attempt is None:
+        sys.exit(0 if follow(c, job_id, tail, node)["state"] == "SUCCEEDED" else 1)
+    if follows:
         try:
-            for chunk in c.follow_logs(job_id, tail, node):
+            for chunk in c.follow_logs(job_id, tail, node, attempt):
                 click.echo(chunk, nl=False)
         except ApiError as exc:
             raise click.ClickException(str(exc)) from None
