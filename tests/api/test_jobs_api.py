@@ -134,6 +134,9 @@ def test_follow_streams_the_job_until_it_ends_and_an_attempt_until_it_ends(api, 
     where = f"{attempt['cloud']} {attempt['zone'] or attempt['region']}"
     assert text == (f"\u2014 attempt {attempt['id']} on {where} \u2014\nline 1\nline 2\nline 3\n"
                     f"\u2014 job {job_id} SUCCEEDED \u2014\n")
+    with api.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true", "tail": 1}, headers=h) as r:
+        assert "".join(r.iter_text()) == (f"\u2014 attempt {attempt['id']} on {where} \u2014\nline 3\n"
+                                          f"\u2014 job {job_id} SUCCEEDED \u2014\n")
     # One attempt's output alone, as before: `attempt` names it.
     with api.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true", "attempt": attempt["id"]},
                     headers=h) as r:
