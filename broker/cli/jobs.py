@@ -10,7 +10,7 @@ from typing import Any
 
 import click
 
-from spotbroker.broker.cli import launchflags
+from spotbroker.broker.cli import launchflags, progress
 from spotbroker.broker.cli.client import ApiError, Client
 from spotbroker.broker.settings import get_settings
 
@@ -72,6 +72,7 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
         doc = overrides.apply(doc, flags)
     base = Path.cwd() if str(file) == "-" else file.resolve().parent
     c = client()
+    shown = progress.on_terminal(as_json)
 
     def at(field: str) -> str:
         """Where a field is, for a message about it: FILE:LINE."""
@@ -81,9 +82,10 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
         return f"{file}:{line}" if line else str(file)
 
     try:
-        doc, uploaded = _upload_local(c, doc, base, at)
+        doc, uploaded = _upload_local(c, doc, base, at, shown)
         if fmt == "json":
-            job = c.submit(doc)
+            with progress.waiting("submitting", shown):
+                job = c.submit(doc)
         else:
             if not _says_use_spot(doc.get("resources")):
                 click.echo(f"{file}: no use_spot: runs on on-demand, as in SkyPilot (add `use_spot: true` "
@@ -91,7 +93,8 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
             import yaml
 
             rewritten = uploaded or flags.any()
-            job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if rewritten else data)
+            with progress.waiting("submitting: the broker reads the task file", shown):
+                job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if rewritten else data)
     except ApiError as exc:
         raise click.ClickException(f"{file}: {_located(exc, data if fmt == 'yaml' else None)}") from None
     for warning in job.get("warnings") or []:
@@ -141,13 +144,15 @@ def _says_use_spot(res: Any) -> bool:
 
 
 def _upload_local(c: Client, doc: dict[str, Any], base: Path,
-                  at: Callable[[str], str]) -> tuple[dict[str, Any], bool]:
+                  at: Callable[[str], str], shown: bool = False) -> tuple[dict[str, Any], bool]:
     """The document with its local directories (workdir, file mount sources:
     paths relative to the file, as SkyPilot reads them) uploaded and named
-    by their sha256; and whether anything was. `at(field)`: its FILE:LINE."""
+    by their sha256; and whether anything was. `at(field)`: its FILE:LINE.
+    `shown`: progress bars (on a terminal)."""
     doc, uploaded = dict(doc), False
     if isinstance(doc.get("workdir"), str):
-        doc["workdir"] = {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser(), at("workdir"))}
+        doc["workdir"] = {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser(), at("workdir"),
+                                                   shown=shown)}
         uploaded = True
     mounts = doc.get("file_mounts")
     if isinstance(mounts, dict):
@@ -156,10 +161,10 @@ def _upload_local(c: Client, doc: dict[str, Any], base: Path,
             if isinstance(source, str) and "://" not in source:
                 local, field = base / Path(source).expanduser(), f"file_mounts.{remote}"
                 if local.is_file():  # one file (`~/.ssh/id_rsa: ~/.ssh/sky-key`): placed at the path itself
-                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field, one_file=True),
-                                      "file": True}
+                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field, one_file=True,
+                                                               shown=shown), "file": True}
                 elif local.is_dir():
-                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field)}
+                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field, shown=shown)}
                 else:
                     raise click.ClickException(f"{at(field)}: {field}: {local} does not exist (or is not a file "
                                                "or directory): the broker mounts a directory or a file (uploaded) "
@@ -184,27 +189,30 @@ def _located(exc: ApiError, text: bytes | None) -> str:
     return "\n".join(lines)
 
 
-def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir", one_file: bool = False) -> str:
+def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir", one_file: bool = False,
+                   shown: bool = False) -> str:
     """Pack a workdir (a path relative to the job's file, as SkyPilot reads
-    it) and upload it; its sha256, which the job names. Problems with the
-    directory are the user's to fix: a message naming it, the field (at
-    `where` in the file), no traceback."""
+    it) and upload it, with progress bars when `shown`; its sha256, which
+    the job names. Problems with the directory are the user's to fix: a
+    message naming it, the field (at `where` in the file), no traceback."""
     import tempfile
 
     from spotbroker.broker.jobs.workdir import WorkdirError, pack, pack_file
 
+    what = "file" if one_file else "workdir"
     with tempfile.TemporaryFile() as archive:
         try:
-            packed = (pack_file if one_file else pack)(workdir, archive)
+            with progress.bar(f"packing {what}", None, shown) as packing:
+                packed = (pack_file if one_file else pack)(workdir, archive, packing if shown else None)
         except WorkdirError as exc:  # its message says "workdir {path} ...": a file mount says its own field
             message = str(exc) if field == "workdir" else f"{field}: {str(exc).removeprefix('workdir ')}"
             raise click.ClickException(f"{where}: {message}") from None
         archive.flush()
         archive.seek(0)
-        what = "file" if one_file else "workdir"
         click.echo(f"uploading {what} {workdir}: {packed.files} files, {packed.file_bytes / 1e6:.1f} MB "
                    f"({packed.bytes / 1e6:.1f} MB packed)", err=True)
-        c.upload(archive, packed.sha256)
+        with progress.bar(f"uploading {what}", packed.bytes, shown) as sending:
+            c.upload(archive, packed.sha256, packed.bytes, sending if shown else None)
     return packed.sha256
 
 
