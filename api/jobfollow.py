@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 
 import anyio.to_thread
 
@@ -48,8 +49,9 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
                 yield line(narration.next_on(ended, nxt))
                 unsaid, said, grace = None, None, False
                 offset = first[1] if first and streamed is None else 0
-                async for chunk in followers.stream((nxt.id, rank), offset):
-                    yield chunk
+                async with aclosing(followers.stream((nxt.id, rank), offset)) as chunks:  # closed when we are
+                    async for chunk in chunks:
+                        yield chunk
                 streamed = unsaid = nxt.id
                 continue
             if job.ended:
