@@ -3,6 +3,7 @@ reconciler together. `create_app()` is what `spotbroker serve` runs."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from contextlib import asynccontextmanager
 
@@ -17,6 +18,7 @@ from spotbroker.api.http_metrics import RequestMetrics, process_registry
 from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, storage, teams, uploads
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.jobs import taskyaml
 from spotbroker.broker.jobs.logimport import import_disk_logs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
@@ -67,6 +69,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         worker = threading.Thread(target=reconciler.run_forever, args=(stop,), name="reconciler", daemon=True)
         if run_reconciler:
             worker.start()
+        if settings.preload_skypilot and "sky" not in sys.modules:
+            threading.Thread(target=taskyaml.preload, name="preload-skypilot", daemon=True).start()
         try:
             yield
         finally:

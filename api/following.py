@@ -5,7 +5,9 @@ a database connection while it waits. One ticker serves them all: every
 POLL_S it asks the database, in one query, for the newest row of each
 followed log (however many follow it; whichever replica stored it) and wakes
 that log's followers when it changed; every CHECK_S it asks, in one query,
-which followed attempts have ended. Followers at the same offset share one
+which followed attempts have ended, and which followed jobs changed (their
+state, reason or newest attempt: api/jobfollow.py follows a job across its
+attempts). Followers at the same offset share one
 read of at most logs.PAGE_BYTES. A follower stops when its attempt has
 ended and its log is read to the end, when its client goes (Starlette
 cancels the stream on the disconnect), or when the server shuts down:
@@ -26,12 +28,12 @@ import anyio
 import anyio.to_thread
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.jobs import logs
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
-from spotbroker.broker.store.models import Attempt
+from spotbroker.broker.store.models import Attempt, Job
 
 POLL_S = 0.25          # how often the followed logs' newest rows are looked at
 CHECK_S = 1.0          # how often the database is asked which attempts still run
@@ -77,12 +79,27 @@ class _Log:
         woken.set()
 
 
+class _Job:
+    """One followed job: its (state, reason, newest attempt) at the last look,
+    and the event its followers wait on (replaced at each wake-up)."""
+
+    def __init__(self) -> None:
+        self.mark: tuple[str, str | None, int | None] | None = None
+        self.followers = 0
+        self.changed = asyncio.Event()
+
+    def wake(self) -> None:
+        woken, self.changed = self.changed, asyncio.Event()
+        woken.set()
+
+
 class Followers:
     def __init__(self, factory: sessionmaker[Session], per_team: int,
                  poll_s: float = POLL_S, check_s: float = CHECK_S) -> None:
         self.factory, self.per_team, self.poll_s, self.check_s = factory, per_team, poll_s, check_s
         self._per_team: Counter[int] = Counter()
         self._logs: dict[LogKey, _Log] = {}
+        self._jobs: dict[int, _Job] = {}
         self._closing = False
         self._ticker: asyncio.Task[None] | None = None
         self._reads: anyio.CapacityLimiter | None = None
@@ -114,8 +131,26 @@ class Followers:
     def close(self) -> None:
         """End every stream now (the server is shutting down)."""
         self._closing = True
-        for log in self._logs.values():
-            log.wake()
+        for watched in (*self._logs.values(), *self._jobs.values()):
+            watched.wake()
+
+    @property
+    def closing(self) -> bool:
+        return self._closing
+
+    def watch_job(self, job_id: int) -> _Job:
+        """The job's watch, woken when it changes; `unwatch_job` when done."""
+        job = self._jobs.get(job_id) or self._jobs.setdefault(job_id, _Job())
+        job.followers += 1
+        self._ensure_ticker()
+        return job
+
+    def unwatch_job(self, job_id: int) -> None:
+        job = self._jobs.get(job_id)
+        if job is not None:
+            job.followers -= 1
+            if job.followers <= 0:
+                del self._jobs[job_id]
 
     async def stream(self, key: LogKey, offset: int) -> AsyncIterator[bytes]:
         """The log from `offset` as it grows, until its attempt has ended and
@@ -145,14 +180,15 @@ class Followers:
 
     async def _tick(self) -> None:
         """While anyone follows: wake the followers of each log that grew,
-        and of each attempt that ended."""
+        of each attempt that ended, and of each job that changed."""
         checked = 0.0
-        while self._logs and not self._closing:
-            marks = await run_in_threadpool(self._marks_of, list(self._logs))
-            for key, log in list(self._logs.items()):
-                if marks.get(key) != log.mark:
-                    log.mark = marks.get(key)
-                    log.wake()
+        while (self._logs or self._jobs) and not self._closing:
+            if self._logs:
+                marks = await run_in_threadpool(self._marks_of, list(self._logs))
+                for key, log in list(self._logs.items()):
+                    if marks.get(key) != log.mark:
+                        log.mark = marks.get(key)
+                        log.wake()
             if time.monotonic() - checked >= self.check_s:
                 checked = time.monotonic()
                 live = [log for log in self._logs.values() if not log.ended]
@@ -162,6 +198,12 @@ class Followers:
                         if log.key[0] in ended:
                             log.ended = True
                             log.wake()
+                if self._jobs:
+                    jobs = await run_in_threadpool(self._jobs_of, list(self._jobs))
+                    for job_id, job in list(self._jobs.items()):
+                        if jobs.get(job_id) != job.mark:
+                            job.mark = jobs.get(job_id)
+                            job.wake()
             await asyncio.sleep(self.poll_s)
 
     def _marks_of(self, keys: list[LogKey]) -> dict[LogKey, int]:
@@ -173,6 +215,14 @@ class Followers:
             live = set(session.scalars(select(Attempt.id).where(
                 Attempt.id.in_(ids), Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]))))
         return set(ids) - live
+
+    def _jobs_of(self, ids: list[int]) -> dict[int, tuple[str, str | None, int | None]]:
+        """Each job's state, reason and newest attempt, in one query."""
+        with self.factory() as session:
+            rows = session.execute(select(Job.id, Job.state, Job.reason, func.max(Attempt.id))
+                                   .outerjoin(Attempt, Attempt.job_id == Job.id).where(Job.id.in_(ids))
+                                   .group_by(Job.id, Job.state, Job.reason))
+            return {job_id: (state, reason, newest) for job_id, state, reason, newest in rows}
 
 
 async def pages(factory: sessionmaker[Session], key: LogKey, offset: int, end: int,

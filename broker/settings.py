@@ -113,6 +113,10 @@ class Settings(BaseSettings):
     # each node's own): past it, a marker and a `log_truncated` event. 0: no bound.
     max_log_bytes: int = Field(1 << 30, ge=0)
     max_followers_per_team: int = Field(64, ge=1)  # concurrent `logs?follow=true` a team holds per server process
+    # Import SkyPilot (seconds of CPU, ~100 MB) in the background once the
+    # server has started, so that the first task file is not kept waiting
+    # for it: it made a fresh broker's first `spotbroker submit` take 5-6 s.
+    preload_skypilot: bool = True
     # An ended attempt's agent token still works this long (its last events
     # and logs); then the broker answers 410 Gone and the agent stops.
     agent_token_grace: float = Field(default=600.0, ge=0)

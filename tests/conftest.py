@@ -243,7 +243,8 @@ def settings(db_url: str, data_dir: Path):
 
     return Settings(database_url=db_url, data_dir=data_dir, admin_token=ADMIN_TOKEN,
                     reconcile_interval=0.05, local_kill_grace_seconds=2, local_max_running=8,
-                    local_notice_window=5, secret_key="test-signing-key", _env_file=None)
+                    local_notice_window=5, secret_key="test-signing-key", _env_file=None,
+                    preload_skypilot=False)  # seconds of CPU each: tests/api/test_preload.py checks it
 
 
 @contextmanager

@@ -206,3 +206,28 @@ def team_token(api, name: str, admin_token: str) -> str:
     r = api.post("/v1/teams", json={"name": name}, headers={"Authorization": f"Bearer {admin_token}"})
     assert r.status_code == 201, r.text
     return r.json()["token"]
+
+
+def spend_today(settings, team: str, dollars: float) -> None:
+    """A job of the team that ran one minute ago for a minute, costing `dollars`
+    (in the database of `settings`): what puts a team over a day's budget."""
+    from datetime import UTC, datetime, timedelta
+
+    from sqlalchemy import select
+
+    from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+    from spotbroker.broker.store.models import Attempt, Job, Team
+
+    engine = make_engine(settings.sqlalchemy_url)
+    end = datetime.now(UTC) - timedelta(seconds=30)
+    start = end - timedelta(minutes=1)
+    with transaction(make_session_factory(engine)) as s:
+        job = Job(team_id=s.scalar(select(Team.id).where(Team.name == team)), name="spent", state="SUCCEEDED",
+                  spec={"name": "spent", "run": "true"}, restarts=0, recoveries=0, created_at=start, updated_at=end,
+                  ended_at=end)
+        s.add(job)
+        s.flush()
+        s.add(Attempt(job_id=job.id, state="SUCCEEDED", launcher="local", cloud="aws", region="us-east-1",
+                      use_spot=False, num_nodes=1, price_per_hour=dollars * 60, created_at=start, updated_at=end,
+                      started_at=start, ended_at=end, end_reason="succeeded", released=True, accelerator_count=0))
+    engine.dispose()

@@ -15,6 +15,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, SessionDep
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
 from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers, pages
+from spotbroker.api.jobfollow import follow_job
 from spotbroker.api.schemas import (
     CheckpointList,
     CheckpointOut,
@@ -197,17 +198,23 @@ def job_events(job_id: JobId, session: SessionDep, team: CurrentTeam,
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, responses={
-    **responses(401, 403, 404, 422, 429), 200: {"content": {"text/plain": {}}, "description": "the attempt's output"}})
+    **responses(401, 403, 404, 422, 429), 200: {"content": {"text/plain": {}},
+                                                "description": "the attempt's output (following: the job's)"}})
 async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
                    attempt: Annotated[int | None, Query(ge=1, le=MAX_ID, description="default: the newest attempt")]
                    = None,
                    tail: Annotated[int | None, Query(ge=0, le=1_000_000, description="last N lines; default all")]
                    = None,
                    node: Annotated[int, Query(ge=0, le=MAX_NODES - 1, description="the node's rank; default 0")] = 0,
-                   follow: Annotated[bool, Query(description="keep streaming until the attempt ends")] = False):
+                   follow: Annotated[bool, Query(description="keep streaming until the job ends (with `attempt`: "
+                                                         "until that attempt ends)")] = False):
     """An attempt's output, streamed (a read holds a page of it, never the
-    whole log). Following holds no thread and no database connection, ends
-    when the client goes, and is bounded per team (429)."""
+    whole log). Following without `attempt` follows the job: every
+    attempt's output in order (from the newest's last `tail` lines when
+    given), a line "— ... —" at each change (why an attempt ended, where
+    the next runs, why the job waits), until the job ends, with its final
+    state. Following holds no thread and no database connection, ends when
+    the client goes, and is bounded per team (429)."""
     state = request.app.state
     try:
         start = await run_in_threadpool(jobs.log_start, state.session_factory, team.team_id, job_id, attempt, tail,
@@ -216,19 +223,21 @@ async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
         raise _not_found(job_id) from None
     except jobs.AttemptNotFound as exc:
         raise Problem(404, "Not found", str(exc)) from None
-    if start is None:
-        return PlainTextResponse("")
-    key = (start.attempt_id, start.rank)
     followers: Followers = state.followers
     if not follow:
-        return StreamingResponse(pages(state.session_factory, key, start.offset, start.end, followers.reads),
-                                 media_type="text/plain; charset=utf-8")
+        if start is None:
+            return PlainTextResponse("")
+        return StreamingResponse(pages(state.session_factory, (start.attempt_id, start.rank), start.offset,
+                                       start.end, followers.reads), media_type="text/plain; charset=utf-8")
     try:
         followers.admit(team.team_id)
     except TooManyFollowers:
         raise Problem(429, "Too many requests", f"a team follows at most {followers.per_team} logs at once "
                       "on this server", headers={"Retry-After": "5"}) from None
-    return FollowResponse(followers, team.team_id, followers.stream(key, start.offset))
+    if attempt is not None:
+        return FollowResponse(followers, team.team_id, followers.stream((start.attempt_id, start.rank), start.offset))
+    first = (start.attempt_id, start.offset) if start is not None and tail is not None else None
+    return FollowResponse(followers, team.team_id, follow_job(followers, team.team_id, job_id, node, first))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=_READ)

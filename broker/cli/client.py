@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import httpx
@@ -21,6 +21,14 @@ def unreachable(url: object, exc: Exception, verb: str = "cannot reach") -> ApiE
     """The address comes from SPOTBROKER_URL: say so, or a broker on another
     port looks like a broker that is down."""
     return ApiError(0, f"{verb} the broker at {url} (SPOTBROKER_URL): {exc}")
+
+
+def _parts(archive: BinaryIO, sent: Callable[[int], None], part: int = 1 << 20) -> Iterator[bytes]:
+    total = 0
+    while chunk := archive.read(part):
+        yield chunk
+        total += len(chunk)
+        sent(total)
 
 
 class Client:
@@ -75,10 +83,12 @@ class Client:
                 time.sleep(0.5 * 2**attempt)
         raise AssertionError("unreachable")
 
-    def upload(self, archive: BinaryIO, sha256: str) -> dict[str, Any]:
+    def upload(self, archive: BinaryIO, sha256: str, size: int | None = None,
+               sent: Callable[[int], None] | None = None) -> dict[str, Any]:
         """Send a workdir archive (`PUT /v1/uploads/{sha256}`), unless the team
         has it already; its {"sha256", "bytes"}. A job then names it:
-        `workdir: {"upload": sha256}`."""
+        `workdir: {"upload": sha256}`. With its `size`, `sent(bytes)` is told
+        of each part as it goes."""
         try:
             return self._check(self.http.get(f"/v1/uploads/{sha256}")).json()
         except ApiError as exc:
@@ -86,8 +96,12 @@ class Client:
                 raise
         except httpx.TransportError as exc:
             raise unreachable(self.http.base_url, exc) from None
-        return self._request("PUT", f"/v1/uploads/{sha256}", content=archive,
-                             headers={"Content-Type": "application/gzip"}, timeout=600).json()
+        headers = {"Content-Type": "application/gzip"}
+        content: Any = archive
+        if size is not None and sent is not None:
+            headers["Content-Length"] = str(size)  # declared: the broker checks the quota before the body
+            content = _parts(archive, sent)
+        return self._request("PUT", f"/v1/uploads/{sha256}", content=content, headers=headers, timeout=600).json()
 
     def jobs(self, states: list[str] | None = None, limit: int = 50,
              cursor: str | None = None) -> dict[str, Any]:
@@ -108,9 +122,12 @@ class Client:
         params = {k: v for k, v in {"tail": tail, "attempt": attempt, "node": node}.items() if v is not None}
         return self._request("GET", f"/v1/jobs/{job_id}/logs", params=params).text
 
-    def follow_logs(self, job_id: int, tail: int | None = None, node: int | None = None) -> Iterator[str]:
+    def follow_logs(self, job_id: int, tail: int | None = None, node: int | None = None,
+                    attempt: int | None = None) -> Iterator[str]:
+        """The job's output across its attempts until it ends (with `attempt`:
+        that attempt's, until it ends), as the server streams it."""
         params: dict[str, Any] = {"follow": "true"}
-        params.update({k: v for k, v in {"tail": tail, "node": node}.items() if v is not None})
+        params.update({k: v for k, v in {"tail": tail, "node": node, "attempt": attempt}.items() if v is not None})
         try:
             with self.http.stream("GET", f"/v1/jobs/{job_id}/logs", params=params, timeout=None) as r:
                 if r.status_code >= 400:

@@ -72,7 +72,8 @@ def demo(data_dir: Path | None) -> None:
     # The demo's prices are the bundled snapshot's: it must run the same offline.
     env.update(SPOTBROKER_DATA_DIR=str(data_dir), SPOTBROKER_ADMIN_TOKEN=admin,
                SPOTBROKER_RECONCILE_INTERVAL="0.5", SPOTBROKER_LOCAL_NOTICE_WINDOW=str(NOTICE_WINDOW),
-               SPOTBROKER_PRICES_SOURCES="catalog")
+               SPOTBROKER_PRICES_SOURCES="catalog",
+               SPOTBROKER_PRELOAD_SKYPILOT="false")  # its job is JSON: no task file for SkyPilot to read
     if not TRAIN.exists():
         raise click.ClickException(f"the demo runs {TRAIN}, which is not here: run it from a checkout")
     _step(f"starting the broker on {url} (SQLite and logs in {data_dir})")

@@ -10,10 +10,11 @@ from typing import Any
 
 import click
 
-from spotbroker.broker.cli import launchflags
+from spotbroker.broker.cli import launchflags, progress
 from spotbroker.broker.cli.client import ApiError, Client
 from spotbroker.broker.settings import get_settings
 
+_ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
 _STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan",
                 "PREEMPTING": "magenta", "RECOVERING": "magenta", "HELD": "yellow"}
 
@@ -44,9 +45,11 @@ def _where(a: dict[str, Any]) -> str:
 
 @click.command()
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path, allow_dash=True))
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--json", "as_json", is_flag=True, help="print the job as JSON (with --wait: the ended job; "
+              "its output goes to stderr)")
+@click.option("-f", "--wait", is_flag=True, help="follow the job's output until it ends; exit 0 only if it succeeded")
 @launchflags.options
-def submit(file: Path, as_json: bool, yes: bool, **launch: Any) -> None:
+def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> None:
     """Submit a job from a JSON spec or a SkyPilot task YAML; '-' reads stdin.
 
     A YAML file is read by the broker with SkyPilot's own schema; its
@@ -69,6 +72,7 @@ def submit(file: Path, as_json: bool, yes: bool, **launch: Any) -> None:
         doc = overrides.apply(doc, flags)
     base = Path.cwd() if str(file) == "-" else file.resolve().parent
     c = client()
+    shown = progress.on_terminal(as_json)
 
     def at(field: str) -> str:
         """Where a field is, for a message about it: FILE:LINE."""
@@ -78,9 +82,10 @@ def submit(file: Path, as_json: bool, yes: bool, **launch: Any) -> None:
         return f"{file}:{line}" if line else str(file)
 
     try:
-        doc, uploaded = _upload_local(c, doc, base, at)
+        doc, uploaded = _upload_local(c, doc, base, at, shown)
         if fmt == "json":
-            job = c.submit(doc)
+            with progress.waiting("submitting", shown):
+                job = c.submit(doc)
         else:
             if not _says_use_spot(doc.get("resources")):
                 click.echo(f"{file}: no use_spot: runs on on-demand, as in SkyPilot (add `use_spot: true` "
@@ -88,18 +93,42 @@ def submit(file: Path, as_json: bool, yes: bool, **launch: Any) -> None:
             import yaml
 
             rewritten = uploaded or flags.any()
-            job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if rewritten else data)
+            with progress.waiting("submitting: the broker reads the task file", shown):
+                job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if rewritten else data)
     except ApiError as exc:
         raise click.ClickException(f"{file}: {_located(exc, data if fmt == 'yaml' else None)}") from None
     for warning in job.get("warnings") or []:
         line = _line_in(data, str(warning.get("field"))) if fmt == "yaml" else None
         click.echo(f"{file}{f':{line}' if line else ''}: warning: {warning.get('field')}: {warning.get('message')}",
                    err=True)
+    held = f" ({job['reason']})" if job["state"] == "HELD" and job.get("reason") else ""
+    if not wait:
+        if as_json:
+            _echo_json(job)
+        else:
+            click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}{held}")
+        return
+    click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}{held}", err=as_json)
+    ended = follow(c, job["id"], err=as_json)
     if as_json:
-        _echo_json(job)
-    else:
-        held = f" ({job['reason']})" if job["state"] == "HELD" and job.get("reason") else ""
-        click.echo(f"submitted job {job['id']} ({job['name']}): {job['state']}{held}")
+        _echo_json(ended)
+    sys.exit(0 if ended["state"] == "SUCCEEDED" else 1)
+
+
+def follow(c: Client, job_id: int, tail: int | None = None, node: int | None = None, err: bool = False) -> dict:
+    """Print the job's output across its attempts until it ends (the server
+    says what happens between them); the ended job. A stream that ends
+    before the job (the broker went away) is an error that says so."""
+    try:
+        for chunk in c.follow_logs(job_id, tail, node):
+            click.echo(chunk, nl=False, err=err)
+    except ApiError as exc:
+        raise click.ClickException(str(exc)) from None
+    job = call(c.job, job_id)
+    if job["state"] not in _ENDED:
+        raise click.ClickException(f"the broker ended the stream before job {job_id} ended ({job['state']}): "
+                                   f"spotbroker logs {job_id} -f follows it again")
+    return job
 
 
 def _line_in(data: bytes, field: str) -> int | None:
@@ -116,13 +145,15 @@ def _says_use_spot(res: Any) -> bool:
 
 
 def _upload_local(c: Client, doc: dict[str, Any], base: Path,
-                  at: Callable[[str], str]) -> tuple[dict[str, Any], bool]:
+                  at: Callable[[str], str], shown: bool = False) -> tuple[dict[str, Any], bool]:
     """The document with its local directories (workdir, file mount sources:
     paths relative to the file, as SkyPilot reads them) uploaded and named
-    by their sha256; and whether anything was. `at(field)`: its FILE:LINE."""
+    by their sha256; and whether anything was. `at(field)`: its FILE:LINE.
+    `shown`: progress bars (on a terminal)."""
     doc, uploaded = dict(doc), False
     if isinstance(doc.get("workdir"), str):
-        doc["workdir"] = {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser(), at("workdir"))}
+        doc["workdir"] = {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser(), at("workdir"),
+                                                   shown=shown)}
         uploaded = True
     mounts = doc.get("file_mounts")
     if isinstance(mounts, dict):
@@ -131,10 +162,10 @@ def _upload_local(c: Client, doc: dict[str, Any], base: Path,
             if isinstance(source, str) and "://" not in source:
                 local, field = base / Path(source).expanduser(), f"file_mounts.{remote}"
                 if local.is_file():  # one file (`~/.ssh/id_rsa: ~/.ssh/sky-key`): placed at the path itself
-                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field, one_file=True),
-                                      "file": True}
+                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field, one_file=True,
+                                                               shown=shown), "file": True}
                 elif local.is_dir():
-                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field)}
+                    mounts[remote] = {"upload": upload_workdir(c, local, at(field), field, shown=shown)}
                 else:
                     raise click.ClickException(f"{at(field)}: {field}: {local} does not exist (or is not a file "
                                                "or directory): the broker mounts a directory or a file (uploaded) "
@@ -159,27 +190,30 @@ def _located(exc: ApiError, text: bytes | None) -> str:
     return "\n".join(lines)
 
 
-def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir", one_file: bool = False) -> str:
+def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir", one_file: bool = False,
+                   shown: bool = False) -> str:
     """Pack a workdir (a path relative to the job's file, as SkyPilot reads
-    it) and upload it; its sha256, which the job names. Problems with the
-    directory are the user's to fix: a message naming it, the field (at
-    `where` in the file), no traceback."""
+    it) and upload it, with progress bars when `shown`; its sha256, which
+    the job names. Problems with the directory are the user's to fix: a
+    message naming it, the field (at `where` in the file), no traceback."""
     import tempfile
 
     from spotbroker.broker.jobs.workdir import WorkdirError, pack, pack_file
 
+    what = "file" if one_file else "workdir"
     with tempfile.TemporaryFile() as archive:
         try:
-            packed = (pack_file if one_file else pack)(workdir, archive)
+            with progress.bar(f"packing {what}", None, shown) as packing:
+                packed = (pack_file if one_file else pack)(workdir, archive, packing if shown else None)
         except WorkdirError as exc:  # its message says "workdir {path} ...": a file mount says its own field
             message = str(exc) if field == "workdir" else f"{field}: {str(exc).removeprefix('workdir ')}"
             raise click.ClickException(f"{where}: {message}") from None
         archive.flush()
         archive.seek(0)
-        what = "file" if one_file else "workdir"
         click.echo(f"uploading {what} {workdir}: {packed.files} files, {packed.file_bytes / 1e6:.1f} MB "
                    f"({packed.bytes / 1e6:.1f} MB packed)", err=True)
-        c.upload(archive, packed.sha256)
+        with progress.bar(f"uploading {what}", packed.bytes, shown) as sending:
+            c.upload(archive, packed.sha256, packed.bytes, sending if shown else None)
     return packed.sha256
 
 
@@ -264,16 +298,23 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
 
 @click.command()
 @click.argument("job_id", type=int)
-@click.option("-f", "--follow", is_flag=True, help="keep printing until the attempt ends")
-@click.option("--tail", type=int, default=None, help="only the last N lines")
-@click.option("--attempt", type=int, default=None, help="an earlier attempt's log")
+@click.option("-f", "--follow", "follows", is_flag=True,
+              help="keep printing, across attempts, until the job ends; exit 0 only if it succeeded")
+@click.option("--tail", type=int, default=None, help="only the last N lines (following: of the newest attempt)")
+@click.option("--attempt", type=int, default=None, help="an earlier attempt's log (following: until it ends)")
 @click.option("--node", type=click.IntRange(min=0), default=None, help="another node's output (its rank; default 0)")
-def logs(job_id: int, follow: bool, tail: int | None, attempt: int | None, node: int | None) -> None:
-    """Print a job's output (its newest attempt's, node 0's, by default)."""
+def logs(job_id: int, follows: bool, tail: int | None, attempt: int | None, node: int | None) -> None:
+    """Print a job's output (its newest attempt's, node 0's, by default).
+
+    With -f, every attempt's output in order from the first (from the
+    newest's last --tail lines when given), a line at each change (why an
+    attempt ended, where the next runs, why the job waits) until it ends."""
     c = client()
-    if follow:
+    if follows and attempt is None:
+        sys.exit(0 if follow(c, job_id, tail, node)["state"] == "SUCCEEDED" else 1)
+    if follows:
         try:
-            for chunk in c.follow_logs(job_id, tail, node):
+            for chunk in c.follow_logs(job_id, tail, node, attempt):
                 click.echo(chunk, nl=False)
         except ApiError as exc:
             raise click.ClickException(str(exc)) from None

@@ -15,8 +15,10 @@ broker gives it a home in the team's storage (broker/jobs/mounts.py). SkyPilot's
 meaning is kept: a file without `use_spot` asks for on-demand.
 
 Parsing needs no credentials and no network (see
-`broker.launch.skypilot.catalogs`). `import sky` takes seconds: it happens
-on the first task file a process reads, never at start-up.
+`broker.launch.skypilot.catalogs`). `import sky` takes seconds: never at
+start-up, but in the background just after it (`preload`), so that the
+first task file does not wait for it (a request that comes first waits on
+Python's import lock for the import under way, never imports twice).
 """
 from __future__ import annotations
 
@@ -174,6 +176,21 @@ def _take_uploads(doc: dict[str, Any]) -> dict[str, Any]:
     if errors:
         raise TaskFileError(errors)
     return uploads
+
+
+def preload() -> None:
+    """What the first task file needs, loaded ahead of it (SPOTBROKER_PRELOAD_SKYPILOT).
+    A failure here is the first task file's to report, in its own words."""
+    import importlib
+    import logging
+
+    try:
+        importlib.import_module("sky")
+        from spotbroker.broker.launch.skypilot import catalogs
+
+        catalogs.ensure()
+    except Exception as exc:  # e.g. a catalog directory not writable: said again, to the user, on first use
+        logging.getLogger("spotbroker").warning("preloading SkyPilot for task files failed: %s", exc)
 
 
 def _skypilot(doc: dict[str, Any], ours: dict[str, Any]):

@@ -25,8 +25,12 @@ import re
 import stat
 import tarfile
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+# (bytes of the files read so far, of all of them): packing's progress, for a bar
+Progress = Callable[[int, int], None]
 
 from spotbroker.agent.code import MAX_FILES_BYTES
 
@@ -206,20 +210,22 @@ def _link_inside(root: Path, real_root: str, path: Path, rel: str) -> str:
     return os.path.relpath(target, os.path.dirname(os.path.join(real_root, rel)))
 
 
-def pack(root: Path, out: BinaryIO) -> Packed:
-    """Write the workdir's archive to `out`; its sha256, size and contents."""
+def pack(root: Path, out: BinaryIO, progress: Progress | None = None) -> Packed:
+    """Write the workdir's archive to `out`; its sha256, size and contents.
+    `progress(read, total)` is told of the files' bytes as they are read."""
     root = Path(os.path.abspath(os.path.expanduser(root)))
     entries = collect(root)
     hashing = _HashingWriter(out)
+    counted = _Counted(sum(e.size for e in entries), progress)
     with gzip.GzipFile(fileobj=hashing, mode="wb", mtime=0, compresslevel=6) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for entry in entries:
-            tar_add(tar, root, entry)
+            tar_add(tar, root, entry, counted)
     files = [e for e in entries if e.kind == "file"]
     return Packed(hashing.digest.hexdigest(), hashing.size, len(files), sum(e.size for e in files))
 
 
-def pack_file(path: Path, out: BinaryIO) -> Packed:
+def pack_file(path: Path, out: BinaryIO, progress: Progress | None = None) -> Packed:
     """A single-file mount's archive: the file alone, under its own name
     (the node places it at the mount's path: agent/mounts.py)."""
     path = Path(os.path.abspath(os.path.expanduser(path)))
@@ -234,11 +240,11 @@ def pack_file(path: Path, out: BinaryIO) -> Packed:
     hashing = _HashingWriter(out)
     with gzip.GzipFile(fileobj=hashing, mode="wb", mtime=0, compresslevel=6) as gz, \
             tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        tar_add(tar, path.parent, _Entry(path.name, "file", size=st.st_size))
+        tar_add(tar, path.parent, _Entry(path.name, "file", size=st.st_size), _Counted(st.st_size, progress))
     return Packed(hashing.digest.hexdigest(), hashing.size, 1, st.st_size)
 
 
-def tar_add(tar: tarfile.TarFile, root: Path, entry: _Entry) -> None:
+def tar_add(tar: tarfile.TarFile, root: Path, entry: _Entry, counted: _Counted | None = None) -> None:
     path = root / entry.rel
     info = tarfile.TarInfo(entry.rel)
     info.uid = info.gid = 0
@@ -256,9 +262,30 @@ def tar_add(tar: tarfile.TarFile, root: Path, entry: _Entry) -> None:
     try:
         with open(path, "rb") as f:
             info.size = os.fstat(f.fileno()).st_size
-            tar.addfile(info, f)
+            tar.addfile(info, counted.reading(f) if counted and counted.progress else f)
     except OSError as exc:
         raise WorkdirError(f"workdir {root}: cannot read {entry.rel}: {exc.strerror}") from None
+
+
+class _Counted:
+    """The files' bytes read so far, told to `progress` as each read returns."""
+
+    def __init__(self, total: int, progress: Progress | None) -> None:
+        self.total, self.progress, self.read = total, progress, 0
+
+    def reading(self, f: BinaryIO) -> _CountingReader:
+        return _CountingReader(f, self)
+
+
+class _CountingReader:
+    def __init__(self, f: BinaryIO, counted: _Counted) -> None:
+        self.f, self.counted = f, counted
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.f.read(size)
+        self.counted.read += len(data)
+        self.counted.progress(self.counted.read, self.counted.total)
+        return data
 
 
 class _HashingWriter:

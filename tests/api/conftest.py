@@ -45,7 +45,7 @@ def _serve_process(db_url: str, data_dir: Path, admin_token: str, log_level: str
                "SPOTBROKER_ADMIN_TOKEN": admin_token, "SPOTBROKER_PORT": str(port),
                "SPOTBROKER_SECRET_KEY": "test-signing-key", "SPOTBROKER_RECONCILE_INTERVAL": "0.1",
                "SPOTBROKER_LOCAL_KILL_GRACE_SECONDS": "2", "SPOTBROKER_LOCAL_MAX_RUNNING": "8",
-               "PYTHONUNBUFFERED": "1", **env}
+               "PYTHONUNBUFFERED": "1", "SPOTBROKER_PRELOAD_SKYPILOT": "false", **env}
     with log.open("wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--log-level", log_level],
                                 stdout=out, stderr=subprocess.STDOUT, env=environ)

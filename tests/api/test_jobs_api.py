@@ -122,14 +122,25 @@ def test_cancel_stops_the_process(api, team_headers, settings):
     assert api.post(f"/v1/jobs/{job_id}/cancel", headers=h).json()["state"] == "CANCELLED"  # idempotent
 
 
-def test_follow_streams_until_the_attempt_ends(api, team_headers):
+def test_follow_streams_the_job_until_it_ends_and_an_attempt_until_it_ends(api, team_headers):
     h = team_headers()
     job_id = api.post("/v1/jobs", json={"run": "for i in 1 2 3; do echo line $i; sleep 0.2; done"},
                       headers=h).json()["id"]
     wait_for(lambda: api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"], what="an attempt")
     with api.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=h) as r:
         text = "".join(r.iter_text())
-    assert text == "line 1\nline 2\nline 3\n"
+    job = api.get(f"/v1/jobs/{job_id}", headers=h).json()
+    attempt = job["attempts"][0]
+    where = f"{attempt['cloud']} {attempt['zone'] or attempt['region']}"
+    assert text == (f"\u2014 attempt {attempt['id']} on {where} \u2014\nline 1\nline 2\nline 3\n"
+                    f"\u2014 job {job_id} SUCCEEDED \u2014\n")
+    with api.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true", "tail": 1}, headers=h) as r:
+        assert "".join(r.iter_text()) == (f"\u2014 attempt {attempt['id']} on {where} \u2014\nline 3\n"
+                                          f"\u2014 job {job_id} SUCCEEDED \u2014\n")
+    # One attempt's output alone, as before: `attempt` names it.
+    with api.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true", "attempt": attempt["id"]},
+                    headers=h) as r:
+        assert "".join(r.iter_text()) == "line 1\nline 2\nline 3\n"
     assert api.get(f"/v1/jobs/{job_id}/logs", params={"tail": 1}, headers=h).text == "line 3\n"
 
 

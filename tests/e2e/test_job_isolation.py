@@ -303,7 +303,7 @@ def test_a_job_that_prints_without_end_keeps_a_bounded_log(api, team_headers, se
     assert marker in out and len(out.encode()) <= limit + 200 and out.startswith("000000000 ")
     assert out.rstrip().endswith("the rest was not stored]")
     followed = api.get(f"/v1/jobs/{job['id']}/logs", params={"follow": "true"}, headers=h)
-    assert followed.status_code == 200 and followed.text == out
+    assert followed.status_code == 200 and followed.text.endswith(out + f"\u2014 job {job['id']} SUCCEEDED \u2014\n")
     events = [e for e in api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
               if e["type"] == "log_truncated"]
     assert len(events) == 1 and events[0]["data"]["bytes"] == limit

@@ -1,0 +1,77 @@
+"""Following a job across its attempts (`GET /v1/jobs/{id}/logs?follow=true`
+without `attempt`): each attempt's output in order, a line of the job's
+story (broker/jobs/narration.py) at each change, and the stream ends when
+the job does, with its final state.
+
+It waits as attempt followers do (api/following.py): on the event loop, on
+the one ticker that asks the database, for all followers at once, which
+jobs changed; it reads the job only when woken, in a short session of its
+own, so that any replica can serve it and none holds a connection.
+"""
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+
+import anyio.to_thread
+
+from spotbroker.api.following import Followers
+from spotbroker.broker.jobs import narration
+from spotbroker.broker.jobs.narration import JobView, line
+
+# After an attempt ends, how long to wait for the next one before saying
+# why the job waits: a preemption and where the run resumes make one line.
+GRACE_S = 5.0
+
+
+async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
+                     first: tuple[int, int] | None) -> AsyncIterator[bytes]:
+    """The job's output from `first` (attempt id, offset; None: the first
+    attempt's start) to its end. Another team's job reads as gone (the
+    route checked it before the stream began)."""
+    def read() -> JobView:
+        with followers.factory() as session:
+            return narration.view(session, team_id, job_id)
+
+    watch = followers.watch_job(job_id)
+    try:
+        streamed: int | None = None   # the attempt whose output was sent last
+        unsaid: int | None = None     # an attempt that ended, not yet said why
+        said: tuple[str, str | None] | None = None
+        grace = False
+        while not followers.closing:
+            changed = watch.changed  # before the read: a change after it wakes us
+            job = await anyio.to_thread.run_sync(read, limiter=followers.reads)
+            ended = job.attempt(unsaid) if unsaid is not None else None
+            nxt = job.attempt(first[0]) if first and streamed is None else job.after(streamed)
+            if nxt is not None:
+                yield line(narration.next_on(ended, nxt))
+                unsaid, said, grace = None, None, False
+                offset = first[1] if first and streamed is None else 0
+                async with aclosing(followers.stream((nxt.id, rank), offset)) as chunks:  # closed when we are
+                    async for chunk in chunks:
+                        yield chunk
+                streamed = unsaid = nxt.id
+                continue
+            if job.ended:
+                yield line(narration.final(job))
+                return
+            if ended is not None and not grace:  # the next attempt may be a moment away
+                grace = True
+                await _wait(changed, GRACE_S)
+                continue
+            if (job.state, job.reason) != said or ended is not None:
+                prefix = f"attempt {ended.id} {narration.ended(ended)}; " if ended is not None else ""
+                yield line(prefix + narration.waiting(job))
+                unsaid, said = None, (job.state, job.reason)
+            await changed.wait()
+    finally:
+        followers.unwatch_job(job_id)
+
+
+async def _wait(event: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), seconds)
+    except TimeoutError:
+        pass
