@@ -59,6 +59,7 @@ from spotbroker.broker.placement.placer import NO_CLOUD, Placer, enabled_clouds
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.recovery import attempts as recovery
+from spotbroker.broker.recovery import preflight
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
@@ -284,11 +285,15 @@ class Reconciler:
             placements, why = self.launching.bounded(choice.placements), choice.reason
         else:
             placements, why = (LOCAL_PLACEMENT,), host_reason(spec)
+        if (flight := preflight.wanted(job, spec)):  # its trial run first, where a CPU job would run
+            if (planned := preflight.plan(self.placer, self.launching, session, job, spec, placements[0])) is None:
+                return None, ()  # (failed: no place can run its pre-flight)
+            spec, placements, why = planned
         launcher = self.launching.launcher_for(placements[0])
         if launcher == "local" and self.launching.local_nodes_free(session) < spec.num_nodes:
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
             return None, ()
-        return self.launching.new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
+        return self.launching.new_attempt(session, job, spec, placements[0], launcher, why, flight), placements[1:]
 
     def _hold_reason(self, job: Job, spec: JobSpec) -> str | None:
         """Why the job cannot be launched by this broker now, if it cannot."""
@@ -353,6 +358,8 @@ class Reconciler:
         ask the policy again; LAUNCHING: look again until it runs) or a move
         waits for its flush (PREEMPTING)."""
         job.next_check_at = None
+        if preflight.watch(session, job, self.clock):
+            return
         if state == J.RUNNING:
             self._reconsider(session, job)
         elif recovery.is_move(job):
