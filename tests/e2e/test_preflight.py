@@ -7,7 +7,10 @@ starts from step 0. Each fails with `preflight` off: the GPU attempt would
 be launched."""
 from __future__ import annotations
 
+import os
 import shlex
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -70,12 +73,22 @@ def failed_preflight(api, h, job_id: int) -> tuple[dict, dict]:
     return job, failed
 
 
-def test_a_shape_error_fails_the_preflight_before_any_gpu_launch(api, team_headers, job_scratch):
+def test_a_shape_error_fails_the_preflight_before_any_gpu_launch(api, team_headers, job_scratch, settings, tmp_path):
     h = team_headers()
     job_id = submit(api, h, job_scratch, "python small.py --shape-error")
     _, failed = failed_preflight(api, h, job_id)
     assert "mat1 and mat2 shapes cannot be multiplied" in failed["tail"], failed
     assert failed["why"] == "exit code 1"
+    # `spotbroker job ID` says it too: the error's last lines, and what the GPU launch would have cost
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_") and k not in ("COLUMNS",)},
+           "HOME": str(tmp_path), "SPOTBROKER_URL": f"http://127.0.0.1:{settings.port}",
+           "SPOTBROKER_TOKEN": h["Authorization"].split()[1]}
+    shown = subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "job", str(job_id)], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    out = " ".join(shown.stdout.split())
+    assert "pre-flight: failed (exit code 1)" in out and "mat1 and mat2 shapes cannot be multiplied" in out, out
+    assert "the GPU launch (p3.2xlarge" in out and "would have cost $" in out, out
 
 
 def test_an_unloadable_checkpoint_fails_the_preflight(api, team_headers, job_scratch):
