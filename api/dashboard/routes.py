@@ -22,7 +22,7 @@ from jinja2 import Environment, FileSystemLoader
 from spotbroker.api.dashboard import charts, session
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
-from spotbroker.broker.money import dashboard, service
+from spotbroker.broker.money import dashboard, preflights, service
 
 HERE = Path(__file__).parent
 CSP = ("default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'self'; "
@@ -148,9 +148,11 @@ def team(request: Request, name: str, days: Days = 30) -> Response:
         with request.app.state.session_factory() as s:
             data = dashboard.team_page(s, name, since, now, with_teams=principal.is_admin,
                                        settings=session.money_settings(request))
+            flights = preflights.team_preflights(s, name, since)
     except service.TeamNotFound:
         return page("error.html", 404, title="Not found", detail=f"no team {name!r}", admin=principal.is_admin)
-    return page("team.html", p=data, now=now, days=days, admin=principal.is_admin, **_charts(data, now))
+    return page("team.html", p=data, now=now, days=days, admin=principal.is_admin, preflights=flights,
+                **_charts(data, now))
 
 
 def _charts(data: dashboard.TeamPage, now) -> dict:

@@ -89,6 +89,13 @@ def test_a_shape_error_fails_the_preflight_before_any_gpu_launch(api, team_heade
     out = " ".join(shown.stdout.split())
     assert "pre-flight: failed (exit code 1)" in out and "mat1 and mat2 shapes cannot be multiplied" in out, out
     assert "the GPU launch (p3.2xlarge" in out and "would have cost $" in out, out
+    # and the team's dashboard page: the pre-flight, what it cost, what the GPU launch would have
+    page = api.get("/dashboard/teams/ml", headers=h)
+    assert page.status_code == 200, page.text[:300]
+    row = page.text[page.text.index(f'data-preflight="{job_id}"'):].split("</tr>")[0]
+    pf = api.get(f"/v1/jobs/{job_id}", headers=h).json()["preflight"]
+    assert "failed: exit code 1" in row and "p3.2xlarge x 1" in row and f"${pf['gpu_would_have_cost']:.4f}" in row
+    assert "0 passed and 1 failed before any GPU was rented" in page.text
 
 
 def test_an_unloadable_checkpoint_fails_the_preflight(api, team_headers, job_scratch):
