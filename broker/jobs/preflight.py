@@ -80,14 +80,18 @@ def trainer_env(preflight: Preflight) -> dict[str, str]:
 def trial(spec: Any) -> Any:
     """The job spec the pre-flight is placed and launched with: the job's own
     (its code, envs, secrets, mounts, setup) with the pre-flight's run, one
-    node, no deadline, and a CPU (the job's cloud, if it names one alone),
-    or the pre-flight's accelerators."""
+    node, no deadline, and a CPU of SkyPilot's default shape, or the
+    pre-flight's accelerators; kept to the job's `infra` where every
+    resource set names the same (else to its cloud, where they share one)."""
     from spotbroker.broker.jobs.spec import Infra, Resources
 
     pf: Preflight = spec.preflight
     want: dict[str, Any] = {"accelerators": pf.accelerators} if pf.accelerators else {}
-    clouds = {Infra(a.infra).cloud if a.infra else None for a in spec.resources.alternatives()}
-    if len(clouds) == 1 and (cloud := clouds.pop()) is not None:
-        want["infra"] = cloud  # (a job kept to one cloud, or to the broker's host, tries out there)
+    infras = {a.infra for a in spec.resources.alternatives()}
+    clouds = {Infra(i).cloud if i else None for i in infras}
+    if len(infras) == 1 and (infra := infras.pop()) is not None:
+        want["infra"] = infra  # (a job kept to a region, or to the broker's host, tries out there)
+    elif len(clouds) == 1 and (cloud := clouds.pop()) is not None:
+        want["infra"] = cloud
     return spec.model_copy(update={"run": pf.run or spec.run, "num_nodes": 1, "resources": Resources(**want),
                                    "deadline": None, "estimated_hours": None, "max_restarts": 0})
