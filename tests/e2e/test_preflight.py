@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import timeline, wait_state
+from helpers import timeline, wait_for, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
@@ -127,3 +127,16 @@ def test_a_passing_preflight_is_followed_by_the_gpu_attempt(api, team_headers, j
     assert passed["attempt_id"] == trial["id"] and passed["data"]["seconds"] > 0 and "cost" in passed["data"]
     assert job["preflight"]["status"] == "passed" and job["preflight"]["num_nodes"] == 2
     assert not any(e["type"] == "checkpoint_committed" and e["attempt_id"] == trial["id"] for e in events)
+
+
+def test_a_preflight_past_its_timeout_fails_the_job_and_is_stopped(api, team_headers, job_scratch, settings):
+    h = team_headers()
+    job_id = submit(api, h, job_scratch, "echo started && sleep 600", preflight={"timeout": 10})
+    job = wait_state(api, h, job_id, {"FAILED", "SUCCEEDED", "CANCELLED"}, timeout=90)
+    assert job["state"] == "FAILED" and "timed out after 10 s" in job["reason"], timeline(api, h, job_id)
+    (attempt,) = job["attempts"]
+    assert attempt["preflight"] and attempt["state"] == "FAILED"
+    assert job["preflight"]["status"] == "failed" and "started" in job["preflight"]["tail"]
+    # the release phase stops what it ran: the node records an exit
+    exit_file = Path(settings.data_dir) / "runs" / str(attempt["id"]) / "exit-0"
+    wait_for(exit_file.exists, timeout=60, what="the pre-flight's node to be stopped")
