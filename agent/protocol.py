@@ -34,6 +34,9 @@ ENV_CHECKPOINT_URI = "CHECKPOINT_URI"        # {root}/{team}/{job}/{attempt}: th
 ENV_CHECKPOINT_ROOT = "SPOTBROKER_CHECKPOINT_JOB_URI"  # {root}/{team}/{job}: all attempts of the job
 ENV_RESUME_FROM = "RESUME_FROM"              # a committed checkpoint's URI, or empty
 ENV_CONTROL_DIR = "SPOTBROKER_CONTROL_DIR"   # trainer <-> agent files, private to the attempt; always absolute
+# A pre-flight attempt (broker/jobs/preflight.py): the library stops the trainer after this many steps.
+ENV_PREFLIGHT = "SPOTBROKER_PREFLIGHT"       # "1" on a pre-flight
+ENV_PREFLIGHT_STEPS = "SPOTBROKER_PREFLIGHT_STEPS"
 
 # --- The attempt's own storage credentials, scoped to its job (the broker mints
 # them: broker/launch/storage_credentials.py). They are spotbroker's alone: never
@@ -59,7 +62,7 @@ PER_ATTEMPT_ENV = frozenset({
     ENV_METADATA_URL,
     ENV_CHECKPOINT_URI, ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
     "SPOTBROKER_INSTANCE_TYPE", "SPOTBROKER_CODE_URI", "SPOTBROKER_CODE_SHA256",
-    ENV_STORAGE_CREDENTIALS, ENV_STORAGE_CREDENTIALS_FILE})
+    ENV_STORAGE_CREDENTIALS, ENV_STORAGE_CREDENTIALS_FILE, ENV_PREFLIGHT, ENV_PREFLIGHT_STEPS})
 
 # --- Trainer <-> agent, through files in the control directory.
 # Each process of the library announces itself at start in its own

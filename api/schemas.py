@@ -10,6 +10,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from spotbroker.broker.jobs.policy import Policy
 from spotbroker.broker.jobs.spec import SpecShapeError, check_shape, labels_of, public
 from spotbroker.broker.money import costs
+from spotbroker.broker.recovery import preflight
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 
@@ -45,6 +46,7 @@ class AttemptOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
+    preflight: bool = Field(default=False, description="the job's trial run before any GPU was rented")
 
     @classmethod
     def of(cls, a: Attempt, cost: float) -> AttemptOut:
@@ -53,7 +55,7 @@ class AttemptOut(BaseModel):
                    accelerator_count=a.accelerator_count, use_spot=a.use_spot, num_nodes=a.num_nodes,
                    price_per_hour=a.price_per_hour, cost=round(cost, 6),
                    exit_code=a.exit_code, created_at=a.created_at, started_at=a.started_at,
-                   ended_at=a.ended_at)
+                   ended_at=a.ended_at, preflight=a.preflight)
 
 
 class JobOut(BaseModel):
@@ -72,6 +74,10 @@ class JobOut(BaseModel):
     updated_at: datetime
     ended_at: datetime | None
     attempts: list[AttemptOut]
+    preflight: dict[str, Any] | None = Field(default=None, description=(
+        "its pre-flight: status (running, passed, failed), seconds, cost, and the GPU place it stood in for "
+        "(gpu_place, gpu_price_per_hour, num_nodes) with gpu_would_have_cost; when failed, why and the "
+        "output's last lines (tail)"))
 
     @classmethod
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
@@ -80,7 +86,8 @@ class JobOut(BaseModel):
         return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team,
                    labels=labels_of(job.spec), spec=public(job.spec), restarts=job.restarts, recoveries=job.recoveries,
                    cost=round(sum(money.values()), 6), created_at=job.created_at,
-                   updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
+                   updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts,
+                   preflight=preflight.of_job(job))
 
 
 class SubmitWarning(BaseModel):

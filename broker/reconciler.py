@@ -59,6 +59,7 @@ from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.recovery import attempts as recovery
+from spotbroker.broker.recovery import preflight
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
@@ -286,12 +287,16 @@ class Reconciler:
             placements, why = self.launching.bounded(within), choice.reason
         else:
             placements, why = (LOCAL_PLACEMENT,), host_reason(spec)
+        if (flight := preflight.wanted(job, spec)):  # its trial run first, where a CPU job would run
+            if (planned := preflight.plan(self.placer, self.launching, session, job, spec, placements[0])) is None:
+                return None, ()  # (failed: no place can run its pre-flight)
+            spec, placements, why = planned
         launcher = self.launching.launcher_for(placements[0])
         if launcher == "local" and self.launching.local_nodes_free(session) < spec.num_nodes:
             job.next_check_at = now + timedelta(seconds=self.settings.reconcile_interval)
             job.reason = reasons.slot_wait(reasons.slots_ahead(session, job.id, now), self.settings.local_max_running)
             return None, ()
-        return self.launching.new_attempt(session, job, spec, placements[0], launcher, why), placements[1:]
+        return self.launching.new_attempt(session, job, spec, placements[0], launcher, why, flight), placements[1:]
 
     def _why_held(self, session: Session, job: Job, spec: JobSpec) -> str | None:
         """What holds the job before its next attempt, if anything does."""
@@ -346,6 +351,8 @@ class Reconciler:
         ask the policy again; LAUNCHING: look again until it runs) or a move
         waits for its flush (PREEMPTING)."""
         job.next_check_at = None
+        if preflight.watch(session, job, self.clock):
+            return
         if state == J.RUNNING:
             self._reconsider(session, job)
         elif recovery.is_move(job):

@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     ckpt = Checkpointer(model, optimizer, scheduler, uri=args.checkpoint_uri,
                         every_steps=args.every_steps, every_seconds=args.every_seconds,
                         keep_last=args.keep_last, half=args.half)
+    device = ckpt.device  # cuda where there is one, else cpu (a pre-flight's)
+    model.to(device)  # (the targets' teacher stays on the CPU: the batches are drawn there)
     start = ckpt.restore()
     print(f"start_step={start}", flush=True)
 
@@ -88,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     for step in range(start, args.steps):
         began = time.monotonic()
         model.train()
-        x, y = batch(args.seed, step, args.batch, teacher)
+        x, y = (t.to(device) for t in batch(args.seed, step, args.batch, teacher))
         loss = loss_fn(model(x), y)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -104,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     # The score: a fixed held-out batch, with dropout off.
     model.eval()
-    x, y = batch(args.seed, 2**40, 1024, teacher)  # an index no step uses
+    x, y = (t.to(device) for t in batch(args.seed, 2**40, 1024, teacher))  # an index no step uses
     with torch.no_grad():
         final = loss_fn(model(x), y).item()
     print(f"last_train_loss={loss.item():.6f}", flush=True)

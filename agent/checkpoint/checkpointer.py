@@ -86,6 +86,7 @@ from spotbroker.agent.checkpoint.distributed import RankedSaves
 from spotbroker.agent.checkpoint.format import FORMAT, CheckpointInfo, CheckpointInvalid, load_checkpoint
 from spotbroker.agent.checkpoint.listing import list_checkpoints
 from spotbroker.agent.checkpoint.options import CheckpointOptions
+from spotbroker.agent.checkpoint.preflight import Preflight, device
 from spotbroker.agent.checkpoint.ranks import Agreement, Ranks
 from spotbroker.agent.checkpoint.state import rng_state, set_rng_state
 from spotbroker.agent.checkpoint.storage import Storage
@@ -144,6 +145,10 @@ class Checkpointer:
         self.control_dir = control_dir_from(options.control_dir)
         self.ranks = Ranks.from_env()
         self.sharded = options.sharded
+        self.preflight = Preflight.from_env()
+        if self.preflight is not None:  # its one save is a trial's: never in the job's storage, never resumed
+            self.job_uri = self.resume_from = None
+            self.uri = None if self.ranks.distributed or self.sharded else self.preflight.uri
         self._uploader: Uploader | None = None  # None: checkpoints are off, or another rank writes them
         self._ranked: RankedSaves | None = None  # None: one process, as without torch.distributed
         if self.uri and (self.ranks.distributed or self.sharded):
@@ -179,6 +184,12 @@ class Checkpointer:
         self.close()
 
     # --- public API ----------------------------------------------------------
+
+    @property
+    def device(self) -> Any:
+        """The device to train on: this process's GPU where there is one, else the
+        CPU (a pre-flight's, whose CUDA_VISIBLE_DEVICES is empty)."""
+        return device(self.ranks.local_rank)
 
     @property
     def last_committed(self) -> CheckpointInfo | None:
@@ -237,6 +248,8 @@ class Checkpointer:
         periodic save when one is due. Cheap when nothing is due.
         """
         self._last_step = step
+        if self.preflight is not None and self.preflight.due():
+            self.preflight.finish(self, step)  # exits 0, or raises
         uploader = self._uploader
         if uploader is not None:
             uploader.reap()
@@ -385,7 +398,8 @@ class Checkpointer:
     def _committed(self, info: CheckpointInfo, reason: str) -> None:
         """The uploader committed a checkpoint."""
         self._last_committed = info
-        self._emit_committed(info, reason)
+        if self.preflight is None:  # a trial's save is no checkpoint of the job
+            self._emit_committed(info, reason)
 
     def _emit_committed(self, info: CheckpointInfo, reason: str) -> None:
         self._control.emit(protocol.CHECKPOINT_COMMITTED, {

@@ -282,18 +282,39 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
               + (f" ({job['reason']})" if job.get("reason") else "") + f", cost ${job['cost']:.6f}")
     if job.get("labels"):
         out.print("labels: " + ", ".join(f"{k}={v}" for k, v in job["labels"].items()), markup=False)
+    if job.get("preflight"):
+        print_preflight(out, job["preflight"])
     attempts = Table("ATTEMPT", "STATE", "WHERE", "STARTED", "ENDED", "COST $", title="attempts")
     for a in job["attempts"]:
-        attempts.add_row(str(a["id"]), a["state"] + (f" ({a['reason']})" if a["reason"] else ""), _where(a),
+        attempts.add_row(str(a["id"]) + (" pre-flight" if a.get("preflight") else ""),
+                         a["state"] + (f" ({a['reason']})" if a["reason"] else ""), _where(a),
                          (a["started_at"] or "-")[11:19], (a["ended_at"] or "-")[11:19], f"{a['cost']:.6f}")
     out.print(attempts)
     table = Table("AT", "EVENT", "ATTEMPT", "DETAIL", title="events")
     for e in events:
-        data = {k: v for k, v in e["data"].items() if k not in ("raw", "agent_at")}  # cloud payloads: see --json
+        # cloud payloads, and a failed pre-flight's output (printed above): see --json
+        data = {k: v for k, v in e["data"].items() if k not in ("raw", "agent_at", "tail")}
         change = f"{data.pop('from')} -> {data.pop('to')} " if "to" in data else ""
         detail = change + " ".join(f"{k}={v}" for k, v in data.items())
         table.add_row(e["at"][11:23], e["type"], str(e["attempt_id"] or ""), detail)
     out.print(table)
+
+
+def print_preflight(out: Any, pf: dict[str, Any]) -> None:
+    """The pre-flight's outcome, its cost, and what the GPU launch would have cost by then."""
+    from rich.markup import escape
+
+    status = pf["status"] + (f" ({pf['why']})" if pf.get("why") else "")
+    line = f"pre-flight: {status}"
+    if "seconds" in pf:
+        line += f" in {pf['seconds']:.1f} s on {pf.get('instance_type') or '-'}, cost ${pf['cost']:.6f}"
+    if "gpu_would_have_cost" in pf:
+        line += (f"; the GPU launch ({pf['gpu_instance_type']} at {pf['gpu_place']}, ${pf['gpu_price_per_hour']:.4f}/h"
+                 f" x {pf['num_nodes']} node{'s' if pf['num_nodes'] != 1 else ''}) would have cost "
+                 f"${pf['gpu_would_have_cost']:.6f} by then")
+    out.print(escape(line))
+    if pf.get("tail"):
+        out.print(escape(pf["tail"].rstrip("\n")), style="red")
 
 
 @click.command()

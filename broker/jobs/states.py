@@ -63,8 +63,9 @@ JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     J.PENDING: frozenset({J.LAUNCHING, J.HELD, J.FAILED, J.CANCELLED}),
     # LAUNCHING -> LAUNCHING is a failover to the next offer.
     J.LAUNCHING: frozenset({J.LAUNCHING, J.RUNNING, J.SUCCEEDED, J.FAILED, J.RECOVERING,
-                            J.PREEMPTING, J.CANCELLED}),
-    J.RUNNING: frozenset({J.PREEMPTING, J.SUCCEEDED, J.RECOVERING, J.FAILED, J.HELD, J.CANCELLED}),
+                            J.PREEMPTING, J.CANCELLED, J.PENDING}),
+    # -> PENDING: a pre-flight passed; the job is placed for its real run (broker/recovery/preflight.py).
+    J.RUNNING: frozenset({J.PREEMPTING, J.SUCCEEDED, J.RECOVERING, J.FAILED, J.HELD, J.CANCELLED, J.PENDING}),
     J.PREEMPTING: frozenset({J.RECOVERING, J.SUCCEEDED, J.FAILED, J.CANCELLED}),
     J.RECOVERING: frozenset({J.LAUNCHING, J.HELD, J.FAILED, J.CANCELLED}),
     J.HELD: frozenset({J.PENDING, J.RECOVERING, J.CANCELLED}),

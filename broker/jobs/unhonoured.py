@@ -5,6 +5,7 @@ from __future__ import annotations
 from spotbroker.broker.jobs import resfields
 
 OURS = ("estimated_hours", "deadline", "max_restarts")
+OURS += ("preflight",)  # broker/jobs/preflight.py
 HONOURED = frozenset({"name", "resources", "num_nodes", "envs", "secrets", "setup", "run", "workdir",
                       "file_mounts", *OURS})
 HONOURED_RESOURCES = frozenset({"accelerators", "any_of", "ordered", "use_spot", "infra", "cloud", "region",

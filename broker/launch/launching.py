@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import reasons
+from spotbroker.broker.jobs.preflight import trial as preflight_trial
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, EndReason, JobState,
                                            transition)
@@ -29,6 +30,7 @@ from spotbroker.broker.launch.request import launch_request
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.pricing.offers import Placement
 from spotbroker.broker.recovery import attempts as recovery
+from spotbroker.broker.recovery.preflight import timeout_at as preflight_timeout_at
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
@@ -83,14 +85,15 @@ class Launching:
         return self.settings.local_max_running - running
 
     def new_attempt(self, session: Session, job: Job, spec: JobSpec, placement: Placement,
-                     launcher: str, why: str) -> Attempt:
+                     launcher: str, why: str, preflight: bool = False) -> Attempt:
+        """`preflight`: the job's trial run (`spec` is then the trial's, broker/jobs/preflight.py)."""
         now = self.clock.now()
         attempt = Attempt(job_id=job.id, state=A.LAUNCHING, launcher=launcher, cloud=placement.cloud,
                           region=placement.region, zone=placement.zone, zone_id=placement.zone_id,
                           instance_type=placement.instance_type, accelerator=placement.accelerator,
                           accelerator_count=placement.accelerator_count, use_spot=placement.use_spot,
                           num_nodes=spec.num_nodes, price_per_hour=placement.price_per_hour,
-                          created_at=now, updated_at=now)
+                          preflight=preflight, created_at=now, updated_at=now)
         session.add(attempt)
         session.flush()
         attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))
@@ -99,7 +102,8 @@ class Launching:
         transition(session, job, J.LAUNCHING, clock=self.clock, data={
             "attempt_id": attempt.id, "cloud": placement.cloud, "region": placement.region,
             "zone": placement.zone or placement.zone_id, "instance_type": placement.instance_type,
-            "use_spot": placement.use_spot, "price_per_hour": placement.price_per_hour, "why": why})
+            "use_spot": placement.use_spot, "price_per_hour": placement.price_per_hour, "why": why,
+            **({"preflight": True} if preflight else {})})
         # Due again only if we die before the launch is recorded.
         job.next_check_at = now + timedelta(seconds=self.settings.lease_seconds)
         return attempt
@@ -204,6 +208,8 @@ class Launching:
             job = session.get(Job, job_id)
             attempt = session.get(Attempt, attempt_id)
             spec = JobSpec.model_validate(job.spec)
+            if attempt.preflight:  # the next place of the pre-flight's round: a pre-flight too
+                spec = preflight_trial(spec)
             while rest and not self.placer.has_room(session, rest[0], spec.num_nodes, self.clock.now()):
                 rest = rest[1:]
             if recovery.capacity_refused(session, job, attempt, why, self.clock, last=not rest,
@@ -213,7 +219,7 @@ class Launching:
                 return None
             session.flush()
             return self.new_attempt(session, job, spec, rest[0], self.launcher_for(rest[0]),
-                                     "the previous choice had no capacity").id, rest[1:]
+                                     "the previous choice had no capacity", attempt.preflight).id, rest[1:]
 
     def _launch_failed(self, job_id: int, attempt_id: int, why: str) -> None:
         with transaction(self.factory) as session:
@@ -222,6 +228,8 @@ class Launching:
 
     def deadline_check(self, job: Job) -> datetime | None:
         """When to ask the policy again about a launched job: each interval if it has a deadline."""
+        if (preflight_due := preflight_timeout_at(job)) is not None:
+            return preflight_due  # a pre-flight runs: its timeout is what is watched
         if job.spec.get("deadline") is None:
             return None
         return self.clock.now() + timedelta(seconds=self.settings.placement_interval)

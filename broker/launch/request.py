@@ -7,7 +7,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
-from spotbroker.broker.jobs import buckets, mounts, sealed, uploads
+from spotbroker.broker.jobs import buckets, mounts, preflight, sealed, uploads
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch import storage_credentials
 from spotbroker.broker.launch.base import CodeRef, LaunchError, LaunchRequest
@@ -31,6 +31,8 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
         raise LaunchError(f"not launched: its secrets cannot be read: {exc}") from None
     # Refused at submission since; a spec stored before cannot set them either.
     spec = spec.without_per_attempt()
+    if attempt.preflight:  # the job's trial: its own run, one node, a CPU (broker/jobs/preflight.py)
+        spec = preflight.trial(spec)
     team = session.get(Team, job.team_id)
     job_uri = job_prefix(settings.checkpoint_uri, team.name, job.id)
     placement = Placement(cloud=attempt.cloud, region=attempt.region, zone=attempt.zone,
@@ -48,6 +50,7 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
         protocol.ENV_RESUME_FROM: resume.uri if resume else "",
         protocol.ENV_BROKER_URL: settings.agent_url,
         protocol.ENV_AGENT_TOKEN: agent_token(key, attempt.id),
+        **(preflight.trainer_env(spec.preflight) if attempt.preflight else {}),
     }
     code = _code(settings, spec, team.name)
     placed = tuple(mounts.resolved(settings, team.name, spec, buckets.allowed(session, team.id)))

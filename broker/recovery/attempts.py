@@ -56,6 +56,7 @@ from spotbroker.broker.jobs.states import (
     transition,
 )
 from spotbroker.broker.launch.base import RunState, RunStatus
+from spotbroker.broker.recovery import preflight
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 A, J, E = AttemptState, JobState, EndReason
@@ -171,6 +172,8 @@ def on_status(session: Session, job: Job, attempt_id: int, status: RunStatus, cl
         attempt.released = False
         start_failed(session, job, attempt, status.error, clock, bounds)
         return False
+    if attempt.preflight and status.state in (RunState.SUCCEEDED, RunState.FAILED) and job.state != J.PREEMPTING:
+        return preflight.ended(session, job, attempt, status, clock)
     if status.state == RunState.RUNNING:
         if attempt.state == A.LAUNCHING:
             transition(session, attempt, A.RUNNING, clock=clock)

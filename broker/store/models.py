@@ -5,7 +5,7 @@ from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
-                        UniqueConstraint)
+                        UniqueConstraint, false)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from spotbroker.broker.store.db import Base
@@ -161,6 +161,8 @@ class Attempt(Base):
     num_nodes: Mapped[int] = mapped_column(Integer, default=1)
     # Stored at launch: later catalog changes never rewrite what was paid.
     price_per_hour: Mapped[float] = mapped_column(Float)
+    # A pre-flight: the job's trial run before any GPU is rented (broker/recovery/preflight.py).
+    preflight: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     # Set once the launcher has released what the attempt held (processes, VMs).

@@ -55,6 +55,7 @@ def _catalog_rows() -> list[str]:
     for zone_id in ZONES.values():
         rows.append(f"g4dn.xlarge,T4,1.0,4.0,16.0,{GPU_INFO},0.526,0.2,{REGION},{zone_id},x86_64,ssd,True,125,1,0")
         rows.append(f"m6i.large,,,2.0,8.0,,0.096,0.04,{REGION},{zone_id},x86_64,,,,,0")
+        rows.append(f"m6i.2xlarge,,,8.0,32.0,,0.384,0.16,{REGION},{zone_id},x86_64,,,,,0")  # SkyPilot's default CPU
     return rows
 
 
@@ -70,7 +71,7 @@ def place_catalog(root: Path) -> None:
         f"{tag},{REGION},ubuntu,22.04,{AMI},20240101\n" for tag in tags))
     (aws / "instance_quota_mapping.csv").write_text(
         "InstanceType,OnDemandInstanceCode,SpotInstanceCode\n"
-        "g4dn.xlarge,L-DB2E81BA,L-3819A6DF\nm6i.large,L-1216C47A,L-34B43A08\n")
+        "g4dn.xlarge,L-DB2E81BA,L-3819A6DF\nm6i.large,L-1216C47A,L-34B43A08\nm6i.2xlarge,L-1216C47A,L-34B43A08\n")
     (common / "accelerators.csv").write_text("AcceleratorName,Clouds\nT4,\"['AWS', 'GCP']\"\n")
 
 

@@ -250,3 +250,57 @@ def test_a_launch_while_the_local_api_server_is_down_waits_for_it(sky_aws: SkyAw
     assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
     launcher.terminate(handle)
     wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_preflight_launches_the_chosen_cpu_type_before_any_gpu(sky_aws: SkyAws, launcher, factory,
+                                                                 settings) -> None:
+    """Issue #26: a GPU job with `preflight` is first placed, by the
+    reconciler, on the cheapest priced CPU place, and SkyPilot launches an
+    instance of that CPU type there, told it is a pre-flight with no GPU."""
+    from datetime import UTC, datetime
+
+    from helpers import submit
+    from skypilot.skyenv import ZONES
+    from sqlalchemy import select
+
+    from spotbroker.broker import auth
+    from spotbroker.broker.launch.request import launch_request
+    from spotbroker.broker.pricing.catalog import OfferRow
+    from spotbroker.broker.pricing.offers import record_samples
+    from spotbroker.broker.reconciler import Reconciler
+    from spotbroker.broker.store.db import transaction
+    from spotbroker.broker.store.models import Attempt
+
+    cpu = {"us-east-1a": 0.081, "us-east-1b": 0.0652, "us-east-1c": 0.077}  # us-east-1b is the cheapest
+    rows = [OfferRow(cloud="aws", region="us-east-1", zone=zone, zone_id=zone_id, instance_type=itype,
+                     accelerator=gpu, accelerator_count=float(bool(gpu)), vcpus=vcpus, memory_gib=mem,
+                     spot_price=spot, ondemand_price=od)
+            for zone, zone_id in ZONES.items()
+            for itype, gpu, vcpus, mem, spot, od in (("m6i.2xlarge", None, 8.0, 32.0, cpu[zone], 0.384),
+                                                     ("g4dn.xlarge", "T4", 4.0, 16.0, 0.2, 0.526))]
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with transaction(factory) as s:
+        record_samples(s, rows, "aws", datetime.now(UTC))
+        team, _ = auth.create_team(s, "ml")
+    job_id = submit(factory, team.id, run="python train.py", preflight=True,
+                    resources={"accelerators": "T4:1", "infra": "aws/us-east-1"})
+    Reconciler(factory, {"skypilot": launcher}, settings).pass_once()
+    with factory() as s:
+        (attempt,) = s.scalars(select(Attempt).where(Attempt.job_id == job_id))
+        req = launch_request(s, attempt, settings, settings.signing_key())
+        handle = attempt.handle
+    assert attempt.preflight and attempt.launcher == "skypilot" and handle is not None
+    assert (attempt.instance_type, attempt.zone, attempt.accelerator, attempt.use_spot) == \
+        ("m6i.2xlarge", "us-east-1b", None, True)
+    assert req.extra_env["SPOTBROKER_PREFLIGHT"] == "1" and req.extra_env["CUDA_VISIBLE_DEVICES"] == ""
+    (resources,) = launcher.task(req).resources
+    assert (resources.instance_type, resources.zone, resources.accelerators) == ("m6i.2xlarge", "us-east-1b", None)
+    try:
+        (instance,) = wait_for(sky_aws.instances, 90, "the pre-flight's instance in moto")
+        assert instance["InstanceType"] == "m6i.2xlarge"
+        assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
+        assert instance.get("InstanceLifecycle") == "spot"
+    finally:
+        launcher.terminate(handle)
+        wait_for(lambda: not sky_aws.instances(), 90, "no instance left")

@@ -1,0 +1,97 @@
+"""The pre-flight a job may ask for (`preflight: true`, or `preflight: {run:
+..., steps: 2, timeout: 600, accelerators: T4:1}`): its `setup` and `run`
+(or the pre-flight's own `run`) tried once on the cheapest CPU place, before
+any GPU is rented, so that a script which crashes on its first batch, or
+whose checkpoint cannot be loaded, costs a CPU's minutes instead of a GPU
+fleet's. What the trainer does under it is the checkpoint library's
+(`agent/checkpoint/preflight.py`); how the broker runs and judges it,
+`broker/recovery/preflight.py`."""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
+
+from spotbroker.agent import protocol
+
+DEFAULT_STEPS = 2
+DEFAULT_TIMEOUT_S = 600
+
+
+class Preflight(BaseModel):
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+    run: Annotated[str, StringConstraints(strip_whitespace=False, min_length=1), Field(
+        description="the command to try instead of the job's run (its setup runs first all the same)")] | None = None
+    steps: Annotated[int, Field(ge=1, le=10_000, description=(
+        "steps the checkpoint library lets the trainer take before one save, a restore of it, and exit 0"))] \
+        = DEFAULT_STEPS
+    timeout: Annotated[int, Field(ge=10, le=86_400, description="seconds before the pre-flight counts as failed")] \
+        = DEFAULT_TIMEOUT_S
+    accelerators: Annotated[str, Field(description=(
+        "run the pre-flight on the cheapest place with this GPU (NAME[:COUNT]) instead of a CPU"))] | None = None
+
+    @field_validator("run")
+    @classmethod
+    def _run(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("give a command to run, or leave run out to try the job's own")
+        return value
+
+    @field_validator("accelerators", mode="before")
+    @classmethod
+    def _accelerators(cls, value: Any) -> Any:
+        from spotbroker.broker.jobs.spec import parse_accelerator
+
+        if isinstance(value, dict):  # SkyPilot's {"T4": 1} form
+            if len(value) != 1:
+                raise ValueError("give one accelerator (NAME[:COUNT])")
+            (name, count), = value.items()
+            value = f"{name}:{count}"
+        if isinstance(value, str):
+            name, count = parse_accelerator(value)
+            return f"{name}:{count:g}"
+        return value
+
+
+def _switch(value: Any) -> Any:
+    """`preflight: true` is the defaults; `false` (or null) none."""
+    if value is True:
+        return {}
+    if value is False:
+        return None
+    return value
+
+
+PreflightField = Annotated[Preflight | None, BeforeValidator(_switch), Field(description=(
+    "try the job's setup and run on the cheapest CPU place before any GPU is rented: true, or "
+    "{run, steps, timeout, accelerators}"))]
+
+
+def trainer_env(preflight: Preflight) -> dict[str, str]:
+    """What the pre-flight's trainer is told: it is one, how many steps to take,
+    and (on a CPU) that no GPU is there to use."""
+    env = {protocol.ENV_PREFLIGHT: "1", protocol.ENV_PREFLIGHT_STEPS: str(preflight.steps)}
+    if preflight.accelerators is None:
+        env["CUDA_VISIBLE_DEVICES"] = ""
+    return env
+
+
+def trial(spec: Any) -> Any:
+    """The job spec the pre-flight is placed and launched with: the job's own
+    (its code, envs, secrets, mounts, setup) with the pre-flight's run, one
+    node, no deadline, and a CPU of SkyPilot's default shape, or the
+    pre-flight's accelerators; kept to the job's `infra` where every
+    resource set names the same (else to its cloud, where they share one)."""
+    from spotbroker.broker.jobs.spec import Infra, Resources
+
+    pf: Preflight = spec.preflight
+    want: dict[str, Any] = {"accelerators": pf.accelerators} if pf.accelerators else {}
+    infras = {a.infra for a in spec.resources.alternatives()}
+    clouds = {Infra(i).cloud if i else None for i in infras}
+    if len(infras) == 1 and (infra := infras.pop()) is not None:
+        want["infra"] = infra  # (a job kept to a region, or to the broker's host, tries out there)
+    elif len(clouds) == 1 and (cloud := clouds.pop()) is not None:
+        want["infra"] = cloud
+    return spec.model_copy(update={"run": pf.run or spec.run, "num_nodes": 1, "resources": Resources(**want),
+                                   "deadline": None, "estimated_hours": None, "max_restarts": 0})
