@@ -6,9 +6,11 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from sqlalchemy.orm import object_session
 
 from spotbroker.broker.jobs.spec import SpecShapeError, check_shape, public
 from spotbroker.broker.money import costs
+from spotbroker.broker.recovery import earlystop
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 
@@ -69,15 +71,20 @@ class JobOut(BaseModel):
     updated_at: datetime
     ended_at: datetime | None
     attempts: list[AttemptOut]
+    early_stop: dict[str, Any] | None = Field(None, description=(
+        "once the spec's early_stop rule fired: metric, best_step, best_value, stopped_step, the checkpoint "
+        "kept (id, step, uri, choice: best | after_best), hours_run, dollars_run, and with estimated_hours "
+        "hours_saved and dollars_saved (else null, and `saving` says why)"))
 
     @classmethod
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
         money = costs.job_costs(job, now)  # from the ledger (broker/money/)
         attempts = [AttemptOut.of(a, money.get(a.id, 0.0)) for a in job.attempts]
+        stopped = earlystop.summary(object_session(job), job, sum(money.values()), now)
         return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team, spec=public(job.spec),
                    restarts=job.restarts, recoveries=job.recoveries,
                    cost=round(sum(money.values()), 6), created_at=job.created_at,
-                   updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
+                   updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts, early_stop=stopped)
 
 
 class SubmitWarning(BaseModel):

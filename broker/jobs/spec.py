@@ -32,6 +32,7 @@ from spotbroker.broker.jobs.mountspec import (  # noqa: F401  (importers of the 
     WorkdirUpload,
     storage_uri,
 )
+from spotbroker.broker.jobs.stoprule import EarlyStopRule
 from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI read documents through here)
     MAX_DEPTH,
     MAX_SPEC_BYTES,
@@ -267,6 +268,7 @@ class JobSpec(_Strict):
     # restarts and the deadline against. Required with a deadline.
     estimated_hours: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     deadline: AwareDatetime | None = None
+    early_stop: EarlyStopRule | None = None  # stop when the reported metric stops improving (stoprule.py)
     resources: Resources = Field(default_factory=Resources)
     # Values go to the job's process as environment variables, like `envs`,
     # but are never shown by the API (`public()`) nor logged.
