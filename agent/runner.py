@@ -333,6 +333,16 @@ class Supervisor(NoticePath, StopPath):
         if self._cancelled:
             return
         self._cancelled = True
+        if self._stop_requested:  # an early stop: the trainer leaves its loop by itself, or is stopped after a grace
+            grace = threading.Timer(self.config.kill_grace, self._terminate)
+            grace.daemon = True
+            grace.start()
+            return
+        self._terminate()
+
+    def _terminate(self) -> None:
+        if self._trainer_done.is_set():
+            return
         log.warning("the broker cancelled this attempt: stopping the trainer")
         self._signal_group(signal.SIGTERM)
         timer = threading.Timer(self.config.kill_grace, self._signal_group, args=(signal.SIGKILL,))

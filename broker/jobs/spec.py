@@ -32,7 +32,6 @@ from spotbroker.broker.jobs.mountspec import (  # noqa: F401  (importers of the 
     WorkdirUpload,
     storage_uri,
 )
-from spotbroker.broker.jobs.stoprule import EarlyStopRule
 from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI read documents through here)
     MAX_DEPTH,
     MAX_SPEC_BYTES,
@@ -42,6 +41,7 @@ from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI
     load_document,
     load_raw,
 )
+from spotbroker.broker.jobs.stoprule import EarlyStopRule
 
 CLOUDS = ("aws", "gcp", "azure", "local")
 KUBERNETES = ("k8s", "kubernetes")  # the operator's clusters (broker/placement/kubernetes.py), as SkyPilot spells them

@@ -3,8 +3,9 @@ its best weights are kept.
 
     metrics -> the job's early_stop rule judged over its reports, across attempts -> fired:
       an `early_stop` row and event; the agent's answers say `stop: true`
-    the library checkpoints (reason early_stop) -> the attempt and the job end SUCCEEDED,
-      reason `early_stopped`; the agent is told to cancel what is left
+    the library checkpoints (reason early_stop): the best checkpoint is kept -> the trainer
+      leaves its loop (trainer_exited) -> the attempt and the job end SUCCEEDED, reason
+      `early_stopped`; the agent is told to cancel what is left
     no library, or no stop within the agent's window (`no_flush`), or nothing at all for
       STOP_GRACE_S (an older agent) -> the same ending, from what is committed
 
@@ -106,48 +107,45 @@ def stop_wanted(session: Session, job: Job, attempt: Attempt) -> bool:
 
 def on_agent_event(session: Session, job: Job, attempt: Attempt, kind: str, data: dict[str, Any],
                    clock: Clock, root: str | None) -> bool:
-    """The stop's end, told by the agent (or its silence); whether the job ended."""
+    """The stop's course, told by the agent (or its silence); whether the job ended.
+
+    The early_stop commit keeps the best checkpoint; the job ends when the
+    trainer has left its loop (`trainer_exited`), so that nothing is killed
+    under it; without a library (`no_flush`) or past STOP_GRACE_S, at once."""
     row = pending(session, job)
     if row is None or job.state != JobState.RUNNING or attempt.state not in LIVE_ATTEMPT_STATES:
         return False
-    step = data.get("step") if isinstance(data.get("step"), int) else None
     if kind == protocol.CHECKPOINT_COMMITTED and data.get("reason") == protocol.EARLY_STOP:
-        finish(session, job, attempt, row, clock, root, step)
-    elif kind == protocol.NO_FLUSH and data.get(protocol.EARLY_STOP):
-        finish(session, job, attempt, row, clock, root, None)
-    elif clock.now() - row.decided_at > timedelta(seconds=STOP_GRACE_S):
-        finish(session, job, attempt, row, clock, root, None)
-    else:
+        step = data.get("step")
+        row.stopped_step = step if isinstance(step, int) and not isinstance(step, bool) else None
+        _keep_best(session, job, row, clock, root)
         return False
-    return True
+    if kind == protocol.TRAINER_EXITED or (kind == protocol.NO_FLUSH and data.get(protocol.EARLY_STOP)) \
+            or clock.now() - row.decided_at > timedelta(seconds=STOP_GRACE_S):
+        finish(session, job, attempt, row, clock, root)
+        return True
+    return False
 
 
 def on_run_ended(session: Session, job: Job, attempt: Attempt, clock: Clock) -> bool:
     """The launcher saw the run end while its stop was pending: the job ends for it
-    (the marker in storage is left to `keep`'s API; the row is kept all the same)."""
+    (a checkpoint not kept yet is marked in the database; the storage's marker is
+    left to the keep API)."""
     row = pending(session, job)
     if row is None or job.state != JobState.RUNNING:
         return False
-    finish(session, job, attempt, row, clock, None, None)
+    finish(session, job, attempt, row, clock, None)
+    attempt.released = True  # its processes have exited
     return True
 
 
-def finish(session: Session, job: Job, attempt: Attempt, row: EarlyStop, clock: Clock, root: str | None,
-           stopped_step: int | None) -> None:
-    """End the attempt and the job SUCCEEDED (early_stopped) and keep the best checkpoint."""
-    session.flush()  # the commit just reported is a row to choose from
-    kept, choice = choose_checkpoint(session, job.id, row.best_step)
-    if kept is not None and root is not None:
-        try:
-            verify_and_keep(root, kept.uri, kept.step)
-        except CheckpointUnverified as exc:
-            session.add(Event(job_id=job.id, attempt_id=kept.attempt_id, type="keep_refused", at=clock.now(),
-                              data={"checkpoint_id": kept.id, "reason": str(exc)}))
-    if kept is not None:
-        kept.keep = True
+def finish(session: Session, job: Job, attempt: Attempt, row: EarlyStop, clock: Clock, root: str | None) -> None:
+    """End the attempt and the job SUCCEEDED (early_stopped), the best checkpoint kept."""
+    if row.checkpoint_id is None:
+        _keep_best(session, job, row, clock, root)
+    if row.stopped_step is None:
+        row.stopped_step = _newest_step(session, job.id, row.metric)
     row.finished_at = clock.now()
-    row.stopped_step = stopped_step if stopped_step is not None else _newest_step(session, job.id, row.metric)
-    row.checkpoint_id, row.checkpoint_choice = (kept.id, choice) if kept is not None else (None, None)
     if attempt.state in LIVE_ATTEMPT_STATES:
         transition(session, attempt, AttemptState.SUCCEEDED, reason=protocol.EARLY_STOPPED, end=EndReason.SUCCEEDED,
                    clock=clock)
@@ -155,6 +153,21 @@ def finish(session: Session, job: Job, attempt: Attempt, row: EarlyStop, clock: 
     transition(session, job, JobState.SUCCEEDED, reason=protocol.EARLY_STOPPED, clock=clock, data={
         "attempt_id": attempt.id, "best_step": row.best_step, "stopped_step": row.stopped_step,
         "checkpoint_id": row.checkpoint_id, "checkpoint_choice": row.checkpoint_choice})
+
+
+def _keep_best(session: Session, job: Job, row: EarlyStop, clock: Clock, root: str | None) -> None:
+    session.flush()  # the commit just reported is a row to choose from
+    kept, choice = choose_checkpoint(session, job.id, row.best_step)
+    if kept is None:
+        return
+    if root is not None:
+        try:
+            verify_and_keep(root, kept.uri, kept.step)
+        except CheckpointUnverified as exc:
+            session.add(Event(job_id=job.id, attempt_id=kept.attempt_id, type="keep_refused", at=clock.now(),
+                              data={"checkpoint_id": kept.id, "reason": str(exc)}))
+    kept.keep = True
+    row.checkpoint_id, row.checkpoint_choice = kept.id, choice
 
 
 def choose_checkpoint(session: Session, job_id: int, best_step: int) -> tuple[Checkpoint | None, str | None]:
