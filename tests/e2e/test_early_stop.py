@@ -36,7 +36,7 @@ def library_best(reports: list[tuple[int, float, float]]) -> int:
     return at
 
 
-def submit(api, h, preempt: bool) -> int:
+def submit(api, h) -> int:
     run = f"python {EXAMPLE} --steps {STEPS} --step-seconds 0.02"
     return api.post("/v1/jobs", json={"name": "plateau", "run": run, "estimated_hours": 1, "early_stop": RULE,
                                       "resources": {"accelerators": "T4:1"}}, headers=h).json()["id"]
@@ -45,7 +45,7 @@ def submit(api, h, preempt: bool) -> int:
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_plateau_stops_early_keeps_the_best_weights_and_says_what_it_saved(api, team_headers):
     h = team_headers()
-    job_id = submit(api, h, preempt=False)
+    job_id = submit(api, h)
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=400)
     assert (job["state"], job["reason"]) == ("SUCCEEDED", "early_stopped"), job
     log = api.get(f"/v1/jobs/{job_id}/logs", headers=h).text
@@ -84,7 +84,7 @@ def test_a_plateau_stops_early_keeps_the_best_weights_and_says_what_it_saved(api
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_a_preempted_run_keeps_its_metric_history_and_still_stops(api, team_headers):
     h = team_headers()
-    job_id = submit(api, h, preempt=True)
+    job_id = submit(api, h)
     wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
     wait_for(lambda: "report step=100 " in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text, timeout=120,
              what="training to be under way")
