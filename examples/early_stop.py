@@ -24,6 +24,7 @@ from torch import nn
 from spotbroker.agent.checkpoint import Checkpointer
 
 FEATURES, TRAIN, VALIDATION = 48, 32, 512
+LR = 5e-4
 
 
 def weights_sum(model: nn.Module) -> float:
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
 
     x_train, y_train, x_val, y_val = make_data(args.seed)
     model = make_model(args.seed)
-    optimizer = torch.optim.Adam(model.parameters(), lr=5e-4)
+    optimizer = torch.optim.Adam(model.parameters(), lr=LR)
     ckpt = Checkpointer(model, optimizer, uri=args.checkpoint_uri, every_seconds=300)
     for step in range(ckpt.restore(), args.steps):
         started = time.monotonic()
