@@ -134,8 +134,8 @@ class Reports:
 
     def at_boundary(self, step: int) -> None:
         """A stop request from the agent: checkpoint this step, then should_stop."""
-        if self.should_stop:
-            return
+        if self.should_stop or self.ckpt._ranked is not None:
+            return  # (under torch.distributed the ranks would have to agree on the step: the agent stops them)
         mtime = stop_file_mtime(self.ckpt.control_dir)
         if mtime == self._stop_mtime:
             return
@@ -143,8 +143,8 @@ class Reports:
         self.should_stop = True
         log.warning("the broker stopped the run early (its early_stop rule): checkpointing step %d", step)
         ckpt = self.ckpt
-        if ckpt._uploader is None or ckpt._ranked is not None:
-            return  # no checkpoints here (another rank writes them, or none are on)
+        if ckpt._uploader is None:
+            return  # checkpoints are off
         last = ckpt.wait()  # a best save in flight first: it may be this very step
         if last is not None and last.step == step:
             ckpt._emit_committed(last, protocol.EARLY_STOP)
