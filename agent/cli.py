@@ -62,6 +62,8 @@ def agent() -> None:
               show_default=True,
               help="Seconds assumed between a notice without a deadline (GCP, a broker's drain) and the hard stop.")
 @click.option("--log-seconds", type=float, default=1.0, show_default=True, help="How often output is shipped.")
+@click.option("--metrics-seconds", type=float, default=3.0, show_default=True,
+              help="The trainer's metrics reports go to the broker at most this often (the rest are folded).")
 @click.option("--retry-max-seconds", type=float, default=5.0, show_default=True, help="Broker back-off ceiling.")
 @click.option("--final-flush-seconds", type=float, default=None,
               help="At exit, the most seconds to keep delivering to the broker (default: until it has "
@@ -81,7 +83,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, tok
         trainer_env_fd: int | None, job_id: str | None, attempt_id: str | None, cloud: str | None,
         metadata_url: str | None, work_dir: Path | None,
         heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
-        log_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, node_rank: int,
+        log_seconds: float, metrics_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, node_rank: int,
         credentials_lead: float, max_log_bytes: int, verbose: bool) -> None:
     """Run CMD under the agent: spotbroker agent run -- python train.py ..."""
     from spotbroker.agent.proctree import become_private
@@ -111,6 +113,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, tok
         metadata_timeout=metadata_timeout, notice_window=notice_window, log_interval=log_seconds,
         retry_max=retry_max_seconds, final_flush_timeout=final_flush_seconds, node_rank=node_rank,
         credentials_lead=credentials_lead, max_log_bytes=max_log_bytes, trainer_env=trainer_env,
+        metrics_interval=metrics_seconds,
     )
     sys.exit(supervise(config))
 

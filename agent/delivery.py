@@ -26,6 +26,7 @@ from spotbroker.agent.protocol import (
     ANSWER_CANCEL,
     ANSWER_DRAIN,
     ANSWER_DRAIN_SECONDS,
+    ANSWER_STOP,
     CREDENTIALS_PATH,
     EVENT_NODE,
     EVENTS_PATH,
@@ -182,8 +183,10 @@ class EventSender(Delivery):
 
     def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
                  on_cancel: Callable[[], None], on_drain: Callable[[float | None], None] | None = None,
-                 on_gone: Callable[[], None] | None = None, node: int = 0) -> None:
+                 on_gone: Callable[[], None] | None = None, node: int = 0,
+                 on_stop: Callable[[], None] | None = None) -> None:
         super().__init__("event-sender", config, on_gone)
+        self.on_stop = on_stop  # the broker's early stop: checkpoint, then the trainer ends
         self.node = node  # > 0: a multi-node job's other node; its events say which
         self.outbox = outbox
         self.client = client
@@ -218,6 +221,8 @@ class EventSender(Delivery):
             if answer.get(ANSWER_DRAIN) is True and self.on_drain is not None:
                 seconds = answer.get(ANSWER_DRAIN_SECONDS)
                 self.on_drain(float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None)
+            if answer.get(ANSWER_STOP) is True and self.on_stop is not None:
+                self.on_stop()
             if answer.get(ANSWER_CANCEL) is True:
                 self.on_cancel()
 

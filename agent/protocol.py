@@ -37,6 +37,9 @@ ENV_CONTROL_DIR = "SPOTBROKER_CONTROL_DIR"   # trainer <-> agent files, private 
 # A pre-flight attempt (broker/jobs/preflight.py): the library stops the trainer after this many steps.
 ENV_PREFLIGHT = "SPOTBROKER_PREFLIGHT"       # "1" on a pre-flight
 ENV_PREFLIGHT_STEPS = "SPOTBROKER_PREFLIGHT_STEPS"
+# The job's `early_stop` as JSON ({"metric", "mode", "min_delta", "min_steps", "patience"}), or unset:
+# with it the library checkpoints each report that improves the metric (the best weights).
+ENV_EARLY_STOP = "SPOTBROKER_EARLY_STOP"
 
 # --- The attempt's own storage credentials, scoped to its job (the broker mints
 # them: broker/launch/storage_credentials.py). They are spotbroker's alone: never
@@ -60,7 +63,7 @@ CREDENTIALS_FILE = "storage-credentials.json"
 PER_ATTEMPT_ENV = frozenset({
     ENV_BROKER_URL, ENV_AGENT_TOKEN, ENV_AGENT_TOKEN_FD, ENV_TRAINER_ENV_FD, ENV_JOB_ID, ENV_ATTEMPT_ID, ENV_CLOUD,
     ENV_METADATA_URL,
-    ENV_CHECKPOINT_URI, ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
+    ENV_CHECKPOINT_URI, ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, ENV_EARLY_STOP, "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
     "SPOTBROKER_INSTANCE_TYPE", "SPOTBROKER_CODE_URI", "SPOTBROKER_CODE_SHA256",
     ENV_STORAGE_CREDENTIALS, ENV_STORAGE_CREDENTIALS_FILE, ENV_PREFLIGHT, ENV_PREFLIGHT_STEPS})
 
@@ -76,6 +79,11 @@ LIBRARY_PREFIX, LIBRARY_SUFFIX = "library-", ".json"
 FLUSH_FILE = "flush.json"      # the agent writes it on a notice: {"deadline": iso8601, "reason": str}
 EVENTS_FILE = "events.jsonl"   # the library appends one JSON object per line (types below)
 FLUSH_SIGNAL = "SIGUSR1"       # sent to each announced pid (never a process group) with FLUSH_FILE
+# The agent writes it when the broker stops the run early ({"at": iso8601, "reason": "early_stop"}): the
+# library checkpoints at the next step boundary (CHECKPOINT_COMMITTED, reason EARLY_STOP) and says should_stop.
+STOP_FILE = "stop.json"
+EARLY_STOP = "early_stop"      # that checkpoint's reason; the job ends SUCCEEDED with reason EARLY_STOPPED
+EARLY_STOPPED = "early_stopped"
 
 # --- Event types (trainer -> agent -> broker, and agent -> broker).
 HEARTBEAT = "heartbeat"
@@ -89,12 +97,15 @@ EVENT_NODE = "node"
 RESUMED = "resumed"                            # data: step, uri
 TRAINER_STARTED = "trainer_started"            # data: pid, library (bool)
 TRAINER_EXITED = "trainer_exited"              # data: exit_code
+# data: step (int), values ({name: finite float}). The library writes one per
+# report(); the agent folds those that come more often than every few seconds.
+METRICS = "metrics"
 # data: reason. The agent could not set up the trainer's control directory:
 # no flush can be asked, so a notice goes straight to recovery.
 CONTROL_UNAVAILABLE = "control_unavailable"
 AGENT_EVENT_TYPES = frozenset({
     HEARTBEAT, PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION, CHECKPOINT_COMMITTED,
-    NO_FLUSH, RESUMED, TRAINER_STARTED, TRAINER_EXITED, CONTROL_UNAVAILABLE,
+    NO_FLUSH, RESUMED, TRAINER_STARTED, TRAINER_EXITED, CONTROL_UNAVAILABLE, METRICS,
 })
 
 # --- Agent -> broker over HTTP, `Authorization: Bearer <agent token>`.
@@ -127,6 +138,7 @@ LOG_NODE_HEADER = "X-Log-Node"
 ANSWER_CANCEL = "cancel"  # fields of the events answer
 ANSWER_DRAIN = "drain"
 ANSWER_DRAIN_SECONDS = "drain_seconds"
+ANSWER_STOP = "stop"
 DRAIN_KIND = "drain"           # a drain's notice kind, and the reason in its flush.json
 DRAIN_CLOUD = "broker"
 DRAIN_SOURCE = "broker.drain"

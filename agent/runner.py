@@ -61,11 +61,13 @@ from spotbroker.agent.delivery import (
     EventSender,
     LogShipper,
 )
+from spotbroker.agent.metricsfold import MetricsFolder
 from spotbroker.agent.notice_path import NoticePath
 from spotbroker.agent.outbox import OUTBOX_FILE, Outbox
 from spotbroker.agent.protocol import (
     CHECKPOINT_COMMITTED,
     CONTROL_UNAVAILABLE,
+    METRICS,
     ENV_AGENT_TOKEN,
     ENV_AGENT_TOKEN_FD,
     ENV_ATTEMPT_ID,
@@ -77,6 +79,7 @@ from spotbroker.agent.protocol import (
     TRAINER_EXITED,
     TRAINER_STARTED,
 )
+from spotbroker.agent.stop_path import StopPath
 from spotbroker.agent.trainer_process import (
     TRAINER_EVENT_TYPES,
     EventTail,
@@ -124,10 +127,11 @@ class RunnerConfig:
     node_rank: int = 0                  # > 0: events and the shipped log carry it
     credentials_lead: float = 600.0     # storage credentials are renewed this long before they end
     max_log_bytes: int = 0              # of the trainer's output kept in its log (and shipped); 0: no bound
+    metrics_interval: float = 3.0       # the trainer's metrics reports go out at most this often (folded)
     trainer_env: dict[str, str] = field(default_factory=dict)  # the trainer's, never in the agent's own environment
 
 
-class Supervisor(NoticePath):
+class Supervisor(NoticePath, StopPath):
     def __init__(self, config: RunnerConfig) -> None:
         if not config.command:
             raise ValueError("no trainer command given (spotbroker agent run -- CMD...)")
@@ -143,6 +147,7 @@ class Supervisor(NoticePath):
             self.control_error = f"cannot create a control directory in {self.work_dir}: {exc.strerror or exc}"
         self.log_path = self.work_dir / TRAINER_LOG_FILE
         self.outbox = Outbox(self.work_dir)
+        self.metrics = MetricsFolder(self.outbox, config.metrics_interval)
         self.tail = EventTail(self.control_dir / EVENTS_FILE if self.control_dir else None)
         self.proc: subprocess.Popen[bytes] | None = None
         self.client: BrokerClient | None = None
@@ -159,6 +164,7 @@ class Supervisor(NoticePath):
         self._flush_over = False
         self._cancelled = False
         self._drain_requested = False
+        self._stop_requested = False
         self._library_flushed = False
         self._watchers_lock = threading.Lock()
         self._forward_lock = threading.Lock()
@@ -224,7 +230,7 @@ class Supervisor(NoticePath):
             self.client = BrokerClient(self.config.broker_url, self.config.token, self.config.request_timeout)
             self._deliveries = [
                 EventSender(self.outbox, self.client, self.config, self.cancel, self.drain, on_gone=self.gone,
-                            node=self.config.node_rank),
+                            node=self.config.node_rank, on_stop=self.stop_early),
             ]
             self._deliveries.append(LogShipper(self.log_path, self.client, self.config, on_gone=self.gone,
                                                node=self.config.node_rank))
@@ -248,6 +254,7 @@ class Supervisor(NoticePath):
         self._join("trainer-output", 2.0)  # a child still holding the pipe must not keep us here
         self._stopping.set()
         self._forward_trainer_events()  # what the library wrote last
+        self.metrics.flush()
         self._notices.put(None)
         self._join("notice-handler", 10.0)  # it may still acknowledge (Azure): watchers stop after
         self._stop_watchers()
@@ -326,6 +333,16 @@ class Supervisor(NoticePath):
         if self._cancelled:
             return
         self._cancelled = True
+        if self._stop_requested:  # an early stop: the trainer leaves its loop by itself, or is stopped after a grace
+            grace = threading.Timer(self.config.kill_grace, self._terminate)
+            grace.daemon = True
+            grace.start()
+            return
+        self._terminate()
+
+    def _terminate(self) -> None:
+        if self._trainer_done.is_set():
+            return
         log.warning("the broker cancelled this attempt: stopping the trainer")
         self._signal_group(signal.SIGTERM)
         timer = threading.Timer(self.config.kill_grace, self._signal_group, args=(signal.SIGKILL,))
@@ -341,6 +358,7 @@ class Supervisor(NoticePath):
     def _tail_events(self) -> None:
         while not self._stopping.is_set():
             self._forward_trainer_events()
+            self.metrics.flush(force=False)
             self._stopping.wait(self.config.tail_interval)
 
     def _forward_trainer_events(self) -> None:
@@ -356,6 +374,9 @@ class Supervisor(NoticePath):
                 log.warning("ignoring a library event of type %r", event_type)
                 continue
             data = event_data(event)
+            if event_type == METRICS:
+                self.metrics.add(data)
+                continue
             at = event.get("at") if isinstance(event.get("at"), str) else None
             self.outbox.add(event_type, data, at)
             if event_type == CHECKPOINT_COMMITTED and data.get("reason") == "flush":

@@ -16,6 +16,7 @@ from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
 from spotbroker.api.http_metrics import RequestMetrics, process_registry
 from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, storage, teams, uploads
+from spotbroker.api.routers import job_metrics
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import taskyaml
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     app.add_middleware(RequestMetrics, registry=app.state.metrics_registry)  # outermost: every answer counts
     app.include_router(health.router)
     app.include_router(jobs.router)
+    app.include_router(job_metrics.router)
     app.include_router(teams.router)
     app.include_router(storage.router)
     app.include_router(agent.router)

@@ -6,11 +6,13 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from sqlalchemy.orm import object_session
 
 from spotbroker.broker.jobs.policy import Policy
 from spotbroker.broker.jobs.spec import SpecShapeError, check_shape, labels_of, public
 from spotbroker.broker.money import costs
 from spotbroker.broker.recovery import preflight
+from spotbroker.broker.recovery import earlystop
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 
@@ -78,16 +80,21 @@ class JobOut(BaseModel):
         "its pre-flight: status (running, passed, failed), seconds, cost, and the GPU place it stood in for "
         "(gpu_place, gpu_price_per_hour, num_nodes) with gpu_would_have_cost; when failed, why and the "
         "output's last lines (tail)"))
+    early_stop: dict[str, Any] | None = Field(None, description=(
+        "once the spec's early_stop rule fired: metric, best_step, best_value, stopped_step, the checkpoint "
+        "kept (id, step, uri, choice: best | after_best), hours_run, dollars_run, and with estimated_hours "
+        "hours_saved and dollars_saved (else null, and `saving` says why)"))
 
     @classmethod
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
         money = costs.job_costs(job, now)  # from the ledger (broker/money/)
         attempts = [AttemptOut.of(a, money.get(a.id, 0.0)) for a in job.attempts]
+        stopped = earlystop.summary(object_session(job), job, sum(money.values()), now)
         return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team,
                    labels=labels_of(job.spec), spec=public(job.spec), restarts=job.restarts, recoveries=job.recoveries,
                    cost=round(sum(money.values()), 6), created_at=job.created_at,
                    updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts,
-                   preflight=preflight.of_job(job))
+                   preflight=preflight.of_job(job), early_stop=stopped)
 
 
 class SubmitWarning(BaseModel):

@@ -52,13 +52,9 @@ What it does
 * **Options**: ``keep_last=K`` deletes this attempt's older checkpoints after
   each commit, never one holding a ``KEEP`` marker object (the broker marks the
   gold weights that way) nor other attempts' ones. ``half="bf16"`` or
-  ``"fp16"`` stores floating tensors of one or more dimensions at half width:
-  half the bytes and upload time, at a price: the restored weights and
-  optimizer moments are rounded, so a resumed run no longer matches an
-  uninterrupted one bit for bit, and fp16 saturates beyond ±65504 (Adam's
-  second moments can overflow or underflow) where bf16 keeps float32's range
-  with fewer mantissa bits. Scalars (such as optimizer step counts) are always
-  kept at full width. Off by default.
+  ``"fp16"`` stores floating tensors at half width, rounded (:mod:`.options`).
+* **Metrics**: ``ckpt.report(step, val_loss=...)`` goes to the broker; under ``early_stop``
+  the best are checkpointed, and ``ckpt.should_stop`` ends the loop (:mod:`.reports`).
 
 torch is imported lazily: it is the user's own (>= 2.1), never a dependency.
 ``state.pkl`` is a pickle, like ``torch.load(weights_only=False)``: restore only
@@ -88,6 +84,7 @@ from spotbroker.agent.checkpoint.listing import list_checkpoints
 from spotbroker.agent.checkpoint.options import CheckpointOptions
 from spotbroker.agent.checkpoint.preflight import Preflight, device
 from spotbroker.agent.checkpoint.ranks import Agreement, Ranks
+from spotbroker.agent.checkpoint.reports import Reports
 from spotbroker.agent.checkpoint.state import rng_state, set_rng_state
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.checkpoint.upload import Uploader
@@ -174,8 +171,7 @@ class Checkpointer:
         # and only with checkpoints on: otherwise it must not wait for a flush.
         if self.uri:
             self._control.announce(self.ranks.rank, self.ranks.local_rank)
-
-    # --- context manager ------------------------------------------------------
+        self._reports = Reports(self)
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -241,6 +237,13 @@ class Checkpointer:
             self._control.emit(protocol.RESUMED, data)
         return step
 
+    def report(self, step: int, **metrics: float) -> bool:
+        """Report metrics at `step` (``val_loss=0.41``) to the broker; False once the run is to stop."""
+        return self._reports.report(step, metrics)
+
+    # The broker stopped the run early and its checkpoint is committed: leave the loop.
+    should_stop = property(lambda self: self._reports.should_stop)
+
     def step(self, step: int) -> None:
         """Call at each step boundary with the number of steps done so far.
 
@@ -253,6 +256,7 @@ class Checkpointer:
         uploader = self._uploader
         if uploader is not None:
             uploader.reap()
+        self._reports.at_boundary(step)
         if self._ranked is not None:
             self._ranked.step(step)
             return

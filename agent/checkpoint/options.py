@@ -1,6 +1,14 @@
 """The knobs of a :class:`~spotbroker.agent.checkpoint.Checkpointer` beyond
 what to save, where and when: each is a field of :class:`CheckpointOptions`
-and may equally be passed to ``Checkpointer`` by name."""
+and may equally be passed to ``Checkpointer`` by name.
+
+``half="bf16"`` or ``"fp16"`` stores floating tensors of one or more
+dimensions at half width: half the bytes and upload time, at a price: the
+restored weights and optimizer moments are rounded, so a resumed run no
+longer matches an uninterrupted one bit for bit, and fp16 saturates beyond
+±65504 (Adam's second moments can overflow or underflow) where bf16 keeps
+float32's range with fewer mantissa bits. Scalars (such as optimizer step
+counts) are always kept at full width."""
 from __future__ import annotations
 
 import os

@@ -175,3 +175,5 @@ def _charts(data: dashboard.TeamPage, now) -> dict:
         burn=charts.burn(data.budget, now) if data.budget else None, money_chart=charts.bars(money_rows),
         top=charts.bars([(j.name, j.cost, "#0072B2") for j in data.jobs]),
         timeline=charts.timeline(data.jobs, data.since, now) if data.jobs else None)
+
+from spotbroker.api.dashboard import jobpage as _jobpage  # noqa: E402, F401  (its route, on this router)

@@ -67,6 +67,8 @@ class AgentAnswer(BaseModel):
     drain: bool = Field(False, description="the broker moves the job: flush a checkpoint now, as on a "
                                            "preemption notice; the attempt is then stopped")
     drain_seconds: float | None = Field(None, description="a drain: the flush must be committed within this")
+    stop: bool = Field(False, description="the job's early_stop rule fired: checkpoint at the next step "
+                                          "boundary and stop (the library's stop.json)")
 
 
 class CredentialsAnswer(BaseModel):
@@ -148,7 +150,7 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
         left = (outcome.drain_until - state.clock.now()).total_seconds() - DRAIN_REPORT_S
         drain_seconds = max(left, 1.0)
     return AgentAnswer(accepted=outcome.accepted, last_seq=outcome.last_seq, cancel=outcome.cancel,
-                       drain=outcome.drain, drain_seconds=drain_seconds)
+                       drain=outcome.drain, drain_seconds=drain_seconds, stop=outcome.stop)
 
 
 @router.post(protocol.LOGS_PATH, response_model=LogAnswer, responses=responses(401, 410, 413, 422, s410=_GONE))

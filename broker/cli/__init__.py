@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "logs": ("spotbroker.broker.cli.jobs:logs", "Print (or follow) a job's output."),
     "cancel": ("spotbroker.broker.cli.jobs:cancel", "Cancel a job."),
     "checkpoints": ("spotbroker.broker.cli.jobs:checkpoints", "List a job's committed checkpoints."),
+    "metrics": ("spotbroker.broker.cli.metrics:metrics", "A job's reported metrics by step, and its early stop."),
     "simulate-preemption": ("spotbroker.broker.cli.jobs:simulate_preemption",
                             "Send a simulated preemption notice (local launcher)."),
     "costs": ("spotbroker.broker.cli.money:costs", "A team's spend from the ledger; --group-by day|job|..."),

@@ -143,6 +143,9 @@ class Client:
     def checkpoints(self, job_id: int) -> list[dict[str, Any]]:
         return self._request("GET", f"/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
 
+    def metrics(self, job_id: int) -> dict[str, Any]:
+        return self._request("GET", f"/v1/jobs/{job_id}/metrics").json()
+
     def simulate_preemption(self, job_id: int) -> dict[str, Any]:
         return self._request("POST", f"/v1/jobs/{job_id}/simulate-preemption").json()
 

@@ -290,6 +290,10 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
                          a["state"] + (f" ({a['reason']})" if a["reason"] else ""), _where(a),
                          (a["started_at"] or "-")[11:19], (a["ended_at"] or "-")[11:19], f"{a['cost']:.6f}")
     out.print(attempts)
+    if job.get("early_stop"):
+        from spotbroker.broker.cli.metrics import early_stop_lines
+
+        out.print("\n".join(early_stop_lines(job["early_stop"])))
     table = Table("AT", "EVENT", "ATTEMPT", "DETAIL", title="events")
     for e in events:
         # cloud payloads, and a failed pre-flight's output (printed above): see --json

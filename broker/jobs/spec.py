@@ -42,6 +42,7 @@ from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI
     load_document,
     load_raw,
 )
+from spotbroker.broker.jobs.stoprule import EarlyStopRule
 
 CLOUDS = ("aws", "gcp", "azure", "local")
 KUBERNETES = ("k8s", "kubernetes")  # the operator's clusters (broker/placement/kubernetes.py), as SkyPilot spells them
@@ -271,6 +272,7 @@ class JobSpec(_Strict):
     estimated_hours: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     deadline: AwareDatetime | None = None
     preflight: PreflightField = None
+    early_stop: EarlyStopRule | None = None  # stop when the reported metric stops improving (stoprule.py)
     resources: Resources = Field(default_factory=Resources)
     # Values go to the job's process as environment variables, like `envs`,
     # but are never shown by the API (`public()`) nor logged.

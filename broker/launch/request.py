@@ -51,6 +51,7 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
         protocol.ENV_BROKER_URL: settings.agent_url,
         protocol.ENV_AGENT_TOKEN: agent_token(key, attempt.id),
         **(preflight.trainer_env(spec.preflight) if attempt.preflight else {}),
+        **({protocol.ENV_EARLY_STOP: spec.early_stop.env_value()} if spec.early_stop else {}),
     }
     code = _code(settings, spec, team.name)
     placed = tuple(mounts.resolved(settings, team.name, spec, buckets.allowed(session, team.id)))

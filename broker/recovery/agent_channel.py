@@ -40,15 +40,18 @@ from sqlalchemy.orm import Session
 from spotbroker.agent import logbound, protocol
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.jobs import metrics
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
 from spotbroker.broker.recovery import attempts as recovery
+from spotbroker.broker.recovery import earlystop
 from spotbroker.broker.recovery.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
 from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, Team
 
 A, J = AttemptState, JobState
 AGENT_TOKEN_PREFIX = "sba_"
 # Heartbeats are frequent and carry nothing new: they update the attempt, not the event log.
-SILENT = {protocol.HEARTBEAT}
+# Metrics have a table of their own (broker/jobs/metrics.py).
+SILENT = {protocol.HEARTBEAT, protocol.METRICS}
 CHECKPOINT_REFUSED = "checkpoint_refused"  # the broker's event: a reported checkpoint it did not accept
 MAX_BIG = 2**63 - 1
 MAX_REASON = 16  # the checkpoints.reason column
@@ -76,6 +79,7 @@ class Outcome:
     drain: bool  # the broker is moving the job: flush a checkpoint now, then stop
     moved: bool  # a job changed state: the reconciler should look now
     drain_until: datetime | None = None  # a drain: when the broker stops waiting for the flush
+    stop: bool = False  # the job's early_stop rule fired: checkpoint, then the trainer stops
     # Set when the batch was refused (nothing stored): [{"field": ..., "message": ...}], and why
     refused: list[dict[str, str]] = field(default_factory=list)
     refusal: str = ""
@@ -125,7 +129,7 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
         return Outcome(accepted=0, last_seq=last, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
                        drain=False, moved=False, refused=refused,
                        refusal="a reported checkpoint is not at this attempt's own place")
-    accepted, moved = 0, False
+    accepted, moved, reported = 0, False, False
     for event in sorted(events, key=lambda e: e.seq):
         if event.seq <= last:
             continue  # delivered before: a re-sent batch
@@ -138,12 +142,17 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
             session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(), data=data))
         if event.seq in uris:
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
-        moved |= _apply(session, job, attempt, event, clock)
+        if event.type == protocol.METRICS:
+            reported |= metrics.record(session, job, attempt, event.data, event.at, clock.now())
+        moved |= _apply(session, job, attempt, event, clock, checkpoint_root)
+    if reported and _is_current(job, attempt):
+        earlystop.after_metrics(session, job, attempt, clock)
     live = attempt.state in LIVE_ATTEMPT_STATES
     move = live and recovery.is_move(job)
     drain = move or (live and recovery.peers_drain(job, attempt))
     return Outcome(accepted=accepted, last_seq=last, cancel=not live, drain=drain, moved=moved,
-                   drain_until=job.next_check_at if move else None)
+                   drain_until=job.next_check_at if move else None,
+                   stop=live and earlystop.stop_wanted(session, job, attempt))
 
 
 def _runaway_seqs(attempt: Attempt, events: list[AgentEvent], last: int, now: datetime) -> list[dict[str, str]]:
@@ -176,11 +185,14 @@ def _is_current(job: Job, attempt: Attempt) -> bool:
     return attempt.state in LIVE_ATTEMPT_STATES and job.state in (J.LAUNCHING, J.RUNNING, J.PREEMPTING)
 
 
-def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, clock: Clock) -> bool:
+def _apply(session: Session, job: Job, attempt: Attempt, event: AgentEvent, clock: Clock, root: str) -> bool:
     """What the event moves, for the job's current attempt only: the agent's
-    first word brings it up; a notice or a flush is recovery's."""
+    first word brings it up; the end of an early stop is earlystop's; a notice
+    or a flush is recovery's."""
     if not _is_current(job, attempt):
         return False
+    if earlystop.on_agent_event(session, job, attempt, event.type, event.data, clock, root):
+        return True
     if event.type in (protocol.HEARTBEAT, protocol.TRAINER_STARTED):
         attempt.last_heartbeat_at = clock.now()
         if attempt.state == A.LAUNCHING:  # the agent's first word: the node is up

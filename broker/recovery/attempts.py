@@ -57,6 +57,7 @@ from spotbroker.broker.jobs.states import (
 )
 from spotbroker.broker.launch.base import RunState, RunStatus
 from spotbroker.broker.recovery import preflight
+from spotbroker.broker.recovery import earlystop
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 A, J, E = AttemptState, JobState, EndReason
@@ -186,6 +187,10 @@ def on_status(session: Session, job: Job, attempt_id: int, status: RunStatus, cl
         # agent reported a flush: recover from what is committed.
         preempted(session, job, attempt, f"the attempt ended ({status.state.lower()})", clock)
         return True
+    ended = status.state in (RunState.SUCCEEDED, RunState.FAILED)
+    if ended and earlystop.on_run_ended(session, job, attempt, clock):
+        attempt.released = True  # the run stopped for its early stop, whatever its exit code
+        return False
     if status.state == RunState.SUCCEEDED:
         attempt.released = True  # the processes have exited
         transition(session, attempt, A.SUCCEEDED, reason="exit 0", end=E.SUCCEEDED, clock=clock)

@@ -333,3 +333,6 @@ class PriceListFile(Base):
 
 # The money tables register on the same metadata wherever the models are loaded.
 from spotbroker.broker.money import models as _money_models  # noqa: E402, F401
+
+# The tables of metrics and early stops, likewise.
+from spotbroker.broker.jobs import metricmodels as _metric_models  # noqa: E402, F401

@@ -110,6 +110,7 @@ class FakeBroker:
     cancel: bool = False      # answer "cancel": true to the agent
     drain: bool | None = None  # answer "drain" with this value; None: leave it out (an older broker)
     drain_seconds: float | None = None  # with a drain: the broker's time for the flush
+    stop_run: bool = False    # answer "stop": true (the job's early_stop rule fired)
     fail_status: int | None = None  # answer every request with this status
     reject_types: set[str] = field(default_factory=set)  # a batch holding one of these is a 422
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -154,6 +155,8 @@ class FakeBroker:
                 answer["drain"] = self.drain
             if self.drain_seconds is not None:
                 answer["drain_seconds"] = self.drain_seconds
+            if self.stop_run:
+                answer["stop"] = True
             self.answers += 1
             return answer
 

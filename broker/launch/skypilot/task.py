@@ -13,7 +13,7 @@ two field by field. What SkyPilot cannot hold is left to the launcher:
 * a bucket by name (`{name: NAME}`), which SkyPilot would create: the node's
   Task mounts its home in the team's storage instead (`broker/jobs/mounts.py`);
 * `resources.max_price_per_hour`, `estimated_hours`, `deadline`,
-  `max_restarts`: the broker's placement and recovery.
+  `max_restarts`, `early_stop`: the broker's placement and recovery.
 
 The Task carries the user's secrets in `secrets` (never `envs`). SkyPilot's
 `Task.to_yaml_config()` prints them in clear: never log or store its output.

@@ -1,0 +1,38 @@
+"""The dashboard's job page: a curve per metric the trainer reported, and
+what its early stop did and saved. A team reads its own jobs only; the admin
+any team's."""
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from spotbroker.api.dashboard.curves import curve
+from spotbroker.api.dashboard.routes import page, router, to_login, who
+from spotbroker.broker.jobs import metrics
+from spotbroker.broker.money import costs
+from spotbroker.broker.recovery import earlystop
+from spotbroker.broker.store.models import Job, Team
+
+
+@router.get("/jobs/{job_id}")
+def job(request: Request, job_id: int) -> Response:
+    principal = who(request)
+    if principal is None:
+        return to_login()
+    now = request.app.state.clock.now()
+    with request.app.state.session_factory() as s:
+        found = s.get(Job, job_id) if 0 < job_id < 2**63 else None
+        team = s.get(Team, found.team_id) if found is not None else None
+        if found is None or (not principal.is_admin and principal.team_name != team.name):
+            return page("error.html", 404, title="Not found", detail=f"no job {job_id}", admin=principal.is_admin)
+        dollars = sum(costs.job_costs(found, now, s).values())
+        stop = earlystop.summary(s, found, dollars, now)
+        rule = (found.spec or {}).get("early_stop") or {}
+        charts = []
+        for name, points in metrics.series(s, job_id).items():
+            line = sorted({p["step"]: p["value"] for p in points}.items())  # a step reported again: the newest
+            mine = stop if stop is not None and name == rule.get("metric") else None
+            charts.append((name, curve(line, mine["best_step"] if mine else None,
+                                       mine["stopped_step"] if mine else None)))
+        return page("job.html", job=found, team=team.name, stop=stop, rule=rule, charts=charts, dollars=dollars,
+                    now=now, admin=principal.is_admin)

@@ -1,0 +1,105 @@
+"""A job's metrics: the points its trainer reported (`ckpt.report`), stored
+per attempt as the agent forwards them, and read back as one series per
+metric across the job's attempts.
+
+Bounded whatever an agent sends: a point whose name is not a metric name or
+whose value is not a finite number is dropped; a job holds at most
+`MAX_NAMES` names and an attempt at most `MAX_POINTS_PER_ATTEMPT` points;
+and a point that comes within `FOLD_SECONDS` of the same attempt's newest
+point of that name (by the agent's clock) replaces it instead of adding a
+row, as the agent itself folds. What is dropped is said once per attempt,
+by a `metrics_dropped` event.
+"""
+from __future__ import annotations
+
+import math
+import re
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from spotbroker.broker.jobs.metricmodels import MetricPoint
+from spotbroker.broker.jobs.stoprule import METRIC_NAME
+from spotbroker.broker.store.models import Attempt, Event, Job
+
+MAX_NAMES = 32
+MAX_POINTS_PER_ATTEMPT = 10_000
+FOLD_SECONDS = 2.0
+MAX_STEP = 2**63 - 1
+DROPPED = "metrics_dropped"  # the broker's event: points an attempt sent past the bounds
+_NAME = re.compile(METRIC_NAME)
+
+
+def record(session: Session, job: Job, attempt: Attempt, data: dict[str, Any], at: datetime,
+           now: datetime) -> bool:
+    """Store one `metrics` event's points; whether any was stored or folded."""
+    step, values = data.get("step"), data.get("values")
+    if not _is_step(step) or not isinstance(values, dict):
+        _dropped(session, job, attempt, "a report without an integer step and a values mapping", now)
+        return False
+    points = {k: float(v) for k, v in values.items() if isinstance(k, str) and _NAME.match(k)
+              and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+    if len(points) < len(values):
+        _dropped(session, job, attempt, "names that are not metric names, or values that are not finite numbers",
+                 now)
+    names = set(session.scalars(select(MetricPoint.name).where(MetricPoint.job_id == job.id).distinct()))
+    stored = session.scalar(select(func.count()).select_from(MetricPoint)
+                            .where(MetricPoint.attempt_id == attempt.id)) or 0
+    changed = False
+    for name, value in points.items():
+        newest = session.scalar(select(MetricPoint).where(MetricPoint.attempt_id == attempt.id,
+                                                          MetricPoint.name == name)
+                                .order_by(MetricPoint.id.desc()).limit(1))
+        if newest is not None and abs((at - newest.at).total_seconds()) < FOLD_SECONDS and step >= newest.step:
+            newest.step, newest.value, newest.at = step, value, at
+            changed = True
+            continue
+        if name not in names and len(names) >= MAX_NAMES:
+            _dropped(session, job, attempt, f"more than {MAX_NAMES} metric names in the job", now)
+            continue
+        if stored >= MAX_POINTS_PER_ATTEMPT:
+            _dropped(session, job, attempt, f"more than {MAX_POINTS_PER_ATTEMPT} points in the attempt", now)
+            break
+        session.add(MetricPoint(job_id=job.id, attempt_id=attempt.id, step=step, name=name, value=value, at=at))
+        names.add(name)
+        stored += 1
+        changed = True
+    if changed:
+        session.flush()
+    return changed
+
+
+def series(session: Session, job_id: int) -> dict[str, list[dict[str, Any]]]:
+    """Every metric of the job: its points by step, across attempts (a step that
+    a resumed attempt reported again appears once per attempt)."""
+    rows = session.scalars(select(MetricPoint).where(MetricPoint.job_id == job_id)
+                           .order_by(MetricPoint.name, MetricPoint.step, MetricPoint.id))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for p in rows:
+        out.setdefault(p.name, []).append({"step": p.step, "value": p.value, "attempt_id": p.attempt_id,
+                                           "at": p.at})
+    return out
+
+
+def curve(session: Session, job_id: int, name: str) -> list[tuple[int, float]]:
+    """(step, value) of one metric by step; a step reported by several attempts
+    counts once, as the newest report said it."""
+    rows = session.execute(select(MetricPoint.step, MetricPoint.value).where(
+        MetricPoint.job_id == job_id, MetricPoint.name == name).order_by(MetricPoint.step, MetricPoint.id))
+    by_step: dict[int, float] = {}
+    for step, value in rows:
+        by_step[step] = value
+    return sorted(by_step.items())
+
+
+def _is_step(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
+
+
+def _dropped(session: Session, job: Job, attempt: Attempt, why: str, now: datetime) -> None:
+    told = session.scalars(select(Event.data).where(Event.attempt_id == attempt.id, Event.type == DROPPED))
+    if any(isinstance(d, dict) and d.get("reason") == why for d in told):
+        return
+    session.add(Event(job_id=job.id, attempt_id=attempt.id, type=DROPPED, at=now, data={"reason": why}))

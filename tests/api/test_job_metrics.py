@@ -1,0 +1,100 @@
+"""Metrics through the agent channel: stored per attempt, folded and
+bounded; the early_stop rule judged on them; GET /v1/jobs/{id}/metrics
+scoped to the job's team."""
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from helpers import post, wait_state
+
+from spotbroker.broker.recovery.agent_channel import agent_token
+
+RULE = {"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 0.01, "min_steps": 10}
+T0 = datetime.now(UTC)
+
+
+def report(seq: int, step: int, seconds: float, **values: float) -> dict:
+    """A metrics event as the agent forwards it, at T0 + seconds (the agent's clock)."""
+    at = (T0 + timedelta(seconds=seconds)).isoformat()
+    return {"seq": seq, "type": "metrics", "at": at, "data": {"step": step, "values": values}}
+
+
+def started(api, h, settings, **spec) -> tuple[dict, str]:
+    job_id = api.post("/v1/jobs", json={"run": "sleep 60", **spec}, headers=h).json()["id"]
+    job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    return job, agent_token(settings.signing_key(), job["attempts"][-1]["id"])
+
+
+def test_a_plateau_fires_the_rule_and_the_job_ends_early_stopped(api, team_headers, settings):
+    h = team_headers()
+    job, token = started(api, h, settings, early_stop=RULE)
+    curve = [(5, 9.0), (10, 1.0), (20, 0.5), (30, 0.6)]  # step 5 is before min_steps
+    answer = post(api, token, *[report(100 + i, step, 5 * i, val_loss=v, acc=step / 100)
+                                for i, (step, v) in enumerate(curve)]).json()
+    assert answer["stop"] is False  # one report since the best: patience is 2
+    assert api.get(f"/v1/jobs/{job['id']}", headers=h).json()["early_stop"] is None
+    answer = post(api, token, report(110, 40, 50, val_loss=0.495)).json()  # not better by min_delta
+    assert answer["stop"] is True and answer["cancel"] is False
+    fired = api.get(f"/v1/jobs/{job['id']}", headers=h).json()
+    assert fired["state"] == "RUNNING"
+    assert (fired["early_stop"]["best_step"], fired["early_stop"]["best_value"]) == (20, 0.5)
+
+    series = api.get(f"/v1/jobs/{job['id']}/metrics", headers=h).json()
+    assert [p["step"] for p in series["metrics"]["val_loss"]] == [5, 10, 20, 30, 40]
+    assert [p["value"] for p in series["metrics"]["acc"]][-1] == 0.3 and series["early_stop"] == RULE
+    assert api.get(f"/v1/jobs/{job['id']}/metrics", headers=team_headers("other")).status_code == 404
+
+    # The trainer has no library: the agent says no flush will come, and the job ends all the same.
+    answer = post(api, token, {"seq": 111, "type": "no_flush", "at": datetime.now(UTC).isoformat(),
+                               "data": {"reason": "no library", "early_stop": True}}).json()
+    assert answer["cancel"] is True
+    done = wait_state(api, h, job["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})
+    assert (done["state"], done["reason"]) == ("SUCCEEDED", "early_stopped")
+    assert (done["attempts"][-1]["state"], done["attempts"][-1]["reason"]) == ("SUCCEEDED", "early_stopped")
+    stop = done["early_stop"]
+    assert stop["done"] and stop["stopped_step"] == 40 and stop["checkpoint"] is None
+    assert stop["dollars_saved"] is None and "no saving can be computed" in stop["saving"]
+    assert stop["hours_run"] > 0
+
+
+def test_without_the_rule_a_plateau_stops_nothing(api, team_headers, settings):
+    h = team_headers()
+    job, token = started(api, h, settings)
+    answer = post(api, token, *[report(100 + i, 10 * i, 5 * i, val_loss=1.0) for i in range(10)]).json()
+    assert answer["stop"] is False
+    assert api.get(f"/v1/jobs/{job['id']}", headers=h).json()["state"] == "RUNNING"
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_reports_too_close_together_are_folded_and_names_are_bounded(api, team_headers, settings):
+    h = team_headers()
+    job, token = started(api, h, settings)
+    # Three reports within a second of each other: one point, the newest.
+    post(api, token, report(100, 1, 0.0, loss=3.0), report(101, 2, 0.5, loss=2.0), report(102, 3, 1.0, loss=1.0))
+    many = {f"m{i}": float(i) for i in range(40)}
+    post(api, token, report(103, 4, 10.0, **many))
+    post(api, token, report(104, 5, 20.0, **{"bad name": 1.0, "loss": 0.5}))
+    series = api.get(f"/v1/jobs/{job['id']}/metrics", headers=h).json()["metrics"]
+    assert [(p["step"], p["value"]) for p in series["loss"]] == [(3, 1.0), (5, 0.5)]
+    assert len(series) == 32  # loss and 31 of the 40 others
+    events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    dropped = [e["data"]["reason"] for e in events if e["type"] == "metrics_dropped"]
+    assert len(dropped) == 2 and any("32 metric names" in d for d in dropped)
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_early_stop_is_validated_naming_the_field(api, team_headers):
+    h = team_headers()
+    for bad, field in (({"mode": "min"}, "metric"), ({"metric": "val_loss", "mode": "lowest"}, "mode"),
+                       ({"metric": "val_loss", "patience": 0}, "patience"),
+                       ({"metric": "val_loss", "typo": 1}, "typo"), ({"metric": "bad name"}, "metric")):
+        r = api.post("/v1/jobs", json={"run": "true", "early_stop": bad}, headers=h)
+        assert r.status_code == 422, r.text
+        assert any(e["field"] == f"early_stop.{field}" for e in r.json()["errors"]), r.json()
+    task = b"run: python train.py\nearly_stop:\n  metric: val_loss\n  patience: -1\n"
+    r = api.post("/v1/jobs", content=task, headers={**h, "Content-Type": "application/yaml"})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "early_stop.patience", r.text
+    ok = b"run: python train.py\nearly_stop: {metric: val_loss, patience: 3, min_steps: 1000}\n"
+    r = api.post("/v1/jobs", content=ok, headers={**h, "Content-Type": "application/yaml"})
+    assert r.status_code == 201 and r.json()["spec"]["early_stop"]["min_steps"] == 1000, r.text
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
