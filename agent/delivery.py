@@ -24,6 +24,7 @@ from spotbroker.agent.backoff import jittered_backoff
 from spotbroker.agent.outbox import Outbox
 from spotbroker.agent.protocol import (
     ANSWER_CANCEL,
+    ANSWER_CHECKPOINT_INTERVAL,
     ANSWER_DRAIN,
     ANSWER_DRAIN_SECONDS,
     CREDENTIALS_PATH,
@@ -182,8 +183,10 @@ class EventSender(Delivery):
 
     def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
                  on_cancel: Callable[[], None], on_drain: Callable[[float | None], None] | None = None,
-                 on_gone: Callable[[], None] | None = None, node: int = 0) -> None:
+                 on_gone: Callable[[], None] | None = None, node: int = 0,
+                 on_interval: Callable[[float | None], None] | None = None) -> None:
         super().__init__("event-sender", config, on_gone)
+        self.on_interval = on_interval  # the broker's checkpoint interval, with every answer that has one
         self.node = node  # > 0: a multi-node job's other node; its events say which
         self.outbox = outbox
         self.client = client
@@ -218,6 +221,9 @@ class EventSender(Delivery):
             if answer.get(ANSWER_DRAIN) is True and self.on_drain is not None:
                 seconds = answer.get(ANSWER_DRAIN_SECONDS)
                 self.on_drain(float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None)
+            if ANSWER_CHECKPOINT_INTERVAL in answer and self.on_interval is not None:
+                seconds = answer[ANSWER_CHECKPOINT_INTERVAL]
+                self.on_interval(float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None)
             if answer.get(ANSWER_CANCEL) is True:
                 self.on_cancel()
 

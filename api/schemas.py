@@ -25,6 +25,11 @@ def _bounded(value: dict[str, Any]) -> dict[str, Any]:
 BoundedData = Annotated[dict[str, Any], AfterValidator(_bounded)]
 
 
+_INTERVAL = ("the checkpoint interval the library was told, and why: seconds (null: the trainer's own), mode "
+             "(auto, code, fixed), and for auto the zone, zone_mtbf_s, reclaims, exposure_s, cost_s (the measured "
+             "checkpoint cost C), cost_measured, why (in words), since")
+
+
 class AttemptOut(BaseModel):
     id: int
     state: str
@@ -44,6 +49,7 @@ class AttemptOut(BaseModel):
     created_at: datetime
     started_at: datetime | None
     ended_at: datetime | None
+    checkpoint_interval: dict[str, Any] | None = Field(None, description=_INTERVAL)
 
     @classmethod
     def of(cls, a: Attempt, cost: float) -> AttemptOut:
@@ -52,7 +58,7 @@ class AttemptOut(BaseModel):
                    accelerator_count=a.accelerator_count, use_spot=a.use_spot, num_nodes=a.num_nodes,
                    price_per_hour=a.price_per_hour, cost=round(cost, 6),
                    exit_code=a.exit_code, created_at=a.created_at, started_at=a.started_at,
-                   ended_at=a.ended_at)
+                   ended_at=a.ended_at, checkpoint_interval=a.checkpoint_interval)
 
 
 class JobOut(BaseModel):
@@ -69,6 +75,7 @@ class JobOut(BaseModel):
     updated_at: datetime
     ended_at: datetime | None
     attempts: list[AttemptOut]
+    checkpoint_interval: dict[str, Any] | None = Field(None, description="the newest attempt's: " + _INTERVAL)
 
     @classmethod
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
@@ -77,7 +84,9 @@ class JobOut(BaseModel):
         return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team, spec=public(job.spec),
                    restarts=job.restarts, recoveries=job.recoveries,
                    cost=round(sum(money.values()), 6), created_at=job.created_at,
-                   updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts)
+                   updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts,
+                   checkpoint_interval=next((a.checkpoint_interval for a in reversed(attempts)
+                                             if a.checkpoint_interval), None))
 
 
 class SubmitWarning(BaseModel):

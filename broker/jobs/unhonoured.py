@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spotbroker.broker.jobs import resfields
 
-OURS = ("estimated_hours", "deadline", "max_restarts")
+OURS = ("estimated_hours", "deadline", "max_restarts", "checkpoint")
 HONOURED = frozenset({"name", "resources", "num_nodes", "envs", "secrets", "setup", "run", "workdir",
                       "file_mounts", *OURS})
 HONOURED_RESOURCES = frozenset({"accelerators", "any_of", "ordered", "use_spot", "infra", "cloud", "region",
