@@ -90,10 +90,14 @@ def fitted(session: Session, job: Job, attempt: Attempt, now: datetime, history_
         return {"seconds": None, "mode": mode, "why": "the trainer's own every_seconds (checkpoint.interval: code)"}
     if mode == "fixed":
         return {"seconds": fixed, "mode": mode, "why": f"fixed by the job's spec (checkpoint.interval: {fixed:g})"}
-    record = zone_record(session, attempt, now, history_days)
-    mtbf = fit.mtbf_s(record)
     cost, samples = measured_cost(session, job.id)
     used = cost if cost is not None else fit.ASSUMED_COST_S
+    if not attempt.use_spot:  # on-demand is not reclaimed: checkpoints only for a move or a crash
+        return {"seconds": fit.MAX_INTERVAL_S, "mode": mode, "zone": zone_name(attempt), "zone_mtbf_s": None,
+                "cost_s": round(used, 3), "cost_measured": cost is not None,
+                "why": "on-demand: not reclaimed, so the longest interval (bounded)"}
+    record = zone_record(session, attempt, now, history_days)
+    mtbf = fit.mtbf_s(record)
     seconds = fit.young_daly(used, mtbf)
     bound = " (bounded)" if seconds in (fit.MIN_INTERVAL_S, fit.MAX_INTERVAL_S) else ""
     measured = f"measured C {used:.2f} s (median of {samples})" if cost is not None else \
