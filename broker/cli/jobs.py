@@ -226,6 +226,13 @@ def show_job(job_id: int, as_json: bool) -> None:
     print_job(job, call(c.events, job_id))
 
 
+def interval_line(interval: dict[str, Any]) -> str:
+    """The checkpoint interval in force, and why (broker/recovery/intervals.py)."""
+    seconds = interval.get("seconds")
+    what = f"{seconds / 60:.1f} min" if seconds else "the trainer's own"
+    return f"checkpoint interval: {what} ({interval.get('mode')}): {interval.get('why', '')}"
+
+
 def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
@@ -239,6 +246,8 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
         attempts.add_row(str(a["id"]), a["state"] + (f" ({a['reason']})" if a["reason"] else ""), _where(a),
                          (a["started_at"] or "-")[11:19], (a["ended_at"] or "-")[11:19], f"{a['cost']:.6f}")
     out.print(attempts)
+    if job.get("checkpoint_interval"):
+        out.print(interval_line(job["checkpoint_interval"]))
     table = Table("AT", "EVENT", "ATTEMPT", "DETAIL", title="events")
     for e in events:
         data = {k: v for k, v in e["data"].items() if k not in ("raw", "agent_at")}  # cloud payloads: see --json
