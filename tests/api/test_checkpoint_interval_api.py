@@ -62,3 +62,37 @@ def test_the_job_shows_the_interval_in_force_and_why(api, team_headers):
     for job_id in jobs.values():
         api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
         wait_state(api, h, job_id, {"CANCELLED"})
+
+
+def test_a_running_jobs_interval_shrinks_when_its_zone_is_seen_reclaimed(api, team_headers, settings, factory):
+    """The estimate changes while the job runs (other jobs' instances reclaimed
+    in its zone): the agent's next report brings the shorter interval."""
+    from datetime import UTC, datetime, timedelta
+
+    from money.world import World
+
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "sleep 120", "resources": {"accelerators": "T4:1"}},
+                      headers=h).json()["id"]
+    before = interval_of(api, h, job_id)
+    here = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][-1]
+    world = World(factory)
+    other = world.job(world.team("others"), state="SUCCEEDED")
+    now = datetime.now(UTC)
+    for i in range(6):  # six instances of another team's, each reclaimed after 10 minutes
+        start = now - timedelta(hours=6 - i)
+        world.attempt(other, start=start, end=start + timedelta(minutes=10), end_reason="preempted",
+                      cloud=here["cloud"], region=here["region"], zone_id=here["zone_id"],
+                      instance_type=here["instance_type"], accelerator="T4")
+    settings.placement_interval = 1.0  # fitted again at the agent's next report, not a minute later
+    try:
+        after = wait_for(lambda: (i := api.get(f"/v1/jobs/{job_id}", headers=h).json()["checkpoint_interval"])
+                         and i["reclaims"] == 6 and i, timeout=60, what="the interval fitted again")
+    finally:
+        settings.placement_interval = 60.0
+    assert after["seconds"] < before["seconds"] and after["zone_mtbf_s"] < before["zone_mtbf_s"]
+    events = api.get(f"/v1/jobs/{job_id}/events", headers=h).json()["events"]
+    told = [e["data"] for e in events if e["type"] == "checkpoint_interval"]
+    assert [t["seconds"] for t in told] == [before["seconds"], after["seconds"]]
+    assert told[-1]["previous_seconds"] == before["seconds"]
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
