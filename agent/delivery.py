@@ -24,6 +24,7 @@ from spotbroker.agent.backoff import jittered_backoff
 from spotbroker.agent.outbox import Outbox
 from spotbroker.agent.protocol import (
     ANSWER_CANCEL,
+    ANSWER_CHECKPOINT_INTERVAL,
     ANSWER_DRAIN,
     ANSWER_DRAIN_SECONDS,
     ANSWER_STOP,
@@ -184,9 +185,11 @@ class EventSender(Delivery):
     def __init__(self, outbox: Outbox, client: BrokerClient, config: RunnerConfig,
                  on_cancel: Callable[[], None], on_drain: Callable[[float | None], None] | None = None,
                  on_gone: Callable[[], None] | None = None, node: int = 0,
-                 on_stop: Callable[[], None] | None = None) -> None:
+                 on_stop: Callable[[], None] | None = None,
+                 on_interval: Callable[[float | None], None] | None = None) -> None:
         super().__init__("event-sender", config, on_gone)
         self.on_stop = on_stop  # the broker's early stop: checkpoint, then the trainer ends
+        self.on_interval = on_interval  # the broker's checkpoint interval, with every answer that has one
         self.node = node  # > 0: a multi-node job's other node; its events say which
         self.outbox = outbox
         self.client = client
@@ -223,6 +226,9 @@ class EventSender(Delivery):
                 self.on_drain(float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None)
             if answer.get(ANSWER_STOP) is True and self.on_stop is not None:
                 self.on_stop()
+            if ANSWER_CHECKPOINT_INTERVAL in answer and self.on_interval is not None:
+                seconds = answer[ANSWER_CHECKPOINT_INTERVAL]
+                self.on_interval(float(seconds) if isinstance(seconds, int | float) and seconds > 0 else None)
             if answer.get(ANSWER_CANCEL) is True:
                 self.on_cancel()
 

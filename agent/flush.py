@@ -20,7 +20,7 @@ from datetime import datetime
 from pathlib import Path
 
 from spotbroker.agent import proctree
-from spotbroker.agent.protocol import FLUSH_FILE, FLUSH_SIGNAL, LIBRARY_FILE, LIBRARY_PREFIX, LIBRARY_SUFFIX
+from spotbroker.agent.protocol import FLUSH_FILE, FLUSH_SIGNAL, INTERVAL_FILE, LIBRARY_FILE, LIBRARY_PREFIX, LIBRARY_SUFFIX
 
 log = logging.getLogger("spotbroker.agent")
 
@@ -73,3 +73,10 @@ def request_flush(control_dir: Path, pids: list[int], deadline: datetime, reason
         except ProcessLookupError:
             continue
     return signalled
+
+
+def write_interval_file(control_dir: Path, seconds: float | None) -> None:
+    """The broker's checkpoint interval for the library (agent/checkpoint/interval.py), written whole."""
+    tmp = control_dir / (INTERVAL_FILE + ".tmp")
+    tmp.write_text(json.dumps({"seconds": seconds}))
+    os.replace(tmp, control_dir / INTERVAL_FILE)

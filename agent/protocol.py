@@ -84,6 +84,8 @@ FLUSH_SIGNAL = "SIGUSR1"       # sent to each announced pid (never a process gro
 STOP_FILE = "stop.json"
 EARLY_STOP = "early_stop"      # that checkpoint's reason; the job ends SUCCEEDED with reason EARLY_STOPPED
 EARLY_STOPPED = "early_stopped"
+# The agent writes the broker's checkpoint interval: {"seconds": float | null} (null: the trainer's own).
+INTERVAL_FILE = "interval.json"
 
 # --- Event types (trainer -> agent -> broker, and agent -> broker).
 HEARTBEAT = "heartbeat"
@@ -100,12 +102,13 @@ TRAINER_EXITED = "trainer_exited"              # data: exit_code
 # data: step (int), values ({name: finite float}). The library writes one per
 # report(); the agent folds those that come more often than every few seconds.
 METRICS = "metrics"
+INTERVAL_ADOPTED = "checkpoint_interval_adopted"  # data: seconds (null: the trainer's own), code_seconds
 # data: reason. The agent could not set up the trainer's control directory:
 # no flush can be asked, so a notice goes straight to recovery.
 CONTROL_UNAVAILABLE = "control_unavailable"
 AGENT_EVENT_TYPES = frozenset({
     HEARTBEAT, PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION, CHECKPOINT_COMMITTED,
-    NO_FLUSH, RESUMED, TRAINER_STARTED, TRAINER_EXITED, CONTROL_UNAVAILABLE, METRICS,
+    NO_FLUSH, RESUMED, TRAINER_STARTED, TRAINER_EXITED, CONTROL_UNAVAILABLE, METRICS, INTERVAL_ADOPTED,
 })
 
 # --- Agent -> broker over HTTP, `Authorization: Bearer <agent token>`.
@@ -122,6 +125,9 @@ AGENT_EVENT_TYPES = frozenset({
 #   DRAIN_KIND, cloud DRAIN_CLOUD, source DRAIN_SOURCE and raw null, and asks
 #   the library to flush (reason DRAIN_KIND); the broker then cancels the
 #   attempt. An answer without "drain" (an older broker) is no drain.
+#   "checkpoint_interval_s": float | null, the library's periodic interval in
+#   force (the job spec's `checkpoint.interval`: fitted, fixed, or null for the
+#   trainer's own); the agent writes each new value to INTERVAL_FILE.
 # POST LOGS_PATH    raw bytes of the trainer's output, header `X-Log-Offset`:
 #   the byte offset of this chunk in the attempt's log; re-sent chunks are
 #   ignored by offset. Header `X-Log-Node`: the node's rank, whose log it is
@@ -139,6 +145,7 @@ ANSWER_CANCEL = "cancel"  # fields of the events answer
 ANSWER_DRAIN = "drain"
 ANSWER_DRAIN_SECONDS = "drain_seconds"
 ANSWER_STOP = "stop"
+ANSWER_CHECKPOINT_INTERVAL = "checkpoint_interval_s"
 DRAIN_KIND = "drain"           # a drain's notice kind, and the reason in its flush.json
 DRAIN_CLOUD = "broker"
 DRAIN_SOURCE = "broker.drain"

@@ -62,6 +62,7 @@ from spotbroker.agent.delivery import (
     LogShipper,
 )
 from spotbroker.agent.metricsfold import MetricsFolder
+from spotbroker.agent.flush import write_interval_file
 from spotbroker.agent.notice_path import NoticePath
 from spotbroker.agent.outbox import OUTBOX_FILE, Outbox
 from spotbroker.agent.protocol import (
@@ -168,6 +169,7 @@ class Supervisor(NoticePath, StopPath):
         self._library_flushed = False
         self._watchers_lock = threading.Lock()
         self._forward_lock = threading.Lock()
+        self._interval: float | None = None  # the broker's checkpoint interval, as last written for the library
 
     # --- the whole run -------------------------------------------------------------
 
@@ -230,7 +232,7 @@ class Supervisor(NoticePath, StopPath):
             self.client = BrokerClient(self.config.broker_url, self.config.token, self.config.request_timeout)
             self._deliveries = [
                 EventSender(self.outbox, self.client, self.config, self.cancel, self.drain, on_gone=self.gone,
-                            node=self.config.node_rank, on_stop=self.stop_early),
+                            node=self.config.node_rank, on_stop=self.stop_early, on_interval=self.set_interval),
             ]
             self._deliveries.append(LogShipper(self.log_path, self.client, self.config, on_gone=self.gone,
                                                node=self.config.node_rank))
@@ -321,6 +323,16 @@ class Supervisor(NoticePath, StopPath):
             delivery.stop()
         if not self._trainer_done.is_set():
             self.cancel()
+
+    def set_interval(self, seconds: float | None) -> None:
+        """The broker's checkpoint interval: written for the library when it changes."""
+        if seconds == self._interval or self.control_dir is None:
+            return
+        try:
+            write_interval_file(self.control_dir, seconds)
+            self._interval = seconds
+        except OSError as exc:
+            log.warning("cannot hand the checkpoint interval to the library: %s", exc)
 
     def _signal_group(self, signum: int) -> None:
         """The trainer's group and its whole tree (torchrun's workers run in sessions of their own)."""

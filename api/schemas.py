@@ -29,6 +29,11 @@ def _bounded(value: dict[str, Any]) -> dict[str, Any]:
 BoundedData = Annotated[dict[str, Any], AfterValidator(_bounded)]
 
 
+_INTERVAL = ("the checkpoint interval the library was told, and why: seconds (null: the trainer's own), mode "
+             "(auto, code, fixed), and for auto the zone, zone_mtbf_s, reclaims, exposure_s, cost_s (the measured "
+             "checkpoint cost C), cost_measured, why (in words), since")
+
+
 class AttemptOut(BaseModel):
     id: int
     state: str
@@ -49,6 +54,7 @@ class AttemptOut(BaseModel):
     started_at: datetime | None
     ended_at: datetime | None
     preflight: bool = Field(default=False, description="the job's trial run before any GPU was rented")
+    checkpoint_interval: dict[str, Any] | None = Field(None, description=_INTERVAL)
 
     @classmethod
     def of(cls, a: Attempt, cost: float) -> AttemptOut:
@@ -57,7 +63,7 @@ class AttemptOut(BaseModel):
                    accelerator_count=a.accelerator_count, use_spot=a.use_spot, num_nodes=a.num_nodes,
                    price_per_hour=a.price_per_hour, cost=round(cost, 6),
                    exit_code=a.exit_code, created_at=a.created_at, started_at=a.started_at,
-                   ended_at=a.ended_at, preflight=a.preflight)
+                   ended_at=a.ended_at, preflight=a.preflight, checkpoint_interval=a.checkpoint_interval)
 
 
 class JobOut(BaseModel):
@@ -84,6 +90,7 @@ class JobOut(BaseModel):
         "once the spec's early_stop rule fired: metric, best_step, best_value, stopped_step, the checkpoint "
         "kept (id, step, uri, choice: best | after_best), hours_run, dollars_run, and with estimated_hours "
         "hours_saved and dollars_saved (else null, and `saving` says why)"))
+    checkpoint_interval: dict[str, Any] | None = Field(None, description="the newest attempt's: " + _INTERVAL)
 
     @classmethod
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
@@ -94,7 +101,9 @@ class JobOut(BaseModel):
                    labels=labels_of(job.spec), spec=public(job.spec), restarts=job.restarts, recoveries=job.recoveries,
                    cost=round(sum(money.values()), 6), created_at=job.created_at,
                    updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts,
-                   preflight=preflight.of_job(job), early_stop=stopped)
+                   preflight=preflight.of_job(job), early_stop=stopped,
+                   checkpoint_interval=next((a.checkpoint_interval for a in reversed(attempts)
+                                             if a.checkpoint_interval), None))
 
 
 class SubmitWarning(BaseModel):

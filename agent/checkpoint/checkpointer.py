@@ -80,6 +80,7 @@ from spotbroker.agent import protocol
 from spotbroker.agent.checkpoint.control import ControlChannel, control_dir_from
 from spotbroker.agent.checkpoint.distributed import RankedSaves
 from spotbroker.agent.checkpoint.format import FORMAT, CheckpointInfo, CheckpointInvalid, load_checkpoint
+from spotbroker.agent.checkpoint.interval import BrokerInterval
 from spotbroker.agent.checkpoint.listing import list_checkpoints
 from spotbroker.agent.checkpoint.options import CheckpointOptions
 from spotbroker.agent.checkpoint.preflight import Preflight, device
@@ -167,6 +168,7 @@ class Checkpointer:
         self._last_step: int | None = None
 
         self._control = ControlChannel(self.control_dir, options.handle_signal)
+        self._interval = BrokerInterval(self.control_dir, self._control.emit, every_seconds)  # the spec's, if any
         # Only now that a flush request can be taken does the agent learn we are here;
         # and only with checkpoints on: otherwise it must not wait for a flush.
         if self.uri:
@@ -336,11 +338,13 @@ class Checkpointer:
     def _periodic_due(self, step: int) -> bool:
         return step > self._last_save_step and (self._steps_due(step) or self._time_due())
 
-    def _steps_due(self, step: int) -> bool:
-        return bool(self.every_steps) and step - self._last_save_step >= self.every_steps
+    def _steps_due(self, step: int) -> bool:  # (ranks agree on the time vote only: their every_steps stays)
+        broker = self._ranked is None and self._interval.poll() is not None
+        return bool(self.every_steps) and not broker and step - self._last_save_step >= self.every_steps
 
     def _time_due(self) -> bool:
-        return bool(self.every_seconds) and time.monotonic() - self._last_save_time >= self.every_seconds
+        every = self._interval.poll() or self.every_seconds
+        return bool(every) and time.monotonic() - self._last_save_time >= every
 
     def _state(self, step: int) -> dict[str, Any]:
         return {

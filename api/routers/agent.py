@@ -69,6 +69,8 @@ class AgentAnswer(BaseModel):
     drain_seconds: float | None = Field(None, description="a drain: the flush must be committed within this")
     stop: bool = Field(False, description="the job's early_stop rule fired: checkpoint at the next step "
                                           "boundary and stop (the library's stop.json)")
+    checkpoint_interval_s: float | None = Field(None, description="the checkpoint library's periodic interval in "
+                                                "force, in seconds, instead of the trainer's own; null: its own")
 
 
 class CredentialsAnswer(BaseModel):
@@ -134,7 +136,8 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
         try:
             return retrying(state.session_factory, lambda session: agent_channel.record(
                 session, session.get(Attempt, attempt.id), events, state.settings.checkpoint_uri,
-                clock=state.clock))
+                clock=state.clock, interval_refresh_s=state.settings.placement_interval,
+                history_days=state.settings.placement_history_days))
         except StaleDataError:
             raise Problem(503, "Unavailable", "the job changed under every try: send the batch again",
                           headers={"Retry-After": "1"}) from None
@@ -150,7 +153,8 @@ async def post_events(request: Request, body: AgentEvents, attempt: CurrentAttem
         left = (outcome.drain_until - state.clock.now()).total_seconds() - DRAIN_REPORT_S
         drain_seconds = max(left, 1.0)
     return AgentAnswer(accepted=outcome.accepted, last_seq=outcome.last_seq, cancel=outcome.cancel,
-                       drain=outcome.drain, drain_seconds=drain_seconds, stop=outcome.stop)
+                       drain=outcome.drain, drain_seconds=drain_seconds, stop=outcome.stop,
+                       checkpoint_interval_s=outcome.checkpoint_interval_s)
 
 
 @router.post(protocol.LOGS_PATH, response_model=LogAnswer, responses=responses(401, 410, 413, 422, s410=_GONE))

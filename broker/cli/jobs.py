@@ -272,6 +272,13 @@ def show_job(job_id: int, as_json: bool) -> None:
     print_job(job, call(c.events, job_id))
 
 
+def interval_line(interval: dict[str, Any]) -> str:
+    """The checkpoint interval in force, and why (broker/recovery/intervals.py)."""
+    seconds = interval.get("seconds")
+    what = f"{seconds / 60:.1f} min" if seconds else "the trainer's own"
+    return f"checkpoint interval: {what} ({interval.get('mode')}): {interval.get('why', '')}"
+
+
 def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
@@ -294,6 +301,8 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
         from spotbroker.broker.cli.metrics import early_stop_lines
 
         out.print("\n".join(early_stop_lines(job["early_stop"])))
+    if job.get("checkpoint_interval"):
+        out.print(interval_line(job["checkpoint_interval"]))
     table = Table("AT", "EVENT", "ATTEMPT", "DETAIL", title="events")
     for e in events:
         # cloud payloads, and a failed pre-flight's output (printed above): see --json

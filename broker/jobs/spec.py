@@ -24,6 +24,7 @@ from pydantic import (
 
 from spotbroker.agent import protocol
 from spotbroker.broker.jobs import resfields
+from spotbroker.broker.jobs.checkpointspec import CheckpointSpec
 from spotbroker.broker.jobs.mountspec import (  # noqa: F401  (importers of the mount models find them here too)
     BUCKET_NAME,
     FileMount,
@@ -273,6 +274,7 @@ class JobSpec(_Strict):
     deadline: AwareDatetime | None = None
     preflight: PreflightField = None
     early_stop: EarlyStopRule | None = None  # stop when the reported metric stops improving (stoprule.py)
+    checkpoint: CheckpointSpec | None = None  # None: interval auto (broker/jobs/checkpointspec.py)
     resources: Resources = Field(default_factory=Resources)
     # Values go to the job's process as environment variables, like `envs`,
     # but are never shown by the API (`public()`) nor logged.

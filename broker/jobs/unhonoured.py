@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from spotbroker.broker.jobs import resfields
 
-OURS = ("estimated_hours", "deadline", "max_restarts", "early_stop")
+OURS = ("estimated_hours", "deadline", "max_restarts", "early_stop", "checkpoint")
 OURS += ("preflight",)  # broker/jobs/preflight.py
 HONOURED = frozenset({"name", "resources", "num_nodes", "envs", "secrets", "setup", "run", "workdir",
                       "file_mounts", *OURS})

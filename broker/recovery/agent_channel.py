@@ -44,6 +44,7 @@ from spotbroker.broker.jobs import metrics
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
 from spotbroker.broker.recovery import attempts as recovery
 from spotbroker.broker.recovery import earlystop
+from spotbroker.broker.recovery import intervals
 from spotbroker.broker.recovery.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
 from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, Team
 
@@ -83,6 +84,7 @@ class Outcome:
     # Set when the batch was refused (nothing stored): [{"field": ..., "message": ...}], and why
     refused: list[dict[str, str]] = field(default_factory=list)
     refusal: str = ""
+    checkpoint_interval_s: float | None = None  # the library's interval in force (None: the trainer's own)
 
 
 def agent_token(key: bytes, attempt_id: int) -> str:
@@ -110,9 +112,10 @@ def newest_checkpoint(session: Session, job_id: int) -> Checkpoint | None:
 
 
 def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpoint_root: str,
-           clock: Clock = SYSTEM_CLOCK) -> Outcome:
+           clock: Clock = SYSTEM_CLOCK, *, interval_refresh_s: float = 60.0, history_days: float = 7.0) -> Outcome:
     """Store a batch of the agent's events (`checkpoint_root`: the broker's
-    setting, from which the attempt's own prefix is built)."""
+    setting, from which the attempt's own prefix is built); the answer carries
+    the checkpoint interval in force (broker/recovery/intervals.py)."""
     job = session.get(Job, attempt.job_id)
     node = _node(events)
     last = _node_last_seq(session, attempt, node) if node else attempt.agent_seq
@@ -150,8 +153,10 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
     live = attempt.state in LIVE_ATTEMPT_STATES
     move = live and recovery.is_move(job)
     drain = move or (live and recovery.peers_drain(job, attempt))
+    interval = intervals.refresh(session, job, attempt, events, clock.now(), refresh_s=interval_refresh_s,
+                                 history_days=history_days) if _is_current(job, attempt) else None
     return Outcome(accepted=accepted, last_seq=last, cancel=not live, drain=drain, moved=moved,
-                   drain_until=job.next_check_at if move else None,
+                   drain_until=job.next_check_at if move else None, checkpoint_interval_s=interval,
                    stop=live and earlystop.stop_wanted(session, job, attempt))
 
 

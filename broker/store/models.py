@@ -177,6 +177,8 @@ class Attempt(Base):
     started_at: Mapped[datetime | None]
     ended_at: Mapped[datetime | None]
     version: Mapped[int] = mapped_column(Integer, default=1)
+    # The checkpoint interval the library is told, and why (broker/recovery/intervals.py).
+    checkpoint_interval: Mapped[dict[str, Any] | None] = mapped_column(JSON)
 
     job: Mapped[Job] = relationship(back_populates="attempts")
 

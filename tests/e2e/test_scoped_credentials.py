@@ -26,6 +26,8 @@ from spotbroker.broker.recovery.agent_channel import agent_token
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 REPO = Path(__file__).resolve().parents[2]
+# Periodic saves every 5 steps, as the trainer says (the broker's fitted interval would be minutes).
+CODE_INTERVAL = {"interval": "code"}
 TRAIN = ["python", str(REPO / "examples" / "train.py"), "--steps", "120", "--seed", "3", "--every-steps", "5",
          "--log-every", "1", "--step-seconds", "0.15"]
 # The agent renews 6 s after start, then every 15 s, its floor (sessions last 900 s, the least STS allows).
@@ -57,6 +59,7 @@ def test_a_job_flushes_and_resumes_with_only_its_scoped_credentials(api, team_he
     since = len(sessions())
     h = team_headers("vision")
     job_id = api.post("/v1/jobs", json={"name": "train", "run": shlex.join(TRAIN), "max_restarts": 0,
+                                        "checkpoint": CODE_INTERVAL,
                                         "envs": RENEW_EARLY, "resources": {"accelerators": "T4:1"}},
                       headers=h).json()["id"]
     job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
@@ -148,7 +151,8 @@ def test_a_jobs_own_keys_read_its_own_data_while_checkpoints_use_the_scoped_ones
     run = (f"python -c {shlex.quote(READ_OWN_DATA)} {bucket} && env && "
            f"python {REPO / 'examples' / 'train.py'} --steps 10 --seed 3 --every-steps 5 --log-every 1")
     job_id = api.post("/v1/jobs", json={
-        "name": "own-data", "run": run, "max_restarts": 0, "resources": {"accelerators": "T4:1"},
+        "name": "own-data", "run": run, "max_restarts": 0,
+        "checkpoint": CODE_INTERVAL, "resources": {"accelerators": "T4:1"},
         "envs": {"AWS_ENDPOINT_URL": moto_endpoint, "AWS_REGION": "us-east-1"},
         "secrets": {"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret}}, headers=h).json()["id"]
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=120)

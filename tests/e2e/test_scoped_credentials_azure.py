@@ -22,6 +22,8 @@ from helpers import wait_for, wait_state
 pytest.importorskip("azure.storage.blob", reason="azure-storage-blob comes with the broker extra")
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 REPO = Path(__file__).resolve().parents[2]
+# Periodic saves every 5 steps, as the trainer says (the broker's fitted interval would be minutes).
+CODE_INTERVAL = {"interval": "code"}
 CONTAINER = "ckpt"
 TRAIN = ["python", str(REPO / "examples" / "train.py"), "--steps", "120", "--seed", "3", "--every-steps", "5",
          "--log-every", "1", "--step-seconds", "0.15"]
@@ -56,6 +58,7 @@ def test_a_job_flushes_and_resumes_from_azure_with_only_its_sas_tokens(api, team
     monkeypatch.setattr(azure_sas, "mint", lambda settings, scope: minted.append(scope.write) or mint(settings, scope))
     h = team_headers("vision")
     job_id = api.post("/v1/jobs", json={"name": "train", "run": shlex.join(TRAIN), "max_restarts": 0,
+                                        "checkpoint": CODE_INTERVAL,
                                         "envs": RENEW_EARLY, "resources": {"accelerators": "T4:1"}},
                       headers=h).json()["id"]
     job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)

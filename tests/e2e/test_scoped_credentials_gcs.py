@@ -30,6 +30,8 @@ from helpers import wait_for, wait_state
 pytest.importorskip("google.auth", reason="google-auth comes with the broker extra")
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 REPO = Path(__file__).resolve().parents[2]
+# Periodic saves every 5 steps, as the trainer says (the broker's fitted interval would be minutes).
+CODE_INTERVAL = {"interval": "code"}
 BUCKET = "ckpt"
 TRAIN = ["python", str(REPO / "examples" / "train.py"), "--steps", "120", "--seed", "3", "--every-steps", "5",
          "--log-every", "1", "--step-seconds", "0.15"]
@@ -63,6 +65,7 @@ def attempt_of(boundary: dict) -> str:
 def test_a_job_flushes_and_resumes_from_gcs_with_only_its_downscoped_token(api, team_headers, settings, google):
     h = team_headers("vision")
     job_id = api.post("/v1/jobs", json={"name": "train", "run": shlex.join(TRAIN), "max_restarts": 0,
+                                        "checkpoint": CODE_INTERVAL,
                                         "envs": RENEW_EARLY, "resources": {"accelerators": "T4:1"}},
                       headers=h).json()["id"]
     job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
