@@ -95,8 +95,10 @@ def load_histories(session: Session, now: datetime, settings: Settings) -> dict[
     While any of our spot instances ran in a place, the place had capacity:
     the union of their runs is "up", and a refusal, a probe or another
     instance's reclaim inside it says nothing more. A stretch of that union
-    ends in a reclaim when the run that ends it was reclaimed. Outside the
-    union, refusals and probes are the samples.
+    ends in a reclaim when the run that ends it was reclaimed (or, still
+    live, has had a preemption notice). Outside the union, refusals and
+    probes are the samples. Everything comes from the database, so a broker
+    restarted at any point reads what a live one would.
     """
     since = now - timedelta(days=settings.placement_history_days)
     rows = session.execute(
@@ -110,7 +112,9 @@ def load_histories(session: Session, now: datetime, settings: Settings) -> dict[
         if r.started_at is not None:
             live = r.state in LIVE_ATTEMPT_STATES or r.ended_at is None
             end = now if live else r.ended_at
-            reclaimed = not live and r.end_reason in RECLAIMED
+            # a live attempt already ending PREEMPTED has had its notice: the zone is
+            # being reclaimed now, for every job placed before its flush ends it
+            reclaimed = r.end_reason in RECLAIMED
             runs[key].append((r.started_at.timestamp(), end.timestamp(), reclaimed))
         elif r.end_reason == EndReason.NO_CAPACITY and r.ended_at is not None:
             points[key].append((r.ended_at.timestamp(), Event.CAPACITY_FAILURE))

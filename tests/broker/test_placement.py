@@ -102,6 +102,22 @@ def test_a_place_just_seen_reclaimed_is_tried_last(factory, settings, team):
     assert choice.placements[0].place != cheapest.place and choice.placements[-1].place == cheapest.place
 
 
+def test_a_place_whose_instance_had_a_notice_counts_as_reclaimed_before_the_flush_ends_it(factory, settings, team):
+    spec = JobSpec.model_validate({"run": "x", "resources": T4})
+    job_id = submit(factory, team, resources=T4)
+    now = Clock().now()
+    with transaction(factory) as s:
+        cheapest = rank_offers(s, spec, limit=1)[0]
+        noticed = add_attempt(s, job_id, cheapest, state="RUNNING", started=now - timedelta(hours=3))
+        noticed.end_reason = EndReason.PREEMPTED  # what recovery writes on a notice (the job PREEMPTING)
+        s.flush()
+        h = load_histories(s, now, settings)[attempt_key(noticed)]
+    assert (h.preemptions, h.last_available) == (1, False)
+    with factory() as s:
+        choice = Placer(settings).choose(s, s.get(Job, job_id), spec, now)
+    assert choice.placements[0].place != cheapest.place and choice.placements[-1].place == cheapest.place
+
+
 def test_on_demand_only_jobs_take_the_list_price(factory, settings, team):
     resources = {**T4, "use_spot": False}
     spec = JobSpec.model_validate({"run": "x", "resources": resources})

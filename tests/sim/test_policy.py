@@ -87,6 +87,10 @@ def test_without_a_deadline_it_only_ever_waits_for_spot():
     decision = SpotBroker().decide(observation(zones, deadline_s=None))
     assert decision.action is Action.LAUNCH and decision.otherwise is Action.WAIT
     assert all(o.capacity is Capacity.SPOT for o in decision.offers)
+    # the cheaper one was just seen without spot (at t = 0, which the policy once took for "never")
+    assert [o.zone for o in decision.offers] == ["us-east-1a", "us-west-2a"]
+    zones = [zone_state("us-east-1a", 1.2, True), zone_state("us-west-2a", 0.9, True)]
+    decision = SpotBroker().decide(observation(zones, deadline_s=None))
     assert decision.offers[0].zone == "us-west-2a"  # the cheaper one first
 
 

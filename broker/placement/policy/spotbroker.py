@@ -92,6 +92,19 @@ def _outages_covered(i: int, est: list[ZoneEstimate], p_down: list[float], all_d
     return ZoneEstimate(e.up_mean_s, others_down * e.down_mean_s + (1 - others_down) * bridged)
 
 
+def _still_down(zone: ZoneState, est: ZoneEstimate, now_s: float, step_s: float) -> bool:
+    """The zone was last seen without spot (a reclaim, a refusal, a failed probe) and
+    nothing seen since says otherwise: it is taken to be still out while more than
+    half of its outages would be (the learned mean's median, at least one step).
+    The memory lasts that long whoever decides: a broker restarted after a reclaim
+    (its first pass a lease and a heartbeat timeout later) reads the same samples
+    from the database and decides as a live one would have at its next pass."""
+    h = zone.history
+    if h.last_available is not False or h.last_sample_s is None:
+        return False
+    return now_s - h.last_sample_s <= max(step_s, est.down_mean_s * math.log(2))
+
+
 @dataclass
 class _Step:
     """What one decision works from: the observation and what was derived from it."""
@@ -209,11 +222,8 @@ class SpotBroker:
         (a preemption, a failed launch) is tried last."""
         obs, costs = step.obs, step.costs
 
-        def seen_down(z: ZoneState) -> bool:
-            h = z.history
-            return h.last_available is False and obs.now_s - (h.last_sample_s or -math.inf) <= obs.step_s
-
-        order = sorted(range(len(obs.zones)), key=lambda i: (seen_down(obs.zones[i]), costs[i]))
+        order = sorted(range(len(obs.zones)),
+                       key=lambda i: (_still_down(obs.zones[i], step.est[i], obs.now_s, obs.step_s), costs[i]))
         offers = [Offer(obs.zones[i].zone, Capacity.SPOT) for i in order]
         if obs.running is not None:  # on on-demand: leave it when spot is there
             return Decision.launch(*offers, otherwise=Action.KEEP, reason="no deadline: spot when there")
@@ -259,7 +269,7 @@ class SpotBroker:
         wait = value(planner.WAIT_DOWN)
         od = value(planner.LAUNCH_OD_DOWN) + step.fee(step.here, od_zone.zone) + step.fee(od_zone.zone, h.zone)
         fallback = min(wait, od)
-        launch_home = worth(home, self._spell_age(h, obs.now_s, g))
+        launch_home = worth(home, self._spell_age(h, step.est[home], obs.now_s, g))
         probe = () if launch_home else (h.zone,)  # else watch its spell grow before launching
         offers: list[Offer] = []
         if go_spot:
@@ -317,17 +327,17 @@ class SpotBroker:
         return Decision.launch(Offer(h.zone, Capacity.SPOT), reason="on-demand: back to spot")
 
     @staticmethod
-    def _spell_age(zone: ZoneState, now_s: float, step_s: float) -> float:
+    def _spell_age(zone: ZoneState, est: ZoneEstimate, now_s: float, step_s: float) -> float:
         """How long the zone's current spell of capacity has lasted: 0 for one that would
-        start now in an outage; inf (established) when it was already up when first
-        seen, or the zone was not watched."""
+        start now in an outage (the zone is still taken to be out, `_still_down`); inf
+        (established) when it was already up when first seen, or the zone was not watched."""
         hist = zone.history
         fresh = hist.last_sample_s is not None and now_s - hist.last_sample_s <= step_s
         if fresh and hist.up_start_seen:
             age = hist.up_for_s(now_s)
             if age is not None:
                 return age
-        return 0.0 if fresh and hist.last_available is False else math.inf
+        return 0.0 if _still_down(zone, est, now_s, step_s) else math.inf
 
     def _plan(self, obs: Observation, e: ZoneEstimate, home: ZoneState) -> planner.Plan:
         horizon = obs.deadline_s - obs.started_s - obs.work_total_s  # the most slack the job ever has
