@@ -99,7 +99,8 @@ def _marked_processes(mark: bytes, spare_children: bool) -> dict[int, tuple[str,
 
 
 def _file_seconds() -> dict[str, float]:
-    """tests/durations.txt: seconds per test file, from a measured run."""
+    """tests/durations.txt: seconds per test file (or per test of a file in
+    SPREAD), from a measured run."""
     table = {}
     for line in Path(__file__).with_name("durations.txt").read_text().splitlines():
         if line.strip() and not line.startswith("#"):
@@ -108,14 +109,63 @@ def _file_seconds() -> dict[str, float]:
     return table
 
 
+# Files whose tests share nothing costly (no module fixture but a reference
+# run, see helpers.once_per_run): xdist hands out each of their tests on its
+# own, so that a heavy file spreads over the workers instead of holding one
+# for minutes (the killed-brokers file was 295 s on one worker). Every other
+# file goes whole to one worker (loadfile), so that its module fixtures (a
+# moto server, SkyPilot's API server, a launched cluster) start once.
+SPREAD = frozenset({
+    "e2e/test_brokers_killed.py", "e2e/test_job_shapes.py", "e2e/test_distributed.py", "e2e/test_preemption.py",
+    "e2e/test_job_isolation.py", "e2e/test_scoped_credentials.py", "api/test_jobs_api.py",
+})
+
+
+def _unit(nodeid: str) -> str:
+    """What one xdist worker takes at once: the test's file, or in a SPREAD file the test."""
+    name = nodeid.removeprefix("tests/")
+    file = name.split("::")[0]
+    return name if file in SPREAD else file
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """loadfile, but for the SPREAD files' tests, each a unit of its own.
+    (xdist's `xdist_group` marks would say the same, but xdist 3.8 records a
+    group in `item._nodeid`, which pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SpreadScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            unit = _unit(nodeid)
+            return nodeid if "::" in unit else super()._split_scope(nodeid)
+
+    return SpreadScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    # xdist's loadfile hands whole files to the workers in this order (with
-    # --no-loadscope-reorder): the slowest first, so that the run does not end
-    # on one worker still in a long file while the others have nothing left.
-    # A stable sort: tests keep their order within a file, unlisted files
-    # theirs after the listed ones. The same order in every worker.
+    # xdist hands out the units (above) to the workers in collection order
+    # (with --no-loadscope-reorder): the slowest first, so that the run does
+    # not end on one worker still in a long one while the others have
+    # nothing left. A stable sort: tests keep their order within a file,
+    # unlisted files theirs after the listed ones. The same order in every
+    # worker. A test of a SPREAD file without its own line in the table
+    # counts as its file's share.
     seconds = _file_seconds()
-    items.sort(key=lambda item: -seconds.get(item.nodeid.split("::")[0].removeprefix("tests/"), 0.0))
+    units = [_unit(item.nodeid) for item in items]
+    per_file: dict[str, int] = {}
+    for unit in units:
+        file = unit.split("::")[0]
+        per_file[file] = per_file.get(file, 0) + 1
+
+    def cost(unit: str) -> float:
+        file = unit.split("::")[0]
+        return seconds.get(unit, seconds.get(file, 0.0) / (per_file[file] if unit != file else 1))
+
+    order = {id(item): -cost(unit) for item, unit in zip(items, units, strict=True)}
+    items.sort(key=lambda item: order[id(item)])
 
 
 def _pg_unavailable(reason: str) -> None:
@@ -290,3 +340,4 @@ def team_headers(api) -> Callable[[str], dict[str, str]]:
         return {"Authorization": f"Bearer {r.json()['token']}"}
 
     return make
+

@@ -33,6 +33,26 @@ def wait_for(predicate: Callable[[], object], timeout: float = 20, interval: flo
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+def once_per_run(tmp_path_factory, name: str, compute: Callable[[], str]) -> str:
+    """`compute()`, run once for the whole run whichever xdist worker asks
+    first (the others wait for it and read its answer): for a reference
+    result that the tests of a file spread over the workers share, such as
+    an uninterrupted training's final loss (a torch start, seconds of CPU)."""
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = root.parent  # the run's, above each worker's own
+    answer = root / f"{name}.once"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if answer.exists():
+            return answer.read_text()
+        value = compute()  # raises: nothing kept, the next test tries again
+        answer.write_text(value)
+        return value
+
+
 def wait_state(api, headers, job_id: int, states: set[str], timeout: float = 20) -> dict:
     def reached():
         job = api.get(f"/v1/jobs/{job_id}", headers=headers).json()

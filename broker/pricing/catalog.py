@@ -198,6 +198,13 @@ def snapshot_date() -> date | None:
 
 
 def snapshot_rows() -> list[OfferRow]:
+    return list(_snapshot())
+
+
+@lru_cache(maxsize=1)
+def _snapshot() -> tuple[OfferRow, ...]:
+    """Read once per process: the files are in the package and the rows
+    immutable, and every broker start (every test server) seeds from them."""
     rows: list[OfferRow] = []
     for cloud in ("aws", "gcp", "azure"):
         with _open(f"{cloud}_vms_cpu.csv") as f:
@@ -206,4 +213,4 @@ def snapshot_rows() -> list[OfferRow]:
                         ("azure_vms_gpu.csv", azure_rows)):
         with _open(name) as f:
             rows.extend(parse(f))
-    return rows
+    return tuple(rows)

@@ -12,6 +12,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import replace
+from functools import lru_cache
 
 from spotbroker.broker.pricing.catalog import OfferRow
 
@@ -44,6 +45,7 @@ _ALIASES: list[tuple[str, str]] = [
 ]
 
 
+@lru_cache(maxsize=4096)  # a refresh asks for the same few spellings thousands of times
 def accelerator_name(raw: str | None) -> str | None:
     """`nvidia-tesla-a100` (GCP), `NVIDIA A100 80GB` (AWS GpuInfo), `A100`
     (the catalog) → the one name; a name not in the table stays as it is."""

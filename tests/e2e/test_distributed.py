@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e.test_job_shapes import assert_flushed_and_resumed, copy_in, final_loss, preempt_once_stepping
-from helpers import timeline, wait_for, wait_state
+from helpers import once_per_run, timeline, wait_for, wait_state
 
 from spotbroker.agent import proctree
 from spotbroker.broker.launch.local_node import sim_token_file, sim_url_file
@@ -30,13 +30,16 @@ RESOURCES = {"accelerators": "T4:1", "infra": "aws"}
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_loss() -> str:
+def uninterrupted_loss(tmp_path_factory) -> str:
     """Two ranks, never stopped: replicated, sharded or across two nodes, the same training."""
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(DDP), *shlex.split(ARGS.replace("--step-seconds 0.15", ""))],
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return final_loss(done.stdout)
+    def run() -> str:
+        done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                               str(DDP), *shlex.split(ARGS.replace("--step-seconds 0.15", ""))],
+                              capture_output=True, text=True, timeout=180)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return final_loss(done.stdout)
+
+    return once_per_run(tmp_path_factory, "distributed-loss", run)
 
 
 def submit(api, h, name: str, run: str, num_nodes: int = 1) -> int:

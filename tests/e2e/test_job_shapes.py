@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from helpers import timeline, wait_for, wait_state
+from helpers import once_per_run, timeline, wait_for, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 REPO = Path(__file__).resolve().parents[2]
@@ -45,10 +45,10 @@ def uninterrupted(script: Path, args: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_loss() -> str:
+def uninterrupted_loss(tmp_path_factory) -> str:
     """The final loss of TRAIN with ARGS, never stopped: the same for every
     test here, so computed once (each run is a torch start, about 3 s)."""
-    return uninterrupted(TRAIN, ARGS)
+    return once_per_run(tmp_path_factory, "job-shapes-loss", lambda: uninterrupted(TRAIN, ARGS))
 
 
 def preempt_once_stepping(api, h, job_id: int) -> dict:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import wait_for, wait_state
+from helpers import once_per_run, wait_for, wait_state
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
@@ -26,11 +26,14 @@ def final_loss(text: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted_loss() -> str:
+def uninterrupted_loss(tmp_path_factory) -> str:
     """TRAIN's final loss, never stopped: one run for every test here (a torch start each)."""
-    uninterrupted = subprocess.run(TRAIN, capture_output=True, text=True, timeout=120)
-    assert uninterrupted.returncode == 0, uninterrupted.stderr
-    return final_loss(uninterrupted.stdout)
+    def run() -> str:
+        uninterrupted = subprocess.run(TRAIN, capture_output=True, text=True, timeout=120)
+        assert uninterrupted.returncode == 0, uninterrupted.stderr
+        return final_loss(uninterrupted.stdout)
+
+    return once_per_run(tmp_path_factory, "preemption-loss", run)
 
 
 def test_preempted_run_resumes_elsewhere_from_its_flushed_checkpoint(api, team_headers, uninterrupted_loss):
