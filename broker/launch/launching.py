@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
+from spotbroker.broker.energy import footprint
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, EndReason, JobState,
                                            transition)
@@ -90,6 +91,7 @@ class Launching:
                           accelerator_count=placement.accelerator_count, use_spot=placement.use_spot,
                           num_nodes=spec.num_nodes, price_per_hour=placement.price_per_hour,
                           created_at=now, updated_at=now)
+        footprint.attach(session, attempt)
         session.add(attempt)
         session.flush()
         attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))

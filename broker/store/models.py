@@ -135,6 +135,14 @@ class Attempt(Base):
     num_nodes: Mapped[int] = mapped_column(Integer, default=1)
     # Stored at launch: later catalog changes never rewrite what was paid.
     price_per_hour: Mapped[float] = mapped_column(Float)
+    # What a node of it draws at the wall (kW, PUE included) and its grid's
+    # intensity, fixed at launch like the price (broker/energy/footprint.py);
+    # `energy_basis` says whether the power is rated or the agent measured it.
+    power_kw: Mapped[float | None] = mapped_column(Float)
+    grid_g_per_kwh: Mapped[float | None] = mapped_column(Float)
+    grid_source: Mapped[str | None] = mapped_column(String(64))
+    energy_basis: Mapped[str | None] = mapped_column(String(16))  # estimated | measured
+    gpu_joules: Mapped[float | None] = mapped_column(Float)       # measured by the agent (NVML), all nodes
     handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     # Set once the launcher has released what the attempt held (processes, VMs).

@@ -5,13 +5,20 @@ import csv
 import json
 import statistics
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 
 import pytest
+from helpers import submit
+from sqlalchemy import select
 
+from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import electricitymaps, grid, power
+from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing import catalog
+from spotbroker.broker.reconciler import Reconciler
+from spotbroker.broker.store.models import Attempt, Job
 
 
 def _catalog_regions() -> set[tuple[str, str]]:
@@ -140,3 +147,24 @@ def test_a_refused_key_or_no_service_is_unavailable(emaps):
 def test_a_malformed_answer_is_not_a_reading():
     with pytest.raises(ValueError):
         electricitymaps.parse({"zone": "DE", "carbonIntensity": None, "datetime": "2026-11-28T17:00:00Z"})
+
+
+def test_the_reconciler_fixes_each_attempts_power_and_grid_at_launch(env):
+    factory, settings, team = env
+    job = submit(factory, team, name="t", run="true", resources={"accelerators": "V100:1"})
+    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings, clock=Clock())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        rec.pass_once()
+        with factory() as s:
+            if s.get(Job, job).state in ("SUCCEEDED", "FAILED"):
+                break
+        time.sleep(0.05)
+    with factory() as s:
+        assert s.get(Job, job).state == "SUCCEEDED"
+        attempt = s.scalars(select(Attempt).where(Attempt.job_id == job)).one()
+    assert attempt.accelerator == "V100"
+    rated = power.estimate(attempt.cloud, "V100", attempt.accelerator_count, None, None)
+    assert attempt.power_kw > rated.kw  # the GPU's rating, and the instance's vCPUs and memory on top
+    assert attempt.grid_g_per_kwh == grid.intensity(attempt.cloud, attempt.region).g_per_kwh
+    assert attempt.energy_basis == "estimated"
