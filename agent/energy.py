@@ -28,12 +28,14 @@ class GpuEnergy:
     """Joules used by this node's GPUs since `start()`; None when not measurable."""
 
     def __init__(self, nvml: ModuleType | None = None) -> None:
-        self._nvml = nvml if nvml is not None else _load_nvml()
+        self._nvml = nvml  # loaded by start(): the agent's start-up stays light
         self._handles: list = []
         self._start_mj: list[int] = []
         self.why_not: str | None = None
 
     def start(self) -> bool:
+        if self._nvml is None:
+            self._nvml = _load_nvml()
         nvml = self._nvml
         if nvml is None:
             self.why_not = "nvidia-ml-py is not installed"

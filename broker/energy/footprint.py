@@ -7,13 +7,19 @@ with the measured average (`record_measured`) for the minutes still to come.
 """
 from __future__ import annotations
 
+import math
+
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from spotbroker.agent import protocol
 from spotbroker.broker.energy import grid, power
 from spotbroker.broker.store.models import Attempt, Offer
 
 ESTIMATED, MEASURED = "estimated", "measured"
+# Above this a node's GPUs cannot draw (eight 1 kW boards, twice over): a
+# report implying more is an agent's error, and the rating stays.
+MAX_GPU_WATTS_PER_NODE = 16_000.0
 
 
 def _shape(session: Session, attempt: Attempt) -> tuple[float | None, float | None]:
@@ -37,13 +43,22 @@ def attach(session: Session, attempt: Attempt) -> None:
     attempt.energy_basis = ESTIMATED
 
 
+def record_report(session: Session, attempt: Attempt, data: dict) -> None:
+    """An agent event's measured energy (node 0's, standing for every node of the attempt)."""
+    joules, seconds = data.get(protocol.GPU_JOULES), data.get(protocol.GPU_SECONDS)
+    if isinstance(joules, int | float) and isinstance(seconds, int | float) and not isinstance(joules, bool):
+        record_measured(session, attempt, float(joules) * max(attempt.num_nodes, 1), float(seconds))
+
+
 def record_measured(session: Session, attempt: Attempt, gpu_joules: float, seconds: float) -> None:
     """The agent's NVML total for all the attempt's GPUs over `seconds` of running:
     from now on the ledger uses the measured average per node."""
-    if seconds <= 0 or gpu_joules < 0:
+    if not (math.isfinite(gpu_joules) and math.isfinite(seconds)) or seconds <= 0 or gpu_joules < 0:
+        return
+    nodes = max(attempt.num_nodes, 1)
+    if gpu_joules / nodes / seconds > MAX_GPU_WATTS_PER_NODE:
         return
     vcpus, memory = _shape(session, attempt)
-    nodes = max(attempt.num_nodes, 1)
     attempt.gpu_joules = gpu_joules
     attempt.power_kw = power.measured_kw(gpu_joules / nodes, seconds, attempt.cloud, vcpus, memory)
     attempt.energy_basis = MEASURED

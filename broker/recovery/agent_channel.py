@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from spotbroker.agent import logbound, protocol
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.energy import footprint
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
 from spotbroker.broker.recovery import attempts as recovery
 from spotbroker.broker.recovery.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
@@ -138,6 +139,8 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
             session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(), data=data))
         if event.seq in uris:
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
+        if not node and protocol.GPU_JOULES in event.data:
+            footprint.record_report(session, attempt, event.data)
         moved |= _apply(session, job, attempt, event, clock)
     live = attempt.state in LIVE_ATTEMPT_STATES
     move = live and recovery.is_move(job)
