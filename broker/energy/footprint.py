@@ -8,12 +8,14 @@ with the measured average (`record_measured`) for the minutes still to come.
 from __future__ import annotations
 
 import math
+from datetime import datetime
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
-from spotbroker.broker.energy import grid, power
+from spotbroker.broker.energy import grid, power, tracker
+from spotbroker.broker.energy.settings import energy_settings
 from spotbroker.broker.store.models import Attempt, Offer
 
 ESTIMATED, MEASURED = "estimated", "measured"
@@ -32,14 +34,17 @@ def _shape(session: Session, attempt: Attempt) -> tuple[float | None, float | No
     return (row.vcpus, row.memory_gib) if row is not None else (None, None)
 
 
-def attach(session: Session, attempt: Attempt) -> None:
-    """Fix the attempt's rated power per node and its region's grid intensity."""
+def attach(session: Session, attempt: Attempt, now: datetime) -> None:
+    """Fix the attempt's rated power per node and its region's grid intensity:
+    the grid's live reading when a fresh one is kept, else the snapshot's."""
     vcpus, memory = _shape(session, attempt)
     rated = power.estimate(attempt.cloud, attempt.accelerator, attempt.accelerator_count, vcpus, memory)
     figure = grid.intensity(attempt.cloud, attempt.region or "")
+    live = tracker.fresh(session, figure.zone, now, energy_settings().reading_max_age)
     attempt.power_kw = rated.kw
-    attempt.grid_g_per_kwh = figure.g_per_kwh
-    attempt.grid_source = figure.source[:64]
+    attempt.grid_g_per_kwh = live.g_per_kwh if live is not None else figure.g_per_kwh
+    attempt.grid_source = (f"{live.source} {live.zone} {live.at:%Y-%m-%dT%H:%MZ}" if live is not None
+                           else figure.source)[:64]
     attempt.energy_basis = ESTIMATED
 
 

@@ -91,7 +91,7 @@ class Launching:
                           accelerator_count=placement.accelerator_count, use_spot=placement.use_spot,
                           num_nodes=spec.num_nodes, price_per_hour=placement.price_per_hour,
                           created_at=now, updated_at=now)
-        footprint.attach(session, attempt)
+        footprint.attach(session, attempt, now)
         session.add(attempt)
         session.flush()
         attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))

@@ -241,6 +241,20 @@ class SpotProbe(Base):
     at: Mapped[datetime]
 
 
+class GridReading(Base):
+    """One live carbon-intensity reading of an electricity grid (an Electricity
+    Maps zone) for one hour: the history kept like prices' (broker/energy/tracker.py)."""
+
+    __tablename__ = "grid_readings"
+
+    zone: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[datetime] = mapped_column(primary_key=True)   # the hour the figure is for
+    g_per_kwh: Mapped[float] = mapped_column(Float)
+    estimated: Mapped[bool] = mapped_column(Boolean)          # the service modelled it
+    source: Mapped[str] = mapped_column(String(32))
+    observed_at: Mapped[datetime]
+
+
 class PriceOffer(Base):
     """The current offer of one machine shape in one place, as the price
     sources last saw it. Its history is the `offers` samples (one written

@@ -2,14 +2,12 @@
 the live Electricity Maps source against a local server answering in its
 real shape."""
 import csv
-import json
 import statistics
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from importlib import resources
 
 import pytest
+from emapsfake import ElectricityMapsFake
 from helpers import submit
 from sqlalchemy import select
 
@@ -78,50 +76,9 @@ def test_measured_power_uses_the_gpu_joules():
     assert power.measured_kw(100, 0, "aws", 1, 1) == 0
 
 
-class _ElectricityMaps:
-    """Answers `/v3/carbon-intensity/latest` as the service does; knows two zones."""
-
-    def __init__(self, token: str, status: int = 200) -> None:
-        self.token, self.status, self.seen = token, status, []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                outer.seen.append((self.path, self.headers.get("auth-token")))
-                zone = self.path.split("zone=")[-1]
-                if outer.status != 200 or self.headers.get("auth-token") != outer.token:
-                    return self._send(outer.status if outer.status != 200 else 401, {"error": "Access denied"})
-                if zone not in ("DE", "FR"):
-                    return self._send(404, {"status": "error", "message": f"Zone '{zone}' does not exist."})
-                self._send(200, {"zone": zone, "carbonIntensity": 302 if zone == "DE" else 31,
-                                 "datetime": "2026-11-28T17:00:00.000Z", "updatedAt": "2026-11-28T17:41:05.000Z",
-                                 "createdAt": "2026-11-25T17:44:07.771Z", "emissionFactorType": "lifecycle",
-                                 "isEstimated": zone == "FR", "estimationMethod": None,
-                                 "temporalGranularity": "hourly"})
-
-            def _send(self, status, body):
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v3"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def emaps():
-    server = _ElectricityMaps("operator-key")
+    server = ElectricityMapsFake("operator-key")
     yield server
     server.close()
 
