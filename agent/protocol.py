@@ -89,6 +89,10 @@ INTERVAL_FILE = "interval.json"
 
 # --- Event types (trainer -> agent -> broker, and agent -> broker).
 HEARTBEAT = "heartbeat"
+# A heartbeat's (and trainer_exited's) data carries, where the node's agent
+# reads NVML, its GPUs' energy since the trainer started and over how long:
+GPU_JOULES = "gpu_joules"
+GPU_SECONDS = "gpu_seconds"
 PREEMPTION_NOTICE = "preemption_notice"        # data: cloud, kind, deadline (iso8601), raw
 REBALANCE_RECOMMENDATION = "rebalance_recommendation"
 CHECKPOINT_COMMITTED = "checkpoint_committed"  # data: step, uri, bytes, seconds, reason

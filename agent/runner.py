@@ -61,8 +61,9 @@ from spotbroker.agent.delivery import (
     EventSender,
     LogShipper,
 )
-from spotbroker.agent.metricsfold import MetricsFolder
+from spotbroker.agent.energy import GpuEnergy
 from spotbroker.agent.flush import write_interval_file
+from spotbroker.agent.metricsfold import MetricsFolder
 from spotbroker.agent.notice_path import NoticePath
 from spotbroker.agent.outbox import OUTBOX_FILE, Outbox
 from spotbroker.agent.protocol import (
@@ -76,6 +77,8 @@ from spotbroker.agent.protocol import (
     ENV_JOB_ID,
     ENV_TRAINER_ENV_FD,
     EVENTS_FILE,
+    GPU_JOULES,
+    GPU_SECONDS,
     HEARTBEAT,
     TRAINER_EXITED,
     TRAINER_STARTED,
@@ -170,6 +173,8 @@ class Supervisor(NoticePath, StopPath):
         self._watchers_lock = threading.Lock()
         self._forward_lock = threading.Lock()
         self._interval: float | None = None  # the broker's checkpoint interval, as last written for the library
+        self.energy = GpuEnergy()
+        self._energy_since: float | None = None  # monotonic: when the GPUs' counters were first read
 
     # --- the whole run -------------------------------------------------------------
 
@@ -183,6 +188,10 @@ class Supervisor(NoticePath, StopPath):
             self._start_deliveries()
             self._deliver_and_close()
             return COMMAND_NOT_STARTED
+        if self.energy.start():
+            self._energy_since = time.monotonic()
+        else:
+            log.info("the GPUs' energy is not measured here (%s): the broker estimates it", self.energy.why_not)
         if install_signal_handlers:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 signal.signal(sig, self._forward_signal)
@@ -260,7 +269,8 @@ class Supervisor(NoticePath, StopPath):
         self._notices.put(None)
         self._join("notice-handler", 10.0)  # it may still acknowledge (Azure): watchers stop after
         self._stop_watchers()
-        data: dict[str, Any] = {"exit_code": exit_code}
+        data: dict[str, Any] = {"exit_code": exit_code, **self._energy_used()}
+        self.energy.close()
         if returncode < 0:
             data["signal"] = signal_name(-returncode)
         self._ship_log_first()
@@ -404,7 +414,14 @@ class Supervisor(NoticePath, StopPath):
         if self.outbox.has_pending(HEARTBEAT):
             return  # the broker has not had the last one: one pending heartbeat says enough
         self.outbox.add(HEARTBEAT, {"pid": self.proc.pid if self.proc else None,
-                                    "library": bool(self._library_pids())})
+                                    "library": bool(self._library_pids()), **self._energy_used()})
+
+    def _energy_used(self) -> dict[str, float]:
+        """The GPUs' measured energy so far, for the broker's ledger; nothing when not measured."""
+        joules = self.energy.joules() if self._energy_since is not None else None
+        if joules is None:
+            return {}
+        return {GPU_JOULES: joules, GPU_SECONDS: time.monotonic() - self._energy_since}
 
 def run(config: RunnerConfig, install_signal_handlers: bool = True) -> int:
     """Supervise one trainer; return its exit code."""

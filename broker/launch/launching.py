@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
+from spotbroker.broker.energy import footprint
 from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.preflight import trial as preflight_trial
 from spotbroker.broker.jobs.spec import JobSpec
@@ -94,6 +95,7 @@ class Launching:
                           accelerator_count=placement.accelerator_count, use_spot=placement.use_spot,
                           num_nodes=spec.num_nodes, price_per_hour=placement.price_per_hour,
                           preflight=preflight, created_at=now, updated_at=now)
+        footprint.attach(session, attempt, now)
         session.add(attempt)
         session.flush()
         attempt.agent_token_digest = digest(agent_token(self._key, attempt.id))

@@ -150,5 +150,6 @@ def _row(d: ledger.Draft, attempt: Attempt, team_id: int, now: datetime) -> dict
     return {"team_id": team_id, "job_id": attempt.job_id, "attempt_id": attempt.id, "kind": d.kind,
             "start_at": d.start_at, "end_at": d.end_at, "node_hours": d.node_hours,
             "price_per_hour": d.price_per_hour, "amount": d.amount, "ondemand_amount": d.ondemand_amount,
-            "wasted": d.wasted, "cloud": attempt.cloud, "region": attempt.region, "place": ledger.place(attempt),
+            "wasted": d.wasted, "kwh": d.kwh, "co2e_kg": d.co2e_kg, "cloud": attempt.cloud, "region": attempt.region,
+            "place": ledger.place(attempt),
             "accelerator": attempt.accelerator, "use_spot": attempt.use_spot, "note": None, "created_at": now}

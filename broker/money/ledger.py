@@ -8,6 +8,10 @@ its place after launch: from that moment the new price is in force (AWS
 bills spot at the current price). On-demand attempts keep their launch
 price.
 
+Energy (kWh) and emissions (kg CO2e) ride on the same entries: node-hours
+× the attempt's power at the wall × its grid's intensity, both fixed at
+launch (broker/energy/), so every view of them adds up as dollars do.
+
 Wasted cost = the run since the job's last committed checkpoint, at a
 reclaim (preemption or vanished node), at the price in force then: the work
 the next attempt does again. Savings = what the same node-hours would have
@@ -55,6 +59,8 @@ class Draft:
     amount: float
     ondemand_amount: float
     wasted: float
+    kwh: float = 0.0
+    co2e_kg: float = 0.0
 
 
 def place(attempt: Attempt) -> str | None:
@@ -183,8 +189,10 @@ class Prices:
         for s in self.segments(attempt, start, end):
             for a, b in _grid(s.start, s.end, step_s):
                 node_hours = attempt.num_nodes * (b - a).total_seconds() / 3600
+                kwh = node_hours * (attempt.power_kw or 0.0)
+                co2e_kg = kwh * (attempt.grid_g_per_kwh or 0.0) / 1000
                 out.append(Draft(USAGE, a, b, node_hours, s.price, s.price * node_hours,
-                                 max(od, s.price) * node_hours, 0.0))
+                                 max(od, s.price) * node_hours, 0.0, kwh, co2e_kg))
         return out
 
     def waste(self, attempt: Attempt) -> Draft | None:
@@ -207,7 +215,8 @@ class Prices:
             drafts = self.usage(attempt, start, end, step_s)
         else:
             drafts = [Draft(CORRECTION, d.start_at, d.end_at, -d.node_hours, d.price_per_hour, -d.amount,
-                            -d.ondemand_amount, 0.0) for d in self.usage(attempt, end, start, step_s)]
+                            -d.ondemand_amount, 0.0, -d.kwh, -d.co2e_kg)
+                      for d in self.usage(attempt, end, start, step_s)]
         if closing:
             lost = self.waste(attempt)
             if lost is not None:

@@ -16,7 +16,7 @@ team names), whatever the number of teams:
 - money (the ledger's written entries; accrual keeps them at most two
   intervals behind): each team's cost since the start as counters (usage,
   corrections, the on-demand equivalent, waste: the ledger is append-only and
-  these only grow, so `rate()` works; a scrape reads only the entries written
+  these only grow, so `rate()` works; and the same for kWh and kg CO2e; a scrape reads only the entries written
   since the previous ones settled, `LedgerTotals`), this calendar month's (UTC), the last
   hour's (its burn), and, for a budgeted team, what is left of the budget's
   period;
@@ -57,6 +57,7 @@ from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Team
 FLUSH_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0)
 RECLAIMS = (str(EndReason.PREEMPTED), str(EndReason.VANISHED))
 LEASE = "metrics"
+SUMS = 8  # what LedgerTotals keeps per team: four sums of dollars, two of kWh, two of kg CO2e
 
 
 class LedgerTotals:
@@ -79,16 +80,20 @@ class LedgerTotals:
         # By sign rather than by kind: a usage entry is never negative and a correction never
         # positive (it reverses usage); waste entries carry only `wasted`.
         amount, ondemand = LedgerEntry.amount, LedgerEntry.ondemand_amount
+        kwh, co2e = LedgerEntry.kwh, LedgerEntry.co2e_kg
         return {team_id: tuple(float(v or 0.0) for v in values) for team_id, *values in session.execute(select(
             LedgerEntry.team_id, func.sum(case((amount > 0, amount), else_=0.0)),
             func.sum(case((amount < 0, -amount), else_=0.0)),
             func.sum(case((ondemand > 0, ondemand), else_=0.0)),
-            func.sum(LedgerEntry.wasted)).where(*where).group_by(LedgerEntry.team_id))}
+            func.sum(LedgerEntry.wasted),
+            func.sum(case((kwh > 0, kwh), else_=0.0)), func.sum(case((kwh < 0, -kwh), else_=0.0)),
+            func.sum(case((co2e > 0, co2e), else_=0.0)), func.sum(case((co2e < 0, -co2e), else_=0.0)),
+        ).where(*where).group_by(LedgerEntry.team_id))}
 
     @staticmethod
     def _add(into: dict[int, tuple[float, ...]], more: dict[int, tuple[float, ...]]) -> dict:
         for team_id, values in more.items():
-            into[team_id] = tuple(a + b for a, b in zip(into.get(team_id, (0.0,) * 4), values, strict=True))
+            into[team_id] = tuple(a + b for a, b in zip(into.get(team_id, (0.0,) * SUMS), values, strict=True))
         return into
 
     def read(self, session: Session, now: datetime) -> dict[int, tuple[float, ...]]:
@@ -111,9 +116,18 @@ def totals(sums: dict[int, tuple[float, ...]], names: dict[int, str]) -> Iterato
                             "demand (savings: this less the cost)", labels=["team"]),
         CounterMetricFamily("spotbroker_team_wasted_dollars", "Dollars of work lost since the last committed "
                             "checkpoint of reclaimed attempts", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_energy_kwh", "Energy a team's nodes used at the wall (PUE included; "
+                            "measured GPU energy where the agent reads NVML, else rated); net is this less the "
+                            "corrections", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_energy_corrections_kwh", "Energy taken back by correction entries",
+                            labels=["team"]),
+        CounterMetricFamily("spotbroker_team_emissions_kg_co2e", "Emissions of a team's energy at each place's "
+                            "grid intensity; net is this less the corrections", labels=["team"]),
+        CounterMetricFamily("spotbroker_team_emissions_corrections_kg_co2e", "Emissions taken back by "
+                            "correction entries", labels=["team"]),
     ]
     for team_id, name in names.items():
-        for family, value in zip(families, sums.get(team_id, (0.0,) * 4), strict=True):
+        for family, value in zip(families, sums.get(team_id, (0.0,) * SUMS), strict=True):
             family.add_metric([name], value)
     yield from families
 

@@ -49,6 +49,8 @@ class LedgerEntry(Base):
     amount: Mapped[float] = mapped_column(Float)           # dollars paid
     ondemand_amount: Mapped[float] = mapped_column(Float)  # the same hours at the on-demand price
     wasted: Mapped[float] = mapped_column(Float)           # dollars of work lost (waste entries)
+    kwh: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")      # energy used, at the wall
+    co2e_kg: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")  # its emissions
     cloud: Mapped[str] = mapped_column(String(16))
     region: Mapped[str | None] = mapped_column(String(64))
     place: Mapped[str | None] = mapped_column(String(64))  # zone, else zone id

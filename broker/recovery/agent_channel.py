@@ -40,6 +40,7 @@ from sqlalchemy.orm import Session
 from spotbroker.agent import logbound, protocol
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.energy import footprint
 from spotbroker.broker.jobs import metrics
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
 from spotbroker.broker.recovery import attempts as recovery
@@ -147,6 +148,8 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
         if event.type == protocol.METRICS:
             reported |= metrics.record(session, job, attempt, event.data, event.at, clock.now())
+        if not node and protocol.GPU_JOULES in event.data:
+            footprint.record_report(session, attempt, event.data)
         moved |= _apply(session, job, attempt, event, clock, checkpoint_root)
     if reported and _is_current(job, attempt):
         earlystop.after_metrics(session, job, attempt, clock)

@@ -163,6 +163,14 @@ class Attempt(Base):
     price_per_hour: Mapped[float] = mapped_column(Float)
     # A pre-flight: the job's trial run before any GPU is rented (broker/recovery/preflight.py).
     preflight: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # What a node of it draws at the wall (kW, PUE included) and its grid's
+    # intensity, fixed at launch like the price (broker/energy/footprint.py);
+    # `energy_basis` says whether the power is rated or the agent measured it.
+    power_kw: Mapped[float | None] = mapped_column(Float)
+    grid_g_per_kwh: Mapped[float | None] = mapped_column(Float)
+    grid_source: Mapped[str | None] = mapped_column(String(64))
+    energy_basis: Mapped[str | None] = mapped_column(String(16))  # estimated | measured
+    gpu_joules: Mapped[float | None] = mapped_column(Float)       # measured by the agent (NVML), all nodes
     handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     # Set once the launcher has released what the attempt held (processes, VMs).
@@ -261,6 +269,20 @@ class SpotProbe(Base):
     instance_type: Mapped[str | None] = mapped_column(String(64))
     available: Mapped[bool] = mapped_column(Boolean)
     at: Mapped[datetime]
+
+
+class GridReading(Base):
+    """One live carbon-intensity reading of an electricity grid (an Electricity
+    Maps zone) for one hour: the history kept like prices' (broker/energy/tracker.py)."""
+
+    __tablename__ = "grid_readings"
+
+    zone: Mapped[str] = mapped_column(String(64), primary_key=True)
+    at: Mapped[datetime] = mapped_column(primary_key=True)   # the hour the figure is for
+    g_per_kwh: Mapped[float] = mapped_column(Float)
+    estimated: Mapped[bool] = mapped_column(Boolean)          # the service modelled it
+    source: Mapped[str] = mapped_column(String(32))
+    observed_at: Mapped[datetime]
 
 
 class PriceOffer(Base):

@@ -371,3 +371,26 @@ def test_each_node_ships_its_own_log_and_a_reader_picks_the_node(api, team_heade
     r = api.get(f"/v1/jobs/{job_id}/logs", params={"node": 2}, headers=h)
     assert r.status_code == 404 and "no node 2" in r.json()["detail"]
     api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+
+
+def test_measured_gpu_energy_in_a_heartbeat_replaces_the_rating(api, team_headers, settings):
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    attempt_id = job["attempts"][-1]["id"]
+    factory = make_session_factory(make_engine(settings.database_url))
+
+    def attempt():
+        from spotbroker.broker.store.models import Attempt
+        with factory() as s:
+            return s.get(Attempt, attempt_id)
+
+    assert attempt().energy_basis == "estimated"
+    # Absurd figures (a GPU at 50 kW; a negative count) leave the rating alone.
+    assert post(api, token, ev(200, "heartbeat", gpu_joules=5e7, gpu_seconds=1.0),
+                ev(201, "heartbeat", gpu_joules=-1, gpu_seconds=10)).status_code == 200
+    assert attempt().energy_basis == "estimated"
+    assert post(api, token, ev(202, "heartbeat", gpu_joules=250.0 * 60, gpu_seconds=60.0)).status_code == 200
+    measured = attempt()
+    assert measured.energy_basis == "measured" and measured.gpu_joules == 250.0 * 60
+    assert measured.power_kw > 0.25  # 250 W of GPU, and the instance's share, times PUE
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)

@@ -16,7 +16,7 @@ from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.metrics import MoneyCollector
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Checkpoint, Job
+from spotbroker.broker.store.models import Attempt, Checkpoint, Job
 
 H = timedelta(hours=1)
 
@@ -94,3 +94,21 @@ def test_only_the_metrics_token_or_the_admin_token_scrapes(api, team_headers, mo
         assert scrape(r.text)[("spotbroker_team_cost_month_dollars", (("team", "ml"),))] == 0.0
     schema = api.get("/openapi.json").json()["paths"]["/metrics"]["get"]["responses"]
     assert {"200", "401", "403"} <= set(schema)
+
+
+def test_energy_and_emissions_are_counters_per_team(factory, world, clock):
+    ml, cv = world.team("ml"), world.team("cv")
+    running = world.attempt(world.job(ml, "big"), start=T0 - 2 * H, price=3.0, nodes=2)
+    world.job(cv, "none")
+    with transaction(factory) as s:
+        a = s.get(Attempt, running)
+        a.power_kw, a.grid_g_per_kwh = 3.0, 400.0
+    Accruer(factory, MoneySettings(_env_file=None), clock=clock).accrue(clock.now())
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MoneyCollector(factory, clock))
+    got = scrape(generate_latest(registry).decode())
+    # 2 h x 2 nodes x 3 kW = 12 kWh; x 400 g = 4.8 kg. The other team has the series, at 0.
+    assert got[("spotbroker_team_energy_kwh_total", (("team", "ml"),))] == pytest.approx(12.0)
+    assert got[("spotbroker_team_emissions_kg_co2e_total", (("team", "ml"),))] == pytest.approx(4.8)
+    assert got[("spotbroker_team_energy_kwh_total", (("team", "cv"),))] == 0
+    assert got[("spotbroker_team_energy_corrections_kwh_total", (("team", "ml"),))] == 0
