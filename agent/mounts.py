@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -156,6 +157,18 @@ def _copy_directory(source: Path, dest: Path) -> None:
             shutil.copyfileobj(src, dst)
 
 
+def one_line(exc: BaseException, limit: int = 400) -> str:
+    """An error as one line: the node's last line is the reason its job shows,
+    and an object store's error runs over lines (a response body, a retry
+    chain) whose last is a lone "}". The service's error code is kept."""
+    text = str(exc)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+    code = re.search(r"<Code>([^<]{1,64})</Code>", text)
+    if code and code.group(1) not in first:
+        first = f"{first} ({code.group(1)})"
+    return first if len(first) <= limit else first[:limit - 3] + "..."
+
+
 def _copy_bucket(uri: str, dest: Path) -> None:
     from spotbroker.agent.checkpoint.storage import Storage
 
@@ -196,7 +209,9 @@ def place(mounts: list[Mount], home: Path, fs_root: Path, cloud_buckets: bool = 
                 _clear(dest)
                 _copy_bucket(mount.uri, dest)
         except (CodeError, OSError) as exc:
-            raise CodeError(f"file_mounts {mount.path}: {exc}") from None
+            raise CodeError(f"file_mounts {mount.path}: {one_line(exc)}") from None
+        except Exception as exc:  # the object store's own errors (obstore's): a bucket missing, refused
+            raise CodeError(f"file_mounts {mount.path}: {mount.uri}: {one_line(exc)}") from None
         placed.append(dest)
     return placed
 
@@ -234,7 +249,7 @@ def main(argv: list[str]) -> int:
         mounts = decode(os.environ.get(ENV_MOUNTS, ""))
         placed = place(mounts, Path.home(), Path("/"), cloud_buckets="--no-cloud-buckets" not in argv)
     except (CodeError, ValueError, TypeError) as exc:
-        print(f"spotbroker: {exc}", file=sys.stderr, flush=True)
+        print(f"spotbroker: {one_line(exc, 1000)}", file=sys.stderr, flush=True)
         return 1
     for path in placed:
         print(f"spotbroker: placed {path}", flush=True)

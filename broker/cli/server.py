@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
@@ -161,28 +162,40 @@ def reseal() -> None:
 
 @click.group()
 def teams() -> None:
-    """Teams and their tokens: create (on the broker's own database), list and
-    token rotate/revoke (through the broker, SPOTBROKER_ADMIN_TOKEN)."""
+    """Teams and their tokens: create (through the broker named by SPOTBROKER_URL
+    with SPOTBROKER_ADMIN_TOKEN, else on this host's broker database), list
+    and token rotate/revoke (through the broker, SPOTBROKER_ADMIN_TOKEN)."""
 
 
 @teams.command("create")
 @click.argument("name")
 @click.option("--json", "as_json", is_flag=True, help="print {team, token} as JSON")
 def teams_create(name: str, as_json: bool) -> None:
-    """Create a team; its token is printed alone on the last line."""
-    from spotbroker.broker import auth
-    from spotbroker.broker.store.db import make_session_factory, transaction
+    """Create a team; its token is printed alone on the last line. With
+    SPOTBROKER_URL and SPOTBROKER_ADMIN_TOKEN exported, through that broker;
+    otherwise in this host's broker database (the first team of a broker
+    that has no admin token yet)."""
+    if os.environ.get("SPOTBROKER_URL") and os.environ.get("SPOTBROKER_ADMIN_TOKEN"):
+        from spotbroker.broker.cli.access import admin_client
+        from spotbroker.broker.cli.jobs import call
 
-    engine = _ready_engine()
-    try:
-        with transaction(make_session_factory(engine)) as session:
-            team, token = auth.create_team(session, name)
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    if as_json:
-        click.echo(json.dumps({"team": team.name, "token": token}))
+        made = call(lambda: admin_client().create_team(name))
+        team_name, token = made["team"], made["token"]
     else:
-        click.echo(f"created team {team.name}; its token (shown once):", err=True)
+        from spotbroker.broker import auth
+        from spotbroker.broker.store.db import make_session_factory, transaction
+
+        engine = _ready_engine()
+        try:
+            with transaction(make_session_factory(engine)) as session:
+                team, token = auth.create_team(session, name)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        team_name = team.name
+    if as_json:
+        click.echo(json.dumps({"team": team_name, "token": token}))
+    else:
+        click.echo(f"created team {team_name}; its token (shown once):", err=True)
         click.echo(token)
 
 

@@ -23,6 +23,7 @@ from spotbroker.broker.store.models import Team, TeamBucket
 MAX_BUCKETS = 100
 _PREFIX_RE = re.compile(r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,254}(/[^?#]*)?$")
 _WILDCARDS = re.compile(r"[*?\\]|\$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Allowed:
 def normalized(uri: str) -> str:
     """`uri` as a prefix ending with '/', or ValueError saying why it is no bucket prefix."""
     uri = uri.strip()
+    if _CONTROL.search(uri):  # no object key holds one; in a listing or a log line it would forge another
+        raise ValueError("a bucket URI may not hold control characters (NUL, newline, ...)")
     if not _PREFIX_RE.match(uri):
         raise ValueError(f"{uri!r} is not a bucket URI (s3://BUCKET[/PREFIX], gs://, az://)")
     path = uri.split("://", 1)[1]

@@ -109,7 +109,8 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
 def _refuse_unset(doc: dict[str, Any]) -> None:
     """`envs: {HF_TOKEN: }` and `secrets: {HF_TOKEN: }` (or `secrets:
     [HF_TOKEN]`) leave the value to the launch: `spotbroker submit --env` /
-    `--secret` fill it in; one still unset is refused naming its flag."""
+    `--secret` fill it in; one still unset is refused naming its flag. A
+    list or a mapping as a value is refused too."""
     errors = []
     envs, secrets = doc.get("envs"), doc.get("secrets")
     if isinstance(envs, dict):
@@ -121,6 +122,10 @@ def _refuse_unset(doc: dict[str, Any]) -> None:
     errors += [{"field": f"secrets.{k}" if isinstance(secrets, dict) else "secrets", "message": (
         f"give its value at submission: `spotbroker submit --secret {k} FILE` passes your shell's ${k} "
         f"(or --secret {k}=VALUE); spotbroker has no managed secrets")} for k in unset]
+    for name, values in (("envs", envs), ("secrets", secrets)):
+        if isinstance(values, dict):  # SkyPilot would take a list's or a mapping's repr as the value
+            errors += [{"field": f"{name}.{k}", "message": "give a string or a number, not a list or a mapping"}
+                       for k, v in values.items() if isinstance(v, dict | list)]
     if errors:
         raise TaskFileError(errors)
 

@@ -118,6 +118,11 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
     setting, from which the attempt's own prefix is built); the answer carries
     the checkpoint interval in force (broker/recovery/intervals.py)."""
     job = session.get(Job, attempt.job_id)
+    strangers = _stranger_nodes(attempt, events)
+    if strangers:
+        return Outcome(accepted=0, last_seq=attempt.agent_seq, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
+                       drain=False, moved=False, refused=strangers,
+                       refusal="an event names a node this attempt does not have")
     node = _node(events)
     last = _node_last_seq(session, attempt, node) if node else attempt.agent_seq
     runaway = _runaway_seqs(attempt, events, last, clock.now())
@@ -171,6 +176,20 @@ def _runaway_seqs(attempt: Attempt, events: list[AgentEvent], last: int, now: da
     return [{"field": f"events.{i}.seq", "message": (
         f"{e.seq} is beyond {ceiling}, as far as this attempt's agent can have counted by now: "
         "seqs count up by one per event from 1")} for i, e in enumerate(events) if e.seq > ceiling]
+
+
+def _stranger_nodes(attempt: Attempt, events: list[AgentEvent]) -> list[dict[str, str]]:
+    """Field errors of events naming a node outside the attempt's 0..num_nodes-1
+    (a node's events would be counted, and its seqs kept, for no node at all)."""
+    errors = []
+    for i, e in enumerate(events):
+        if protocol.EVENT_NODE not in e.data:
+            continue
+        node = e.data[protocol.EVENT_NODE]
+        if not (_is_int(node) and 0 <= node < attempt.num_nodes):
+            errors.append({"field": f"events.{i}.data.node", "message": (
+                f"{node!r} is no node of this attempt: it has nodes 0 to {attempt.num_nodes - 1}")})
+    return errors
 
 
 def _node(events: list[AgentEvent]) -> int:

@@ -137,3 +137,17 @@ def test_a_copied_bucket_brings_no_file_a_link_in_it_points_to(node, tmp_path):
     place([Mount("~/copy", "bucket", f"file://{bucket}", mode="COPY")], home, fs)
     assert (home / "copy" / "d" / "data.txt").read_text() == "the team's"
     assert not (home / "copy" / "leak").exists() and not (home / "copy" / "dirlink").exists()
+
+
+def test_a_bucket_that_cannot_be_copied_says_why_on_one_line(node, s3_uri, monkeypatch, capsys):  # noqa: F811
+    from spotbroker.agent import mounts
+
+    store, home, fs = node
+    monkeypatch.setenv("HOME", str(home))
+    missing = s3_uri.rstrip("/") + "-never-made/data"
+    monkeypatch.setenv(mounts.ENV_MOUNTS, encode([Mount("~/data", "bucket", missing, mode="COPY")]))
+    assert mounts.main([]) == 1
+    err = capsys.readouterr().err
+    # The node's last line is what the job shows: it must be the whole reason, not an error body's tail.
+    assert err.count("\n") == 1 and err.startswith("spotbroker: file_mounts ~/data: "), err
+    assert "never-made" in err

@@ -60,6 +60,8 @@ def test_the_admin_sets_a_teams_buckets_the_team_reads_them_and_mounts_only_them
     ({"uri": "s3://ckpt"}, "buckets.0.uri"),             # the whole root's bucket
     ({"uri": "s3://data/../ckpt"}, "buckets.0.uri"),
     ({"uri": "s3://data/*"}, "buckets.0.uri"),
+    ({"uri": "s3://data/a\x00b"}, "buckets.0.uri"),        # a NUL, a newline: no key has them, and
+    ({"uri": "s3://data/a\nfake-line"}, "buckets.0.uri"),  # a listing or a log line would be forged
     ({"uri": "/etc"}, "buckets.0.uri"),
     ({"uri": "s3://data", "read_only": "maybe"}, "buckets.0.read_only"),
     ({"uri": "s3://data", "write": True}, "buckets.0.write"),

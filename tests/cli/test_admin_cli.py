@@ -108,3 +108,17 @@ def test_alerts_and_silences(api, env, factory):
     assert json.loads(spotbroker("silences", "list", "--json", env=mine).stdout) == []
     listed = json.loads(spotbroker("silences", "list", "--expired", "--json", env=mine).stdout)
     assert [s["id"] for s in listed] == [silence["id"]]
+
+
+def test_teams_create_goes_through_the_broker_named_by_spotbroker_url(api, env):
+    # The user's shell names a remote broker and holds the admin token: the
+    # team is made there, not in a database of this host's own.
+    remote = {**env, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN}
+    r = spotbroker("teams", "create", "research", env=remote)
+    assert r.returncode == 0, r.stderr
+    token = r.stdout.strip().splitlines()[-1]
+    assert api.get("/v1/whoami", headers={"Authorization": f"Bearer {token}"}).json()["name"] == "research"
+    r = spotbroker("teams", "create", "research", "--json", env=remote)
+    assert r.returncode == 1 and "research" in r.stderr and "Traceback" not in r.stderr
+    r = spotbroker("teams", "create", "other", "--json", env=remote)
+    assert json.loads(r.stdout)["team"] == "other"

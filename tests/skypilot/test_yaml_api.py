@@ -34,6 +34,9 @@ def test_skypilots_own_message_names_the_field_and_line(api, team_headers):
     (b"run: x\nservice: {readiness_probe: /}\n", "service"),
     (b"run: x\nresources: {job_recovery: FAILOVER}\n", "resources.job_recovery"),
     (b"run: x\nsecrets: {HF_TOKEN: null}\n", "secrets.HF_TOKEN"),
+    (b"run: x\nsecrets: {HF_TOKEN: [a, b]}\n", "secrets.HF_TOKEN"),     # a list: its repr would be the value
+    (b"run: x\nsecrets: {HF_TOKEN: {k: v}}\n", "secrets.HF_TOKEN"),
+    (b"run: x\nenvs: {MODE: [fast]}\n", "envs.MODE"),
     (b"run: x\nfile_mounts: {/data: /etc}\n", "file_mounts./data"),
 ])
 def test_what_the_broker_cannot_honour_is_refused_by_name(api, team_headers, body, field):
