@@ -1,4 +1,5 @@
-"""Following an attempt's log (`GET /v1/jobs/{id}/logs?follow=true`).
+"""Following an attempt's log (`GET /v1/jobs/{id}/logs?follow=true&attempt=N`,
+and each attempt in turn of a followed job: api/jobfollow.py).
 
 Followers are coroutines on the event loop: none holds a thread, a timer or
 a database connection while it waits. One ticker serves them all: every

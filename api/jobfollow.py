@@ -17,7 +17,7 @@ from contextlib import aclosing
 import anyio.to_thread
 
 from spotbroker.api.following import Followers
-from spotbroker.broker.jobs import narration
+from spotbroker.broker.jobs import logs, narration
 from spotbroker.broker.jobs.narration import JobView, line
 
 # After an attempt ends, how long to wait for the next one before saying
@@ -37,6 +37,7 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
     watch = followers.watch_job(job_id)
     try:
         streamed: int | None = None   # the attempt whose output was sent last
+        at = 0                        # and how far
         unsaid: int | None = None     # an attempt that ended, not yet said why
         said: tuple[str, str | None] | None = None
         grace = False
@@ -45,29 +46,50 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
             job = await anyio.to_thread.run_sync(read, limiter=followers.reads)
             ended = job.attempt(unsaid) if unsaid is not None else None
             nxt = job.attempt(first[0]) if first and streamed is None else job.after(streamed)
+            if nxt is None and not job.ended and ended is not None and not grace:
+                grace = True  # the next attempt may be a moment away: one line says both
+                await _wait(changed, GRACE_S)
+                continue
             if nxt is not None:
-                yield line(narration.next_on(ended, nxt))
+                text: str | None = narration.next_on(ended, nxt)
+            elif job.ended:
+                text = narration.final(job)
+            elif (job.state, job.reason) != said or ended is not None:
+                prefix = f"attempt {ended.id} {narration.ended(ended)}; " if ended is not None else ""
+                text, unsaid, said = prefix + narration.waiting(job), None, (job.state, job.reason)
+            else:
+                text = None
+            if text is not None:
+                if streamed is not None:  # what the last attempt's node shipped after it ended comes first
+                    async for chunk in _rest(followers, (streamed, rank), at):
+                        at += len(chunk)
+                        yield chunk
+                yield line(text)
+            if nxt is not None:
                 unsaid, said, grace = None, None, False
-                offset = first[1] if first and streamed is None else 0
-                async with aclosing(followers.stream((nxt.id, rank), offset)) as chunks:  # closed when we are
+                at = first[1] if first and streamed is None else 0
+                async with aclosing(followers.stream((nxt.id, rank), at)) as chunks:  # closed when we are
                     async for chunk in chunks:
+                        at += len(chunk)
                         yield chunk
                 streamed = unsaid = nxt.id
                 continue
             if job.ended:
-                yield line(narration.final(job))
                 return
-            if ended is not None and not grace:  # the next attempt may be a moment away
-                grace = True
-                await _wait(changed, GRACE_S)
-                continue
-            if (job.state, job.reason) != said or ended is not None:
-                prefix = f"attempt {ended.id} {narration.ended(ended)}; " if ended is not None else ""
-                yield line(prefix + narration.waiting(job))
-                unsaid, said = None, (job.state, job.reason)
             await changed.wait()
     finally:
         followers.unwatch_job(job_id)
+
+
+async def _rest(followers: Followers, key: tuple[int, int], offset: int) -> AsyncIterator[bytes]:
+    """An ended attempt's log from `offset` to its end now."""
+    def read(at: int) -> bytes:
+        with followers.factory() as session:
+            return logs.read_from(session, *key, at)
+
+    while chunk := await anyio.to_thread.run_sync(read, offset, limiter=followers.reads):
+        offset += len(chunk)
+        yield chunk
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:
