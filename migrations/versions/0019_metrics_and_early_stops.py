@@ -2,7 +2,7 @@
 early_stops (a job whose early_stop rule fired, and the checkpoint kept)
 
 Revision ID: 0019
-Revises: 0017
+Revises: 0018
 Create Date: 2026-11-28
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import spotbroker.broker.store.db
 from alembic import op
 
 revision = '0019'
-down_revision = '0017'
+down_revision = '0018'
 branch_labels = None
 depends_on = None
 

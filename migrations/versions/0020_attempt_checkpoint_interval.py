@@ -2,7 +2,7 @@
 measured checkpoint cost): broker/recovery/intervals.py
 
 Revision ID: 0020
-Revises: 0017
+Revises: 0019
 Create Date: 2026-11-28
 """
 from __future__ import annotations
@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0020'
-down_revision = '0017'
+down_revision = '0019'
 branch_labels = None
 depends_on = None
 

@@ -2,7 +2,7 @@
 GPU is rented (issue #26)
 
 Revision ID: 0022
-Revises: 0017
+Revises: 0020
 Create Date: 2026-11-28
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = '0022'
-down_revision = '0017'
+down_revision = '0020'
 branch_labels = None
 depends_on = None
 

@@ -3,7 +3,7 @@ allowed accelerators, $/h and nodes per job, GPUs at once, spec defaults,
 checkpoint retention), read at submission and by the reconciler
 
 Revision ID: 0023
-Revises: 0017
+Revises: 0022
 Create Date: 2026-11-28
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ import spotbroker.broker.store.db
 from alembic import op
 
 revision = '0023'
-down_revision = '0017'
+down_revision = '0022'
 branch_labels = None
 depends_on = None
 

@@ -3,7 +3,7 @@ intensity (fixed at launch, like its price), the grids' live readings, the GPUs'
 and kWh and kg CO2e on every ledger entry
 
 Revision ID: 0025
-Revises: 0017
+Revises: 0023
 Create Date: 2026-11-28
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import spotbroker.broker.store.db
 from alembic import op
 
 revision = '0025'
-down_revision = '0017'
+down_revision = '0023'
 branch_labels = None
 depends_on = None
 
