@@ -67,7 +67,6 @@ from spotbroker.agent.outbox import OUTBOX_FILE, Outbox
 from spotbroker.agent.protocol import (
     CHECKPOINT_COMMITTED,
     CONTROL_UNAVAILABLE,
-    METRICS,
     ENV_AGENT_TOKEN,
     ENV_AGENT_TOKEN_FD,
     ENV_ATTEMPT_ID,
@@ -76,6 +75,7 @@ from spotbroker.agent.protocol import (
     ENV_TRAINER_ENV_FD,
     EVENTS_FILE,
     HEARTBEAT,
+    METRICS,
     TRAINER_EXITED,
     TRAINER_STARTED,
 )
