@@ -83,8 +83,8 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, tok
         trainer_env_fd: int | None, job_id: str | None, attempt_id: str | None, cloud: str | None,
         metadata_url: str | None, work_dir: Path | None,
         heartbeat_seconds: float, poll_seconds: float, metadata_timeout: float, notice_window: float,
-        log_seconds: float, metrics_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None, node_rank: int,
-        credentials_lead: float, max_log_bytes: int, verbose: bool) -> None:
+        log_seconds: float, metrics_seconds: float, retry_max_seconds: float, final_flush_seconds: float | None,
+        node_rank: int, credentials_lead: float, max_log_bytes: int, verbose: bool) -> None:
     """Run CMD under the agent: spotbroker agent run -- python train.py ..."""
     from spotbroker.agent.proctree import become_private
 

@@ -69,7 +69,6 @@ from spotbroker.agent.outbox import OUTBOX_FILE, Outbox
 from spotbroker.agent.protocol import (
     CHECKPOINT_COMMITTED,
     CONTROL_UNAVAILABLE,
-    METRICS,
     ENV_AGENT_TOKEN,
     ENV_AGENT_TOKEN_FD,
     ENV_ATTEMPT_ID,
@@ -80,6 +79,7 @@ from spotbroker.agent.protocol import (
     GPU_JOULES,
     GPU_SECONDS,
     HEARTBEAT,
+    METRICS,
     TRAINER_EXITED,
     TRAINER_STARTED,
 )

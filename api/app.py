@@ -15,8 +15,19 @@ from spotbroker.api.dashboard import routes as dashboard
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
 from spotbroker.api.http_metrics import RequestMetrics, process_registry
-from spotbroker.api.routers import agent, budgets, costs, health, jobs, metrics, prices, storage, teams, uploads
-from spotbroker.api.routers import job_metrics
+from spotbroker.api.routers import (
+    agent,
+    budgets,
+    costs,
+    health,
+    job_metrics,
+    jobs,
+    metrics,
+    prices,
+    storage,
+    teams,
+    uploads,
+)
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import taskyaml

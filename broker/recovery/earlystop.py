@@ -42,6 +42,7 @@ STOP_GRACE_S = 300.0  # past the agent's own window (30 s): a job whose agent ne
 FIRED = "early_stop"  # the broker's event: the rule fired
 BEST = "best"         # the library's reason for a checkpoint at an improving report
 AFTER_BEST = "after_best"
+KEEP_REFUSED = "keep_refused"  # the broker's event: the chosen checkpoint did not verify in storage
 
 
 @dataclass(frozen=True)
@@ -160,14 +161,15 @@ def _keep_best(session: Session, job: Job, row: EarlyStop, clock: Clock, root: s
     kept, choice = choose_checkpoint(session, job.id, row.best_step)
     if kept is None:
         return
+    row.checkpoint_id, row.checkpoint_choice = kept.id, choice
     if root is not None:
         try:
             verify_and_keep(root, kept.uri, kept.step)
-        except CheckpointUnverified as exc:
-            session.add(Event(job_id=job.id, attempt_id=kept.attempt_id, type="keep_refused", at=clock.now(),
+        except CheckpointUnverified as exc:  # named all the same; not kept, as the keep API would not
+            session.add(Event(job_id=job.id, attempt_id=kept.attempt_id, type=KEEP_REFUSED, at=clock.now(),
                               data={"checkpoint_id": kept.id, "reason": str(exc)}))
+            return
     kept.keep = True
-    row.checkpoint_id, row.checkpoint_choice = kept.id, choice
 
 
 def choose_checkpoint(session: Session, job_id: int, best_step: int) -> tuple[Checkpoint | None, str | None]:

@@ -98,3 +98,30 @@ def test_early_stop_is_validated_naming_the_field(api, team_headers):
     r = api.post("/v1/jobs", content=ok, headers={**h, "Content-Type": "application/yaml"})
     assert r.status_code == 201 and r.json()["spec"]["early_stop"]["min_steps"] == 1000, r.text
     api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
+def test_without_a_best_save_the_first_checkpoint_at_or_after_the_best_step_is_named(api, team_headers, settings):
+    """The library saved no `best` checkpoint (its upload was busy, or it is
+    not the library): the broker names the first committed at or after the
+    best step, and says that is how it was chosen. Here it cannot be read
+    back from storage (the agent reported it, nothing wrote it): it is named
+    but not kept, and an event says why."""
+    h = team_headers()
+    job, token = started(api, h, settings, early_stop={**RULE, "min_steps": 0})
+    prefix = f"{settings.checkpoint_uri}/ml/{job['id']}/{job['attempts'][-1]['id']}"
+
+    def committed(seq: int, step: int) -> dict:
+        return {"seq": seq, "type": "checkpoint_committed", "at": datetime.now(UTC).isoformat(), "data": {
+            "step": step, "uri": f"{prefix}/step-{step:012d}", "bytes": 10, "seconds": 0.1, "reason": "periodic"}}
+
+    post(api, token, committed(100, 10), report(101, 10, 0, val_loss=1.0), report(102, 20, 5, val_loss=0.5),
+         committed(103, 30), committed(104, 60), report(105, 40, 10, val_loss=0.6), report(106, 50, 15, val_loss=0.7))
+    answer = post(api, token, {"seq": 107, "type": "no_flush", "at": datetime.now(UTC).isoformat(),
+                               "data": {"reason": "no library", "early_stop": True}}).json()
+    assert answer["cancel"] is True
+    stop = wait_state(api, h, job["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})["early_stop"]
+    assert stop["best_step"] == 20 and stop["checkpoint"]["step"] == 30 and stop["checkpoint"]["choice"] == "after_best"
+    checkpoints = api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]
+    assert not any(c["keep"] for c in checkpoints)
+    events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    assert [e["data"]["checkpoint_id"] for e in events if e["type"] == "keep_refused"] == [stop["checkpoint"]["id"]]
