@@ -73,3 +73,20 @@ def test_a_job_every_place_refused_waits_for_capacity_saying_so(env):
     passes_until(rec, factory, lambda s: s.get(Job, job_id).state == "RECOVERING")
     assert reason(factory, job_id).startswith(
         "waiting for capacity: every place tried refused the launch (the last: InsufficientInstanceCapacity)")
+
+
+def test_a_job_whose_chosen_places_break_the_teams_limits_waits_saying_which(env):
+    """An instance type names no accelerator, so submission cannot refuse it:
+    the places placement chose carry one the team may not use."""
+    from spotbroker.broker.jobs import policy as policies
+
+    factory, settings, team = env
+    with transaction(factory) as s:
+        policies.put(s, team, policies.Policy(allowed_accelerators=["L4"]))
+    job_id = submit(factory, team, run="true", resources={"instance_type": "g4dn.xlarge"})
+    rec = reconciler(factory, settings)
+    rec.pass_once()
+    with factory() as s:
+        job = s.get(Job, job_id)
+        assert (job.state, job.attempts) == ("PENDING", [])
+        assert job.reason == "waiting for a place within the team's limits: T4 is not in allowed_accelerators (L4)"
