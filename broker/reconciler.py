@@ -100,6 +100,7 @@ class Reconciler:
         # timeout of its own, or a node still delivering its last events
         # would be taken for lost and its job run again.
         self.started_at = clock.now()
+        self._slots_told = 0.0  # when the queue was last told its places (monotonic)
 
     # --- running in the server ---------------------------------------------------------
 
@@ -200,7 +201,9 @@ class Reconciler:
                 # Every new attempt would run here and no slot is free: only
                 # jobs that already hold an attempt can move; the others are told why they wait.
                 due = and_(due, Job.state.not_in([str(J.PENDING), str(J.RECOVERING)]))
-                reasons.mark_slot_waits(session, self.settings.local_max_running, now)
+                if time.monotonic() - self._slots_told >= reasons.TELL_EVERY_S:  # (hints come per submission)
+                    self._slots_told = time.monotonic()
+                    reasons.mark_slot_waits(session, self.settings.local_max_running, now)
             wanted = or_(due, Job.id.in_(list(changed))) if changed else due
             query = (select(Job.id)
                      .where(Job.state.in_([str(s) for s in LIVE_JOB_STATES]), wanted,

@@ -124,8 +124,8 @@ async def submit_job(request: Request, team: CurrentTeam,
     GPUs at once). The team's policy (`PUT /v1/teams/{team}/policy`) adds its
     defaults and refuses a job that breaks one of its limits."""
     state = request.app.state
-    policy = await run_in_threadpool(intake.policy_of, state.session_factory, team.team_id)
-    spec, warnings = await _read_spec(request, policy)
+    known = await run_in_threadpool(intake.team_of, state.session_factory, team.team_id, state.clock.now())
+    spec, warnings = await _read_spec(request, known.policy)
     if problems := spec.per_attempt_errors() + execlimits.size_errors(spec):
         raise invalid(problems)
     problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds
@@ -141,8 +141,8 @@ async def submit_job(request: Request, team: CurrentTeam,
         if problems:
             raise invalid(problems)
         warnings = warnings + mounts.mount_warnings(state.settings, spec)
-    admission = await run_in_threadpool(intake.admit, state.session_factory, team.team_id, team.team_name, spec,
-                                        policy, state.settings.cpu_jobs_on_host, state.clock.now())
+    admission = intake.without_policy(known) or await run_in_threadpool(
+        intake.admit, state.session_factory, team.team_id, team.team_name, spec, known, state.settings.cpu_jobs_on_host)
     if admission.errors:
         raise invalid(admission.errors)
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key,

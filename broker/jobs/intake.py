@@ -16,9 +16,18 @@ from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.money import budgets
 
 
-def policy_of(factory: sessionmaker[Session], team_id: int) -> policies.Policy:
+@dataclass(frozen=True)
+class Team:
+    """What a submission needs of its team before its spec is read (one short
+    session: submission is the API's hot path)."""
+
+    policy: policies.Policy
+    budget_hold: str | None  # over budget: the job is HELD from the start
+
+
+def team_of(factory: sessionmaker[Session], team_id: int, now: datetime) -> Team:
     with factory() as session:
-        return policies.get(session, team_id)
+        return Team(policies.get(session, team_id), budgets.hold_reason(session, team_id, False, now))
 
 
 def with_defaults(doc: Any, policy: policies.Policy) -> Any:
@@ -31,12 +40,16 @@ class Admission:
     hold: str | None              # why it will be HELD at once, if it will
 
 
-def admit(factory: sessionmaker[Session], team_id: int, team: str, spec: JobSpec, policy: policies.Policy,
-          cpu_jobs_on_host: bool, now: datetime) -> Admission:
+def without_policy(team: Team) -> Admission | None:
+    """The admission of a team with no policy (no limit to check: no session), else None."""
+    return Admission([], team.budget_hold) if team.policy is policies.EMPTY else None
+
+
+def admit(factory: sessionmaker[Session], team_id: int, name: str, spec: JobSpec, team: Team,
+          cpu_jobs_on_host: bool) -> Admission:
+    """The limits the job breaks, and why it will be HELD."""
     with factory() as session:
-        errors = limits.submit_errors(session, spec, team, policy, cpu_jobs_on_host)
+        errors = limits.submit_errors(session, spec, name, team.policy, cpu_jobs_on_host)
         if errors:
             return Admission(errors, None)
-        hold = (budgets.hold_reason(session, team_id, False, now)
-                or limits.gpus_hold(session, team_id, spec, policy))
-        return Admission([], hold)
+        return Admission([], team.budget_hold or limits.gpus_hold(session, team_id, spec, team.policy))

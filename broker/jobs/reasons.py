@@ -25,7 +25,8 @@ WAITING_LIMIT = "waiting for a place within the team's limits: "
 PLACEMENT_WAITS = (WAITING_SPOT, WAITING_CAPACITY)
 _QUEUE_STATES = (str(JobState.PENDING), str(JobState.RECOVERING))
 NOT_RUNNING = (JobState.PENDING, JobState.LAUNCHING, JobState.PREEMPTING, JobState.RECOVERING, JobState.HELD)
-MAX_MARKED = 500  # jobs told their place in the queue per pass (the rest keep what they were told)
+MAX_MARKED = 200  # jobs told their place in the queue (those behind stay "queued")
+TELL_EVERY_S = 1.0  # at most this often per reconciler: a burst of submissions hints a pass each
 
 
 def is_wait(reason: str | None) -> bool:

@@ -32,9 +32,12 @@ def budget_hold(session: Session, job: Job, clock: Clock) -> str | None:
 
 
 def release_held(session: Session, team_id: int, now: datetime) -> int:
-    """A budget changed: the team's HELD jobs are looked at on the next pass."""
+    """A budget changed: the team's HELD jobs are looked at on the next pass.
+    The version moves too: a reconciler step that judged a job on the old
+    budget meanwhile (and would put it off a whole interval) fails its
+    write and looks again."""
     moved = session.execute(update(Job).where(Job.team_id == team_id, Job.state == str(JobState.HELD))
-                            .values(next_check_at=now))
+                            .values(next_check_at=now, version=Job.version + 1))
     return moved.rowcount or 0
 
 
