@@ -3,8 +3,7 @@
 Defaults are merged into a submitted document before it is validated, under
 what the job says itself: `envs` key by key (the job's value wins), and
 `preflight`, `early_stop` and `checkpoint` as whole fragments where the job
-does not set the key. A default whose key the job spec does not know yet is
-stored and shown, and applied from the day the spec knows it.
+does not set the key, each checked by the spec's own model when it is set.
 
 Limits are checked at submission (a 422 naming the rule and the limit,
 broker/jobs/limits.py) and again before each attempt is launched (a job
@@ -14,14 +13,17 @@ never stopped for it). What "the job's $/h" is: the place's price per node
 """
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
+from spotbroker.broker.jobs.checkpointspec import CheckpointSpec
+from spotbroker.broker.jobs.preflight import PreflightField
 from spotbroker.broker.jobs.spec import _ACCEL_RE, _ENV_NAME_RE, MAX_NODES, MAX_PRICE_PER_HOUR
+from spotbroker.broker.jobs.stoprule import EarlyStopRule
 from spotbroker.broker.pricing import normalise
 from spotbroker.broker.store.models import TeamPolicy as PolicyRow
 
@@ -31,25 +33,6 @@ SPEC_DEFAULTS = ("preflight", "early_stop", "checkpoint")
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
-
-
-class PreflightDefault(_Strict):
-    run: Annotated[str, Field(min_length=1)] | None = None
-    steps: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    timeout: Annotated[int, Field(ge=1, le=86_400, description="seconds")] | None = None
-    accelerators: Annotated[str, Field(min_length=1, max_length=64)] | None = None
-
-
-class EarlyStopDefault(_Strict):
-    metric: Annotated[str, Field(min_length=1, max_length=128)]
-    mode: Literal["min", "max"] = "min"
-    patience: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    min_delta: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
-    min_steps: Annotated[int, Field(ge=0)] | None = None
-
-
-class CheckpointDefault(_Strict):
-    interval: Literal["auto", "code"] | Annotated[int, Field(ge=1, le=86_400, description="seconds")]
 
 
 class Policy(_Strict):
@@ -64,9 +47,10 @@ class Policy(_Strict):
     max_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] | None = Field(default=None, description="per job")
     max_gpus_running: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
         default=None, description="accelerators of the team's launching and running attempts at once")
-    preflight: bool | PreflightDefault | None = None
-    early_stop: EarlyStopDefault | None = None
-    checkpoint: CheckpointDefault | None = None
+    # Defaults checked by the spec's own models, so a default is a valid job fragment.
+    preflight: PreflightField = None
+    early_stop: EarlyStopRule | None = None
+    checkpoint: CheckpointSpec | None = None
     checkpoint_retention_days: Annotated[float, Field(gt=0, le=36_500, allow_inf_nan=False)] | None = Field(
         default=None, description="days before a committed checkpoint moves to the cold tier")
 

@@ -35,7 +35,9 @@ def test_the_admin_sets_a_policy_the_team_reads_its_own_and_cannot_change_it(api
     assert api.put("/v1/teams/nobody/policy", json=body, headers=ADMIN).status_code == 404
     shown = set_policy(api, "a", **body)
     assert shown["team"] == "a" and shown["max_nodes"] == 2 and shown["allowed_accelerators"] == ["T4", "L4"]
-    assert shown["early_stop"] == {"metric": "val_loss", "mode": "min", "patience": 3}
+    # Checked by the spec's own rule, shown with its defaults filled in
+    assert shown["early_stop"] == {"metric": "val_loss", "mode": "min", "patience": 3, "min_delta": 0.0,
+                                   "min_steps": 0}
     mine = api.get("/v1/teams/a/policy", headers=a)
     assert mine.status_code == 200 and mine.json() == shown
     assert api.get("/v1/teams/a/policy", headers=b).status_code == 403
@@ -168,3 +170,17 @@ def spend_today(settings, team: str, dollars: float) -> None:
                       use_spot=False, num_nodes=1, price_per_hour=dollars * 60, created_at=start, updated_at=end,
                       started_at=start, ended_at=end, end_reason="succeeded", released=True, accelerator_count=0))
     engine.dispose()
+
+
+def test_spec_defaults_fill_what_a_job_leaves_out_and_are_checked_by_the_specs_rules(api, team_headers):
+    h = team_headers("ml")
+    set_policy(api, "ml", checkpoint={"interval": 900}, early_stop={"metric": "val_loss", "patience": 5})
+    taken = api.post("/v1/jobs", json={"run": "sleep 30"}, headers=h).json()
+    own = api.post("/v1/jobs", json={"run": "sleep 30", "checkpoint": {"interval": "code"}}, headers=h).json()
+    for job_id, interval in ((taken["id"], 900), (own["id"], "code")):
+        spec = api.get(f"/v1/jobs/{job_id}", headers=h).json()["spec"]
+        assert spec["checkpoint"]["interval"] == interval and spec["early_stop"]["patience"] == 5
+        api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    # A default the spec would refuse is refused when it is set, naming the field.
+    r = api.put("/v1/teams/ml/policy", json={"checkpoint": {"interval": "sometimes"}}, headers=ADMIN)
+    assert r.status_code == 422 and "checkpoint.interval" in r.text, r.text
