@@ -58,8 +58,8 @@ def costs(api, team: str, headers, group_by: str, **params) -> dict[str, float]:
 def test_labels_from_json_and_a_task_file_are_kept_on_the_job(agent_endpoint, teams):
     api = agent_endpoint
     job = submit(api, teams["a"], "llama", {"project": "llama", "owner": "ann"})
-    r = api.post("/v1/jobs", content=b"name: vit\nresources:\n  labels:\n    project: vit\n    owner: bo\nrun: echo hi\n",
-                 headers={**teams["a"], **YAML})
+    r = api.post("/v1/jobs", content=b"name: vit\nresources:\n  labels:\n    project: vit\n    owner: bo\n"
+                 b"run: echo hi\n", headers={**teams["a"], **YAML})
     assert r.status_code == 201, r.text
     assert r.json()["labels"] == {"owner": "bo", "project": "vit"}
     shown = api.get(f"/v1/jobs/{job}", headers=teams["a"]).json()
