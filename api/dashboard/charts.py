@@ -89,15 +89,17 @@ def colors(keys) -> dict[str, str]:
     return {k: PALETTE[min(i, len(PALETTE) - 1)] for i, k in enumerate(keys)}
 
 
-def stacked_days(days: list[str], series: dict[str, dict[str, float]], height: int = 240) -> Chart:
-    """A bar per day, stacked by key (cloud or GPU), biggest keys at the bottom."""
+def stacked_days(days: list[str], series: dict[str, dict[str, float]], height: int = 240,
+                 muted: tuple[str, ...] = ()) -> Chart:
+    """A bar per day, stacked by key (cloud, GPU, a label's value), biggest
+    keys at the bottom; `muted` keys (a label's "(none)") in grey."""
     chart = Chart(height)
     totals: dict[str, float] = {}
     for parts in series.values():
         for k, v in parts.items():
             totals[k] = totals.get(k, 0.0) + v
     keys = [k for k, _ in sorted(totals.items(), key=lambda kv: -kv[1])]
-    palette = colors(keys)
+    palette = {**colors([k for k in keys if k not in muted]), **{k: "#BBBBBB" for k in muted}}
     chart.legend = [(k, palette[k]) for k in keys]
     plot_h = height - TOP - BOTTOM
     top = _nice_max(max([sum(series.get(d, {}).values()) for d in days] or [0]))

@@ -23,7 +23,7 @@ from spotbroker.api.dashboard import charts, session
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
 from spotbroker.broker.jobs import reasons, resfields
-from spotbroker.broker.money import dashboard, labels, overview, preflights, service
+from spotbroker.broker.money import dashboard, labels, overview, preflights, service, views
 
 HERE = Path(__file__).parent
 CSP = ("default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'self'; "
@@ -159,10 +159,9 @@ def team(request: Request, name: str, days: Days = 30,
             flights = preflights.team_preflights(s, name, since)
     except service.TeamNotFound:
         return page("error.html", 404, title="Not found", detail=f"no team {name!r}", admin=principal.is_admin)
+    by_label = charts.stacked_days(data.days, by_label, height=200, muted=(views.NO_LABEL,)) if label else None
     return page("team.html", p=data, now=now, days=days, admin=principal.is_admin, label_keys=label_keys,
-                label=label, by_label=charts.stacked_days(data.days, by_label, height=200) if label else None,
-                waiting=waiting, preflights=flights,
-                **_charts(data, now))
+                label=label, by_label=by_label, waiting=waiting, preflights=flights, **_charts(data, now))
 
 
 def _charts(data: dashboard.TeamPage, now) -> dict:

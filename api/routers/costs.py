@@ -1,6 +1,7 @@
 """A team's costs, from the ledger: totals (paid, on-demand equivalent,
 savings, waste) over a time range, optionally grouped by day, job, cloud,
-GPU or zone. A team's token reads its own team; the admin's, any team's.
+GPU, zone or a label of the jobs (`label:KEY`), as JSON or as CSV
+(`costs.csv`). A team's token reads its own team; the admin's, any team's.
 
 The router's lifespan runs the money's background loop (accrual, alerts,
 hard cap, notifications; each duty in one broker of several at a time, by a

@@ -26,7 +26,7 @@ from spotbroker.api.schemas import (
     JobSubmitted,
     SubmitWarning,
 )
-from spotbroker.broker.jobs import buckets, execlimits, intake, mounts, taskyaml, uploads
+from spotbroker.broker.jobs import buckets, execlimits, intake, mounts, resfields, taskyaml, uploads
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import (MAX_NODES, MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError,
                                          load_document)
@@ -96,6 +96,9 @@ async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
         spec = JobSpec.model_validate(doc)
     except ValidationError as exc:
         errors = field_errors(exc.errors())
+        for err in errors:
+            if err["field"] == "labels":
+                err["message"] = resfields.MISPLACED_LABELS
         if fmt == "yaml":
             text = body.decode("utf-8")
             for err in errors:

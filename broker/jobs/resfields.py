@@ -62,6 +62,10 @@ def _labels(value: Any) -> Any:
     return out
 
 
+# A job's labels are SkyPilot's `resources.labels`; SkyPilot has no top-level key.
+MISPLACED_LABELS = ("labels go under resources, where SkyPilot reads them: resources: {labels: {project: NAME}} "
+                    "(in JSON, {\"resources\": {\"labels\": {\"project\": \"NAME\"}}})")
+
 Ports = Annotated[list[str], BeforeValidator(_ports)]
 Labels = Annotated[dict[str, Annotated[str, Field(max_length=MAX_LABEL_VALUE)]], BeforeValidator(_labels)]
 PASSED = ("disk_tier", "network_tier", "labels", "ports")

@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from spotbroker.broker.jobs import alternatives, unhonoured
+from spotbroker.broker.jobs import alternatives, resfields, unhonoured
 from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw
 from spotbroker.broker.jobs.unhonoured import HONOURED, HONOURED_RESOURCES, OURS  # noqa: F401
 _ALTERNATIVES = ("any_of", "ordered")
@@ -75,6 +75,8 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
     """A task document (as loaded from YAML) -> a job spec document; what is
     dropped with a warning is added to `warnings`."""
     doc = copy.deepcopy(doc)
+    if "labels" in doc:  # before SkyPilot's "unsupported field": say where they go
+        raise TaskFileError([{"field": "labels", "message": resfields.MISPLACED_LABELS}])
     _refuse_unset(doc)
     ours = {k: doc.pop(k) for k in OURS if k in doc}
     res, prices = _take_prices(doc.get("resources"))

@@ -13,6 +13,7 @@ import pytest
 from conftest import ADMIN_TOKEN
 from helpers import team_token
 
+from spotbroker.broker.jobs import resfields
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt
 
@@ -57,8 +58,8 @@ def costs(api, team: str, headers, group_by: str, **params) -> dict[str, float]:
 def test_labels_from_json_and_a_task_file_are_kept_on_the_job(agent_endpoint, teams):
     api = agent_endpoint
     job = submit(api, teams["a"], "llama", {"project": "llama", "owner": "ann"})
-    r = api.post("/v1/jobs", content=b"name: vit\nresources:\n  labels:\n    project: vit\n    owner: bo\nrun: echo hi\n",
-                 headers={**teams["a"], **YAML})
+    r = api.post("/v1/jobs", content=b"name: vit\nresources:\n  labels:\n    project: vit\n    owner: bo\n"
+                 b"run: echo hi\n", headers={**teams["a"], **YAML})
     assert r.status_code == 201, r.text
     assert r.json()["labels"] == {"owner": "bo", "project": "vit"}
     shown = api.get(f"/v1/jobs/{job}", headers=teams["a"]).json()
@@ -72,6 +73,17 @@ def test_labels_from_json_and_a_task_file_are_kept_on_the_job(agent_endpoint, te
     assert r.json()["labels"] == {"project": "x"}
     assert r.json()["spec"]["resources"]["any_of"][0]["labels"] == {"project": "x", "pool": "big"}
     assert api.get("/v1/jobs", headers=teams["a"]).json()["jobs"][0]["labels"] == {"project": "x"}
+
+
+def test_top_level_labels_are_refused_saying_where_they_go(agent_endpoint, teams):
+    """SkyPilot's key is resources.labels; a top-level `labels:` is a 422 naming it, in JSON and in a file."""
+    r = agent_endpoint.post("/v1/jobs", json={"run": "true", "labels": {"project": "x"}}, headers=teams["a"])
+    assert r.status_code == 422 and r.json()["errors"] == [
+        {"field": "labels", "message": resfields.MISPLACED_LABELS}], r.text
+    r = agent_endpoint.post("/v1/jobs", content=b"run: echo hi\nlabels:\n  project: x\n",
+                            headers={**teams["a"], **YAML})
+    assert r.status_code == 422 and r.json()["errors"] == [
+        {"field": "labels", "message": resfields.MISPLACED_LABELS, "line": 2}], r.text
 
 
 @pytest.mark.parametrize("labels, words", [

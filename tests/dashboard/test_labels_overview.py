@@ -52,10 +52,12 @@ def test_the_admins_overview_shows_budget_spend_alerts_and_trend_per_team(site, 
             meter = {key: amount for _, key, amount in browser.evaluate(RECTS.format(chart=f"meter-{team}"))}
             assert meter == pytest.approx({"budget": budget["amount"], "spent": budget["spent"]}, abs=1e-4)
             assert browser.evaluate(ROW.format(team=team, cell="alerts-open")) == str(open_alerts[team])
-            # The trend: a bar per day of the range, each the API's spend that day.
+            # The trend: a bar per day of the last 30 (whole UTC days, today's to now), each the API's spend.
             drawn = {day: amount for day, _, amount in browser.evaluate(RECTS.format(chart=f"trend-{team}"))}
-            assert len(drawn) >= 30
-            by_day = {g["key"]: g["cost"] for g in api(site, team, "day")["groups"]}
+            assert sorted(drawn)[0] == "2026-02-01" and sorted(drawn)[-1] == "2026-03-02" and len(drawn) == 30
+            r = site.client.get(f"/v1/teams/{team}/costs", params={"group_by": "day", "since": "2026-02-01T00:00Z"},
+                                headers=ADMIN)
+            by_day = {g["key"]: g["cost"] for g in r.json()["groups"]}
             assert {d: a for d, a in drawn.items() if a} == pytest.approx(
                 {d: c for d, c in by_day.items() if c}, abs=1e-4)
         # vision spent past its budget: its meter is full and red.
