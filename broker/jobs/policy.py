@@ -2,8 +2,8 @@
 
 Defaults are merged into a submitted document before it is validated, under
 what the job says itself: `envs` key by key (the job's value wins), and
-`preflight`, `early_stop` and `checkpoint` as whole fragments where the job
-does not set the key. A default whose key the job spec does not know yet is
+`preflight`, `early_stop` and `checkpoint` as whole fragments, and
+`carbon_price_per_tonne`, where the job does not set the key. A default whose key the job spec does not know yet is
 stored and shown, and applied from the day the spec knows it.
 
 Limits are checked at submission (a 422 naming the rule and the limit,
@@ -21,12 +21,12 @@ from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.jobs.spec import _ACCEL_RE, _ENV_NAME_RE, MAX_NODES, MAX_PRICE_PER_HOUR
+from spotbroker.broker.jobs.spec import _ACCEL_RE, _ENV_NAME_RE, MAX_CARBON_PRICE, MAX_NODES, MAX_PRICE_PER_HOUR
 from spotbroker.broker.pricing import normalise
 from spotbroker.broker.store.models import TeamPolicy as PolicyRow
 
 # The spec keys whose default is a fragment of the job's own spec.
-SPEC_DEFAULTS = ("preflight", "early_stop", "checkpoint")
+SPEC_DEFAULTS = ("preflight", "early_stop", "checkpoint", "carbon_price_per_tonne")
 
 
 class _Strict(BaseModel):
@@ -67,6 +67,8 @@ class Policy(_Strict):
     preflight: bool | PreflightDefault | None = None
     early_stop: EarlyStopDefault | None = None
     checkpoint: CheckpointDefault | None = None
+    carbon_price_per_tonne: Annotated[float, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False)] | None = Field(
+        default=None, description="dollars per tonne of CO2e placement weighs, for jobs that do not say")
     checkpoint_retention_days: Annotated[float, Field(gt=0, le=36_500, allow_inf_nan=False)] | None = Field(
         default=None, description="days before a committed checkpoint moves to the cold tier")
 
