@@ -8,7 +8,10 @@ into placements to try in order. What the policy sees:
   on-demand price (the cheapest by spot price, the cheapest on-demand, and
   where it runs now), one policy zone per place and instance type, named
   `cloud/region/zone/instance-type` (cheapest spot first);
-* **each zone's history**: every team's spot attempts there in the last
+* **each zone's prices**, plus what the node's expected emissions are
+  worth at the job's `carbon_price_per_tonne` (`carbon.py`; the placements
+  launched keep their dollar prices);
+* **each zone's history** (`histories.py`): every team's spot attempts there in the last
   `placement_history_days`, replayed in time order: a launch that came up,
   a capacity error, and how long the instance lived and how it ended (a
   preemption, or stopped by us). A zone's spot capacity is the same
