@@ -12,8 +12,12 @@ With `--kubernetes N`, N Kubernetes places with T4 nodes are configured
 too (broker/placement/kubernetes.py): each decision then also counts what
 is held on them and merges them in.
 
+With `--carbon-price P` every job sets `carbon_price_per_tonne: P`: each
+decision then weighs emissions and is made a second time on dollars alone
+(broker/placement/carbon.py).
+
     python bench/placement_decision.py [--attempts 5000] [--jobs 200] [--db sqlite|postgresql|both]
-                                       [--kubernetes N]
+                                       [--kubernetes N] [--carbon-price P]
 """
 from __future__ import annotations
 
@@ -89,7 +93,7 @@ def kubernetes_places(data_dir: Path, n: int) -> Path:
     return path
 
 
-def bench(kind: str, n_attempts: int, n_jobs: int, n_clusters: int = 0) -> None:
+def bench(kind: str, n_attempts: int, n_jobs: int, n_clusters: int = 0, carbon_price: float = 0.0) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
     url, drop = temporary_database(kind, data_dir)
     engine = make_engine(url)
@@ -108,6 +112,8 @@ def bench(kind: str, n_attempts: int, n_jobs: int, n_clusters: int = 0) -> None:
             ids = []
             for i in range(n_jobs):
                 fields = {"run": "x", "resources": T4}
+                if carbon_price:
+                    fields["carbon_price_per_tonne"] = carbon_price
                 if i % 2:
                     fields |= {"estimated_hours": 10, "deadline": (now + timedelta(hours=16)).isoformat()}
                 ids.append(jobs.submit(s, team.id, JobSpec.model_validate(fields)).id)
@@ -145,9 +151,10 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=200)
     ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
     ap.add_argument("--kubernetes", type=int, default=0, metavar="N", help="Kubernetes places configured")
+    ap.add_argument("--carbon-price", type=float, default=0.0, metavar="P", help="every job's $ per tonne CO2e")
     args = ap.parse_args()
     for kind in (["sqlite", "postgresql"] if args.db == "both" else [args.db]):
-        bench(kind, args.attempts, args.jobs, args.kubernetes)
+        bench(kind, args.attempts, args.jobs, args.kubernetes, args.carbon_price)
 
 
 if __name__ == "__main__":

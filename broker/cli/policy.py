@@ -15,7 +15,7 @@ from spotbroker.broker.cli.output import show as show_table
 from spotbroker.broker.cli.output import table
 
 FIELDS = ("envs", "allowed_accelerators", "max_price_per_hour", "max_nodes", "max_gpus_running", "preflight",
-          "early_stop", "checkpoint", "checkpoint_retention_days")
+          "early_stop", "checkpoint", "checkpoint_retention_days", "carbon_price_per_tonne")
 
 
 @click.group("policy")
@@ -61,11 +61,14 @@ def _pairs(values: tuple[str, ...]) -> dict[str, str]:
 @click.option("--max-nodes", type=int, help="nodes per job")
 @click.option("--max-gpus-running", type=int, help="GPUs of the team's attempts at once")
 @click.option("--retention-days", type=float, help="days before checkpoints move to the cold tier")
+@click.option("--carbon-price-per-tonne", type=float,
+              help="dollars per tonne of CO2e placement weighs, for jobs that do not say")
 @click.option("--unset", "unset", multiple=True, type=click.Choice(FIELDS), help="remove a rule (repeat)")
 @click.option("--json", "as_json", is_flag=True)
 def policy_set(team: str, file: Path | None, envs: tuple[str, ...], allow: tuple[str, ...],
                max_price_per_hour: float | None, max_nodes: int | None, max_gpus_running: int | None,
-               retention_days: float | None, unset: tuple[str, ...], as_json: bool) -> None:
+               retention_days: float | None, carbon_price_per_tonne: float | None, unset: tuple[str, ...],
+               as_json: bool) -> None:
     """Set TEAM's defaults and limits (SPOTBROKER_ADMIN_TOKEN)."""
     c = admin_client()
     if file is not None:
@@ -80,7 +83,8 @@ def policy_set(team: str, file: Path | None, envs: tuple[str, ...], allow: tuple
     if allow:
         doc["allowed_accelerators"] = [name.strip() for value in allow for name in value.split(",") if name.strip()]
     for key, value in (("max_price_per_hour", max_price_per_hour), ("max_nodes", max_nodes),
-                       ("max_gpus_running", max_gpus_running), ("checkpoint_retention_days", retention_days)):
+                       ("max_gpus_running", max_gpus_running), ("checkpoint_retention_days", retention_days),
+                       ("carbon_price_per_tonne", carbon_price_per_tonne)):
         if value is not None:
             doc[key] = value
     try:

@@ -39,13 +39,19 @@ def attach(session: Session, attempt: Attempt, now: datetime) -> None:
     the grid's live reading when a fresh one is kept, else the snapshot's."""
     vcpus, memory = _shape(session, attempt)
     rated = power.estimate(attempt.cloud, attempt.accelerator, attempt.accelerator_count, vcpus, memory)
-    figure = grid.intensity(attempt.cloud, attempt.region or "")
-    live = tracker.fresh(session, figure.zone, now, energy_settings().reading_max_age)
     attempt.power_kw = rated.kw
-    attempt.grid_g_per_kwh = live.g_per_kwh if live is not None else figure.g_per_kwh
-    attempt.grid_source = (f"{live.source} {live.zone} {live.at:%Y-%m-%dT%H:%MZ}" if live is not None
-                           else figure.source)[:64]
+    attempt.grid_g_per_kwh, attempt.grid_source = grid_now(session, attempt.cloud, attempt.region, now)
     attempt.energy_basis = ESTIMATED
+
+
+def grid_now(session: Session, cloud: str, region: str | None, now: datetime) -> tuple[float, str]:
+    """(g CO2e/kWh, its source) that an attempt launched in the region now is
+    charged at (placement weighs the same figure, broker/placement/carbon.py)."""
+    figure = grid.intensity(cloud, region or "")
+    live = tracker.fresh(session, figure.zone, now, energy_settings().reading_max_age)
+    if live is None:
+        return figure.g_per_kwh, figure.source[:64]
+    return live.g_per_kwh, f"{live.source} {live.zone} {live.at:%Y-%m-%dT%H:%MZ}"[:64]
 
 
 def record_report(session: Session, attempt: Attempt, data: dict) -> None:

@@ -2,8 +2,9 @@
 
 Defaults are merged into a submitted document before it is validated, under
 what the job says itself: `envs` key by key (the job's value wins), and
-`preflight`, `early_stop` and `checkpoint` as whole fragments where the job
-does not set the key, each checked by the spec's own model when it is set.
+`preflight`, `early_stop` and `checkpoint` as whole fragments, and
+`carbon_price_per_tonne`, where the job does not set the key, each checked
+by the spec's own model when it is set.
 
 Limits are checked at submission (a 422 naming the rule and the limit,
 broker/jobs/limits.py) and again before each attempt is launched (a job
@@ -22,13 +23,13 @@ from spotbroker.agent import protocol
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.checkpointspec import CheckpointSpec
 from spotbroker.broker.jobs.preflight import PreflightField
-from spotbroker.broker.jobs.spec import _ACCEL_RE, _ENV_NAME_RE, MAX_NODES, MAX_PRICE_PER_HOUR
+from spotbroker.broker.jobs.spec import _ACCEL_RE, _ENV_NAME_RE, MAX_CARBON_PRICE, MAX_NODES, MAX_PRICE_PER_HOUR
 from spotbroker.broker.jobs.stoprule import EarlyStopRule
 from spotbroker.broker.pricing import normalise
 from spotbroker.broker.store.models import TeamPolicy as PolicyRow
 
 # The spec keys whose default is a fragment of the job's own spec.
-SPEC_DEFAULTS = ("preflight", "early_stop", "checkpoint")
+SPEC_DEFAULTS = ("preflight", "early_stop", "checkpoint", "carbon_price_per_tonne")
 
 
 class _Strict(BaseModel):
@@ -51,6 +52,8 @@ class Policy(_Strict):
     preflight: PreflightField = None
     early_stop: EarlyStopRule | None = None
     checkpoint: CheckpointSpec | None = None
+    carbon_price_per_tonne: Annotated[float, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False)] | None = Field(
+        default=None, description="dollars per tonne of CO2e placement weighs, for jobs that do not say")
     checkpoint_retention_days: Annotated[float, Field(gt=0, le=36_500, allow_inf_nan=False)] | None = Field(
         default=None, description="days before a committed checkpoint moves to the cold tier")
 

@@ -56,6 +56,7 @@ _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 MAX_ACCELERATORS = 1024        # per node
 MAX_NODES = 1024
 MAX_PRICE_PER_HOUR = 1000.0    # dollars, per node
+MAX_CARBON_PRICE = 100_000.0   # dollars per tonne of CO2e (the dearest carbon markets ask ~$100)
 MAX_AMOUNT = 1_000_000         # cpus, memory (GB)
 MAX_DISK_GB = 65_536
 MAX_DEADLINE_AHEAD = timedelta(days=365)
@@ -275,6 +276,9 @@ class JobSpec(_Strict):
     preflight: PreflightField = None
     early_stop: EarlyStopRule | None = None  # stop when the reported metric stops improving (stoprule.py)
     checkpoint: CheckpointSpec | None = None  # None: interval auto (broker/jobs/checkpointspec.py)
+    carbon_price_per_tonne: Annotated[float, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False, description=(
+        "dollars a tonne of CO2e is worth to the job (unset: 0): placement minimises dollars plus this price "
+        "times the expected emissions (broker/placement/carbon.py)"))] | None = None
     resources: Resources = Field(default_factory=Resources)
     # Values go to the job's process as environment variables, like `envs`,
     # but are never shown by the API (`public()`) nor logged.

@@ -8,7 +8,10 @@ into placements to try in order. What the policy sees:
   on-demand price (the cheapest by spot price, the cheapest on-demand, and
   where it runs now), one policy zone per place and instance type, named
   `cloud/region/zone/instance-type` (cheapest spot first);
-* **each zone's history**: every team's spot attempts there in the last
+* **each zone's prices**, plus what the node's expected emissions are
+  worth at the job's `carbon_price_per_tonne` (`carbon.py`; the placements
+  launched keep their dollar prices);
+* **each zone's history** (`histories.py`): every team's spot attempts there in the last
   `placement_history_days`, replayed in time order: a launch that came up,
   a capacity error, and how long the instance lived and how it ended (a
   preemption, or stopped by us). A zone's spot capacity is the same
@@ -28,16 +31,16 @@ histories (`spot_probes`).
 from __future__ import annotations
 
 import math
-from bisect import bisect_right
-from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, AttemptState, EndReason
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState
+from spotbroker.broker.placement import carbon
+from spotbroker.broker.placement.histories import attempt_key, load_histories, offer_key, zone_key  # noqa: F401
 from spotbroker.broker.placement.kubernetes import KubernetesPlaces
 from spotbroker.broker.placement.policy import (
     Action,
@@ -52,7 +55,7 @@ from spotbroker.broker.placement.policy import (
 from spotbroker.broker.pricing.offers import OFFER_COLUMNS, Placement, cheapest, groups_of, placement_of, priced
 from spotbroker.broker.recovery.agent_channel import newest_checkpoint
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Offer, PriceOffer, SpotProbe
+from spotbroker.broker.store.models import Attempt, Checkpoint, Job, PriceOffer
 
 A = AttemptState
 POLICY = SpotBroker()
@@ -68,18 +71,6 @@ OUTRUN_LEFT = 0.1
 MAX_ZONES = 20
 
 
-def zone_key(cloud: str, region: str | None, zone: str | None, zone_id: str | None, instance_type: str | None) -> str:
-    return f"{cloud}/{region or '*'}/{zone or zone_id or '*'}/{instance_type or '*'}"
-
-
-def attempt_key(a: Attempt) -> str:
-    return zone_key(a.cloud, a.region, a.zone, a.zone_id, a.instance_type)
-
-
-def offer_key(o: Offer) -> str:
-    return zone_key(o.cloud, o.region, o.zone, o.zone_id, o.instance_type)
-
-
 @dataclass(frozen=True)
 class Choice:
     """The policy's decision, in placements."""
@@ -87,74 +78,6 @@ class Choice:
     action: Action  # KEEP, WAIT, or LAUNCH `placements` in order (then wait when all refuse)
     placements: tuple[Placement, ...]
     reason: str
-
-
-def load_histories(session: Session, now: datetime, settings: Settings) -> dict[str, ZoneHistory]:
-    """Every place's spot history from the attempts table and the probes.
-
-    While any of our spot instances ran in a place, the place had capacity:
-    the union of their runs is "up", and a refusal, a probe or another
-    instance's reclaim inside it says nothing more. A stretch of that union
-    ends in a reclaim when the run that ends it was reclaimed (or, still
-    live, has had a preemption notice). Outside the union, refusals and
-    probes are the samples. Everything comes from the database, so a broker
-    restarted at any point reads what a live one would.
-    """
-    since = now - timedelta(days=settings.placement_history_days)
-    rows = session.execute(
-        select(Attempt.cloud, Attempt.region, Attempt.zone, Attempt.zone_id, Attempt.instance_type,
-               Attempt.state, Attempt.end_reason, Attempt.started_at, Attempt.ended_at)
-        .where(Attempt.use_spot.is_(True), or_(Attempt.ended_at.is_(None), Attempt.ended_at >= since))).all()
-    runs: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)  # (start, end, reclaimed)
-    points: dict[str, list[tuple[float, Event]]] = defaultdict(list)
-    for r in rows:
-        key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
-        if r.started_at is not None:
-            live = r.state in LIVE_ATTEMPT_STATES or r.ended_at is None
-            end = now if live else r.ended_at
-            # a live attempt already ending PREEMPTED has had its notice: the zone is
-            # being reclaimed now, for every job placed before its flush ends it
-            reclaimed = r.end_reason in RECLAIMED
-            runs[key].append((r.started_at.timestamp(), end.timestamp(), reclaimed))
-        elif r.end_reason == EndReason.NO_CAPACITY and r.ended_at is not None:
-            points[key].append((r.ended_at.timestamp(), Event.CAPACITY_FAILURE))
-    probes = session.execute(
-        select(SpotProbe.cloud, SpotProbe.region, SpotProbe.zone, SpotProbe.zone_id, SpotProbe.instance_type,
-               SpotProbe.available, SpotProbe.at).where(SpotProbe.at >= since)).all()
-    for r in probes:
-        key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
-        points[key].append((r.at.timestamp(), Event.PROBE_OK if r.available else Event.PROBE_FAILED))
-    histories = {}
-    for key in runs.keys() | points.keys():
-        history = histories[key] = ZoneHistory(join_within_s=1.5 * settings.placement_interval)
-        for at, rank, event in _samples(runs.get(key, []), points.get(key, [])):
-            history.record(event, at, seen_since_last=rank == 1)
-    return histories
-
-
-def _samples(runs: list[tuple[float, float, bool]], points: list[tuple[float, Event]]):
-    """(time, rank, event) in order: each stretch of overlapping runs as a launch
-    (rank 0), up until its end (rank 1), then maybe a reclaim (rank 2); and
-    the points that fall outside every stretch."""
-    stretches: list[list] = []  # [start, end, reclaimed]: disjoint, in order
-    for start, end, reclaimed in sorted(runs):
-        if stretches and start <= stretches[-1][1]:
-            if end >= stretches[-1][1]:
-                stretches[-1][1:] = [end, reclaimed]
-        else:
-            stretches.append([start, end, reclaimed])
-    starts = [st[0] for st in stretches]
-
-    def inside(at: float) -> bool:
-        i = bisect_right(starts, at) - 1
-        return i >= 0 and at <= stretches[i][1]
-
-    out = [(at, 0, event) for at, event in points if not inside(at)]
-    for start, end, reclaimed in stretches:
-        out += [(start, 0, Event.LAUNCH_OK), (end, 1, Event.RUNNING)]
-        if reclaimed:
-            out.append((end, 2, Event.PREEMPTED))
-    return sorted(out, key=lambda e: (e[0], e[1]))
 
 
 NO_CLOUD = ("SkyPilot's `sky check` enabled no cloud: give its API server a cloud's credentials; the broker "
@@ -184,13 +107,14 @@ class Placer:
         self._probes: dict[str, Placement] = {}
         # per pass, by the job's resources: jobs of one shape share their offers
         self._offers: dict[str, tuple[list, dict, list]] = {}
-        self._states: dict[str, list[ZoneState]] = {}
+        self._states: dict[tuple[str, float], list[ZoneState]] = {}  # by shape and carbon price
+        self._emissions = carbon.Emissions()
         # The operator's Kubernetes clusters, offered beside the clouds (None: none configured).
         self.kubernetes = KubernetesPlaces.from_settings(settings)
 
     def new_pass(self) -> None:
         self._histories = None
-        self._offers, self._states = {}, {}
+        self._offers, self._states, self._emissions = {}, {}, carbon.Emissions()
         self._clouds = enabled_clouds(self._launchers)
 
     def take_probes(self, now: datetime) -> list[Placement]:
@@ -300,15 +224,19 @@ class Placer:
         """
         shape = spec.resources.model_dump_json()
         listed, zones = self._candidates(session, spec, shape, running)
+        price = spec.carbon_price_per_tonne or 0.0
         if not zones:
-            return Choice(Action.LAUNCH, tuple(listed), "list price") if listed else None
-        obs = self._observe(session, job, spec, shape, now, zones, running)
+            return self._listed(session, now, spec, listed, price) if listed else None
+        obs = self._observe(session, job, spec, shape, now, zones, running, price)
         decision = POLICY.decide(obs)
-        wanted = []
-        for o in decision.offers:
-            if o.zone in zones:  # (not a restart where an instance runs whose offer is gone)
-                _, spot, od = zones[o.zone]
-                wanted.append(spot if o.capacity is Capacity.SPOT else od)
+        why = decision.reason
+        if price > 0:  # what dollars alone would have chosen: did carbon decide it?
+            plain = POLICY.decide(replace(obs, zones=self._zone_states(session, now, shape, zones, running,
+                                                                       obs.running, 0.0)))
+            told = carbon.reason(price, decision, plain, lambda o: _placement(zones, o),
+                                 lambda p: self._emissions.kg_per_hour(session, now, p), spec.num_nodes)
+            why = f"{why}; {told}" if told else why
+        wanted = [p for o in decision.offers if (p := _placement(zones, o)) is not None]
         for key in decision.probe:
             if key in zones:
                 self._probes.setdefault(key, zones[key][1])
@@ -320,7 +248,19 @@ class Placer:
                 wanted = [min((od for _, _, od in zones.values()), key=lambda p: p.price_per_hour)]
             else:
                 action = decision.otherwise
-        return Choice(action, tuple(wanted), decision.reason)
+        return Choice(action, tuple(wanted), why)
+
+    def _listed(self, session: Session, now: datetime, spec: JobSpec, listed: list[Placement],
+                price: float) -> Choice:
+        """The list-price placements, cheapest first in dollars plus the carbon price's worth."""
+        if price <= 0:
+            return Choice(Action.LAUNCH, tuple(listed), "list price")
+        kg = {p: self._emissions.kg_per_hour(session, now, p) for p in listed}
+        weighed = sorted(listed, key=lambda p: p.price_per_hour + carbon.surcharge(price, kg[p]))
+        why = "list price"
+        if weighed[0] != listed[0]:
+            why += "; " + carbon.compared(price, weighed[0], listed[0], kg[weighed[0]], kg[listed[0]], spec.num_nodes)
+        return Choice(Action.LAUNCH, tuple(weighed), why)
 
     def capacity_error(self, attempt: Attempt, at: datetime) -> None:
         """A launch refused for capacity: the jobs placed later in this pass know it."""
@@ -330,25 +270,11 @@ class Placer:
                 history.record(Event.CAPACITY_FAILURE, at.timestamp())
 
     def _observe(self, session: Session, job: Job, spec: JobSpec, shape: str, now: datetime,
-                 zones: dict[str, tuple], running: Attempt | None) -> Observation:
+                 zones: dict[str, tuple], running: Attempt | None, carbon_price: float = 0.0) -> Observation:
         if self._histories is None:
             self._histories = load_histories(session, now, self.settings)
         s = self.settings
         now_s = now.timestamp()
-        join_s = 1.5 * s.placement_interval
-
-        def state(key: str, region: str, spot_price: float, od_price: float,
-                  risk: float | None = None) -> ZoneState:
-            # one history object per place for the pass: what is learnt during it reaches every job
-            history = self._histories.setdefault(key, ZoneHistory(join_within_s=join_s))
-            return ZoneState(key, region, spot_price, od_price, history, risk)
-
-        if shape not in self._states:
-            self._states[shape] = sorted((state(key, offer.region, spot.price_per_hour, od.price_per_hour,
-                                                offer.risk)
-                                          for key, (offer, spot, od) in zones.items()),
-                                         key=lambda z: (z.spot_price, z.zone))[:MAX_ZONES]
-        states = list(self._states[shape])
         done = _work_done(session, job, now, s.restart_overhead_seconds)
         total = spec.estimated_hours * 3600 if spec.estimated_hours else max(UNKNOWN_WORK_S, 2 * done)
         left = max(total - done, OUTRUN_LEFT * total)
@@ -361,20 +287,52 @@ class Placer:
             since = running.created_at.timestamp()
             current = Running(attempt_key(running), Capacity.SPOT if running.use_spot else Capacity.ON_DEMAND,
                               max(0.0, s.restart_overhead_seconds - (now_s - since)), since)
-            if all(z.zone != current.zone for z in states):  # the policy weighs what runs now too
-                if current.zone in zones:
-                    offer, spot, od = zones[current.zone]
-                    states.append(state(current.zone, offer.region, spot.price_per_hour, od.price_per_hour,
-                                        offer.risk))
-                else:  # its offer is gone from the catalog: judge it as it was bought, never as on-demand
-                    states.append(state(current.zone, running.region or "*", running.price_per_hour, math.inf))
         return Observation(
             now_s=now_s, step_s=s.placement_interval, work_left_s=left, work_total_s=total,
             started_s=job.created_at.timestamp(),
             deadline_s=spec.deadline.timestamp() - s.deadline_margin_seconds if spec.deadline else None,
             restart_overhead_s=s.restart_overhead_seconds,
             checkpoint_gb=newest.bytes / 1e9 if newest is not None else 0.0,
-            zones=tuple(states), running=current, last_zone=last_zone, egress=self._egress)
+            zones=self._zone_states(session, now, shape, zones, running, current, carbon_price),
+            running=current, last_zone=last_zone, egress=self._egress)
+
+    def _zone_states(self, session: Session, now: datetime, shape: str, zones: dict[str, tuple],
+                     running: Attempt | None, current: Running | None, carbon_price: float) -> tuple[ZoneState, ...]:
+        """The zones as the policy sees them: each price plus what the node's
+        expected emissions are worth at the job's carbon price (carbon.py)."""
+        join_s = 1.5 * self.settings.placement_interval
+
+        def state(key: str, region: str, spot_price: float, od_price: float, risk: float | None = None,
+                  kg: float = 0.0) -> ZoneState:
+            # one history object per place for the pass: what is learnt during it reaches every job
+            history = self._histories.setdefault(key, ZoneHistory(join_within_s=join_s))
+            extra = carbon.surcharge(carbon_price, kg)
+            return ZoneState(key, region, spot_price + extra, od_price + extra, history, risk)
+
+        def of(key: str) -> ZoneState:
+            offer, spot, od = zones[key]
+            kg = (self._emissions.kg_per_hour(session, now, spot, (offer.vcpus, offer.memory_gib))
+                  if carbon_price > 0 else 0.0)
+            return state(key, offer.region, spot.price_per_hour, od.price_per_hour, offer.risk, kg)
+
+        if (shape, carbon_price) not in self._states:
+            self._states[shape, carbon_price] = sorted(map(of, zones), key=lambda z: (z.spot_price, z.zone))[:MAX_ZONES]
+        states = list(self._states[shape, carbon_price])
+        if current is not None and all(z.zone != current.zone for z in states):  # the policy weighs what runs now too
+            if current.zone in zones:
+                states.append(of(current.zone))
+            else:  # its offer is gone from the catalog: judge it as it was bought, never as on-demand
+                kg = (running.power_kw or 0.0) * (running.grid_g_per_kwh or 0.0) / 1000
+                states.append(state(current.zone, running.region or "*", running.price_per_hour, math.inf, kg=kg))
+        return tuple(states)
+
+
+def _placement(zones: dict[str, tuple], offer) -> Placement | None:
+    """A policy offer's placement (None: not a restart where an instance runs whose offer is gone)."""
+    if offer.zone not in zones:
+        return None
+    _, spot, od = zones[offer.zone]
+    return spot if offer.capacity is Capacity.SPOT else od
 
 
 def _work_done(session: Session, job: Job, now: datetime, restart_s: float) -> float:

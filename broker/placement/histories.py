@@ -1,0 +1,97 @@
+"""Each place's spot history, replayed from the attempts table and the
+probes (what the placer's policy learns spells from), and the key that
+names a place (`cloud/region/zone/instance-type`)."""
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+from sqlalchemy import or_, select
+from sqlalchemy.orm import Session
+
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, EndReason
+from spotbroker.broker.placement.policy import Event, ZoneHistory
+from spotbroker.broker.settings import Settings
+from spotbroker.broker.store.models import Attempt, Offer, SpotProbe
+
+
+def zone_key(cloud: str, region: str | None, zone: str | None, zone_id: str | None, instance_type: str | None) -> str:
+    return f"{cloud}/{region or '*'}/{zone or zone_id or '*'}/{instance_type or '*'}"
+
+
+def attempt_key(a: Attempt) -> str:
+    return zone_key(a.cloud, a.region, a.zone, a.zone_id, a.instance_type)
+
+
+def offer_key(o: Offer) -> str:
+    return zone_key(o.cloud, o.region, o.zone, o.zone_id, o.instance_type)
+
+
+
+def load_histories(session: Session, now: datetime, settings: Settings) -> dict[str, ZoneHistory]:
+    """Every place's spot history from the attempts table and the probes.
+
+    While any of our spot instances ran in a place, the place had capacity:
+    the union of their runs is "up", and a refusal, a probe or another
+    instance's reclaim inside it says nothing more. A stretch of that union
+    ends in a reclaim when the run that ends it was reclaimed (or, still
+    live, has had a preemption notice). Outside the union, refusals and
+    probes are the samples. Everything comes from the database, so a broker
+    restarted at any point reads what a live one would.
+    """
+    since = now - timedelta(days=settings.placement_history_days)
+    rows = session.execute(
+        select(Attempt.cloud, Attempt.region, Attempt.zone, Attempt.zone_id, Attempt.instance_type,
+               Attempt.state, Attempt.end_reason, Attempt.started_at, Attempt.ended_at)
+        .where(Attempt.use_spot.is_(True), or_(Attempt.ended_at.is_(None), Attempt.ended_at >= since))).all()
+    runs: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)  # (start, end, reclaimed)
+    points: dict[str, list[tuple[float, Event]]] = defaultdict(list)
+    for r in rows:
+        key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
+        if r.started_at is not None:
+            live = r.state in LIVE_ATTEMPT_STATES or r.ended_at is None
+            end = now if live else r.ended_at
+            # a live attempt already ending PREEMPTED has had its notice: the zone is
+            # being reclaimed now, for every job placed before its flush ends it
+            reclaimed = r.end_reason in RECLAIMED
+            runs[key].append((r.started_at.timestamp(), end.timestamp(), reclaimed))
+        elif r.end_reason == EndReason.NO_CAPACITY and r.ended_at is not None:
+            points[key].append((r.ended_at.timestamp(), Event.CAPACITY_FAILURE))
+    probes = session.execute(
+        select(SpotProbe.cloud, SpotProbe.region, SpotProbe.zone, SpotProbe.zone_id, SpotProbe.instance_type,
+               SpotProbe.available, SpotProbe.at).where(SpotProbe.at >= since)).all()
+    for r in probes:
+        key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
+        points[key].append((r.at.timestamp(), Event.PROBE_OK if r.available else Event.PROBE_FAILED))
+    histories = {}
+    for key in runs.keys() | points.keys():
+        history = histories[key] = ZoneHistory(join_within_s=1.5 * settings.placement_interval)
+        for at, rank, event in _samples(runs.get(key, []), points.get(key, [])):
+            history.record(event, at, seen_since_last=rank == 1)
+    return histories
+
+
+def _samples(runs: list[tuple[float, float, bool]], points: list[tuple[float, Event]]):
+    """(time, rank, event) in order: each stretch of overlapping runs as a launch
+    (rank 0), up until its end (rank 1), then maybe a reclaim (rank 2); and
+    the points that fall outside every stretch."""
+    stretches: list[list] = []  # [start, end, reclaimed]: disjoint, in order
+    for start, end, reclaimed in sorted(runs):
+        if stretches and start <= stretches[-1][1]:
+            if end >= stretches[-1][1]:
+                stretches[-1][1:] = [end, reclaimed]
+        else:
+            stretches.append([start, end, reclaimed])
+    starts = [st[0] for st in stretches]
+
+    def inside(at: float) -> bool:
+        i = bisect_right(starts, at) - 1
+        return i >= 0 and at <= stretches[i][1]
+
+    out = [(at, 0, event) for at, event in points if not inside(at)]
+    for start, end, reclaimed in stretches:
+        out += [(start, 0, Event.LAUNCH_OK), (end, 1, Event.RUNNING)]
+        if reclaimed:
+            out.append((end, 2, Event.PREEMPTED))
+    return sorted(out, key=lambda e: (e[0], e[1]))
