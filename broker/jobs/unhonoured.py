@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from spotbroker.broker.jobs import resfields
 
-OURS = ("estimated_hours", "deadline", "max_restarts", "early_stop", "checkpoint")
-OURS += ("preflight",)  # broker/jobs/preflight.py
-OURS += ("carbon_price_per_tonne",)  # broker/placement/carbon.py
+OURS = ("estimated_hours", "deadline", "max_restarts", "early_stop", "checkpoint", "preflight",
+        "carbon_price_per_tonne")
 HONOURED = frozenset({"name", "resources", "num_nodes", "envs", "secrets", "setup", "run", "workdir",
                       "file_mounts", *OURS})
 HONOURED_RESOURCES = frozenset({"accelerators", "any_of", "ordered", "use_spot", "infra", "cloud", "region",
