@@ -86,3 +86,40 @@ def test_a_cpu_preflight_runs_on_the_cheapest_cpu_place_in_the_jobs_region(env, 
     assert (gpu.preflight, gpu.accelerator, gpu.region) == (False, "T4", "us-east-2")
     # the job's setup ran twice: in the pre-flight, with no GPU visible; then in the GPU attempt
     assert out.read_text().splitlines() == ["us-east-2 CUDA=[]", "us-east-2 CUDA=[unset]"]
+
+
+@pytest.mark.parametrize("run_state, job_after, attempt_after, again", [
+    ("SUCCEEDED", "RECOVERING", "SUCCEEDED", False),  # it passed: the next attempt is the GPU's
+    ("FAILED", "RECOVERING", "PREEMPTED", True),      # its node was reclaimed: the pre-flight is tried again
+])
+def test_a_preflight_ending_as_a_notice_comes(env, run_state, job_after, attempt_after, again):
+    """A notice during the pre-flight: a pass still counts (the job never ends
+    SUCCEEDED on its trial's exit 0), a failure is the reclaim's."""
+    from datetime import UTC, datetime
+
+    from spotbroker.broker.jobs.states import transition
+    from spotbroker.broker.launch.base import RunState, RunStatus
+    from spotbroker.broker.recovery import attempts as recovery
+    from spotbroker.broker.recovery import preflight
+
+    factory, settings, team = env
+    clock = Clock()
+    with transaction(factory) as s:
+        job = jobs.submit(s, team, spec(preflight=True, resources={"accelerators": "T4:1"}))
+        now = datetime.now(UTC)
+        attempt = Attempt(job_id=job.id, state="LAUNCHING", launcher="local", cloud="aws", instance_type="m5.2xlarge",
+                          use_spot=True, num_nodes=1, price_per_hour=0.1, preflight=True, created_at=now,
+                          updated_at=now)
+        s.add(attempt)
+        s.flush()
+        for to in ("LAUNCHING", "RUNNING", "PREEMPTING"):
+            transition(s, job, to, clock=clock)
+        transition(s, attempt, "RUNNING", clock=clock)
+        attempt.end_reason = "preempted"
+        recovery.on_status(s, job, attempt.id, RunStatus(RunState(run_state), exit_code=0 if run_state == "SUCCEEDED"
+                                                         else 143), clock)
+        assert (job.state, attempt.state) == (job_after, attempt_after)
+        job_id = job.id
+    with factory() as s:
+        job = s.get(Job, job_id)
+        assert preflight.wanted(job, JobSpec.model_validate(job.spec)) is again
