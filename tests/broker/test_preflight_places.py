@@ -30,6 +30,7 @@ def spec(**fields) -> JobSpec:
     ({"any_of": [{"accelerators": "A100:1", "infra": "gcp"}, {"accelerators": "L4:1", "infra": "gcp/us-east1"}]},
      "gcp"),
     ({"any_of": [{"accelerators": "A100:1", "infra": "gcp"}, {"accelerators": "A100:1", "infra": "aws"}]}, None),
+    ({"accelerators": "A100:1", "infra": "k8s/my-cluster"}, None),  # its GPUs only: a CPU trial goes to the clouds
 ])
 def test_the_trial_is_one_cpu_node_kept_to_the_jobs_infra(resources, infra):
     job = spec(resources=resources, num_nodes=4, max_restarts=3, preflight={"run": "python t.py --smoke"},
