@@ -43,6 +43,15 @@ def test_the_trial_is_one_cpu_node_kept_to_the_jobs_infra(resources, infra):
     assert trial(spec(resources=resources, preflight={"accelerators": "T4:1"})).resources.accelerators == "T4:1"
 
 
+def test_the_trial_keeps_the_disk_and_image_every_resource_set_names():
+    same = trial(spec(preflight=True, resources={"disk_size": 500, "image_id": "ami-1", "any_of": [
+        {"accelerators": "A100:1"}, {"accelerators": "H100:1"}]}))
+    assert (same.resources.disk_size, same.resources.image_id, same.resources.accelerators) == (500, "ami-1", None)
+    differ = trial(spec(preflight=True, resources={"any_of": [{"accelerators": "A100:1", "disk_size": 500},
+                                                              {"accelerators": "H100:1", "disk_size": 100}]}))
+    assert differ.resources.disk_size is None
+
+
 def run(factory, settings, team_id: int, **fields) -> list[Attempt]:
     with transaction(factory) as s:
         job_id = jobs.submit(s, team_id, JobSpec.model_validate(fields)).id
