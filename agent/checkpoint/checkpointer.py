@@ -300,12 +300,18 @@ class Checkpointer:
     def close(self) -> None:
         """Wait for the background upload; tell the agent flushes are over; free the
         host buffer and stop the threads. Under torch.distributed every rank calls it."""
-        if self._ranked is not None:
-            self._ranked.close(self._last_step)
-        self.wait()
-        self._control.close()
-        if self._uploader is not None:
-            self._uploader.close()
+        try:
+            if self.preflight is not None and self._last_step:  # a run shorter than the pre-flight's steps
+                self.preflight.check(self, self._last_step)
+        finally:
+            if self._ranked is not None:
+                self._ranked.close(self._last_step)
+            self.wait()
+            self._control.close()
+            if self._uploader is not None:
+                self._uploader.close()
+            if self.preflight is not None:
+                self.preflight.discard()
 
     # --- flush requests --------------------------------------------------------
 

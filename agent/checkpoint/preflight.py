@@ -43,6 +43,7 @@ class Preflight:
         self.uri = self.dir.as_uri()
         self._taken = 0
         self._began = time.monotonic()
+        self.checked = False
 
     @classmethod
     def from_env(cls) -> Preflight | None:
@@ -65,19 +66,27 @@ class Preflight:
 
     def finish(self, ckpt: Checkpointer, step: int) -> None:
         """Save, load back into fresh objects, and exit 0 (or raise)."""
-        try:
-            info = ckpt.save(step, reason="preflight", wait=True)
-            if ckpt.ranks.writer and not (ckpt.ranks.distributed or ckpt.sharded):
-                if info is None:
-                    raise PreflightFailed(f"pre-flight: the checkpoint of step {step} could not be saved "
-                                          "(see the log above)")
-                self._load_fresh(ckpt, info.uri, step)
-            ckpt.close()
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
+        self.check(ckpt, step)
+        ckpt.close()
         print(f"spotbroker pre-flight passed: {self._taken} steps, a checkpoint saved and loaded back, "
               f"in {time.monotonic() - self._began:.1f} s", flush=True)
         sys.exit(0)
+
+    def check(self, ckpt: Checkpointer, step: int) -> None:
+        """Save, and load back into fresh objects (raises PreflightFailed), once:
+        at the last step, or at `close` for a run shorter than the pre-flight."""
+        if self.checked:
+            return
+        self.checked = True
+        info = ckpt.save(step, reason="preflight", wait=True)
+        if ckpt.ranks.writer and not (ckpt.ranks.distributed or ckpt.sharded):
+            if info is None:
+                raise PreflightFailed(f"pre-flight: the checkpoint of step {step} could not be saved "
+                                      "(see the log above)")
+            self._load_fresh(ckpt, info.uri, step)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     @staticmethod
     def _load_fresh(ckpt: Checkpointer, uri: str, step: int) -> None:

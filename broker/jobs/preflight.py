@@ -82,16 +82,30 @@ def trial(spec: Any) -> Any:
     (its code, envs, secrets, mounts, setup) with the pre-flight's run, one
     node, no deadline, and a CPU of SkyPilot's default shape, or the
     pre-flight's accelerators; kept to the job's `infra` where every
-    resource set names the same (else to its cloud, where they share one)."""
-    from spotbroker.broker.jobs.spec import Infra, Resources
+    resource set names the same (else to its cloud, where they share one),
+    with the `disk_size` and `image_id` they all name (its setup may need them)."""
+    from spotbroker.broker.jobs.spec import Infra
 
     pf: Preflight = spec.preflight
     want: dict[str, Any] = {"accelerators": pf.accelerators} if pf.accelerators else {}
-    infras = {a.infra for a in spec.resources.alternatives()}
+    alternatives = spec.resources.alternatives()
+    for key in ("disk_size", "image_id"):
+        values = [getattr(a, key) for a in alternatives]
+        if values[0] is not None and all(v == values[0] for v in values):
+            want[key] = values[0]
+    infras = {a.infra for a in alternatives}
     clouds = {Infra(i).cloud if i else None for i in infras}
+    if not pf.accelerators and "k8s" in clouds:
+        return _trial(spec, pf, want)  # the operator's clusters are priced GPUs: a CPU trial goes to the clouds
     if len(infras) == 1 and (infra := infras.pop()) is not None:
         want["infra"] = infra  # (a job kept to a region, or to the broker's host, tries out there)
     elif len(clouds) == 1 and (cloud := clouds.pop()) is not None:
         want["infra"] = cloud
+    return _trial(spec, pf, want)
+
+
+def _trial(spec: Any, pf: Preflight, want: dict[str, Any]) -> Any:
+    from spotbroker.broker.jobs.spec import Resources
+
     return spec.model_copy(update={"run": pf.run or spec.run, "num_nodes": 1, "resources": Resources(**want),
                                    "deadline": None, "estimated_hours": None, "max_restarts": 0})

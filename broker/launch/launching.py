@@ -31,8 +31,8 @@ from spotbroker.broker.launch.request import launch_request
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.pricing.offers import Placement
 from spotbroker.broker.recovery import attempts as recovery
-from spotbroker.broker.recovery.preflight import timeout_at as preflight_timeout_at
 from spotbroker.broker.recovery.agent_channel import agent_token
+from spotbroker.broker.recovery.preflight import timeout_at as preflight_timeout_at
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job

@@ -173,7 +173,8 @@ def on_status(session: Session, job: Job, attempt_id: int, status: RunStatus, cl
         attempt.released = False
         start_failed(session, job, attempt, status.error, clock, bounds)
         return False
-    if attempt.preflight and status.state in (RunState.SUCCEEDED, RunState.FAILED) and job.state != J.PREEMPTING:
+    if attempt.preflight and (status.state == RunState.SUCCEEDED
+                              or (status.state == RunState.FAILED and job.state != J.PREEMPTING)):
         return preflight.ended(session, job, attempt, status, clock)
     if status.state == RunState.RUNNING:
         if attempt.state == A.LAUNCHING:

@@ -106,8 +106,9 @@ def ended(session: Session, job: Job, attempt: Attempt, status: RunStatus, clock
         transition(session, attempt, A.SUCCEEDED, reason="pre-flight passed", end=E.SUCCEEDED, clock=clock)
         data = _figures(session, job, attempt, clock.now())
         session.add(Event(job_id=job.id, attempt_id=attempt.id, type=PASSED, at=clock.now(), data=data))
-        transition(session, job, J.PENDING, reason=None, data={"attempt_id": attempt.id, "preflight": "passed"},
-                   clock=clock)
+        # (PREEMPTING: a notice came as it passed; its node is lost, not its verdict)
+        transition(session, job, J.PENDING if job.state != J.PREEMPTING else J.RECOVERING,
+                   data={"attempt_id": attempt.id, "preflight": "passed"}, clock=clock)
         job.reason = None
         job.next_check_at = clock.now()
         return True

@@ -26,7 +26,7 @@ SCRIPT = textwrap.dedent("""
     ckpt = Checkpointer(model, opt, every_steps=1, stateful=stateful, handle_signal=False)
     print("device", ckpt.device, flush=True)
     model.to(ckpt.device)
-    for step in range(ckpt.restore(), 100):
+    for step in range(ckpt.restore(), 2 if "--short" in sys.argv else 100):
         loss = model(torch.randn(8, 4, device=ckpt.device)).pow(2).mean()
         opt.zero_grad(); loss.backward(); opt.step()
         print("step", step + 1, flush=True)
@@ -61,6 +61,14 @@ def test_an_unloadable_state_fails_the_preflight(tmp_path):
     assert done.returncode != 0
     assert "does not load into stateful.bad" in done.stderr and "this state cannot be loaded" in done.stderr
     assert "step 2" in done.stdout and "step 3" not in done.stdout
+
+
+def test_a_run_shorter_than_the_preflight_is_checked_at_close(tmp_path):
+    done = run(tmp_path, "--short", SPOTBROKER_PREFLIGHT="1", SPOTBROKER_PREFLIGHT_STEPS="5")
+    assert done.returncode == 0 and "ran to the end" in done.stdout, done.stderr
+    bad = run(tmp_path, "--short", "--bad", SPOTBROKER_PREFLIGHT="1", SPOTBROKER_PREFLIGHT_STEPS="5")
+    assert bad.returncode != 0 and "does not load into stateful.bad" in bad.stderr
+    assert not list(tmp_path.glob("spotbroker-preflight-*"))
 
 
 def test_without_a_preflight_the_library_runs_as_before(tmp_path):

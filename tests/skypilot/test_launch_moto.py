@@ -294,8 +294,10 @@ def test_a_preflight_launches_the_chosen_cpu_type_before_any_gpu(sky_aws: SkyAws
     assert (attempt.instance_type, attempt.zone, attempt.accelerator, attempt.use_spot) == \
         ("m6i.2xlarge", "us-east-1b", None, True)
     assert req.extra_env["SPOTBROKER_PREFLIGHT"] == "1" and req.extra_env["CUDA_VISIBLE_DEVICES"] == ""
-    (resources,) = launcher.task(req).resources
+    task = launcher.task(req)
+    (resources,) = task.resources
     assert (resources.instance_type, resources.zone, resources.accelerators) == ("m6i.2xlarge", "us-east-1b", None)
+    assert task.envs["SPOTBROKER_PREFLIGHT"] == "1" and task.envs["CUDA_VISIBLE_DEVICES"] == "" and task.num_nodes == 1
     try:
         (instance,) = wait_for(sky_aws.instances, 90, "the pre-flight's instance in moto")
         assert instance["InstanceType"] == "m6i.2xlarge"
