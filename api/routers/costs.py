@@ -1,18 +1,13 @@
 """A team's costs, from the ledger: totals (paid, on-demand equivalent,
 savings, waste) over a time range, optionally grouped by day, job, cloud,
 GPU or zone. A team's token reads its own team; the admin's, any team's.
-
-The router's lifespan runs the money's background loop (accrual, alerts,
-hard cap, notifications; each duty in one broker of several at a time, by a
-lease), beside the app's reconciler."""
+The ledger is written in the background (broker/background.py)."""
 from __future__ import annotations
 
-import threading
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request
+from fastapi import APIRouter, Depends, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from spotbroker.api.deps import SessionDep, get_principal
@@ -20,30 +15,11 @@ from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
 from spotbroker.broker.money import service, views
-from spotbroker.broker.money.loop import MoneyLoop
-from spotbroker.broker.money.settings import get_money_settings
 
 MAX_DAYS = 400
 
 
-@asynccontextmanager
-async def accruing(app: FastAPI):
-    """Accrual, alerts, the hard cap's stops and notifications, in the background."""
-    settings = get_money_settings()
-    loop = MoneyLoop(app.state.session_factory, settings, clock=app.state.clock,
-                     on_stopped=app.state.reconciler.hint, keyring=app.state.keyring)
-    stop = threading.Event()
-    thread = loop.start(stop)
-    app.state.money = loop
-    try:
-        yield
-    finally:
-        stop.set()
-        loop.hint()
-        thread.join(timeout=30)
-
-
-router = APIRouter(prefix="/v1", tags=["costs"], lifespan=accruing)
+router = APIRouter(prefix="/v1", tags=["costs"])
 
 TeamName = Annotated[str, Path(pattern=auth.TEAM_NAME_RE.pattern, description="the team's name")]
 Caller = Annotated[Principal, Depends(get_principal)]
