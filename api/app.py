@@ -3,8 +3,6 @@ reconciler together. `create_app()` is what `spotbroker serve` runs."""
 from __future__ import annotations
 
 import logging
-import sys
-import threading
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
@@ -28,13 +26,12 @@ from spotbroker.api.routers import (
     teams,
     uploads,
 )
+from spotbroker.broker import background
 from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.jobs import taskyaml
 from spotbroker.broker.jobs.logimport import import_disk_logs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.launch.skypilot import service as skypilot
 from spotbroker.broker.money.metrics import MoneyCollector
 from spotbroker.broker.money.settings import get_money_settings
 from spotbroker.broker.pricing.offers import seed_from_catalog
@@ -76,22 +73,18 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
         app.state.followers = Followers(factory, per_team=settings.max_followers_per_team)
         restore_signals = on_shutdown_signal(app.state.followers)
-        stop = threading.Event()
-        skypilot.start(settings, factory, launchers, reconciler.hint, stop)  # SPOTBROKER_LAUNCHER=skypilot
-        worker = threading.Thread(target=reconciler.run_forever, args=(stop,), name="reconciler", daemon=True)
-        if run_reconciler:
-            worker.start()
-        if settings.preload_skypilot and "sky" not in sys.modules:
-            threading.Thread(target=taskyaml.preload, name="preload-skypilot", daemon=True).start()
+        # Every thread beside the API, from one list (broker/background.py); routers start none.
+        duties, parts = background.duties(settings, factory, launchers, reconciler, clock=clock, keyring=keyring,
+                                          run_reconciler=run_reconciler)
+        app.state.money, app.state.price_tracker = parts["money"], parts["prices"]
+        work = background.Background(duties)
+        work.start()
         try:
             yield
         finally:
             app.state.followers.close()
             restore_signals()
-            stop.set()
-            reconciler.hint()
-            if worker.is_alive():
-                worker.join(timeout=10)
+            work.stop()
             app.state.metrics_registry.unregister(deployment)
             try:
                 deployment.release()

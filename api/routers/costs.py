@@ -2,18 +2,13 @@
 savings, waste) over a time range, optionally grouped by day, job, cloud,
 GPU, zone or a label of the jobs (`label:KEY`), as JSON or as CSV
 (`costs.csv`). A team's token reads its own team; the admin's, any team's.
-
-The router's lifespan runs the money's background loop (accrual, alerts,
-hard cap, notifications; each duty in one broker of several at a time, by a
-lease), beside the app's reconciler."""
+The ledger is written in the background (broker/background.py)."""
 from __future__ import annotations
 
-import threading
-from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, FastAPI, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
 from spotbroker.api.deps import SessionDep, get_principal
@@ -22,30 +17,11 @@ from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
 from spotbroker.broker.jobs import resfields
 from spotbroker.broker.money import export, service, views
-from spotbroker.broker.money.loop import MoneyLoop
-from spotbroker.broker.money.settings import get_money_settings
 
 MAX_DAYS = 400
 
 
-@asynccontextmanager
-async def accruing(app: FastAPI):
-    """Accrual, alerts, the hard cap's stops and notifications, in the background."""
-    settings = get_money_settings()
-    loop = MoneyLoop(app.state.session_factory, settings, clock=app.state.clock,
-                     on_stopped=app.state.reconciler.hint, keyring=app.state.keyring)
-    stop = threading.Event()
-    thread = loop.start(stop)
-    app.state.money = loop
-    try:
-        yield
-    finally:
-        stop.set()
-        loop.hint()
-        thread.join(timeout=30)
-
-
-router = APIRouter(prefix="/v1", tags=["costs"], lifespan=accruing)
+router = APIRouter(prefix="/v1", tags=["costs"])
 
 TeamName = Annotated[str, Path(pattern=auth.TEAM_NAME_RE.pattern, description="the team's name")]
 Caller = Annotated[Principal, Depends(get_principal)]

@@ -1,15 +1,13 @@
 """Prices: the ranked current offers across the clouds, and one offer's
-history. Any token reads them (prices are no team's secret). The router's
-lifespan runs the price tracker beside the app's reconciler."""
+history. Any token reads them (prices are no team's secret). The prices
+are refreshed in the background (broker/background.py)."""
 from __future__ import annotations
 
 import logging
-import threading
-from contextlib import asynccontextmanager
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
@@ -19,37 +17,12 @@ from spotbroker.broker.jobs.spec import parse_accelerator
 from spotbroker.broker.pricing import catalog, store
 from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
 from spotbroker.broker.pricing.settings import get_pricing_settings, source_label
-from spotbroker.broker.pricing.sources import build_source
-from spotbroker.broker.pricing.tracker import PriceTracker
 
 log = logging.getLogger("spotbroker.pricing")
 MAX_COUNT = 64  # accelerators in one offer
 
 
-@asynccontextmanager
-async def tracking(app: FastAPI):
-    """Refresh the configured sources in the background while the app runs."""
-    settings = get_pricing_settings()
-    sources = {}
-    for name in settings.sources:
-        try:
-            sources[name] = build_source(name, settings, app.state.session_factory)
-        except Exception as exc:  # e.g. a cloud SDK not installed: the others still run
-            log.warning("prices: %s skipped (%s: %s)", name, type(exc).__name__, exc)
-    tracker = PriceTracker(app.state.session_factory, sources, settings, clock=app.state.clock)
-    stop = threading.Event()
-    # The snapshot was loaded when the app started: its next read is an interval away.
-    threads = tracker.start(stop, first_delay={"catalog": settings.catalog_interval})
-    app.state.price_tracker = tracker
-    try:
-        yield
-    finally:
-        stop.set()
-        for t in threads:
-            t.join(timeout=settings.timeout + 5)
-
-
-router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_principal)], lifespan=tracking)
+router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_principal)])
 
 
 class PriceOut(BaseModel):

@@ -18,10 +18,8 @@ think they hold the lease can never write the same minutes twice.
 """
 from __future__ import annotations
 
-import logging
 import os
 import socket
-import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -37,7 +35,6 @@ from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
 
-log = logging.getLogger("spotbroker.money")
 LEASE = "accrual"
 CHUNK = 200
 # Attempts that ended this long before the previous pass were seen by it.
@@ -131,19 +128,6 @@ class Accruer:
         stats.closed += closing
 
     # --- in the background ---------------------------------------------------------------
-
-    def start(self, stop: threading.Event) -> threading.Thread:
-        t = threading.Thread(target=self._loop, args=(stop,), name="money-accrual", daemon=True)
-        t.start()
-        return t
-
-    def _loop(self, stop: threading.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.pass_once()
-            except Exception:  # a pass must never end the loop; the next one carries on
-                log.exception("ledger accrual pass failed")
-            stop.wait(self.settings.accrual_interval)
 
 
 def _row(d: ledger.Draft, attempt: Attempt, team_id: int, now: datetime) -> dict:

@@ -20,6 +20,7 @@ from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.sealing import Keyring
+from spotbroker.broker.ticker import run_every
 
 log = logging.getLogger("spotbroker.money")
 LEASE = "alerts"
@@ -99,9 +100,4 @@ class MoneyLoop:
         # once on a hint (an outbox row to retry, a budget changed).
         step = max(0.05, min(5.0, self.settings.accrual_interval / 4, self.settings.alert_interval / 4,
                              self.settings.notify_retry_seconds))
-        while not stop.is_set():
-            self.tick()
-            self._wake.wait(step)
-            self._wake.clear()
-            if stop.is_set():
-                return
+        run_every(stop, step, self.tick, wake=self._wake)

@@ -3,8 +3,9 @@ background thread of its own, so a slow cloud never delays another, the API
 or the reconciler.
 
 Brokers sharing one database take turns through a lease row per source
-(`price_source_leases`): a refresher stamps itself owner until an expiry,
-and only when the source is due; the others skip it. The network calls run
+(`price_source_leases`, through broker/store/leases.py): a refresher stamps
+itself owner until an expiry, and only when the source is due; the others
+skip it. The network calls run
 outside any transaction; the answer is then written in one.
 """
 from __future__ import annotations
@@ -16,16 +17,17 @@ import threading
 import uuid
 from datetime import datetime, timedelta
 
-from sqlalchemy import or_, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.base import Source, SourceUnavailable
 from spotbroker.broker.pricing.settings import PricingSettings
+from spotbroker.broker.store import leases
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import PriceSourceLease
+from spotbroker.broker.ticker import run_every
 
 log = logging.getLogger("spotbroker.pricing")
 _PRUNE_EVERY = timedelta(hours=1)
@@ -81,31 +83,17 @@ class PriceTracker:
             self._prune_if_due()
 
     def _claim(self, name: str, now: datetime, force: bool) -> bool:
-        with transaction(self.factory) as session:
-            if session.get(PriceSourceLease, name) is None:
-                try:
-                    with session.begin_nested():
-                        session.add(PriceSourceLease(source=name))
-                except IntegrityError:
-                    pass  # another broker added it first
-            due = now - timedelta(seconds=self.settings.interval(name) * 0.9)
-            where = [PriceSourceLease.source == name,
-                     or_(PriceSourceLease.expires_at.is_(None), PriceSourceLease.expires_at < now)]
-            if not force:
-                where.append(or_(PriceSourceLease.last_run_at.is_(None), PriceSourceLease.last_run_at <= due))
-            claimed = session.execute(update(PriceSourceLease).where(*where).values(
-                owner=self.owner, last_run_at=now,
-                expires_at=now + timedelta(seconds=self.settings.lease_seconds)))
-            return claimed.rowcount == 1
+        # Not renewed by its holder: a forced refresh in this process waits for the running one.
+        taken, _ = leases.claim(self.factory, PriceSourceLease, name, self.owner, now,
+                                every_s=None if force else self.settings.interval(name),
+                                hold_s=self.settings.lease_seconds)
+        return taken
 
     def _release(self, name: str, error: str | None) -> None:
-        now = self.clock.now()
-        values = {"owner": None, "expires_at": None, "last_error": error}
+        values = {"last_error": error}
         if error is None:
-            values["last_ok_at"] = now
-        with transaction(self.factory) as session:
-            session.execute(update(PriceSourceLease).where(PriceSourceLease.source == name,
-                                                           PriceSourceLease.owner == self.owner).values(**values))
+            values["last_ok_at"] = self.clock.now()
+        leases.release(self.factory, PriceSourceLease, name, self.owner, **values)
 
     def _prune_if_due(self) -> None:
         now = self.clock.now()
@@ -136,11 +124,7 @@ class PriceTracker:
         return threads
 
     def _loop(self, name: str, stop: threading.Event, delay: float) -> None:
-        if stop.wait(delay):
-            return
         # Wake a few times per interval: another broker may hold the lease, or
         # have refreshed it a moment ago; `refresh` checks both.
         tick = max(1.0, min(60.0, self.settings.interval(name) / 5))
-        while not stop.is_set():
-            self.refresh(name)
-            stop.wait(tick)
+        run_every(stop, tick, lambda: self.refresh(name), first_delay=delay)

@@ -1,4 +1,4 @@
-"""Starting the SkyPilot launcher in a broker process (`create_app`)."""
+"""The SkyPilot launcher in a broker process (built by broker/background.py)."""
 from __future__ import annotations
 
 import threading
@@ -7,11 +7,12 @@ from collections.abc import Callable
 from sqlalchemy.orm import Session, sessionmaker
 
 
-def start(settings, factory: sessionmaker[Session], launchers: dict, hint: Callable[[], None],
-          stop: threading.Event) -> threading.Thread | None:
+def prepare(settings, factory: sessionmaker[Session], launchers: dict,
+            hint: Callable[[], None]) -> Callable[[threading.Event], None] | None:
     """With SPOTBROKER_LAUNCHER=skypilot: the launcher joins `launchers`
     (telling the reconciler, through `hint`, whenever SkyPilot says something
-    new), and its janitor runs until `stop`. Returns the janitor's thread."""
+    new); returns its janitor's loop, which runs until the event it is given
+    is set. None with another launcher."""
     if settings.launcher != "skypilot":
         return None
     from spotbroker.broker.launch.skypilot.janitor import run_janitor
@@ -20,8 +21,9 @@ def start(settings, factory: sessionmaker[Session], launchers: dict, hint: Calla
     launcher = SkyPilotLauncher.from_settings(settings)
     launcher.set_on_change(hint)
     launchers[launcher.name] = launcher
-    janitor = threading.Thread(target=run_janitor, name="skypilot-janitor", daemon=True,
-                               args=(launcher, factory, settings.skypilot_janitor_interval, stop),
-                               kwargs={"check_interval": settings.skypilot_check_interval})
-    janitor.start()
+
+    def janitor(stop: threading.Event) -> None:
+        run_janitor(launcher, factory, settings.skypilot_janitor_interval, stop,
+                    check_interval=settings.skypilot_check_interval)
+
     return janitor
