@@ -29,11 +29,12 @@ class Progress:
 
 
 def progress(session: Session, job_id: int) -> Progress:
-    """How far the job's training got, from its metrics and checkpoints (two index reads)."""
-    metric_step, epochs = session.execute(
-        select(func.max(MetricPoint.step), func.max(MetricPoint.value).filter(MetricPoint.name == EPOCH))
-        .where(MetricPoint.job_id == job_id)).one()
-    checkpoint_step = session.scalar(select(func.max(Checkpoint.step)).where(Checkpoint.job_id == job_id))
+    """How far the job's training got, from its metrics and checkpoints (one
+    statement, on the (job_id, ...) indexes of both)."""
+    checkpointed = select(func.max(Checkpoint.step)).where(Checkpoint.job_id == job_id).scalar_subquery()
+    metric_step, epochs, checkpoint_step = session.execute(
+        select(func.max(MetricPoint.step), func.max(MetricPoint.value).filter(MetricPoint.name == EPOCH),
+               checkpointed).where(MetricPoint.job_id == job_id)).one()
     steps = max((s for s in (metric_step, checkpoint_step) if s is not None), default=None)
     return Progress(steps=steps, epochs=epochs)
 
