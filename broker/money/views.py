@@ -111,16 +111,19 @@ def attempt_costs(session: Session, attempts: Iterable[Attempt], now: datetime,
 
 def attempt_money(session: Session, attempts: Iterable[Attempt], now: datetime,
                   tails: list[Unwritten] | None = None) -> dict[int, Money]:
-    """attempt id -> its dollars, node-hours, kWh and CO2e to now (as `attempt_costs`)."""
+    """attempt id -> its dollars, kWh and CO2e to now (as `attempt_costs`; the
+    other fields stay 0: the sum reads only what the attempt index carries,
+    an index-only scan on PostgreSQL)."""
     attempts = [a for a in attempts if a.started_at is not None]
     if not attempts:
         return {}
     ids = [a.id for a in attempts]
     out: dict[int, Money] = {i: Money() for i in ids}
-    for attempt_id, *values in session.execute(
-            select(LedgerEntry.attempt_id, *_sums())
+    for attempt_id, amount, kwh, co2e_kg in session.execute(
+            select(LedgerEntry.attempt_id, func.sum(LedgerEntry.amount), func.sum(LedgerEntry.kwh),
+                   func.sum(LedgerEntry.co2e_kg))
             .where(LedgerEntry.attempt_id.in_(ids)).group_by(LedgerEntry.attempt_id)):
-        out[attempt_id].add(*(v or 0.0 for v in values))
+        out[attempt_id].add(amount or 0.0, 0.0, 0.0, 0.0, kwh or 0.0, co2e_kg or 0.0)
     if tails is None:
         cursors = {r.attempt_id: r for r in session.execute(
             select(LedgerCursor.attempt_id, LedgerCursor.accrued_to, LedgerCursor.closed)
@@ -134,7 +137,7 @@ def attempt_money(session: Session, attempts: Iterable[Attempt], now: datetime,
     for attempt_id, drafts in tail_of.items():
         if attempt_id in out:
             for d in drafts:
-                out[attempt_id].add(*_values(d))
+                out[attempt_id].add(d.amount, 0.0, 0.0, 0.0, d.kwh, d.co2e_kg)
     return out
 
 
