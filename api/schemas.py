@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sqlalchemy.orm import object_session
 
+from spotbroker.broker.energy import usage
 from spotbroker.broker.jobs.policy import Policy
 from spotbroker.broker.jobs.spec import SpecShapeError, check_shape, labels_of, public
 from spotbroker.broker.money import costs
@@ -34,6 +35,25 @@ _INTERVAL = ("the checkpoint interval the library was told, and why: seconds (nu
              "checkpoint cost C), cost_measured, why (in words), since")
 
 
+class AttemptEnergy(BaseModel):
+    kwh: float = Field(description="energy at the wall so far (PUE included)")
+    co2e_kg: float = Field(description="its emissions at the place's grid intensity")
+    power_kw: float | None = Field(description="per node, as charged now: the rated estimate or the agent's "
+                                   "measured average")
+    grid_g_per_kwh: float | None = Field(description="the grid intensity of the attempt's region, fixed at launch")
+    grid_source: str | None = Field(description="where that figure comes from (the snapshot's source, or a "
+                                    "live reading's zone and hour)")
+    basis: str | None = Field(description="estimated (rated power) or measured (the agent's NVML counters)")
+
+
+class JobEnergy(BaseModel):
+    kwh: float
+    co2e_kg: float
+    kwh_per_1000_steps: float | None = Field(description="per 1,000 of the highest step the trainer reported "
+                                             "or checkpointed; null when none")
+    kwh_per_epoch: float | None = Field(description="per epoch, when the trainer reported an `epoch` metric")
+
+
 class AttemptOut(BaseModel):
     id: int
     state: str
@@ -55,15 +75,17 @@ class AttemptOut(BaseModel):
     ended_at: datetime | None
     preflight: bool = Field(default=False, description="the job's trial run before any GPU was rented")
     checkpoint_interval: dict[str, Any] | None = Field(None, description=_INTERVAL)
+    energy: AttemptEnergy | None = None
 
     @classmethod
-    def of(cls, a: Attempt, cost: float) -> AttemptOut:
+    def of(cls, a: Attempt, cost: float, energy: dict | None = None) -> AttemptOut:
         return cls(id=a.id, state=a.state, reason=a.reason, cloud=a.cloud, region=a.region, zone=a.zone,
                    zone_id=a.zone_id, instance_type=a.instance_type, accelerator=a.accelerator,
                    accelerator_count=a.accelerator_count, use_spot=a.use_spot, num_nodes=a.num_nodes,
                    price_per_hour=a.price_per_hour, cost=round(cost, 6),
                    exit_code=a.exit_code, created_at=a.created_at, started_at=a.started_at,
-                   ended_at=a.ended_at, preflight=a.preflight, checkpoint_interval=a.checkpoint_interval)
+                   ended_at=a.ended_at, preflight=a.preflight, checkpoint_interval=a.checkpoint_interval,
+                   energy=energy)
 
 
 class JobOut(BaseModel):
@@ -91,17 +113,22 @@ class JobOut(BaseModel):
         "kept (id, step, uri, choice: best | after_best), hours_run, dollars_run, and with estimated_hours "
         "hours_saved and dollars_saved (else null, and `saving` says why)"))
     checkpoint_interval: dict[str, Any] | None = Field(None, description="the newest attempt's: " + _INTERVAL)
+    energy: JobEnergy | None = Field(None, description="kWh and kg CO2e so far (as its cost), and per 1,000 "
+                                     "steps and per epoch where the trainer's reports tell")
 
     @classmethod
     def of(cls, job: Job, team: str, now: datetime) -> JobOut:
-        money = costs.job_costs(job, now)  # from the ledger (broker/money/)
-        attempts = [AttemptOut.of(a, money.get(a.id, 0.0)) for a in job.attempts]
+        ledger = costs.job_money(job, now)  # from the ledger (broker/money/)
+        money = {i: m.cost for i, m in ledger.items()}
+        attempts = [AttemptOut.of(a, money.get(a.id, 0.0), usage.attempt_energy(a, ledger.get(a.id)))
+                    for a in job.attempts]
         stopped = earlystop.summary(object_session(job), job, sum(money.values()), now)
         return cls(id=job.id, name=job.name, state=job.state, reason=job.reason, team=team,
                    labels=labels_of(job.spec), spec=public(job.spec), restarts=job.restarts, recoveries=job.recoveries,
                    cost=round(sum(money.values()), 6), created_at=job.created_at,
                    updated_at=job.updated_at, ended_at=job.ended_at, attempts=attempts,
                    preflight=preflight.of_job(job), early_stop=stopped,
+                   energy=usage.job_energy(object_session(job), job.id, ledger),
                    checkpoint_interval=next((a.checkpoint_interval for a in reversed(attempts)
                                              if a.checkpoint_interval), None))
 

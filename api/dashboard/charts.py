@@ -4,6 +4,7 @@ and `svg` writes them out, escaping every label (job names are a team's
 own text)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -58,6 +59,18 @@ def money(x: float) -> str:
     return f"${x:,.2f}"
 
 
+def _figure(x: float) -> str:
+    return "0" if x == 0 else f"{x:,.1f}" if abs(x) >= 10 else f"{x:,.3f}"
+
+
+def kwh(x: float) -> str:
+    return f"{_figure(x)} kWh"
+
+
+def kg(x: float) -> str:
+    return f"{_figure(x)} kg"
+
+
 def size(n: int) -> str:
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024:
@@ -76,12 +89,12 @@ def _nice_max(v: float) -> float:
     return step * 10
 
 
-def _axis(chart: Chart, top_value: float, plot_h: float) -> None:
+def _axis(chart: Chart, top_value: float, plot_h: float, unit: Callable[[float], str] = money) -> None:
     for i in range(5):
         value = top_value * i / 4
         y = TOP + plot_h - plot_h * i / 4
         chart.lines.append(dict(x1=LEFT, y1=y, x2=WIDTH - RIGHT, y2=y, cls="grid"))
-        label = f"${value:,.0f}" if top_value >= 100 else money(value)
+        label = f"${value:,.0f}" if unit is money and top_value >= 100 else unit(value)
         chart.texts.append(dict(x=LEFT - 6, y=y + 4, text=label, cls="tick", anchor="end"))
 
 
@@ -90,9 +103,10 @@ def colors(keys) -> dict[str, str]:
 
 
 def stacked_days(days: list[str], series: dict[str, dict[str, float]], height: int = 240,
-                 muted: tuple[str, ...] = ()) -> Chart:
+                 muted: tuple[str, ...] = (), unit: Callable[[float], str] = money) -> Chart:
     """A bar per day, stacked by key (cloud, GPU, a label's value), biggest
-    keys at the bottom; `muted` keys (a label's "(none)") in grey."""
+    keys at the bottom; `muted` keys (a label's "(none)") in grey; `unit`
+    writes a value (dollars, kWh, kg CO2e)."""
     chart = Chart(height)
     totals: dict[str, float] = {}
     for parts in series.values():
@@ -103,7 +117,7 @@ def stacked_days(days: list[str], series: dict[str, dict[str, float]], height: i
     chart.legend = [(k, palette[k]) for k in keys]
     plot_h = height - TOP - BOTTOM
     top = _nice_max(max([sum(series.get(d, {}).values()) for d in days] or [0]))
-    _axis(chart, top, plot_h)
+    _axis(chart, top, plot_h, unit)
     slot = (WIDTH - LEFT - RIGHT) / max(len(days), 1)
     for i, day in enumerate(days):
         x, y = LEFT + i * slot, TOP + plot_h
@@ -114,7 +128,7 @@ def stacked_days(days: list[str], series: dict[str, dict[str, float]], height: i
             h = plot_h * v / top
             y -= h
             chart.rects.append(dict(x=x + slot * 0.12, y=y, w=slot * 0.76, h=h, fill=palette[k], day=day, key=k,
-                                    amount=round(v, 6), title=f"{day} · {k}: {money(v)}"))
+                                    amount=round(v, 6), title=f"{day} · {k}: {unit(v)}"))
         if len(days) <= 14 or i % max(len(days) // 10, 1) == 0:
             chart.texts.append(dict(x=x + slot / 2, y=height - 8, text=day[5:], cls="tick", anchor="middle"))
     return chart

@@ -1,4 +1,5 @@
-"""The dashboard's job page: a curve per metric the trainer reported, and
+"""The dashboard's job page: its energy and emissions (each attempt's grid
+figure, measured or estimated), a curve per metric the trainer reported, and
 what its early stop did and saved. A team reads its own jobs only; the admin
 any team's."""
 from __future__ import annotations
@@ -8,6 +9,7 @@ from fastapi.responses import Response
 
 from spotbroker.api.dashboard.curves import curve
 from spotbroker.api.dashboard.routes import page, router, to_login, who
+from spotbroker.broker.energy import usage
 from spotbroker.broker.jobs import metrics
 from spotbroker.broker.money import costs
 from spotbroker.broker.recovery import earlystop
@@ -25,7 +27,10 @@ def job(request: Request, job_id: int) -> Response:
         team = s.get(Team, found.team_id) if found is not None else None
         if found is None or (not principal.is_admin and principal.team_name != team.name):
             return page("error.html", 404, title="Not found", detail=f"no job {job_id}", admin=principal.is_admin)
-        dollars = sum(costs.job_costs(found, now, s).values())
+        ledger = costs.job_money(found, now, s)
+        dollars = sum(m.cost for m in ledger.values())
+        energy = usage.job_energy(s, job_id, ledger)
+        places = [(a, usage.attempt_energy(a, ledger.get(a.id))) for a in found.attempts if a.started_at is not None]
         stop = earlystop.summary(s, found, dollars, now)
         rule = (found.spec or {}).get("early_stop") or {}
         charts = []
@@ -35,4 +40,5 @@ def job(request: Request, job_id: int) -> Response:
             charts.append((name, curve(line, mine["best_step"] if mine else None,
                                        mine["stopped_step"] if mine else None)))
         return page("job.html", job=found, team=team.name, stop=stop, rule=rule, charts=charts, dollars=dollars,
+                    energy=energy, places=places,
                     now=now, admin=principal.is_admin)

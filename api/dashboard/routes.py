@@ -35,6 +35,8 @@ templates = Environment(loader=FileSystemLoader(HERE / "templates"), autoescape=
                         lstrip_blocks=True)
 templates.filters["money"] = charts.money
 templates.filters["size"] = charts.size
+templates.filters["kwh"] = charts.kwh
+templates.filters["kg"] = charts.kg
 templates.globals["svg"] = charts.svg
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
@@ -171,6 +173,8 @@ def _charts(data: dashboard.TeamPage, now) -> dict:
     return dict(
         by_cloud=charts.stacked_days(data.days, data.by_cloud, height=200),
         by_gpu=charts.stacked_days(data.days, data.by_gpu, height=200),
+        kwh_chart=charts.stacked_days(data.days, data.kwh_by_cloud, height=200, unit=charts.kwh),
+        co2e_chart=charts.stacked_days(data.days, data.co2e_by_cloud, height=200, unit=charts.kg),
         burn=charts.burn(data.budget, now) if data.budget else None, money_chart=charts.bars(money_rows),
         top=charts.bars([(j.name, j.cost, "#0072B2") for j in data.jobs]),
         timeline=charts.timeline(data.jobs, data.since, now) if data.jobs else None)

@@ -1,8 +1,9 @@
 """A team's costs, from the ledger: totals (paid, on-demand equivalent,
-savings, waste) over a time range, optionally grouped by day, job, cloud,
-GPU, zone or a label of the jobs (`label:KEY`), as JSON or as CSV
-(`costs.csv`). A team's token reads its own team; the admin's, any team's.
-The ledger is written in the background (broker/background.py)."""
+savings, waste, and the energy and emissions beside them) over a time
+range, optionally grouped by day, job, cloud, GPU, zone or a label of the
+jobs (`label:KEY`), as JSON or as CSV (`costs.csv`). A team's token reads
+its own team; the admin's, any team's. The ledger is written in the
+background (broker/background.py)."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
@@ -34,11 +35,14 @@ class Money(BaseModel):
     savings: float = Field(description="on_demand_cost - cost")
     wasted: float = Field(description="dollars of work lost to reclaims (since the last checkpoint)")
     node_hours: float
+    kwh: float = Field(description="energy at the wall (PUE included), measured or estimated per attempt")
+    co2e_kg: float = Field(description="its emissions at each place's grid intensity (kg CO2e)")
 
     @classmethod
     def of(cls, m: views.Money) -> Money:
         return cls(cost=round(m.cost, 6), on_demand_cost=round(m.on_demand_cost, 6), savings=round(m.savings, 6),
-                   wasted=round(m.wasted, 6), node_hours=round(m.node_hours, 6))
+                   wasted=round(m.wasted, 6), node_hours=round(m.node_hours, 6), kwh=round(m.kwh, 6),
+                   co2e_kg=round(m.co2e_kg, 6))
 
 
 class CostGroup(Money):

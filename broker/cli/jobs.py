@@ -282,11 +282,14 @@ def interval_line(interval: dict[str, Any]) -> str:
 def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
     from rich.table import Table
 
+    from spotbroker.broker.cli.money import energy_line
     from spotbroker.broker.cli.output import console
 
     out = console()
     out.print(f"[bold]job {job['id']}[/] {job['name']}: {job['state']}"
               + (f" ({job['reason']})" if job.get("reason") else "") + f", cost ${job['cost']:.6f}")
+    if job.get("energy") and any(a.get("started_at") for a in job["attempts"]):  # a job that never ran: none
+        out.print(energy_line(job), markup=False)
     if job.get("labels"):
         out.print("labels: " + ", ".join(f"{k}={v}" for k, v in job["labels"].items()), markup=False)
     if job.get("preflight"):

@@ -6,6 +6,8 @@ import json
 
 import click
 
+from typing import Any
+
 from spotbroker.broker.cli.access import admin_client, team_client
 from spotbroker.broker.cli.client import Client
 from spotbroker.broker.cli.jobs import call
@@ -41,7 +43,7 @@ def _team(c: Client, team: str | None) -> str:
 @click.option("--csv", "as_csv", is_flag=True, help="the grouped rows as CSV, for a spreadsheet")
 def costs(team: str | None, since: str | None, until: str | None, group_by: str | None, as_json: bool,
           as_csv: bool) -> None:
-    """A team's spend from the ledger: paid, on-demand equivalent, savings, waste."""
+    """A team's spend from the ledger: paid, on-demand equivalent, savings, waste, kWh and kg CO2e."""
     c = team_client()
     if as_csv:
         click.echo(call(c.costs_csv, _team(c, team), since, until, group_by), nl=False)
@@ -57,16 +59,37 @@ def costs(team: str | None, since: str | None, until: str | None, group_by: str 
 
     t = report["total"]
     title = (f"team {report['team']}: ${t['cost']:.2f} from {report['since'][:16]} to {report['until'][:16]}; "
-             f"saved ${t['savings']:.2f} against on-demand, ${t['wasted']:.2f} of work lost")
+             f"saved ${t['savings']:.2f} against on-demand, ${t['wasted']:.2f} of work lost; "
+             f"{t.get('kwh', 0.0):.1f} kWh, {t.get('co2e_kg', 0.0):.1f} kg CO2e")
     table = Table(group_by.upper() if group_by else "", "COST $", "ON-DEMAND $", "SAVED $", "WASTED $",
-                  "NODE-HOURS", title=title)
+                  "NODE-HOURS", "KWH", "KG CO2E", title=title)
     for g in report["groups"]:
         key = f"{g['key']} {g['name']}" if g.get("name") else g["key"]
-        table.add_row(Text(key), f"{g['cost']:.2f}", f"{g['on_demand_cost']:.2f}", f"{g['savings']:.2f}",
-                      f"{g['wasted']:.2f}", f"{g['node_hours']:.1f}")
-    table.add_row("total", f"{t['cost']:.2f}", f"{t['on_demand_cost']:.2f}", f"{t['savings']:.2f}",
-                  f"{t['wasted']:.2f}", f"{t['node_hours']:.1f}", style="bold")
+        table.add_row(Text(key), *_figures(g))
+    table.add_row("total", *_figures(t), style="bold")
     console().print(table)
+
+
+def _figures(m: dict) -> list[str]:
+    """A row's money, node-hours, energy and emissions (a broker without energy figures: 0)."""
+    return [f"{m['cost']:.2f}", f"{m['on_demand_cost']:.2f}", f"{m['savings']:.2f}", f"{m['wasted']:.2f}",
+            f"{m['node_hours']:.1f}", f"{m.get('kwh', 0.0):.2f}", f"{m.get('co2e_kg', 0.0):.3f}"]
+
+
+def energy_line(job: dict[str, Any]) -> str:
+    """The job's energy and emissions, and for each attempt that ran the grid
+    figure it was charged at, where that comes from, and whether its power
+    was measured or estimated."""
+    e = job["energy"]
+    line = f"energy: {e['kwh']:.3f} kWh, {e['co2e_kg']:.3f} kg CO2e"
+    if e.get("kwh_per_1000_steps") is not None:
+        line += f", {e['kwh_per_1000_steps']:.4f} kWh per 1,000 steps"
+    if e.get("kwh_per_epoch") is not None:
+        line += f", {e['kwh_per_epoch']:.4f} kWh per epoch"
+    places = [f"attempt {a['id']}: {a['energy']['grid_g_per_kwh']:.0f} g/kWh ({a['energy']['grid_source']}), "
+              f"{a['energy']['basis']}" for a in job["attempts"]
+              if a.get("energy") and a["energy"].get("grid_g_per_kwh") is not None]
+    return line + ("; " + "; ".join(places) if places else "")
 
 
 @click.group(invoke_without_command=True)

@@ -14,10 +14,15 @@ from spotbroker.broker.store.models import Job
 def job_costs(job: Job, now: datetime, session: Session | None = None) -> dict[int, float]:
     """attempt id -> dollars to now, for the job's attempts (read through the
     session the job was loaded in, unless one is given)."""
+    return {i: m.cost for i, m in job_money(job, now, session).items()}
+
+
+def job_money(job: Job, now: datetime, session: Session | None = None) -> dict[int, views.Money]:
+    """attempt id -> its dollars, kWh and CO2e to now (as `job_costs`)."""
     started = [a for a in job.attempts if a.started_at is not None]
     if not started:
         return {}
     session = session or object_session(job)
     if session is None:
         raise RuntimeError(f"job {job.id}: its cost is read from the ledger, which needs a session")
-    return views.attempt_costs(session, started, now)
+    return views.attempt_money(session, started, now)

@@ -2,7 +2,8 @@
 ledger's reads (views.py), so the page and the costs API agree: the same
 functions give the same totals.
 
-A team's page: spend per day by cloud and by GPU, where the budget's period
+A team's page: spend per day by cloud and by GPU, energy (kWh) and
+emissions (kg CO2e) per day by cloud, where the budget's period
 stands (spent, the even-rate line, the forecast at the running jobs' rate,
 as the forecast alert computes it), savings and waste, the top jobs by cost
 with each attempt's span, price and end, checkpoint storage, open alerts
@@ -82,6 +83,8 @@ class TeamPage:
     days: list[str]
     by_cloud: dict[str, dict[str, float]]       # day -> cloud -> dollars
     by_gpu: dict[str, dict[str, float]]         # day -> GPU -> dollars
+    kwh_by_cloud: dict[str, dict[str, float]]   # day -> cloud -> kWh
+    co2e_by_cloud: dict[str, dict[str, float]]  # day -> cloud -> kg CO2e
     jobs: list[JobLine]
     budget: BudgetView | None
     checkpoints: int
@@ -207,17 +210,19 @@ def team_page(session: Session, name: str, since: datetime, now: datetime, with_
     total, by_job = views.Money(), defaultdict(views.Money)
     for (job, (in_range, _, _)), m in sums.by_job.items():
         if in_range:
-            total.add(m.cost, m.on_demand_cost, m.wasted, m.node_hours)
-            by_job[job].add(m.cost, m.on_demand_cost, m.wasted, m.node_hours)
-    by_cloud, by_gpu = defaultdict(lambda: defaultdict(float)), defaultdict(lambda: defaultdict(float))
+            total.merge(m)
+            by_job[job].merge(m)
+    by_cloud, by_gpu, kwh, co2e = (defaultdict(lambda: defaultdict(float)) for _ in range(4))
     for (day, cloud, gpu, (in_range, _, _)), m in sums.by_day.items():
         if in_range:
             by_cloud[day][cloud] += m.cost
             by_gpu[day][gpu] += m.cost
+            kwh[day][cloud] += m.kwh
+            co2e[day][cloud] += m.co2e_kg
     stored = storage.storage_summary(session, team_id, settings)
     jobs = _jobs(session, by_job, sums.tails, now)
     return TeamPage(team=name, since=since, until=now, total=total, days=_days(since, now),
-                    by_cloud=by_cloud, by_gpu=by_gpu, jobs=jobs,
+                    by_cloud=by_cloud, by_gpu=by_gpu, kwh_by_cloud=kwh, co2e_by_cloud=co2e, jobs=jobs,
                     budget=_budget(row, sums, now) if row else None, checkpoints=stored.checkpoints,
                     checkpoint_bytes=stored.bytes, storage_monthly_cost=stored.monthly_cost,
                     alerts=_alerts(session, team_id, sums.tails, jobs, now),

@@ -13,10 +13,10 @@ import csv
 import io
 from datetime import datetime
 
-from spotbroker.broker.money.views import Money, Report
+from spotbroker.broker.money.views import Report
 
 HEADER = ("team", "since", "until", "group_by", "key", "name", "cost", "on_demand_cost", "savings", "wasted",
-          "node_hours", "currency")
+          "node_hours", "currency", "kwh", "co2e_kg")
 _FORMULA = ("=", "+", "-", "@", "\t", "\r")
 
 
@@ -25,8 +25,8 @@ def inert(text: str) -> str:
     return "'" + text if text.startswith(_FORMULA) else text
 
 
-def _figures(m: Money) -> list[str]:
-    return [f"{round(v, 6):.6f}" for v in (m.cost, m.on_demand_cost, m.savings, m.wasted, m.node_hours)]
+def _figures(*values: float) -> list[str]:
+    return [f"{round(v, 6):.6f}" for v in values]
 
 
 def report_csv(team: str, since: datetime, until: datetime, group_by: str | None, report: Report) -> str:
@@ -36,5 +36,6 @@ def report_csv(team: str, since: datetime, until: datetime, group_by: str | None
     head = [team, since.isoformat(), until.isoformat(), group_by or ""]
     rows = report.groups.items() if group_by else [("total", report.total)]
     for key, money in rows:
-        writer.writerow([*map(inert, head), inert(key), inert(report.names.get(key, "")), *_figures(money), "USD"])
+        writer.writerow([*map(inert, head), inert(key), inert(report.names.get(key, "")), *_figures(money.cost, money.on_demand_cost, money.savings, money.wasted,
+                                 money.node_hours), "USD", *_figures(money.kwh, money.co2e_kg)])
     return out.getvalue()

@@ -28,13 +28,14 @@ class LedgerEntry(Base):
         # (bench/costs.py: 280-460 ms cold without them, ~55 ms with).
         Index("ix_ledger_entries_team_id_start_at", "team_id", "start_at",
               postgresql_include=["amount", "ondemand_amount", "wasted", "node_hours", "job_id", "cloud", "region",
-                                  "place", "accelerator"]),
+                                  "place", "accelerator", "kwh", "co2e_kg"]),
         # Every team's spend since a time (alerts, /metrics): index-only on PostgreSQL.
         Index("ix_ledger_entries_start_at", "start_at", postgresql_include=["team_id", "amount"]),
         Index("ix_ledger_entries_job_id", "job_id"),
         # An attempt's cost (a job's, the dashboard's timeline) sums all its
-        # entries, one per heap page: index-only on PostgreSQL (0011).
-        Index("ix_ledger_entries_attempt_id", "attempt_id", postgresql_include=["amount"]),
+        # entries, one per heap page: index-only on PostgreSQL (0011; its
+        # energy beside it since 0026).
+        Index("ix_ledger_entries_attempt_id", "attempt_id", postgresql_include=["amount", "kwh", "co2e_kg"]),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -36,16 +36,24 @@ class Money:
     on_demand_cost: float = 0.0
     wasted: float = 0.0
     node_hours: float = 0.0
+    kwh: float = 0.0        # energy at the wall, PUE included
+    co2e_kg: float = 0.0    # its emissions at each place's grid intensity
 
     @property
     def savings(self) -> float:
         return self.on_demand_cost - self.cost
 
-    def add(self, cost: float, on_demand: float, wasted: float, node_hours: float) -> None:
+    def add(self, cost: float, on_demand: float, wasted: float, node_hours: float, kwh: float = 0.0,
+            co2e_kg: float = 0.0) -> None:
         self.cost += cost
         self.on_demand_cost += on_demand
         self.wasted += wasted
         self.node_hours += node_hours
+        self.kwh += kwh
+        self.co2e_kg += co2e_kg
+
+    def merge(self, other: Money) -> None:
+        self.add(other.cost, other.on_demand_cost, other.wasted, other.node_hours, other.kwh, other.co2e_kg)
 
 
 @dataclass
@@ -98,15 +106,24 @@ def attempt_costs(session: Session, attempts: Iterable[Attempt], now: datetime,
                   tails: list[Unwritten] | None = None) -> dict[int, float]:
     """attempt id -> dollars to now. `tails`: the unwritten tails of (at
     least) the attempts' team, when the caller has read them already."""
+    return {i: m.cost for i, m in attempt_money(session, attempts, now, tails).items()}
+
+
+def attempt_money(session: Session, attempts: Iterable[Attempt], now: datetime,
+                  tails: list[Unwritten] | None = None) -> dict[int, Money]:
+    """attempt id -> its dollars, kWh and CO2e to now (as `attempt_costs`; the
+    other fields stay 0: the sum reads only what the attempt index carries,
+    an index-only scan on PostgreSQL)."""
     attempts = [a for a in attempts if a.started_at is not None]
     if not attempts:
         return {}
     ids = [a.id for a in attempts]
-    out: dict[int, float] = dict.fromkeys(ids, 0.0)
-    for attempt_id, amount in session.execute(
-            select(LedgerEntry.attempt_id, func.sum(LedgerEntry.amount))
+    out: dict[int, Money] = {i: Money() for i in ids}
+    for attempt_id, amount, kwh, co2e_kg in session.execute(
+            select(LedgerEntry.attempt_id, func.sum(LedgerEntry.amount), func.sum(LedgerEntry.kwh),
+                   func.sum(LedgerEntry.co2e_kg))
             .where(LedgerEntry.attempt_id.in_(ids)).group_by(LedgerEntry.attempt_id)):
-        out[attempt_id] = amount or 0.0
+        out[attempt_id].add(amount or 0.0, 0.0, 0.0, 0.0, kwh or 0.0, co2e_kg or 0.0)
     if tails is None:
         cursors = {r.attempt_id: r for r in session.execute(
             select(LedgerCursor.attempt_id, LedgerCursor.accrued_to, LedgerCursor.closed)
@@ -119,7 +136,8 @@ def attempt_costs(session: Session, attempts: Iterable[Attempt], now: datetime,
         tail_of = {t.attempt.id: t.drafts for t in tails}
     for attempt_id, drafts in tail_of.items():
         if attempt_id in out:
-            out[attempt_id] += sum(d.amount for d in drafts)
+            for d in drafts:
+                out[attempt_id].add(d.amount, 0.0, 0.0, 0.0, d.kwh, d.co2e_kg)
     return out
 
 
@@ -160,11 +178,14 @@ def draft_key(group_by: str, d: ledger.Draft, a: Attempt) -> str:
 
 def _sums() -> list:
     return [func.sum(LedgerEntry.amount), func.sum(LedgerEntry.ondemand_amount), func.sum(LedgerEntry.wasted),
-            func.sum(LedgerEntry.node_hours)]
+            func.sum(LedgerEntry.node_hours), func.sum(LedgerEntry.kwh), func.sum(LedgerEntry.co2e_kg)]
 
 
-def _values(d: ledger.Draft) -> tuple[float, float, float, float]:
-    return d.amount, d.ondemand_amount, d.wasted, d.node_hours
+SUMS = ("cost", "od", "wasted", "hours", "kwh", "co2e")   # names of `_sums()`'s columns in a subquery
+
+
+def _values(d: ledger.Draft) -> tuple[float, float, float, float, float, float]:
+    return d.amount, d.ondemand_amount, d.wasted, d.node_hours, d.kwh, d.co2e_kg
 
 
 def _by_label(team_id: int, label: str, since: datetime, until: datetime):
@@ -172,11 +193,11 @@ def _by_label(team_id: int, label: str, since: datetime, until: datetime):
     index-only scan of the team's entries, as every other grouping), then
     the few job rows joined to their label on its primary key (job, key)."""
     per_job = (select(LedgerEntry.job_id.label("job_id"),
-                      *(s.label(n) for s, n in zip(_sums(), ("cost", "od", "wasted", "hours"), strict=True)))
+                      *(s.label(n) for s, n in zip(_sums(), SUMS, strict=True)))
                .where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since, LedgerEntry.start_at < until)
                .group_by(LedgerEntry.job_id).subquery())
     j = per_job.c
-    return (select(JobLabel.value, func.sum(j.cost), func.sum(j.od), func.sum(j.wasted), func.sum(j.hours))
+    return (select(JobLabel.value, *(func.sum(j[n]) for n in SUMS))
             .select_from(per_job)
             .outerjoin(JobLabel, and_(JobLabel.job_id == j.job_id, JobLabel.key == label))
             .group_by(JobLabel.value))
@@ -253,12 +274,12 @@ def breakdown(session: Session, team_id: int, since: datetime, now: datetime,
     after = [LedgerEntry.start_at >= m for m in marks]
     keys = [day, LedgerEntry.job_id, LedgerEntry.cloud, LedgerEntry.accelerator, *after]
     cells = (select(*(k.label(f"k{i}") for i, k in enumerate(keys)),
-                    *(s.label(n) for s, n in zip(_sums(), ("cost", "od", "wasted", "hours"), strict=True)))
+                    *(s.label(n) for s, n in zip(_sums(), SUMS, strict=True)))
              .where(LedgerEntry.team_id == team_id, LedgerEntry.start_at >= since, LedgerEntry.start_at < now)
              .group_by(*keys).cte("cells"))
     c = cells.c
     flags = [c[f"k{4 + i}"] for i in range(len(marks))]
-    summed = [func.sum(c.cost), func.sum(c.od), func.sum(c.wasted), func.sum(c.hours)]
+    summed = [func.sum(c[n]) for n in SUMS]
     by_day = select(literal("day"), c.k0, null(), c.k2, c.k3, *flags, *summed).group_by(c.k0, c.k2, c.k3, *flags)
     by_job = select(literal("job"), null(), c.k1, null(), null(), *flags, *summed).group_by(c.k1, *flags)
     out = Breakdown(defaultdict(Money), defaultdict(Money), [])

@@ -157,7 +157,7 @@ def test_costs_csv_is_the_groups_quoted_and_inert_in_a_spreadsheet(agent_endpoin
     assert '"a,b""c"' in r.text                                                   # quoted, the quote doubled
     rows = list(csv.reader(io.StringIO(r.text)))
     assert rows[0] == ["team", "since", "until", "group_by", "key", "name", "cost", "on_demand_cost", "savings",
-                       "wasted", "node_hours", "currency"]
+                       "wasted", "node_hours", "currency", "kwh", "co2e_kg"]
     got = {row[4]: row for row in rows[1:]}
     assert set(got) == {"'=HYPERLINK(\"http://x\",\"y\")", "'@SUM(A1:A9)", "'-2+3", "'+1", 'a,b"c', "(none)"}
     answered = api.get("/v1/teams/a/costs", params={"group_by": "label:project", "until": rows[1][2],

@@ -2,7 +2,8 @@
 the API are read at the same instant), with two teams' money seeded in its
 ledger's tables: jobs whose attempts ran on three clouds, one reclaimed
 after a checkpoint, one still running, and one job whose name (and label)
-is a script; the jobs carry labels (`project`, `owner`)."""
+is a script; the jobs carry labels (`project`, `owner`), and each attempt
+its power and grid figures (`FOOTPRINT`), so kWh and CO2e accrue too."""
 from __future__ import annotations
 
 import threading
@@ -21,12 +22,15 @@ from sqlalchemy import select
 from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Checkpoint, Team
+from spotbroker.broker.store.models import Attempt, Checkpoint, Team
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 HOSTILE = "<script>document.body.dataset.pwned='yes'</script><img src=x onerror=\"document.title='pwned'\">"
 HOSTILE_LABEL = "<script>document.body.dataset.pwned='label'</script>"      # a label's value has no spaces
 H = timedelta(hours=1)
+# Each attempt's power per node (kW), grid intensity (g CO2e/kWh), its source and basis, by cloud.
+FOOTPRINT = {"aws": (6.5, 380.0, "eia", "estimated"), "gcp": (5.2, 420.0, "gcp", "measured"),
+             "azure": (3.4, 360.0, "azure", "estimated")}
 
 
 @dataclass
@@ -67,6 +71,8 @@ def seed(factory, team_ids: dict[str, int]) -> None:
     with transaction(factory) as s:
         s.add(Checkpoint(job_id=pretrain, attempt_id=first, step=2, uri="s3://ckpt/ml/2", bytes=5 * 1024 ** 3,
                          keep=True, committed_at=T0 - 45 * H))
+        for a in s.scalars(select(Attempt)):
+            a.power_kw, a.grid_g_per_kwh, a.grid_source, a.energy_basis = FOOTPRINT[a.cloud]
 
 
 @pytest.fixture

@@ -1,18 +1,20 @@
 """The dashboard in a real headless Chromium with every outside host
 blocked: logging in through the form, the numbers drawn match the costs
 API's, nothing is fetched from anywhere but the broker, a screenshot is
-left for a person to look at, and a job named with a script stays text on
+left for a person to look at (the energy and emissions charts among
+them), and a job named with a script stays text on
 the admin's view."""
 from __future__ import annotations
 
 from collections import defaultdict
+from datetime import date, timedelta
 from urllib.parse import urlsplit
 
 import pytest
 from dashboard.browser import Browser, chromium
 from dashboard.conftest import ADMIN, HOSTILE
 
-from spotbroker.api.dashboard.charts import money
+from spotbroker.api.dashboard.charts import kg, kwh, money
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason=(
     "chromium is not installed (make test installs Debian's chromium via scripts/ensure-chromium as root)"))
@@ -78,6 +80,39 @@ def test_a_team_logs_in_and_sees_the_apis_numbers_drawn(site, tmp_path):
         assert browser.evaluate("document.querySelectorAll('#timeline-chart rect[data-amount]').length") == 4
         assert browser.evaluate("document.querySelectorAll('#timeline-chart line.reclaim').length") == 2
         assert "5.0 GiB" in browser.evaluate("document.getElementById('storage').textContent")
+
+        # Energy and emissions: the cards and the per-day bars by cloud are the API's kWh and kg CO2e.
+        assert browser.evaluate("document.getElementById('total-kwh').textContent.trim()") == kwh(total["kwh"])
+        assert browser.evaluate("document.getElementById('total-co2e').firstChild.textContent.trim()") == \
+            kg(total["co2e_kg"])
+        assert total["kwh"] > 0 and total["co2e_kg"] > 0
+        for chart, field in (("energy-chart", "kwh"), ("co2e-chart", "co2e_kg")):
+            want = {(day, cloud): 0.0 for day in by_day for cloud in by_cloud}
+            for day in by_day:
+                since = date.fromisoformat(day)
+                since, until = since.isoformat(), (since + timedelta(days=1)).isoformat()
+                for g in site.client.get("/v1/teams/ml/costs", params={"group_by": "cloud", "since": since,
+                                         "until": until}, headers=site.bearer("ml")).json()["groups"]:
+                    want[day, g["key"]] = g[field]
+            drawn = {(day, cloud): amount for day, cloud, amount in browser.evaluate(RECTS.format(chart=chart))}
+            assert drawn == pytest.approx({k: v for k, v in want.items() if v > 0}, abs=1e-4), chart
+            assert browser.evaluate(f"document.querySelectorAll('#{chart} figcaption span').length") == 3
+        # A job's page: its kWh and CO2e, and each attempt's grid figure and basis, as GET /v1/jobs/{id}.
+        job_id = next(g["key"] for g in api(site, "ml", "job")["groups"] if g["name"] == "pretrain-llama")
+        job = site.client.get(f"/v1/jobs/{job_id}", headers=site.bearer("ml")).json()
+        browser.goto(f"{site.url}/dashboard/jobs/{job_id}")
+        assert browser.evaluate("document.getElementById('job-kwh').textContent.trim()") == kwh(job["energy"]["kwh"])
+        assert browser.evaluate("document.getElementById('job-co2e').firstChild.textContent.trim()") == \
+            kg(job["energy"]["co2e_kg"])
+        rows = browser.evaluate("Array.from(document.querySelectorAll('#energy tr[data-attempt]'))"
+                                ".map(r => Array.from(r.cells).map(c => c.textContent.trim()))")
+        assert [(r[0], r[4], r[5], r[6].split()[0]) for r in rows] == [
+            (str(a["id"]), f"{a['energy']['grid_g_per_kwh']:.0f}", a["energy"]["grid_source"], a["energy"]["basis"])
+            for a in job["attempts"]]
+        assert [r[6].split()[0] for r in rows] == ["estimated", "measured"]     # aws, then gcp
+        job_shot = browser.screenshot(tmp_path / "dashboard-ml-job.png")
+        print(f"\nscreenshot of a job's page: {job_shot}")
+        browser.goto(f"{site.url}/dashboard/teams/ml")
 
         only_local(browser)
         shot = browser.screenshot(tmp_path / "dashboard-ml.png")
