@@ -22,8 +22,8 @@ What it does
   ``index.json`` (where each tensor lies), ``state.pkl`` (everything that is not
   a tensor) and, written **last**, ``MANIFEST.json`` with the size and sha256
   of every object. A checkpoint without its manifest does not exist.
-* **Periodic saves** (every ``every_steps`` steps or ``every_seconds``
-  seconds, whichever comes first) are two-phase: :meth:`Checkpointer.step`
+* **Periodic saves** (every ``every_steps`` steps or ``every_seconds`` seconds, whichever
+  comes first; or the broker's interval, see ``interval.py``) are two-phase: :meth:`Checkpointer.step`
   copies the state into one host buffer (the only stall; the buffer is reused
   from save to save), and a background thread hashes and uploads the parts in
   parallel while training goes on. If the previous upload is still running

@@ -96,3 +96,29 @@ def test_a_running_jobs_interval_shrinks_when_its_zone_is_seen_reclaimed(api, te
     assert [t["seconds"] for t in told] == [before["seconds"], after["seconds"]]
     assert told[-1]["previous_seconds"] == before["seconds"]
     api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+
+
+def test_a_measured_checkpoint_cost_refits_the_interval_in_the_agents_answer(api, team_headers, settings):
+    """A periodic commit's `seconds` (stall + persist) is C: the answer to that
+    very report carries the interval fitted with it."""
+    from helpers import ev, post
+
+    from spotbroker.broker.recovery import interval as fit
+    from spotbroker.broker.recovery.agent_channel import agent_token
+
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "sleep 120", "resources": {"accelerators": "T4:1"}},
+                      headers=h).json()["id"]
+    before = interval_of(api, h, job_id)
+    attempt_id = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][-1]["id"]
+    prefix = f"{settings.checkpoint_uri}/ml/{job_id}/{attempt_id}"
+    commits = [ev(5_000 + i, "checkpoint_committed", step=10 * i, uri=f"{prefix}/step-{10 * i:012d}", bytes=10,
+                  seconds=seconds, reason="periodic") for i, seconds in enumerate((3.0, 4.0, 9.0), start=1)]
+    answer = post(api, agent_token(settings.signing_key(), attempt_id), *commits)
+    assert answer.status_code == 200, answer.text
+    after = api.get(f"/v1/jobs/{job_id}", headers=h).json()["checkpoint_interval"]
+    assert after["cost_measured"] and after["cost_s"] == 4.0  # the median of the three
+    assert after["seconds"] == pytest.approx(fit.young_daly(4.0, after["zone_mtbf_s"]), abs=0.2)
+    assert after["seconds"] < before["seconds"]
+    assert answer.json()["checkpoint_interval_s"] == after["seconds"]
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
