@@ -23,7 +23,7 @@ from spotbroker.agent import protocol
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.checkpointspec import CheckpointSpec
 from spotbroker.broker.jobs.preflight import PreflightField
-from spotbroker.broker.jobs.spec import _ACCEL_RE, _ENV_NAME_RE, MAX_CARBON_PRICE, MAX_NODES, MAX_PRICE_PER_HOUR
+from spotbroker.broker.jobs.spec import _ACCEL_RE, MAX_CARBON_PRICE, MAX_NODES, MAX_PRICE_PER_HOUR, env_values
 from spotbroker.broker.jobs.stoprule import EarlyStopRule
 from spotbroker.broker.pricing import normalise
 from spotbroker.broker.store.models import TeamPolicy as PolicyRow
@@ -62,16 +62,8 @@ class Policy(_Strict):
     def _envs(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             return value
-        out = {}
-        for key, val in value.items():
-            if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
-                raise ValueError(f"{key!r} is not a valid environment variable name")
-            if key in protocol.PER_ATTEMPT_ENV:
-                raise ValueError(f"{key} is set by the broker for each attempt: a default may not set it")
-            if val is None or isinstance(val, dict | list):
-                raise ValueError(f"{key}: value must be a string or a number")
-            out[key] = str(val).lower() if isinstance(val, bool) else str(val)
-        return out
+        return env_values(value, protocol.PER_ATTEMPT_ENV, "is set by the broker for each attempt: a default may "
+                                                           "not set it")
 
     @field_validator("allowed_accelerators")
     @classmethod

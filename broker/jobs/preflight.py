@@ -41,17 +41,9 @@ class Preflight(BaseModel):
     @field_validator("accelerators", mode="before")
     @classmethod
     def _accelerators(cls, value: Any) -> Any:
-        from spotbroker.broker.jobs.spec import parse_accelerator
+        from spotbroker.broker.jobs.spec import one_accelerator
 
-        if isinstance(value, dict):  # SkyPilot's {"T4": 1} form
-            if len(value) != 1:
-                raise ValueError("give one accelerator (NAME[:COUNT])")
-            (name, count), = value.items()
-            value = f"{name}:{count}"
-        if isinstance(value, str):
-            name, count = parse_accelerator(value)
-            return f"{name}:{count:g}"
-        return value
+        return one_accelerator(value, "give one accelerator (NAME[:COUNT])")
 
 
 def _switch(value: Any) -> Any:

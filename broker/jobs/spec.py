@@ -83,6 +83,21 @@ def parse_accelerator(value: str) -> tuple[str, float]:
     return match["name"], count
 
 
+def one_accelerator(value: Any, many: str) -> Any:
+    """`NAME[:COUNT]` or SkyPilot's `{NAME: COUNT}` as `NAME:COUNT`; `many`: what
+    to say of a mapping with more than one entry. Anything else is left for
+    the field's type to refuse."""
+    if isinstance(value, dict):
+        if len(value) != 1:
+            raise ValueError(many)
+        (name, count), = value.items()
+        value = f"{name}:{count}"
+    if isinstance(value, str):
+        name, count = parse_accelerator(value)
+        return f"{name}:{count:g}"
+    return value
+
+
 def parse_amount(value: str) -> tuple[float, bool]:
     """"8" -> (8, exact); "8+" -> (8, at least)."""
     match = _AMOUNT_RE.match(value.strip())
@@ -148,15 +163,7 @@ class ResourceSet(_Strict):
     @field_validator("accelerators", mode="before")
     @classmethod
     def _accelerators(cls, value: Any) -> Any:
-        if isinstance(value, dict):  # SkyPilot's {"A100": 1} form, one entry
-            if len(value) != 1:
-                raise ValueError("give one accelerator here; alternatives go in any_of")
-            (name, count), = value.items()
-            value = f"{name}:{count}"
-        if isinstance(value, str):
-            name, count = parse_accelerator(value)
-            return f"{name}:{count:g}"
-        return value
+        return one_accelerator(value, "give one accelerator here; alternatives go in any_of")
 
     @field_validator("cpus", "memory", mode="before")
     @classmethod
@@ -255,6 +262,20 @@ def _check_env_name(key: Any) -> None:
         raise ValueError(f"{key!r} is not a valid environment variable name")
 
 
+def env_values(value: dict, refuse: frozenset[str] = frozenset(), why: str = "") -> dict[str, str]:
+    """`envs` as the process gets them: names checked (and none of `refuse`,
+    saying `why`), values strings (a YAML number or boolean as written)."""
+    out = {}
+    for key, val in value.items():
+        _check_env_name(key)
+        if key in refuse:
+            raise ValueError(f"{key} {why}")
+        if val is None or isinstance(val, dict | list):
+            raise ValueError(f"{key}: value must be a string or a number")
+        out[key] = str(val).lower() if isinstance(val, bool) else str(val)
+    return out
+
+
 class JobSpec(_Strict):
     name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] = "job"
     # Commands are kept as written (a file's `run: |` ends in a newline, and
@@ -292,15 +313,7 @@ class JobSpec(_Strict):
     @field_validator("envs", mode="before")
     @classmethod
     def _envs(cls, value: Any) -> Any:
-        if not isinstance(value, dict):
-            return value
-        out = {}
-        for key, val in value.items():
-            _check_env_name(key)
-            if val is None or isinstance(val, dict | list):
-                raise ValueError(f"{key}: value must be a string or a number")
-            out[key] = str(val).lower() if isinstance(val, bool) else str(val)
-        return out
+        return env_values(value) if isinstance(value, dict) else value
 
     @field_validator("run")
     @classmethod

@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from conftest import ADMIN_TOKEN
-from helpers import wait_state
+from helpers import spend_today, wait_state
 from sqlalchemy import select
 
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
@@ -14,23 +14,6 @@ from spotbroker.broker.store.models import Attempt, Job, Team
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 SECRET = "http://127.0.0.1:9/services/T000/B000/very-secret-part"
-
-
-def spend_today(settings, team: str, dollars: float) -> None:
-    """A job of the team that ran one minute ago for a minute, costing `dollars`."""
-    engine = make_engine(settings.sqlalchemy_url)
-    end = datetime.now(UTC) - timedelta(seconds=30)
-    start = end - timedelta(minutes=1)
-    with transaction(make_session_factory(engine)) as s:
-        job = Job(team_id=s.scalar(select(Team.id).where(Team.name == team)), name="spent", state="SUCCEEDED",
-                  spec={"name": "spent", "run": "true"}, restarts=0, recoveries=0, created_at=start, updated_at=end,
-                  ended_at=end)
-        s.add(job)
-        s.flush()
-        s.add(Attempt(job_id=job.id, state="SUCCEEDED", launcher="local", cloud="aws", region="us-east-1",
-                      use_spot=False, num_nodes=1, price_per_hour=dollars * 60, created_at=start, updated_at=end,
-                      started_at=start, ended_at=end, end_reason="succeeded", released=True, accelerator_count=0))
-    engine.dispose()
 
 
 def test_admin_sets_a_budget_the_team_reads_it_redacted_and_cannot_change_it(api, team_headers, settings):

@@ -6,14 +6,8 @@ holds the next attempt, with the reason; the team's GPUs at once hold a
 launch that would exceed them, and the submission's answer says so."""
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-
 from conftest import ADMIN_TOKEN
-from helpers import wait_for, wait_state
-from sqlalchemy import select
-
-from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
-from spotbroker.broker.store.models import Attempt, Job, Team
+from helpers import spend_today, wait_for, wait_state
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}
@@ -153,23 +147,6 @@ def test_a_budget_over_at_submission_answers_held_with_a_warning(api, team_heade
     yaml = api.post("/v1/jobs", content=b"run: echo ran\n", headers={**h, "Content-Type": "application/yaml"})
     assert yaml.json()["state"] == "HELD" and yaml.json()["warnings"][-1]["field"] == "state"
     wait_for(lambda: api.get(f"/v1/jobs/{r.json()['id']}", headers=h).json()["state"] == "HELD", timeout=5)
-
-
-def spend_today(settings, team: str, dollars: float) -> None:
-    """A job of the team that ran one minute ago for a minute, costing `dollars`."""
-    engine = make_engine(settings.sqlalchemy_url)
-    end = datetime.now(UTC) - timedelta(seconds=30)
-    start = end - timedelta(minutes=1)
-    with transaction(make_session_factory(engine)) as s:
-        job = Job(team_id=s.scalar(select(Team.id).where(Team.name == team)), name="spent", state="SUCCEEDED",
-                  spec={"name": "spent", "run": "true"}, restarts=0, recoveries=0, created_at=start, updated_at=end,
-                  ended_at=end)
-        s.add(job)
-        s.flush()
-        s.add(Attempt(job_id=job.id, state="SUCCEEDED", launcher="local", cloud="aws", region="us-east-1",
-                      use_spot=False, num_nodes=1, price_per_hour=dollars * 60, created_at=start, updated_at=end,
-                      started_at=start, ended_at=end, end_reason="succeeded", released=True, accelerator_count=0))
-    engine.dispose()
 
 
 def test_spec_defaults_fill_what_a_job_leaves_out_and_are_checked_by_the_specs_rules(api, team_headers):
