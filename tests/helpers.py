@@ -251,3 +251,22 @@ def spend_today(settings, team: str, dollars: float) -> None:
                       use_spot=False, num_nodes=1, price_per_hour=dollars * 60, created_at=start, updated_at=end,
                       started_at=start, ended_at=end, end_reason="succeeded", released=True, accelerator_count=0))
     engine.dispose()
+
+
+def run_to_end(factory, settings, job_id: int, timeout: float = 30.0) -> str:
+    """Drive a reconciler with the local launcher, pass by pass, until the job
+    succeeds or fails (or `timeout` seconds pass); the job's state then."""
+    from spotbroker.broker.clock import Clock
+    from spotbroker.broker.launch.local import LocalLauncher
+    from spotbroker.broker.reconciler import Reconciler
+    from spotbroker.broker.store.models import Job
+
+    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings, clock=Clock())
+    deadline = time.monotonic() + timeout
+    while True:
+        rec.pass_once()
+        with factory() as s:
+            state = s.get(Job, job_id).state
+        if state in ("SUCCEEDED", "FAILED") or time.monotonic() > deadline:
+            return state
+        time.sleep(0.05)

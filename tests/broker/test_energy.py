@@ -3,20 +3,16 @@ the live Electricity Maps source against a local server answering in its
 real shape."""
 import csv
 import statistics
-import time
 from importlib import resources
 
 import pytest
 from emapsfake import ElectricityMapsFake
-from helpers import submit
+from helpers import run_to_end, submit
 from sqlalchemy import select
 
-from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import electricitymaps, grid, power
-from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing import catalog
-from spotbroker.broker.reconciler import Reconciler
-from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.store.models import Attempt
 
 
 def _catalog_regions() -> set[tuple[str, str]]:
@@ -109,16 +105,8 @@ def test_a_malformed_answer_is_not_a_reading():
 def test_the_reconciler_fixes_each_attempts_power_and_grid_at_launch(env):
     factory, settings, team = env
     job = submit(factory, team, name="t", run="true", resources={"accelerators": "V100:1"})
-    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings, clock=Clock())
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        rec.pass_once()
-        with factory() as s:
-            if s.get(Job, job).state in ("SUCCEEDED", "FAILED"):
-                break
-        time.sleep(0.05)
+    assert run_to_end(factory, settings, job) == "SUCCEEDED"
     with factory() as s:
-        assert s.get(Job, job).state == "SUCCEEDED"
         attempt = s.scalars(select(Attempt).where(Attempt.job_id == job)).one()
     assert attempt.accelerator == "V100"
     rated = power.estimate(attempt.cloud, "V100", attempt.accelerator_count, None, None)

@@ -4,10 +4,10 @@ in two regions of very different grids (eu-north-1, 8.8 g CO2e/kWh in the
 snapshot; ap-south-1, 708.2), on both databases."""
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime
 
 import pytest
+from helpers import run_to_end
 from sqlalchemy import select, update
 
 from spotbroker.broker import auth
@@ -15,12 +15,10 @@ from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import grid, power
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.catalog import OfferRow
-from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job, PriceOffer
 
@@ -95,14 +93,7 @@ def test_the_reconciler_launches_where_carbon_chose_at_the_dollar_price_and_says
     with transaction(factory) as s:
         job_id = jobs.submit(s, team, JobSpec.model_validate(
             {"run": "true", "resources": V100, "carbon_price_per_tonne": 100})).id
-    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings, clock=Clock())
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        rec.pass_once()
-        with factory() as s:
-            if s.get(Job, job_id).state in ("SUCCEEDED", "FAILED"):
-                break
-        time.sleep(0.05)
+    run_to_end(factory, settings, job_id, timeout=30)
     with factory() as s:
         (attempt,) = s.scalars(select(Attempt).where(Attempt.job_id == job_id))
         launched = next(e.data for e in s.scalars(select(Event).where(Event.job_id == job_id))

@@ -4,18 +4,16 @@ the pre-flight's own accelerators, launched like any attempt (here by the
 local launcher, which simulates the place)."""
 from __future__ import annotations
 
-import time
 
 import pytest
+from helpers import run_to_end
 from sqlalchemy import select
 
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.preflight import trial
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing.offers import rank_offers
-from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
 
@@ -55,14 +53,7 @@ def test_the_trial_keeps_the_disk_and_image_every_resource_set_names():
 def run(factory, settings, team_id: int, **fields) -> list[Attempt]:
     with transaction(factory) as s:
         job_id = jobs.submit(s, team_id, JobSpec.model_validate(fields)).id
-    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings, clock=Clock())
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        rec.pass_once()
-        with factory() as s:
-            if s.get(Job, job_id).state in ("SUCCEEDED", "FAILED"):
-                break
-        time.sleep(0.05)
+    run_to_end(factory, settings, job_id, timeout=60)
     with factory() as s:
         assert s.get(Job, job_id).state == "SUCCEEDED", s.get(Job, job_id).reason
         attempts = list(s.scalars(select(Attempt).where(Attempt.job_id == job_id).order_by(Attempt.id)))

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 
 import pytest
 import yaml
+from helpers import run_to_end
 from sqlalchemy import select
 
 from spotbroker.broker.jobs import taskyaml
@@ -187,8 +187,6 @@ def test_a_local_job_sees_its_secret_in_its_env_and_no_log_shows_it(factory, set
                                                                     caplog):
     from spotbroker.broker import auth
     from spotbroker.broker.jobs import service as jobs
-    from spotbroker.broker.launch.local import LocalLauncher
-    from spotbroker.broker.reconciler import Reconciler
     from spotbroker.broker.store import sealing
     from spotbroker.broker.store.db import transaction
     from spotbroker.broker.store.models import Event, Job
@@ -201,14 +199,7 @@ def test_a_local_job_sees_its_secret_in_its_env_and_no_log_shows_it(factory, set
         job_id = jobs.submit(s, team.id, JobSpec.model_validate(
             {"run": f'printf %s "$HF_TOKEN" > {out}', "secrets": {"HF_TOKEN": SECRET}}),
             keyring=sealing.keyring(settings)).id
-    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        rec.pass_once()
-        with factory() as s:
-            if s.get(Job, job_id).state in ("SUCCEEDED", "FAILED"):
-                break
-        time.sleep(0.05)
+    run_to_end(factory, settings, job_id, timeout=30)
     with factory() as s:
         assert s.get(Job, job_id).state == "SUCCEEDED"
         events = [json.dumps(e.data, default=str) for e in s.scalars(select(Event))]
