@@ -15,8 +15,11 @@ def curve(points: list[tuple[int, float]], best_step: int | None = None, stopped
     chart = Chart(height)
     plot_h = height - TOP - BOTTOM
     steps, values = [s for s, _ in points], [v for _, v in points]
-    low, high = min(values), max(values)
-    if high == low:
+    # Drawn in units of the largest magnitude, so that a flat line at 1e17 or
+    # a span near the float's limits still has a height to divide by.
+    scale = max(abs(min(values)), abs(max(values)), 1.0)
+    low, high = min(values) / scale, max(values) / scale
+    if high - low < 1e-12:
         low, high = low - 0.5, high + 0.5
     first, last = steps[0], max(steps[-1], steps[0] + 1)
 
@@ -24,10 +27,10 @@ def curve(points: list[tuple[int, float]], best_step: int | None = None, stopped
         return LEFT + (WIDTH - LEFT - RIGHT) * (step - first) / (last - first)
 
     def y(value: float) -> float:
-        return TOP + plot_h - plot_h * (value - low) / (high - low)
+        return TOP + plot_h - plot_h * (value / scale - low) / (high - low)
 
     for i in range(5):
-        value = low + (high - low) * i / 4
+        value = (low + (high - low) * i / 4) * scale
         chart.lines.append(dict(x1=LEFT, y1=y(value), x2=WIDTH - RIGHT, y2=y(value), cls="grid"))
         chart.texts.append(dict(x=LEFT - 6, y=y(value) + 4, text=_tick(value), cls="tick", anchor="end"))
     for (s0, v0), (s1, v1) in zip(points, points[1:]):

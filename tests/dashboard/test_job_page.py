@@ -58,3 +58,22 @@ def test_the_job_page_draws_each_metric_and_says_what_the_early_stop_saved(site,
     assert site.client.get(f"/dashboard/jobs/{job}", headers=ADMIN).status_code == 200
     assert site.client.get("/dashboard/jobs/999999", headers=site.bearer("ml")).status_code == 404
     assert site.client.get(f"/dashboard/jobs/{job}", follow_redirects=False).status_code == 303  # log in first
+
+
+def test_a_flat_metric_at_any_magnitude_still_draws(site, factory):
+    """A trainer's own numbers must not break its page: a flat line at 1e17
+    (its padding once rounded away, dividing by zero) and a span near the
+    float's limits."""
+    world = World(factory)
+    with factory() as s:
+        ml = s.scalar(select(Team.id).where(Team.name == "ml"))
+    job = world.job(ml, "huge", state="SUCCEEDED")
+    attempt = world.attempt(job, start=T0 - 2 * H, end=T0 - 1 * H)
+    with transaction(factory) as s:
+        for name, values in (("flat", [1e17, 1e17]), ("wide", [-1.7e308, 1.7e308])):
+            for i, value in enumerate(values):
+                s.add(MetricPoint(job_id=job, attempt_id=attempt, step=i + 1, name=name, value=value,
+                                  at=T0 - 2 * H + i * timedelta(minutes=5)))
+    page = site.client.get(f"/dashboard/jobs/{job}", headers=site.bearer("ml"))
+    assert page.status_code == 200, page.text
+    assert ">nan<" not in page.text.lower() and "\"nan\"" not in page.text.lower()
