@@ -19,7 +19,7 @@ from spotbroker.agent.protocol import METRICS
 
 DEFAULT_INTERVAL = 3.0
 MAX_NAMES = 32
-NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")
+NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}\Z")
 
 
 def clean(data: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
@@ -27,10 +27,19 @@ def clean(data: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
     step, values = data.get("step"), data.get("values")
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63 or not isinstance(values, dict):
         return None
-    out = {k: float(v) for k, v in values.items()
-           if isinstance(k, str) and NAME.match(k) and isinstance(v, int | float) and not isinstance(v, bool)
-           and math.isfinite(v)}
+    out = {k: float(v) for k, v in values.items() if isinstance(k, str) and NAME.match(k) and _finite(v)}
     return (step, dict(list(out.items())[:MAX_NAMES])) if out else None
+
+
+def _finite(value: Any) -> bool:
+    """A number a float holds (an integer too large for one is not: the
+    trainer may write any JSON, and this runs in the agent's event thread)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 class MetricsFolder:

@@ -18,7 +18,7 @@ from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.store.models import ApiToken, Team
 
 TOKEN_PREFIX = "sbt_"
-TEAM_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
+TEAM_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")  # also a path pattern (no \Z there): use fullmatch
 
 
 class TeamExists(ValueError):
@@ -50,7 +50,7 @@ def new_token() -> str:
 
 def create_team(session: Session, name: str, clock: Clock = SYSTEM_CLOCK) -> tuple[Team, str]:
     """Create a team and its first token; returns the token in the clear (once)."""
-    if not TEAM_NAME_RE.match(name):
+    if not TEAM_NAME_RE.fullmatch(name):
         raise ValueError(f"team name {name!r}: use lower-case letters, digits, '-' and '_' (at most 64)")
     if session.scalar(select(Team.id).where(Team.name == name)) is not None:
         raise TeamExists(f"team {name!r} already exists")

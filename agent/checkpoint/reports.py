@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("spotbroker.checkpoint")
 
-METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$")  # the broker's rule too
+METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}\Z")  # the broker's rule too
 MAX_METRICS = 32  # names in one report
 BEST_KEY = "spotbroker.best"  # in ckpt.extra: [step, value] of the best report so far
 

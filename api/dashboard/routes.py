@@ -144,7 +144,7 @@ def team(request: Request, name: str, days: Days = 30,
     principal = who(request)
     if principal is None:
         return to_login()
-    if not auth.TEAM_NAME_RE.match(name) or (not principal.is_admin and principal.team_name != name):
+    if not auth.TEAM_NAME_RE.fullmatch(name) or (not principal.is_admin and principal.team_name != name):
         return page("error.html", 403, title="Forbidden", detail="a team's token reads its own team only",
                     admin=principal.is_admin)
     if label is not None and not resfields.LABEL_KEY_RE.match(label):

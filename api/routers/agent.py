@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request
@@ -39,6 +39,19 @@ DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the c
 MINT_INTERVAL_S = 10.0  # an attempt's nodes asking within this share one mint of storage credentials
 
 
+MAX_INT = 2**63 - 1
+
+
+def _too_big(value: Any) -> bool:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return abs(value) > MAX_INT
+    if isinstance(value, dict):
+        return any(_too_big(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_too_big(v) for v in value)
+    return False
+
+
 class AgentEventIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     seq: int = Field(ge=1, le=2**31 - 1)
@@ -46,12 +59,25 @@ class AgentEventIn(BaseModel):
     at: datetime
     data: BoundedData = Field(default_factory=dict)
 
+    @field_validator("at")
+    @classmethod
+    def _in_range(cls, at: datetime) -> datetime:
+        try:
+            at.astimezone(UTC)  # (year 1 at +14:00 is no instant the database can hold)
+        except (OverflowError, ValueError):
+            raise ValueError("not an instant in range") from None
+        return at
+
     @field_validator("data")
     @classmethod
     def _small(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """An event is a few fields: far less than a job document may be."""
+        """An event is a few fields: far less than a job document may be, and
+        no integer beyond what a float or a BIGINT holds (each reader would
+        overflow on it)."""
         if len(json.dumps(data)) > MAX_EVENT_DATA:
             raise ValueError(f"at most {MAX_EVENT_DATA} bytes of JSON")
+        if _too_big(data):
+            raise ValueError(f"an integer beyond ±{MAX_INT}")
         return data
 
 

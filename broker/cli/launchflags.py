@@ -15,7 +15,7 @@ import click
 
 from spotbroker.broker.jobs.overrides import LaunchFlags
 
-_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _DOTENV_RE = re.compile(r"^\s*(?:export\s+)?([A-Za-z_][A-Za-z0-9_]*)\s*=\s*(.*?)\s*$")
 
 

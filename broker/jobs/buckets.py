@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from spotbroker.broker.store.models import Team, TeamBucket
 
 MAX_BUCKETS = 100
-_PREFIX_RE = re.compile(r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,254}(/[^?#]*)?$")
+_PREFIX_RE = re.compile(r"^(s3|gs|az)://[a-z0-9][a-z0-9._-]{1,254}(/[^?#]*)?\Z")
 _WILDCARDS = re.compile(r"[*?\\]|\$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 

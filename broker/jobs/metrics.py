@@ -39,7 +39,7 @@ def record(session: Session, job: Job, attempt: Attempt, data: dict[str, Any], a
     if not _is_step(step) or not isinstance(values, dict):
         _dropped(session, job, attempt, "a report without an integer step and a values mapping", now)
         return False
-    points = {k: float(v) for k, v in values.items() if isinstance(k, str) and _NAME.match(k)
+    points = {k: float(v) for k, v in values.items() if isinstance(k, str) and _NAME.fullmatch(k)
               and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
     if len(points) < len(values):
         _dropped(session, job, attempt, "names that are not metric names, or values that are not finite numbers",

@@ -19,7 +19,7 @@ class WorkdirUpload(_Strict):
     upload: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$", description="the sha256 of the uploaded archive")]
 
 
-_MOUNT_URI_RE = re.compile(r"^(s3|gs|az|r2|cos|oci)://[^/?#]+(/[^?#]*)?$")
+_MOUNT_URI_RE = re.compile(r"^(s3|gs|az|r2|cos|oci)://[^/?#]+(/[^?#]*)?\Z")
 
 
 def storage_uri(value: str) -> str:

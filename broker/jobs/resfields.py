@@ -15,11 +15,11 @@ NetworkTier = Literal["standard", "best"]
 MAX_PORTS = 64
 MAX_LABELS = 64
 
-_PORT_RE = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?$")
+_PORT_RE = re.compile(r"^(\d{1,5})(?:-(\d{1,5}))?\Z")
 # SkyPilot's rules for AWS tags, the loosest of its clouds' (`is_label_valid`):
 # a key of at most 127 characters, a value of at most 255, no spaces; a key
 # here is also plain (no ':', so never AWS's reserved `aws:`).
-LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}$")
+LABEL_KEY_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,126}\Z")
 MAX_LABEL_VALUE = 255
 
 

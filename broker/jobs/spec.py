@@ -47,9 +47,9 @@ from spotbroker.broker.jobs.stoprule import EarlyStopRule
 
 CLOUDS = ("aws", "gcp", "azure", "local")
 KUBERNETES = ("k8s", "kubernetes")  # the operator's clusters (broker/placement/kubernetes.py), as SkyPilot spells them
-_ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?$")
-_AMOUNT_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<plus>\+)?$")
-_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ACCEL_RE = re.compile(r"^(?P<name>[A-Za-z][A-Za-z0-9._-]*)(?::(?P<count>[^:]+))?\Z")
+_AMOUNT_RE = re.compile(r"^(?P<n>\d+(?:\.\d+)?)(?P<plus>\+)?\Z")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 
 # Bounds on what a submission may ask for: past them it is a mistake (or an
 # attack), never a job; each is refused with a 422 naming the field.

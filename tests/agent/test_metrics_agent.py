@@ -86,3 +86,11 @@ def test_the_brokers_stop_checkpoints_and_ends_the_trainers_loop(agent, broker, 
     assert f"left the loop at {committed[0]['step']} " in out
     assert err.count("the broker stopped the run early") == 1 and NO_FLUSH not in broker.types()
     assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 0}
+
+
+def test_a_number_no_float_holds_is_dropped_not_fatal():
+    from spotbroker.agent.metricsfold import clean
+
+    # A hand-written events line (not the library's report()) may hold any JSON integer.
+    assert clean({"step": 1, "values": {"big": 10**400, "loss": 0.5, "nan": float("nan")}}) == (1, {"loss": 0.5})
+    assert clean({"step": 1, "values": {"big": 10**400}}) is None

@@ -44,6 +44,8 @@ def test_accelerator_forms_normalise():
     ({"run": "x", "resources": {"max_price_per_hour": 0}}, "resources.max_price_per_hour"),
     ({"run": "x", "deadline": "2026-01-01T00:00:00"}, "deadline"),
     ({"run": "x", "envs": {"1BAD": "v"}}, "envs"),
+    ({"run": "x", "envs": {"MODE\n": "v"}}, "envs"),  # a final newline is no part of a name
+    ({"run": "x", "resources": {"labels": {"project\n": "x"}}}, "resources.labels"),
     ({"run": "x", "resources": {"any_of": [{"accelerators": "A100:1", "colour": "red"}]}},
      "resources.any_of.0.colour"),
 ])

@@ -43,7 +43,7 @@ from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
 
-NAME_OK = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+NAME_OK = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?\Z")
 # SkyPilot's cloud names -> the broker's (offers, placements).
 CLOUD_NAMES = {"kubernetes": "k8s"}
 JOB_FAILED = ("FAILED", "FAILED_SETUP", "FAILED_DRIVER", "CANCELLED")
