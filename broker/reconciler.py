@@ -280,19 +280,18 @@ class Reconciler:
             policy = limits.policy_of(session, job)
             within = tuple(p for p in choice.placements if limits.admits(p, spec, policy))
             if choice.action is not Action.LAUNCH or not within:  # wait (for spot); look again later
-                job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
-                why = (reasons.placement_wait(choice.reason) if choice.action is not Action.LAUNCH
-                       else reasons.WAITING_LIMIT + limits.over(choice.placements[0], spec, policy))
-                if job.reason != why:  # said once, not every interval
-                    job.reason = why
-                    session.add(Event(job_id=job.id, type="waiting", at=now, data={"reason": why}))
+                self._wait(session, job, reasons.placement_wait(choice.reason) if choice.action is not Action.LAUNCH
+                           else reasons.WAITING_LIMIT + limits.over(choice.placements[0], spec, policy))
                 return None, ()
             placements, why = self.launching.bounded(within), choice.reason
         else:
             placements, why = (LOCAL_PLACEMENT,), host_reason(spec)
         if (flight := preflight.wanted(job, spec)):  # its trial run first, where a CPU job would run
-            if (planned := preflight.plan(self.placer, self.launching, session, job, spec, placements[0])) is None:
-                return None, ()  # (failed: no place can run its pre-flight)
+            planned = preflight.plan(self.placer, self.launching, session, job, spec, placements[0])
+            if planned is None or isinstance(planned, str):  # (failed: no place can run it; or it waits)
+                if planned is not None:
+                    self._wait(session, job, planned)
+                return None, ()
             spec, placements, why = planned
         launcher = self.launching.launcher_for(placements[0])
         if launcher == "local" and self.launching.local_nodes_free(session) < spec.num_nodes:
@@ -300,6 +299,14 @@ class Reconciler:
             job.reason = reasons.slot_wait(reasons.slots_ahead(session, job.id, now), self.settings.local_max_running)
             return None, ()
         return self.launching.new_attempt(session, job, spec, placements[0], launcher, why, flight), placements[1:]
+
+    def _wait(self, session: Session, job: Job, why: str) -> None:
+        """The job waits to be placed; looked at again after the placement interval."""
+        now = self.clock.now()
+        job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
+        if job.reason != why:  # said once, not every interval
+            job.reason = why
+            session.add(Event(job_id=job.id, type="waiting", at=now, data={"reason": why}))
 
     def _why_held(self, session: Session, job: Job, spec: JobSpec) -> str | None:
         """What holds the job before its next attempt, if anything does."""

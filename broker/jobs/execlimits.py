@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from spotbroker.broker.jobs.spec import JobSpec
 
 MAX_ENV_BYTES = 64 * 1024      # envs and secrets together, as NAME=value strings
-MAX_COMMAND_BYTES = 60 * 1024  # each of setup and run: both together stay under one argument's 128 KiB
+MAX_COMMAND_BYTES = 60 * 1024  # each of setup, run, preflight.run: setup and either stay under 128 KiB
 
 _LARGE = "put large data in the workdir or a file mount, and read it from there"
 
@@ -38,7 +38,10 @@ def size_errors(spec: JobSpec) -> list[dict[str, str]]:
         field = "envs" if spec.envs or not spec.secrets else "secrets"
         errors.append({"field": field, "message": f"envs and secrets together take {size} bytes as the job's "
                        f"environment; at most {MAX_ENV_BYTES}: {_LARGE}"})
-    for field, command in (("setup", spec.setup), ("run", spec.run)):
+    commands = [("setup", spec.setup), ("run", spec.run)]
+    if spec.preflight is not None:  # (its pre-flight's run is launched as the job's is, in its place)
+        commands.append(("preflight.run", spec.preflight.run))
+    for field, command in commands:
         size = len((command or "").encode())
         if size > MAX_COMMAND_BYTES:
             errors.append({"field": field, "message": f"{size} bytes; at most {MAX_COMMAND_BYTES}: {_LARGE} "

@@ -8,6 +8,11 @@
   job that a limit lowered since forbids (what runs is never stopped), and
   launches only on places within the limits.
 
+A pre-flight (`preflight`) runs first, on its own accelerators if it names
+them: while it has not passed, they meet the same limits (refused at
+submission naming `preflight.accelerators`; held, or its places filtered,
+before it launches).
+
 The job's GPUs: its accelerators per node (the largest count among its
 alternatives) times its nodes. The job's $/h: a place's price per node
 (spot or on-demand, as the job asks) times its nodes; at submission, the
@@ -20,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs import policy as policies
 from spotbroker.broker.jobs.policy import EMPTY, Policy
+from spotbroker.broker.jobs.preflight import trial
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.placement.host import on_host
@@ -48,8 +54,9 @@ def _n(value: float) -> str:
     return f"{value:g}"
 
 
-def _refusals(spec: JobSpec, team: str, policy: Policy) -> list[dict[str, str]]:
-    """What breaks the accelerator, node and GPU limits, as field errors."""
+def _refusals(spec: JobSpec, team: str, policy: Policy, preflight: bool = True) -> list[dict[str, str]]:
+    """What breaks the accelerator, node and GPU limits, as field errors
+    (the pre-flight's too, unless `preflight` is False: it has passed)."""
     out = []
     if policy.allowed_accelerators is not None:
         allowed = ", ".join(policy.allowed_accelerators)
@@ -65,10 +72,27 @@ def _refusals(spec: JobSpec, team: str, policy: Policy) -> list[dict[str, str]]:
     if policy.max_gpus_running is not None and gpus > policy.max_gpus_running:
         out.append({"field": "resources.accelerators", "message": f"the job needs {_n(gpus)} GPUs at once, over "
                     f"team {team}'s limit of {policy.max_gpus_running} GPUs at once (max_gpus_running)"})
+    if preflight and spec.preflight is not None and spec.preflight.accelerators:
+        out += _preflight_refusals(spec, team, policy)
     return out
 
 
-def _price_problem(session: Session, spec: JobSpec, team: str, policy: Policy, cpu_jobs_on_host: bool) -> str | None:
+def _preflight_refusals(spec: JobSpec, team: str, policy: Policy) -> list[dict[str, str]]:
+    """What of the pre-flight's own accelerators breaks the limits (it is a launch of its own)."""
+    out, wanted = [], spec.preflight.accelerators
+    name, count = trial(spec).resources.accelerator
+    if not policy.allows(name):
+        out.append({"field": "preflight.accelerators", "message": f"preflight.accelerators: {wanted} is not allowed "
+                    f"for team {team} (allowed_accelerators: {', '.join(policy.allowed_accelerators)})"})
+    if policy.max_gpus_running is not None and count > policy.max_gpus_running:
+        out.append({"field": "preflight.accelerators", "message": f"preflight.accelerators: the pre-flight needs "
+                    f"{_n(count)} GPUs at once, over team {team}'s limit of {policy.max_gpus_running} GPUs at once "
+                    "(max_gpus_running)"})
+    return out
+
+
+def _price_problem(session: Session, spec: JobSpec, team: str, policy: Policy, cpu_jobs_on_host: bool,
+                   what: str = "the job") -> str | None:
     if policy.max_price_per_hour is None or on_host(spec, cpu_jobs_on_host):
         return None
     found = [p for p in rank_offers(session, spec, limit=20) if policy.allows(p.accelerator)][:1]
@@ -79,9 +103,9 @@ def _price_problem(session: Session, spec: JobSpec, team: str, policy: Policy, c
     if cost <= policy.max_price_per_hour:
         return None
     kind = "spot" if best.use_spot else "on-demand"
-    return (f"max_price_per_hour: the cheapest place that fits costs ${cost:.2f}/h for the job "
-            f"({spec.num_nodes} x ${best.price_per_hour:.4f}/h, {best.place} {kind}), over team {team}'s limit "
-            f"of ${policy.max_price_per_hour:.2f}/h per job")
+    return (f"max_price_per_hour: the cheapest place that fits costs ${cost:.2f}/h for {what} "
+            f"({spec.num_nodes} x ${best.price_per_hour:.4f}/h, {best.place} {kind}), "
+            f"over team {team}'s limit of ${policy.max_price_per_hour:.2f}/h per job")
 
 
 def submit_errors(session: Session, spec: JobSpec, team: str, policy: Policy,
@@ -92,30 +116,46 @@ def submit_errors(session: Session, spec: JobSpec, team: str, policy: Policy,
     out = _refusals(spec, team, policy)
     if not out and (problem := _price_problem(session, spec, team, policy, cpu_jobs_on_host)):
         out.append({"field": "resources", "message": problem})
+    if not out and spec.preflight is not None and (problem := _preflight_price(session, spec, team, policy,
+                                                                               cpu_jobs_on_host)):
+        out.append({"field": "preflight.accelerators" if spec.preflight.accelerators else "preflight",
+                    "message": problem})
     return out
 
 
-def gpus_hold(session: Session, team_id: int, spec: JobSpec, policy: Policy, job_id: int | None = None) -> str | None:
+def _preflight_price(session: Session, spec: JobSpec, team: str, policy: Policy, cpu_jobs_on_host: bool) -> str | None:
+    return _price_problem(session, trial(spec), team, policy, cpu_jobs_on_host, "its pre-flight")
+
+
+def gpus_hold(session: Session, team_id: int, spec: JobSpec, policy: Policy, job_id: int | None = None,
+              what: str = "it") -> str | None:
     """Why the team's GPUs at once hold the job now (None: it may launch)."""
     if policy.max_gpus_running is None or (gpus := job_gpus(spec)) == 0:
         return None
     running = gpus_running(session, team_id, other_than=job_id)
     if running + gpus <= policy.max_gpus_running:
         return None
-    return f"{HELD}team max {policy.max_gpus_running} GPUs at once, {_n(running)} running (it needs {_n(gpus)})"
+    return f"{HELD}team max {policy.max_gpus_running} GPUs at once, {_n(running)} running ({what} needs {_n(gpus)})"
 
 
 def hold_reason(session: Session, job: Job, spec: JobSpec, team: str, policy: Policy,
                 cpu_jobs_on_host: bool) -> str | None:
     """Why the team's policy holds the job before its next attempt (a limit
-    lowered since it was submitted, or the GPUs at once now), or None."""
+    lowered since it was submitted, or the GPUs at once now), or None. A
+    pre-flight yet to pass meets them too: it launches first."""
+    from spotbroker.broker.recovery.preflight import wanted  # (it reads the job's attempts)
+
     if policy is EMPTY:
         return None
-    if refused := _refusals(spec, team, policy):
+    flight = wanted(job, spec)
+    if refused := _refusals(spec, team, policy, preflight=flight):
         return HELD + refused[0]["message"]
     if problem := _price_problem(session, spec, team, policy, cpu_jobs_on_host):
         return HELD + problem
-    return gpus_hold(session, job.team_id, spec, policy, job.id)
+    if flight and (problem := _preflight_price(session, spec, team, policy, cpu_jobs_on_host)):
+        return HELD + problem
+    return gpus_hold(session, job.team_id, spec, policy, job.id) or (
+        gpus_hold(session, job.team_id, trial(spec), policy, job.id, "its pre-flight") if flight else None)
 
 
 def admits(placement: Placement, spec: JobSpec, policy: Policy) -> bool:

@@ -20,7 +20,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import logs
+from spotbroker.broker.jobs import limits, logs, reasons
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
 from spotbroker.broker.launch.base import RunState, RunStatus
@@ -48,20 +48,26 @@ def wanted(job: Job, spec: JobSpec) -> bool:
 
 
 def plan(placer: Placer, launching: Any, session: Session, job: Job, spec: JobSpec,
-         gpu: Placement) -> tuple[JobSpec, tuple[Placement, ...], str] | None:
+         gpu: Placement) -> tuple[JobSpec, tuple[Placement, ...], str] | str | None:
     """The pre-flight of a job the policy would launch on `gpu`: its spec (the
     trial's) and the places to try, as for any CPU job: the cheapest CPU
     place first (or the pre-flight's GPU; the broker's host where a CPU job
     would run there), and why. Says what it stands in for (`preflight_started`:
-    the GPU place, priced, and the job's nodes). None, the job FAILED, when
-    no place can run it."""
+    the GPU place, priced, and the job's nodes). Only places within the
+    team's limits (`limits.admits`) are tried: when none is, what the job
+    waits for, as for its own run. None, the job FAILED, when no place can
+    run it."""
     now, settings = launching.clock.now(), launching.settings
     flight = trial(spec)
     if on_host(flight, settings.cpu_jobs_on_host):
         places: tuple[Placement, ...] = (LOCAL_PLACEMENT,)
     else:
         choice = placer.choose(session, job, flight, now)
-        places = launching.bounded(choice.placements) if choice and choice.action is Action.LAUNCH else ()
+        chosen = choice.placements if choice and choice.action is Action.LAUNCH else ()
+        policy = limits.policy_of(session, job)
+        if chosen and not (within := tuple(p for p in chosen if limits.admits(p, flight, policy))):
+            return reasons.WAITING_LIMIT + "its pre-flight: " + limits.over(chosen[0], flight, policy)
+        places = launching.bounded(within) if chosen else ()
     if not places:
         transition(session, job, J.FAILED, reason="no_feasible_offer: no place can run its pre-flight",
                    data={"resources": flight.resources.model_dump(exclude_none=True)}, clock=launching.clock)

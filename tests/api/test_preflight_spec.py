@@ -48,3 +48,24 @@ def test_a_bad_preflight_is_a_422_naming_the_field(api, team_headers, body, ctyp
     assert r.status_code == 422, r.text
     error = r.json()["errors"][0]
     assert error["field"] == field and word in error["message"].lower(), error
+
+
+@pytest.mark.parametrize("ctype", [JSON, YAML])
+def test_a_preflight_run_no_node_could_start_is_a_422_naming_it(api, team_headers, ctype):
+    """A 300 KB `preflight.run` was taken, and every launch of its pre-flight
+    then failed with "Argument list too long": it has the bound of `run`."""
+    from spotbroker.broker.jobs.execlimits import MAX_COMMAND_BYTES
+
+    h = team_headers()
+    big = "x" * 300_000
+    body = ('{"run": "true", "preflight": {"run": "%s"}}' % big if ctype == JSON
+            else f"run: 'true'\npreflight:\n  run: {big}\n")
+    r = api.post("/v1/jobs", content=body.encode(), headers={**h, "Content-Type": ctype})
+    assert r.status_code == 422, r.text[:300]
+    [error] = r.json()["errors"]
+    assert error["field"] == "preflight.run" and f"at most {MAX_COMMAND_BYTES}" in error["message"], error
+    assert api.get("/v1/jobs", headers=h).json()["jobs"] == []
+    fits = {"run": "true", "preflight": {"run": "#" * MAX_COMMAND_BYTES}}  # at the bound, a job is taken
+    r = api.post("/v1/jobs", json=fits, headers=h)
+    assert r.status_code == 201, r.text[:300]
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)

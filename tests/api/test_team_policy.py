@@ -161,3 +161,63 @@ def test_spec_defaults_fill_what_a_job_leaves_out_and_are_checked_by_the_specs_r
     # A default the spec would refuse is refused when it is set, naming the field.
     r = api.put("/v1/teams/ml/policy", json={"checkpoint": {"interval": "sometimes"}}, headers=ADMIN)
     assert r.status_code == 422 and "checkpoint.interval" in r.text, r.text
+
+
+def test_a_preflights_own_accelerators_meet_the_teams_limits_at_submission(api, team_headers):
+    """A pre-flight on A100:8 was taken from a team allowed one T4, and ran on
+    a p4d.24xlarge: its accelerators are refused as the job's own are."""
+    h = team_headers("beta")
+    set_policy(api, "beta", allowed_accelerators=["T4"], max_gpus_running=1, max_price_per_hour=1.0, max_nodes=1)
+
+    def refused(preflight: str) -> list[dict]:
+        r = api.post("/v1/jobs", json={"name": "pf", "run": "sleep 300", "preflight": {"accelerators": preflight},
+                                       "resources": {"accelerators": "T4:1"}}, headers=h)
+        assert r.status_code == 422, r.text
+        assert {e["field"] for e in r.json()["errors"]} == {"preflight.accelerators"}, r.json()
+        return [e["message"] for e in r.json()["errors"]]
+
+    assert refused("A100:8") == [
+        "preflight.accelerators: A100:8 is not allowed for team beta (allowed_accelerators: T4)",
+        "preflight.accelerators: the pre-flight needs 8 GPUs at once, over team beta's limit of 1 GPUs at once "
+        "(max_gpus_running)"]
+    [message] = refused("T4:2")
+    assert "needs 2 GPUs at once" in message and "max_gpus_running" in message
+    # A SkyPilot task file meets the same limits.
+    task = b"name: pf\nrun: sleep 300\nresources:\n  accelerators: T4:1\npreflight:\n  accelerators: A100:8\n"
+    r = api.post("/v1/jobs", content=task, headers={**h, "Content-Type": "application/yaml"})
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "preflight.accelerators", r.text
+    assert "not allowed for team beta" in r.json()["errors"][0]["message"]
+    # Its price too: the cheapest place with 8 A100s is over $1/h.
+    set_policy(api, "beta", allowed_accelerators=["T4", "A100"], max_gpus_running=8, max_price_per_hour=1.0)
+    [message] = refused("A100:8")
+    assert message.startswith("max_price_per_hour: the cheapest place that fits costs $") and \
+        "for its pre-flight" in message and "$1.00/h" in message, message
+    assert api.get("/v1/jobs", headers=h).json()["jobs"] == []  # nothing was stored
+    ok = api.post("/v1/jobs", json={"run": "true", "preflight": {"accelerators": "T4:1"},
+                                    "resources": {"accelerators": "T4:1"}}, headers=h)
+    assert ok.status_code == 201, ok.text
+    api.post(f"/v1/jobs/{ok.json()['id']}/cancel", headers=h)
+
+
+def test_a_limit_lowered_since_submission_holds_a_preflight_it_forbids(api, team_headers):
+    """A pre-flight's own place met none of the team's limits before it
+    launched: a job whose pre-flight a lowered limit forbids is held, with the
+    reason, and runs once the limit is raised again."""
+    h = team_headers("ml")
+    set_policy(api, "ml", allowed_accelerators=["T4", "L4"], max_gpus_running=1)
+    first = api.post("/v1/jobs", json={"run": "sleep 60", "resources": {"accelerators": "T4:1"}}, headers=h).json()
+    wait_state(api, h, first["id"], {"RUNNING"}, timeout=60)
+    r = api.post("/v1/jobs", json={"run": "echo main", "resources": {"accelerators": "L4:1"},
+                                   "preflight": {"accelerators": "T4:1", "run": "echo pf"}}, headers=h)
+    assert r.status_code == 201 and r.json()["state"] == "HELD", r.text  # (the GPUs at once, for now)
+    set_policy(api, "ml", allowed_accelerators=["L4"], max_gpus_running=1)
+    api.post(f"/v1/jobs/{first['id']}/cancel", headers=h)
+    reason = ("held by a limit: preflight.accelerators: T4:1 is not allowed for team ml "
+              "(allowed_accelerators: L4)")
+    held = wait_for(lambda: (j := api.get(f"/v1/jobs/{r.json()['id']}", headers=h).json())["reason"] == reason
+                    and j, timeout=30, what="the job held by its pre-flight's accelerators")
+    assert held["state"] == "HELD" and held["attempts"] == []
+    set_policy(api, "ml", allowed_accelerators=["L4", "T4"], max_gpus_running=1)  # raised again: it runs
+    done = wait_state(api, h, held["id"], TERMINAL, timeout=90)
+    assert done["state"] == "SUCCEEDED", done
+    assert [(a["preflight"], a["accelerator"]) for a in done["attempts"]] == [(True, "T4"), (False, "L4")]

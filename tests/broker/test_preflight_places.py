@@ -124,3 +124,36 @@ def test_a_preflight_ending_as_a_notice_comes(env, run_state, job_after, attempt
     with factory() as s:
         job = s.get(Job, job_id)
         assert preflight.wanted(job, JobSpec.model_validate(job.spec)) is again
+
+
+def test_a_preflights_own_place_meets_the_teams_price_limit(env):
+    """The team's limits filtered the job's places, then the pre-flight's own
+    took their place unfiltered: a pre-flight whose places are all over the
+    team's $/h is not launched; the job waits (or is held) with the limit."""
+    from spotbroker.broker.jobs import policy as policies
+    from spotbroker.broker.launch.local import LocalLauncher
+    from spotbroker.broker.reconciler import Reconciler
+    from spotbroker.broker.recovery import preflight
+
+    factory, settings, team = env
+    job_spec = spec(resources={"accelerators": "T4:1"}, preflight={"accelerators": "A100:1"})
+    with factory() as s:
+        t4 = rank_offers(s, job_spec)[0]
+        a100 = rank_offers(s, trial(job_spec))[0]
+    assert t4.price_per_hour < a100.price_per_hour
+    limit = (t4.price_per_hour + a100.price_per_hour) / 2  # the job's places within it, the pre-flight's not
+    with transaction(factory) as s:
+        policies.put(s, team, policies.Policy(max_price_per_hour=limit))
+        job_id = jobs.submit(s, team, job_spec).id
+    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1)}, settings, clock=Clock())
+    with transaction(factory) as s:  # (what `_place` does once nothing holds the job)
+        job = s.get(Job, job_id)
+        waits = preflight.plan(rec.placer, rec.launching, s, job, job_spec, t4)
+        assert isinstance(waits, str) and waits.startswith("waiting for a place within the team's limits: its "
+                                                           "pre-flight: ") and "over max_price_per_hour" in waits
+        assert job.state == "PENDING" and job.attempts == []
+    rec.pass_once()
+    with factory() as s:
+        job = s.get(Job, job_id)
+        assert job.state == "HELD" and job.attempts == [], (job.state, job.reason)
+        assert job.reason.startswith("held by a limit: max_price_per_hour:") and "for its pre-flight" in job.reason
