@@ -35,7 +35,8 @@ def test_the_admin_sets_a_policy_by_flags_and_file_and_a_team_shows_its_own(api,
     assert r.returncode == 0, r.stderr                         # the file is the whole policy
     shown = json.loads(spotbroker("teams", "policy", "show", "ml", "--json", env=admin).stdout)
     assert shown == {"team": "ml", "envs": {}, "max_nodes": 4, "max_gpus_running": 16,
-                     "early_stop": {"metric": "val_loss", "mode": "min", "patience": 3},
+                     "early_stop": {"metric": "val_loss", "mode": "min", "patience": 3, "min_delta": 0.0,
+                                    "min_steps": 0},  # the spec's rule, its defaults filled in
                      "checkpoint": {"interval": 900}}
 
     file.write_text("max_nodes: 4\nmax_nodes: 5\n")

@@ -140,9 +140,13 @@ def _prepare_aws(endpoint: str) -> None:
         {"Effect": "Allow", "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]}
     # moto's backends are the process's: a second module in this process (one
     # test worker) finds what the first one made, so each step is idempotent.
-    if not iam.list_instance_profiles()["InstanceProfiles"]:
+    # Each step on its own: another module may have left the role without the profile.
+    if PROFILE not in {r["RoleName"] for r in iam.list_roles()["Roles"]}:
         iam.create_role(RoleName=PROFILE, AssumeRolePolicyDocument=json.dumps(trust))
+    profiles = {p["InstanceProfileName"]: p for p in iam.list_instance_profiles()["InstanceProfiles"]}
+    if PROFILE not in profiles:
         iam.create_instance_profile(InstanceProfileName=PROFILE)
+    if not any(r["RoleName"] == PROFILE for r in profiles.get(PROFILE, {}).get("Roles", [])):
         iam.add_role_to_instance_profile(InstanceProfileName=PROFILE, RoleName=PROFILE)
     ec2 = boto3.client("ec2", endpoint_url=endpoint, region_name=REGION,
                        aws_access_key_id="testing", aws_secret_access_key="testing")
