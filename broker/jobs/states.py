@@ -139,4 +139,6 @@ def transition(
             obj.ended_at = now
         if reason:
             obj.reason = reason
+        elif to in (J.RUNNING, J.SUCCEEDED):
+            obj.reason = None  # why it waited, or the preemption it recovered from, is history now
     session.add(Event(job_id=job_id, attempt_id=attempt_id, type=f"{kind}_state", at=now, data=payload))

@@ -59,3 +59,20 @@ def test_illegal_transition_raises_and_writes_nothing(factory):
     with pytest.raises(IllegalTransition):
         with transaction(factory) as s:
             transition(s, s.get(Job, job_id), JobState.PENDING)
+
+
+def test_a_job_that_runs_again_or_succeeds_drops_the_reason_it_waited_or_recovered_for(factory):
+    """`spotbroker job` showed "SUCCEEDED (preempted: checkpoint committed)"
+    for a job that recovered and then succeeded."""
+    job_id = make_job(factory)
+    J = JobState
+    with transaction(factory) as s:
+        job = s.get(Job, job_id)
+        for to, reason in ((J.LAUNCHING, None), (J.RUNNING, None), (J.PREEMPTING, "preemption notice"),
+                           (J.RECOVERING, "preempted: checkpoint committed"), (J.LAUNCHING, None)):
+            transition(s, job, to, reason=reason)
+        assert job.reason == "preempted: checkpoint committed"  # still what it waits on while launching
+        transition(s, job, J.RUNNING)
+        assert job.reason is None
+        transition(s, job, J.SUCCEEDED, reason="early_stopped")
+        assert job.reason == "early_stopped"  # an end that says why keeps it
