@@ -39,19 +39,6 @@ DRAIN_REPORT_S = 15.0  # of a drain's time, kept for the agent's report of the c
 MINT_INTERVAL_S = 10.0  # an attempt's nodes asking within this share one mint of storage credentials
 
 
-MAX_INT = 2**63 - 1
-
-
-def _too_big(value: Any) -> bool:
-    if isinstance(value, int) and not isinstance(value, bool):
-        return abs(value) > MAX_INT
-    if isinstance(value, dict):
-        return any(_too_big(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_too_big(v) for v in value)
-    return False
-
-
 class AgentEventIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     seq: int = Field(ge=1, le=2**31 - 1)
@@ -71,13 +58,9 @@ class AgentEventIn(BaseModel):
     @field_validator("data")
     @classmethod
     def _small(cls, data: dict[str, Any]) -> dict[str, Any]:
-        """An event is a few fields: far less than a job document may be, and
-        no integer beyond what a float or a BIGINT holds (each reader would
-        overflow on it)."""
+        """An event is a few fields: far less than a job document may be."""
         if len(json.dumps(data)) > MAX_EVENT_DATA:
             raise ValueError(f"at most {MAX_EVENT_DATA} bytes of JSON")
-        if _too_big(data):
-            raise ValueError(f"an integer beyond ±{MAX_INT}")
         return data
 
 

@@ -58,7 +58,11 @@ def record_report(session: Session, attempt: Attempt, data: dict) -> None:
     """An agent event's measured energy (node 0's, standing for every node of the attempt)."""
     joules, seconds = data.get(protocol.GPU_JOULES), data.get(protocol.GPU_SECONDS)
     if isinstance(joules, int | float) and isinstance(seconds, int | float) and not isinstance(joules, bool):
-        record_measured(session, attempt, float(joules) * max(attempt.num_nodes, 1), float(seconds))
+        try:
+            joules, seconds = float(joules), float(seconds)
+        except OverflowError:  # an integer no float holds: no reading
+            return
+        record_measured(session, attempt, joules * max(attempt.num_nodes, 1), seconds)
 
 
 def record_measured(session: Session, attempt: Attempt, gpu_joules: float, seconds: float) -> None:

@@ -197,7 +197,7 @@ def summary(session: Session | None, job: Job, dollars_run: float, now: datetime
     out: dict[str, Any] = {
         "metric": row.metric, "best_step": row.best_step, "best_value": row.best_value, "fired_at": row.decided_at,
         "fired_at_step": row.step, "stopped_step": row.stopped_step, "done": row.finished_at is not None,
-        "hours_run": round(hours_run, 4), "dollars_run": round(dollars_run, 6),
+        "hours_run": round(hours_run, 6), "dollars_run": round(dollars_run, 6),
         "hours_saved": None, "dollars_saved": None, "checkpoint": None,
     }
     kept = session.get(Checkpoint, row.checkpoint_id) if row.checkpoint_id else None

@@ -3,7 +3,7 @@
 Built once per code version from what this broker runs (cached under
 `{data_dir}/wheels/{key}/`): a wheel of the `spotbroker` package as
 installed (editable or not), and a wheel of each distribution its base
-requirements need (httpx, click, obstore and theirs), repacked from this
+requirements need (httpx, click, obstore, nvidia-ml-py and theirs), repacked from this
 environment with the tags they were installed with. The node runs
 `pip install --no-index --find-links WHEELHOUSE spotbroker` (`node.py`),
 so its agent is the broker's own code, at the broker's own versions.
@@ -29,7 +29,9 @@ from packaging.requirements import Requirement
 
 PACKAGE = "spotbroker"
 SUBPACKAGES = ("agent", "api", "broker", "migrations")
-BASE_ROOTS = ("httpx", "click", "obstore")  # what `spotbroker agent` needs (pyproject's base dependencies)
+# What `spotbroker agent` needs (pyproject's base dependencies; nvidia-ml-py
+# reads the GPUs' energy, agent/energy.py).
+BASE_ROOTS = ("httpx", "click", "obstore", "nvidia-ml-py")
 _SKIP_META = {"RECORD", "INSTALLER", "REQUESTED", "direct_url.json"}
 
 
