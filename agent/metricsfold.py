@@ -27,11 +27,11 @@ def clean(data: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
     step, values = data.get("step"), data.get("values")
     if not isinstance(step, int) or isinstance(step, bool) or not 0 <= step < 2**63 or not isinstance(values, dict):
         return None
-    out = {k: float(v) for k, v in values.items() if isinstance(k, str) and NAME.match(k) and _finite(v)}
+    out = {k: float(v) for k, v in values.items() if isinstance(k, str) and NAME.match(k) and finite(v)}
     return (step, dict(list(out.items())[:MAX_NAMES])) if out else None
 
 
-def _finite(value: Any) -> bool:
+def finite(value: Any) -> bool:
     """A number a float holds (an integer too large for one is not: the
     trainer may write any JSON, and this runs in the agent's event thread)."""
     if not isinstance(value, int | float) or isinstance(value, bool):

@@ -12,7 +12,6 @@ by a `metrics_dropped` event.
 """
 from __future__ import annotations
 
-import math
 import re
 from datetime import datetime
 from typing import Any
@@ -21,6 +20,7 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.metricmodels import MetricPoint
+from spotbroker.agent.metricsfold import finite
 from spotbroker.broker.jobs.stoprule import METRIC_NAME
 from spotbroker.broker.store.models import Attempt, Event, Job
 
@@ -39,7 +39,7 @@ def record(session: Session, job: Job, attempt: Attempt, data: dict[str, Any], a
     if not _is_step(step) or not isinstance(values, dict):
         _dropped(session, job, attempt, "a report without an integer step and a values mapping", now)
         return False
-    points = {k: float(v) for k, v in values.items() if isinstance(k, str) and _NAME.fullmatch(k) and _finite(v)}
+    points = {k: float(v) for k, v in values.items() if isinstance(k, str) and _NAME.fullmatch(k) and finite(v)}
     if len(points) < len(values):
         _dropped(session, job, attempt, "names that are not metric names, or values that are not finite numbers",
                  now)
@@ -102,13 +102,3 @@ def _dropped(session: Session, job: Job, attempt: Attempt, why: str, now: dateti
     if any(isinstance(d, dict) and d.get("reason") == why for d in told):
         return
     session.add(Event(job_id=job.id, attempt_id=attempt.id, type=DROPPED, at=now, data={"reason": why}))
-
-
-def _finite(value: object) -> bool:
-    """A number a float holds: JSON allows an integer no float does (math.isfinite overflows on it)."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return False
-    try:
-        return math.isfinite(float(value))
-    except OverflowError:
-        return False
