@@ -135,6 +135,23 @@ def test_the_teams_gpus_at_once_hold_a_launch_and_the_answer_says_so(api, team_h
     assert done["state"] == "SUCCEEDED"
 
 
+def test_a_gpu_preflight_over_the_teams_gpus_at_once_is_answered_held(api, team_headers):
+    """The job's own GPUs fit, its pre-flight's (which launches first) do not:
+    the answer said PENDING, and the reconciler held it a moment later."""
+    h = team_headers("ml")
+    set_policy(api, "ml", max_gpus_running=2)
+    first = api.post("/v1/jobs", json={"run": "sleep 60", "resources": {"accelerators": "T4:1"}}, headers=h).json()
+    wait_state(api, h, first["id"], {"RUNNING"}, timeout=60)
+    r = api.post("/v1/jobs", json={"run": "echo main", "resources": {"accelerators": "T4:1"},
+                                   "preflight": {"accelerators": "T4:2", "run": "echo pf"}}, headers=h)
+    assert r.status_code == 201, r.text
+    reason = "held by a limit: team max 2 GPUs at once, 1 running (its pre-flight needs 2)"
+    assert (r.json()["state"], r.json()["reason"]) == ("HELD", reason), r.json()
+    assert r.json()["warnings"] == [{"field": "state", "message": f"the job is HELD: {reason}", "line": None}]
+    api.post(f"/v1/jobs/{first['id']}/cancel", headers=h)
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
 def test_a_budget_over_at_submission_answers_held_with_a_warning(api, team_headers, settings):
     h = team_headers("a")
     spend_today(settings, "a", 10.0)
