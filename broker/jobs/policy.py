@@ -24,7 +24,7 @@ from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.checkpointspec import CheckpointSpec
 from spotbroker.broker.jobs.preflight import PreflightField
 from spotbroker.broker.jobs.spec import _ACCEL_RE, MAX_CARBON_PRICE, MAX_NODES, MAX_PRICE_PER_HOUR, env_values
-from spotbroker.broker.jobs.stoprule import EarlyStopRule
+from spotbroker.broker.jobs.stoprule import EarlyStopField
 from spotbroker.broker.pricing import normalise
 from spotbroker.broker.store.models import TeamPolicy as PolicyRow
 
@@ -50,7 +50,7 @@ class Policy(_Strict):
         default=None, description="accelerators of the team's launching and running attempts at once")
     # Defaults checked by the spec's own models, so a default is a valid job fragment.
     preflight: PreflightField = None
-    early_stop: EarlyStopRule | None = None
+    early_stop: EarlyStopField = None
     checkpoint: CheckpointSpec | None = None
     carbon_price_per_tonne: Annotated[float, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False)] | None = Field(
         default=None, description="dollars per tonne of CO2e placement weighs, for jobs that do not say")

@@ -43,7 +43,7 @@ from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI
     load_document,
     load_raw,
 )
-from spotbroker.broker.jobs.stoprule import EarlyStopRule
+from spotbroker.broker.jobs.stoprule import EarlyStopField
 
 CLOUDS = ("aws", "gcp", "azure", "local")
 KUBERNETES = ("k8s", "kubernetes")  # the operator's clusters (broker/placement/kubernetes.py), as SkyPilot spells them
@@ -295,7 +295,7 @@ class JobSpec(_Strict):
     estimated_hours: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     deadline: AwareDatetime | None = None
     preflight: PreflightField = None
-    early_stop: EarlyStopRule | None = None  # stop when the reported metric stops improving (stoprule.py)
+    early_stop: EarlyStopField = None  # stop when the reported metric stops improving (stoprule.py)
     checkpoint: CheckpointSpec | None = None  # None: interval auto (broker/jobs/checkpointspec.py)
     carbon_price_per_tonne: Annotated[float, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False, description=(
         "dollars a tonne of CO2e is worth to the job (unset: 0): placement minimises dollars plus this price "

@@ -4,9 +4,9 @@ before SkyPilot's schema reads it, like `deadline`)."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"  # the library's and the agent's rule too
 
@@ -33,3 +33,13 @@ class EarlyStopRule(BaseModel):
     def env_value(self) -> str:
         """SPOTBROKER_EARLY_STOP: what the library needs to keep the best weights."""
         return json.dumps(self.model_dump(), separators=(",", ":"))
+
+
+def _off(value: Any) -> Any:
+    """`early_stop: false` is none: a job switches off its team's default (as `preflight: false` does)."""
+    return None if value is False else value
+
+
+EarlyStopField = Annotated[EarlyStopRule | None, BeforeValidator(_off), Field(description=(
+    "stop when the reported metric stops improving: {metric, mode, patience, min_delta, min_steps}; "
+    "false: none, whatever the team's default"))]

@@ -180,6 +180,27 @@ def test_spec_defaults_fill_what_a_job_leaves_out_and_are_checked_by_the_specs_r
     assert r.status_code == 422 and "checkpoint.interval" in r.text, r.text
 
 
+def test_a_job_switches_off_its_teams_default_early_stop_with_false(api, team_headers):
+    """`early_stop: false` was a 422 under a team default: it is none, as `preflight: false` is."""
+    h = team_headers("ml")
+    set_policy(api, "ml", early_stop={"metric": "val_loss", "patience": 5}, preflight=True)
+    r = api.post("/v1/jobs", json={"run": "sleep 30", "early_stop": False, "preflight": False}, headers=h)
+    assert r.status_code == 201, r.text
+    task = b"run: sleep 30\nearly_stop: false\n"
+    y = api.post("/v1/jobs", content=task, headers={**h, "Content-Type": "application/yaml"})
+    assert y.status_code == 201, y.text
+    for job_id in (r.json()["id"], y.json()["id"]):
+        spec = api.get(f"/v1/jobs/{job_id}", headers=h).json()["spec"]
+        assert "early_stop" not in spec, spec
+        api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    # Left out (or null), the default holds; `true` names no metric: refused, naming the field.
+    taken = api.post("/v1/jobs", json={"run": "sleep 30", "early_stop": None, "preflight": False}, headers=h).json()
+    assert api.get(f"/v1/jobs/{taken['id']}", headers=h).json()["spec"]["early_stop"]["patience"] == 5
+    api.post(f"/v1/jobs/{taken['id']}/cancel", headers=h)
+    bad = api.post("/v1/jobs", json={"run": "sleep 30", "early_stop": True}, headers=h)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"].startswith("early_stop"), bad.text
+
+
 def test_a_preflights_own_accelerators_meet_the_teams_limits_at_submission(api, team_headers):
     """A pre-flight on A100:8 was taken from a team allowed one T4, and ran on
     a p4d.24xlarge: its accelerators are refused as the job's own are."""
