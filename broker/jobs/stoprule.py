@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt
 
 METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"  # the library's and the agent's rule too
 
@@ -21,9 +21,9 @@ class EarlyStopRule(BaseModel):
     metric: Annotated[str, Field(pattern=METRIC_NAME, description="a name the trainer reports: "
                                  "ckpt.report(step, val_loss=...)")]
     mode: Literal["min", "max"] = "min"
-    patience: Annotated[int, Field(ge=1, le=100_000)] = 3
-    min_delta: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
-    min_steps: Annotated[int, Field(ge=0, le=2**62)] = 0
+    patience: Annotated[StrictInt, Field(ge=1, le=100_000)] = 3
+    min_delta: Annotated[StrictFloat, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
+    min_steps: Annotated[StrictInt, Field(ge=0, le=2**62)] = 0
 
     def improves(self, value: float, best: float | None) -> bool:
         if best is None:
