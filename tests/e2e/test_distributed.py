@@ -27,6 +27,9 @@ DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 ARGS = "--steps 60 --seed 3 --every-steps 1000 --log-every 1 --step-seconds 0.15"
 TORCHRUN = "python -m torch.distributed.run"
 RESOURCES = {"accelerators": "T4:1", "infra": "aws"}
+# Two nodes of one: where they meet is the launcher's MASTER_ADDR and MASTER_PORT, the attempt's own.
+MEET = ("--nnodes=2 --nproc_per_node=1 --node_rank=$SKYPILOT_NODE_RANK --master_addr=$MASTER_ADDR "
+        "--master_port=$MASTER_PORT")
 
 
 @pytest.fixture(scope="module")
@@ -103,9 +106,9 @@ def test_torchrun_workers_flush_one_step_and_resume_there(api, team_headers, uni
 def test_a_notice_on_the_second_node_flushes_both_and_the_job_resumes_once(api, team_headers, settings,
                                                                            uninterrupted_loss, tmp_path):
     h = team_headers()
-    # Each attempt its own rendezvous port: the next attempt may start before the last one's processes end.
-    run = (f"{TORCHRUN} --nnodes=2 --nproc_per_node=1 --node_rank=$SKYPILOT_NODE_RANK --master_addr=127.0.0.1 "
-           f"--master_port=$((20000 + SPOTBROKER_ATTEMPT_ID % 20000)) ddp_train.py {ARGS}")
+    # The launcher's rendezvous for the attempt (broker/launch/local_rendezvous.py): a port made from the
+    # attempt's id was once taken (another worker's attempt of the same id), and the second attempt failed.
+    run = f"{TORCHRUN} {MEET} ddp_train.py {ARGS}"
     job_id = submit(api, h, "two-nodes", run, num_nodes=2)
     wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
     wait_for(lambda: "step=5 " in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text, timeout=60,
@@ -135,9 +138,7 @@ def test_a_node_that_vanishes_without_a_notice_recovers_the_job_from_its_newest_
     simulator's hard stop does): node 0 is stopped too, the job recovers, and
     the next attempt starts at the newest step committed before the loss."""
     h = team_headers()
-    run = (f"{TORCHRUN} --nnodes=2 --nproc_per_node=1 --node_rank=$SKYPILOT_NODE_RANK --master_addr=127.0.0.1 "
-           f"--master_port=$((20000 + SPOTBROKER_ATTEMPT_ID % 20000)) ddp_train.py "
-           f"{ARGS.replace('--every-steps 1000', '--every-steps 10')}")
+    run = f"{TORCHRUN} {MEET} ddp_train.py {ARGS.replace('--every-steps 1000', '--every-steps 10')}"
     job_id = submit(api, h, "node-vanishes", run, num_nodes=2)
     wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
     first = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][0]
