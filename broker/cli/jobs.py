@@ -12,6 +12,7 @@ import click
 
 from spotbroker.broker.cli import launchflags, progress
 from spotbroker.broker.cli.client import ApiError, Client
+from spotbroker.broker.cli.output import printable, safe_markup
 from spotbroker.broker.settings import get_settings
 
 _ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
@@ -101,7 +102,7 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
         line = _line_in(data, str(warning.get("field"))) if fmt == "yaml" else None
         click.echo(f"{file}{f':{line}' if line else ''}: warning: {warning.get('field')}: {warning.get('message')}",
                    err=True)
-    held = f" ({job['reason']})" if job["state"] == "HELD" and job.get("reason") else ""
+    held = f" ({printable(job['reason'])})" if job["state"] == "HELD" and job.get("reason") else ""
     if not wait:
         if as_json:
             _echo_json(job)
@@ -256,6 +257,7 @@ def short_reason(job: dict[str, Any]) -> str:
     reason = job.get("reason")
     if not reason or job["state"] in ("RUNNING", "SUCCEEDED"):
         return "-"
+    reason = safe_markup(reason)  # a table cell is markup
     return reason if len(reason) <= REASON_WIDTH else reason[:REASON_WIDTH - 1] + "…"
 
 
@@ -287,7 +289,7 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
 
     out = console()
     out.print(f"[bold]job {job['id']}[/] {job['name']}: {job['state']}"
-              + (f" ({job['reason']})" if job.get("reason") else "") + f", cost ${job['cost']:.6f}")
+              + (f" ({safe_markup(job['reason'])})" if job.get("reason") else "") + f", cost ${job['cost']:.6f}")
     if job.get("energy") and any(a.get("started_at") for a in job["attempts"]):  # a job that never ran: none
         out.print(energy_line(job), markup=False)
     if job.get("labels"):
@@ -297,13 +299,13 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
     attempts = Table("ATTEMPT", "STATE", "WHERE", "STARTED", "ENDED", "COST $", title="attempts")
     for a in job["attempts"]:
         attempts.add_row(str(a["id"]) + (" pre-flight" if a.get("preflight") else ""),
-                         a["state"] + (f" ({a['reason']})" if a["reason"] else ""), _where(a),
+                         a["state"] + (f" ({safe_markup(a['reason'])})" if a["reason"] else ""), _where(a),
                          (a["started_at"] or "-")[11:19], (a["ended_at"] or "-")[11:19], f"{a['cost']:.6f}")
     out.print(attempts)
     if job.get("early_stop"):
         from spotbroker.broker.cli.metrics import early_stop_lines
 
-        out.print("\n".join(early_stop_lines(job["early_stop"])))
+        out.print(printable("\n".join(early_stop_lines(job["early_stop"]))), markup=False)
     if job.get("checkpoint_interval"):
         out.print(interval_line(job["checkpoint_interval"]))
     table = Table("AT", "EVENT", "ATTEMPT", "DETAIL", title="events")
@@ -312,14 +314,12 @@ def print_job(job: dict[str, Any], events: list[dict[str, Any]]) -> None:
         data = {k: v for k, v in e["data"].items() if k not in ("raw", "agent_at", "tail")}
         change = f"{data.pop('from')} -> {data.pop('to')} " if "to" in data else ""
         detail = change + " ".join(f"{k}={v}" for k, v in data.items())
-        table.add_row(e["at"][11:23], e["type"], str(e["attempt_id"] or ""), detail)
+        table.add_row(e["at"][11:23], e["type"], str(e["attempt_id"] or ""), safe_markup(detail))
     out.print(table)
 
 
 def print_preflight(out: Any, pf: dict[str, Any]) -> None:
     """The pre-flight's outcome, its cost, and what the GPU launch would have cost by then."""
-    from rich.markup import escape
-
     status = pf["status"] + (f" ({pf['why']})" if pf.get("why") else "")
     line = f"pre-flight: {status}"
     if "seconds" in pf:
@@ -328,9 +328,9 @@ def print_preflight(out: Any, pf: dict[str, Any]) -> None:
         line += (f"; the GPU launch ({pf['gpu_instance_type']} at {pf['gpu_place']}, ${pf['gpu_price_per_hour']:.4f}/h"
                  f" x {pf['num_nodes']} node{'s' if pf['num_nodes'] != 1 else ''}) would have cost "
                  f"${pf['gpu_would_have_cost']:.6f} by then")
-    out.print(escape(line))
-    if pf.get("tail"):
-        out.print(escape(pf["tail"].rstrip("\n")), style="red")
+    out.print(safe_markup(line))
+    if pf.get("tail"):  # the trainer's output: no control sequence of its own reaches the terminal
+        out.print(safe_markup(pf["tail"].rstrip("\n")), style="red")
 
 
 @click.command()

@@ -8,7 +8,12 @@ keep their natural width, one row per line.
 from __future__ import annotations
 
 import os
+import re
 import sys
+
+# C0 (but newline and tab), DEL and C1: in a terminal each may start a
+# sequence that moves the cursor, rewrites lines or sets the window title.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def console():
@@ -32,3 +37,17 @@ def show(table_) -> None:
 def when(iso: str | None) -> str:
     """An API time as a table shows it: to the minute, UTC."""
     return "-" if not iso else iso[:16].replace("T", " ")
+
+
+def printable(text: str) -> str:
+    """A job's text (a trainer's output tail, a reason quoting it) as a
+    terminal may show it: control characters written as `\\xNN`, so that
+    a tenant's output cannot drive the operator's terminal."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m[0]):02x}", text)
+
+
+def safe_markup(text: str) -> str:
+    """`printable`, and its brackets taken as text by rich (no markup of a tenant's)."""
+    from rich.markup import escape
+
+    return escape(printable(text))

@@ -52,4 +52,5 @@ def admit(factory: sessionmaker[Session], team_id: int, name: str, spec: JobSpec
         errors = limits.submit_errors(session, spec, name, team.policy, cpu_jobs_on_host)
         if errors:
             return Admission(errors, None)
-        return Admission([], team.budget_hold or limits.gpus_hold(session, team_id, spec, team.policy))
+        return Admission([], team.budget_hold or limits.gpus_holds(session, team_id, spec, team.policy,
+                                                                   spec.preflight is not None))

@@ -154,8 +154,15 @@ def hold_reason(session: Session, job: Job, spec: JobSpec, team: str, policy: Po
         return HELD + problem
     if flight and (problem := _preflight_price(session, spec, team, policy, cpu_jobs_on_host)):
         return HELD + problem
-    return gpus_hold(session, job.team_id, spec, policy, job.id) or (
-        gpus_hold(session, job.team_id, trial(spec), policy, job.id, "its pre-flight") if flight else None)
+    return gpus_holds(session, job.team_id, spec, policy, flight, job.id)
+
+
+def gpus_holds(session: Session, team_id: int, spec: JobSpec, policy: Policy, flight: bool,
+               job_id: int | None = None) -> str | None:
+    """Why the team's GPUs at once hold the job's next launch: its own, or its
+    pre-flight's while `flight` (at submission as before each attempt)."""
+    return gpus_hold(session, team_id, spec, policy, job_id) or (
+        gpus_hold(session, team_id, trial(spec), policy, job_id, "its pre-flight") if flight else None)
 
 
 def admits(placement: Placement, spec: JobSpec, policy: Policy) -> bool:

@@ -16,7 +16,7 @@ import re
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.metricmodels import MetricPoint
@@ -35,39 +35,60 @@ _NAME = re.compile(METRIC_NAME)
 def record(session: Session, job: Job, attempt: Attempt, data: dict[str, Any], at: datetime,
            now: datetime) -> bool:
     """Store one `metrics` event's points; whether any was stored or folded."""
-    step, values = data.get("step"), data.get("values")
-    if not _is_step(step) or not isinstance(values, dict):
-        _dropped(session, job, attempt, "a report without an integer step and a values mapping", now)
-        return False
-    points = {k: float(v) for k, v in values.items() if isinstance(k, str) and _NAME.fullmatch(k) and finite(v)}
-    if len(points) < len(values):
-        _dropped(session, job, attempt, "names that are not metric names, or values that are not finite numbers",
-                 now)
+    return record_many(session, job, attempt, [(data, at)], now)
+
+
+def record_many(session: Session, job: Job, attempt: Attempt, reports: list[tuple[dict[str, Any], datetime]],
+                now: datetime) -> bool:
+    """Store a batch's `metrics` events (data, the agent's time) in order; whether
+    any point was stored or folded. A few reads and one flush whatever the
+    batch's size: a point a query at a time held SQLite's write lock for
+    seconds over an agent's backlog of a thousand reports."""
     names = set(session.scalars(select(MetricPoint.name).where(MetricPoint.job_id == job.id).distinct()))
     stored = session.scalar(select(func.count()).select_from(MetricPoint)
                             .where(MetricPoint.attempt_id == attempt.id)) or 0
-    changed = False
-    for name, value in points.items():
-        newest = session.scalar(select(MetricPoint).where(MetricPoint.attempt_id == attempt.id,
-                                                          MetricPoint.name == name)
-                                .order_by(MetricPoint.id.desc()).limit(1))
-        if newest is not None and abs((at - newest.at).total_seconds()) < FOLD_SECONDS and step >= newest.step:
-            newest.step, newest.value, newest.at = step, value, at
-            changed = True
+    rows = {p.name: p for p in session.scalars(select(MetricPoint).where(MetricPoint.id.in_(
+        select(func.max(MetricPoint.id)).where(MetricPoint.attempt_id == attempt.id).group_by(MetricPoint.name))))}
+    newest = {name: {"step": p.step, "value": p.value, "at": p.at} for name, p in rows.items()}
+    added: list[dict[str, Any]] = []  # rows, not objects: one executemany, no ORM instance per point
+    folded: set[str] = set()  # names whose stored newest point a report replaced
+    dropped: list[str] = []
+    for data, at in reports:
+        step, values = data.get("step"), data.get("values")
+        if not _is_step(step) or not isinstance(values, dict):
+            dropped.append("a report without an integer step and a values mapping")
             continue
-        if name not in names and len(names) >= MAX_NAMES:
-            _dropped(session, job, attempt, f"more than {MAX_NAMES} metric names in the job", now)
-            continue
-        if stored >= MAX_POINTS_PER_ATTEMPT:
-            _dropped(session, job, attempt, f"more than {MAX_POINTS_PER_ATTEMPT} points in the attempt", now)
-            break
-        session.add(MetricPoint(job_id=job.id, attempt_id=attempt.id, step=step, name=name, value=value, at=at))
-        names.add(name)
-        stored += 1
-        changed = True
-    if changed:
+        points = {k: float(v) for k, v in values.items() if isinstance(k, str) and _NAME.fullmatch(k) and finite(v)}
+        if len(points) < len(values):
+            dropped.append("names that are not metric names, or values that are not finite numbers")
+        for name, value in points.items():
+            last = newest.get(name)
+            if last is not None and abs((at - last["at"]).total_seconds()) < FOLD_SECONDS and step >= last["step"]:
+                last.update(step=step, value=value, at=at)  # a row of `added`, or a stored one (below)
+                if "name" not in last:
+                    folded.add(name)
+                continue
+            if name not in names and len(names) >= MAX_NAMES:
+                dropped.append(f"more than {MAX_NAMES} metric names in the job")
+                continue
+            if stored >= MAX_POINTS_PER_ATTEMPT:
+                dropped.append(f"more than {MAX_POINTS_PER_ATTEMPT} points in the attempt")
+                break
+            newest[name] = {"job_id": job.id, "attempt_id": attempt.id, "name": name, "step": step, "value": value,
+                            "at": at}
+            added.append(newest[name])
+            names.add(name)
+            stored += 1
+    for name in folded:
+        row, last = rows[name], newest[name]
+        row.step, row.value, row.at = last["step"], last["value"], last["at"]
+    if dropped:
+        _dropped(session, job, attempt, dropped, now)
+    if added:
+        session.execute(insert(MetricPoint), added)
+    if folded or added:
         session.flush()
-    return changed
+    return bool(folded or added)
 
 
 def series(session: Session, job_id: int) -> dict[str, list[dict[str, Any]]]:
@@ -97,8 +118,10 @@ def _is_step(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
 
 
-def _dropped(session: Session, job: Job, attempt: Attempt, why: str, now: datetime) -> None:
-    told = session.scalars(select(Event.data).where(Event.attempt_id == attempt.id, Event.type == DROPPED))
-    if any(isinstance(d, dict) and d.get("reason") == why for d in told):
-        return
-    session.add(Event(job_id=job.id, attempt_id=attempt.id, type=DROPPED, at=now, data={"reason": why}))
+def _dropped(session: Session, job: Job, attempt: Attempt, whys: list[str], now: datetime) -> None:
+    """A `metrics_dropped` event for each reason not told on the attempt before."""
+    told = {d.get("reason") for d in session.scalars(select(Event.data).where(
+        Event.attempt_id == attempt.id, Event.type == DROPPED)) if isinstance(d, dict)}
+    for why in dict.fromkeys(whys):
+        if why not in told:
+            session.add(Event(job_id=job.id, attempt_id=attempt.id, type=DROPPED, at=now, data={"reason": why}))

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, field_validator
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
@@ -24,7 +24,7 @@ from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.checkpointspec import CheckpointSpec
 from spotbroker.broker.jobs.preflight import PreflightField
 from spotbroker.broker.jobs.spec import _ACCEL_RE, MAX_CARBON_PRICE, MAX_NODES, MAX_PRICE_PER_HOUR, env_values
-from spotbroker.broker.jobs.stoprule import EarlyStopRule
+from spotbroker.broker.jobs.stoprule import EarlyStopField
 from spotbroker.broker.pricing import normalise
 from spotbroker.broker.store.models import TeamPolicy as PolicyRow
 
@@ -42,19 +42,19 @@ class Policy(_Strict):
     envs: dict[str, str] = Field(default_factory=dict, description="merged under each job's own envs")
     allowed_accelerators: Annotated[list[str], Field(max_length=256)] | None = Field(
         default=None, description="accelerator names the team's jobs may ask for (any count); null: any")
-    max_price_per_hour: Annotated[float, Field(gt=0, le=MAX_PRICE_PER_HOUR * MAX_NODES, allow_inf_nan=False)] \
+    max_price_per_hour: Annotated[StrictFloat, Field(gt=0, le=MAX_PRICE_PER_HOUR * MAX_NODES, allow_inf_nan=False)] \
         | None = Field(default=None, description="dollars per hour for the whole job: the place's price per node "
                                                  "(spot or on-demand, as the job asks) times its nodes")
-    max_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] | None = Field(default=None, description="per job")
-    max_gpus_running: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+    max_nodes: Annotated[StrictInt, Field(ge=1, le=MAX_NODES)] | None = Field(default=None, description="per job")
+    max_gpus_running: Annotated[StrictInt, Field(ge=1, le=1_000_000)] | None = Field(
         default=None, description="accelerators of the team's launching and running attempts at once")
     # Defaults checked by the spec's own models, so a default is a valid job fragment.
     preflight: PreflightField = None
-    early_stop: EarlyStopRule | None = None
+    early_stop: EarlyStopField = None
     checkpoint: CheckpointSpec | None = None
-    carbon_price_per_tonne: Annotated[float, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False)] | None = Field(
-        default=None, description="dollars per tonne of CO2e placement weighs, for jobs that do not say")
-    checkpoint_retention_days: Annotated[float, Field(gt=0, le=36_500, allow_inf_nan=False)] | None = Field(
+    carbon_price_per_tonne: Annotated[StrictFloat, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False)] \
+        | None = Field(default=None, description="dollars per tonne of CO2e placement weighs, for jobs that do not say")
+    checkpoint_retention_days: Annotated[StrictFloat, Field(gt=0, le=36_500, allow_inf_nan=False)] | None = Field(
         default=None, description="days before a committed checkpoint moves to the cold tier")
 
     @field_validator("envs", mode="before")

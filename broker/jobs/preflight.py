@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StringConstraints, field_validator
 
 from spotbroker.agent import protocol
 
@@ -23,11 +23,11 @@ class Preflight(BaseModel):
 
     run: Annotated[str, StringConstraints(strip_whitespace=False, min_length=1), Field(
         description="the command to try instead of the job's run (its setup runs first all the same)")] | None = None
-    steps: Annotated[int, Field(ge=1, le=10_000, description=(
+    steps: Annotated[StrictInt, Field(ge=1, le=10_000, description=(
         "steps the checkpoint library lets the trainer take before one save, a restore of it, and exit 0"))] \
         = DEFAULT_STEPS
-    timeout: Annotated[int, Field(ge=10, le=86_400, description="seconds before the pre-flight counts as failed")] \
-        = DEFAULT_TIMEOUT_S
+    timeout: Annotated[StrictInt, Field(ge=10, le=86_400, description=(
+        "seconds before the pre-flight counts as failed"))] = DEFAULT_TIMEOUT_S
     accelerators: Annotated[str, Field(description=(
         "run the pre-flight on the cheapest place with this GPU (NAME[:COUNT]) instead of a CPU"))] | None = None
 

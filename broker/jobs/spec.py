@@ -3,7 +3,10 @@
 The resource shapes are SkyPilot's (one set, or `any_of` / `ordered`
 alternatives), so a SkyPilot task file maps onto a job one to one. Every
 model forbids unknown fields, so a typo is a 422 naming the field rather
-than a silently ignored option.
+than a silently ignored option. Numbers are numbers (pydantic's strict int
+and float, here and in the rules a spec holds): a boolean or a numeric
+string, which lax validation took as 1 or 100, is a 422 naming the field;
+an integer is a valid float.
 """
 from __future__ import annotations
 
@@ -17,6 +20,8 @@ from pydantic import (
     ConfigDict,
     Field,
     SecretStr,
+    StrictFloat,
+    StrictInt,
     StringConstraints,
     field_validator,
     model_validator,
@@ -43,7 +48,7 @@ from spotbroker.broker.jobs.specdoc import (  # noqa: F401  (the API and the CLI
     load_document,
     load_raw,
 )
-from spotbroker.broker.jobs.stoprule import EarlyStopRule
+from spotbroker.broker.jobs.stoprule import EarlyStopField
 
 CLOUDS = ("aws", "gcp", "azure", "local")
 KUBERNETES = ("k8s", "kubernetes")  # the operator's clusters (broker/placement/kubernetes.py), as SkyPilot spells them
@@ -146,8 +151,8 @@ class ResourceSet(_Strict):
     # A JSON spec asks for spot unless it says otherwise; a SkyPilot task
     # file asks for on-demand (SkyPilot's meaning): its parser sets this.
     use_spot: bool = True
-    max_price_per_hour: Annotated[float, Field(gt=0, le=MAX_PRICE_PER_HOUR, allow_inf_nan=False)] | None = None
-    disk_size: Annotated[int, Field(ge=1, le=MAX_DISK_GB, description="the OS disk, in GB")] | None = None
+    max_price_per_hour: Annotated[StrictFloat, Field(gt=0, le=MAX_PRICE_PER_HOUR, allow_inf_nan=False)] | None = None
+    disk_size: Annotated[StrictInt, Field(ge=1, le=MAX_DISK_GB, description="the OS disk, in GB")] | None = None
     instance_type: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")] \
         | None = None
     # One image, or one per region (`{us-east-1: ami-..., us-west-2: ami-...}`):
@@ -288,16 +293,16 @@ class JobSpec(_Strict):
     workdir: Annotated[WorkdirUpload | str | None, Field(description=(
         "The job's code: {\"upload\": SHA256} after PUT /v1/uploads/{sha256}. Each attempt runs in a fresh "
         "copy of it. A path is refused: `spotbroker submit FILE` uploads the directory it names"))] = None
-    num_nodes: Annotated[int, Field(ge=1, le=MAX_NODES)] = 1
-    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
+    num_nodes: Annotated[StrictInt, Field(ge=1, le=MAX_NODES)] = 1
+    max_restarts: Annotated[StrictInt, Field(ge=0, le=1000)] = 0
     # Productive hours the job needs (a guess is fine): what placement weighs
     # restarts and the deadline against. Required with a deadline.
-    estimated_hours: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
+    estimated_hours: Annotated[StrictFloat, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     deadline: AwareDatetime | None = None
     preflight: PreflightField = None
-    early_stop: EarlyStopRule | None = None  # stop when the reported metric stops improving (stoprule.py)
+    early_stop: EarlyStopField = None  # stop when the reported metric stops improving (stoprule.py)
     checkpoint: CheckpointSpec | None = None  # None: interval auto (broker/jobs/checkpointspec.py)
-    carbon_price_per_tonne: Annotated[float, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False, description=(
+    carbon_price_per_tonne: Annotated[StrictFloat, Field(ge=0, le=MAX_CARBON_PRICE, allow_inf_nan=False, description=(
         "dollars a tonne of CO2e is worth to the job (unset: 0): placement minimises dollars plus this price "
         "times the expected emissions (broker/placement/carbon.py)"))] | None = None
     resources: Resources = Field(default_factory=Resources)

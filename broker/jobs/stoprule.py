@@ -4,9 +4,9 @@ before SkyPilot's schema reads it, like `deadline`)."""
 from __future__ import annotations
 
 import json
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictFloat, StrictInt
 
 METRIC_NAME = r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}$"  # the library's and the agent's rule too
 
@@ -21,9 +21,9 @@ class EarlyStopRule(BaseModel):
     metric: Annotated[str, Field(pattern=METRIC_NAME, description="a name the trainer reports: "
                                  "ckpt.report(step, val_loss=...)")]
     mode: Literal["min", "max"] = "min"
-    patience: Annotated[int, Field(ge=1, le=100_000)] = 3
-    min_delta: Annotated[float, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
-    min_steps: Annotated[int, Field(ge=0, le=2**62)] = 0
+    patience: Annotated[StrictInt, Field(ge=1, le=100_000)] = 3
+    min_delta: Annotated[StrictFloat, Field(ge=0, le=1e12, allow_inf_nan=False)] = 0.0
+    min_steps: Annotated[StrictInt, Field(ge=0, le=2**62)] = 0
 
     def improves(self, value: float, best: float | None) -> bool:
         if best is None:
@@ -33,3 +33,13 @@ class EarlyStopRule(BaseModel):
     def env_value(self) -> str:
         """SPOTBROKER_EARLY_STOP: what the library needs to keep the best weights."""
         return json.dumps(self.model_dump(), separators=(",", ":"))
+
+
+def _off(value: Any) -> Any:
+    """`early_stop: false` is none: a job switches off its team's default (as `preflight: false` does)."""
+    return None if value is False else value
+
+
+EarlyStopField = Annotated[EarlyStopRule | None, BeforeValidator(_off), Field(description=(
+    "stop when the reported metric stops improving: {metric, mode, patience, min_delta, min_steps}; "
+    "false: none, whatever the team's default"))]

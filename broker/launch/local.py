@@ -57,6 +57,7 @@ from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
 from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers
 from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
+from spotbroker.broker.launch.local_rendezvous import rendezvous_env
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -186,7 +187,8 @@ class LocalLauncher:
         env = {
             "PATH": f"{Path(self.python).parent}:{SYSTEM_PATH}", "HOME": str(node_dir / "home"),
             "TMPDIR": str(node_dir / "tmp"), "LANG": "C.UTF-8", "SHELL": "/bin/bash", "USER": user,
-            "LOGNAME": user, **request.envs, **request.secrets,
+            "LOGNAME": user, **rendezvous_env(self.run_dir(request.attempt_id), request.num_nodes),
+            **request.envs, **request.secrets,
             "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * request.num_nodes),
             "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",

@@ -138,7 +138,7 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
         return Outcome(accepted=0, last_seq=last, cancel=attempt.state not in LIVE_ATTEMPT_STATES,
                        drain=False, moved=False, refused=refused,
                        refusal="a reported checkpoint is not at this attempt's own place")
-    accepted, moved, reported = 0, False, False
+    accepted, moved, reports = 0, False, []
     for event in sorted(events, key=lambda e: e.seq):
         if event.seq <= last:
             continue  # delivered before: a re-sent batch
@@ -152,10 +152,11 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
         if event.seq in uris:
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
         if event.type == protocol.METRICS:
-            reported |= metrics.record(session, job, attempt, event.data, event.at, clock.now())
+            reports.append((event.data, event.at))  # stored together below: one write for the batch
         if not node and protocol.GPU_JOULES in event.data:
             footprint.record_report(session, attempt, event.data)
         moved |= _apply(session, job, attempt, event, clock, checkpoint_root)
+    reported = bool(reports) and metrics.record_many(session, job, attempt, reports, clock.now())
     if reported and _is_current(job, attempt):
         earlystop.after_metrics(session, job, attempt, clock)
     live = attempt.state in LIVE_ATTEMPT_STATES

@@ -100,6 +100,52 @@ def test_the_bounds_themselves_are_accepted(api, team_headers):
         api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
 
 
+# A boolean or a numeric string where a number goes: lax validation took `true` as 1 and "100" as 100.
+NOT_NUMBERS = [
+    ({"num_nodes": True}, "num_nodes"), ({"max_restarts": "3"}, "max_restarts"),
+    ({"estimated_hours": True}, "estimated_hours"), ({"carbon_price_per_tonne": "100"}, "carbon_price_per_tonne"),
+    ({"resources": {"max_price_per_hour": True}}, "resources.max_price_per_hour"),
+    ({"resources": {"disk_size": "100"}}, "resources.disk_size"),
+    ({"early_stop": {"metric": "loss", "patience": True}}, "early_stop.patience"),
+    ({"early_stop": {"metric": "loss", "min_delta": "0.1"}}, "early_stop.min_delta"),
+    ({"early_stop": {"metric": "loss", "min_steps": False}}, "early_stop.min_steps"),
+    ({"preflight": {"steps": True}}, "preflight.steps"), ({"preflight": {"timeout": "600"}}, "preflight.timeout"),
+]
+
+
+def test_booleans_and_numeric_strings_are_not_numbers(api, team_headers, settings):
+    h, admin = team_headers(), {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    for doc, field in NOT_NUMBERS:
+        r = api.post("/v1/jobs", json={"run": "x", **doc}, headers=h)
+        assert [e["field"] for e in assert_problem(r, 422)["errors"]] == [field], (doc, r.text)
+    for task, field in ((b"run: x\nearly_stop: {metric: loss, patience: yes}\n", "early_stop.patience"),
+                        (b"run: x\ncarbon_price_per_tonne: '100'\n", "carbon_price_per_tonne")):
+        r = api.post("/v1/jobs", content=task, headers={**h, "Content-Type": YAML})
+        assert assert_problem(r, 422)["errors"][0]["field"] == field, r.text
+    nothing_written(settings)
+    for policy, field in (({"max_nodes": True}, "max_nodes"), ({"max_gpus_running": "2"}, "max_gpus_running"),
+                          ({"max_price_per_hour": True}, "max_price_per_hour"),
+                          ({"carbon_price_per_tonne": "100"}, "carbon_price_per_tonne"),
+                          ({"checkpoint_retention_days": True}, "checkpoint_retention_days"),
+                          ({"early_stop": {"metric": "loss", "patience": True}}, "early_stop.patience")):
+        r = api.put("/v1/teams/ml/policy", json=policy, headers=admin)
+        assert [e["field"] for e in assert_problem(r, 422)["errors"]] == [field], (policy, r.text)
+    # An integer where a float goes is a number all the same, in JSON and in a task file.
+    numbers = {"estimated_hours": 2, "carbon_price_per_tonne": 100, "resources": {"max_price_per_hour": 3},
+               "early_stop": {"metric": "loss", "min_delta": 0}}
+    team_headers("other")
+    r = api.put("/v1/teams/other/policy", json={"max_price_per_hour": 3, "carbon_price_per_tonne": 100,
+                                                "checkpoint_retention_days": 30}, headers=admin)
+    assert r.status_code == 200, r.text
+    for r in (api.post("/v1/jobs", json={"run": "x", **numbers}, headers=h),
+              api.post("/v1/jobs", content=b"run: x\nestimated_hours: 2\ncarbon_price_per_tonne: 100\n"
+                       b"resources: {max_price_per_hour: 3}\nearly_stop: {metric: loss, min_delta: 0}\n",
+                       headers={**h, "Content-Type": YAML})):
+        assert r.status_code == 201, r.text
+        assert r.json()["spec"]["estimated_hours"] == 2 and r.json()["spec"]["early_stop"]["min_delta"] == 0
+        api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
 def test_yaml_anchors_within_the_bound_are_fine(api, team_headers):
     doc = b"base: &env {A: '1', B: '2'}\nrun: echo\nenvs: *env\nresources: {any_of: [{infra: aws}, {infra: gcp}]}\n"
     r = api.post("/v1/jobs", content=doc, headers={**team_headers(), "Content-Type": YAML})

@@ -125,3 +125,43 @@ def test_without_a_best_save_the_first_checkpoint_at_or_after_the_best_step_is_n
     assert not any(c["keep"] for c in checkpoints)
     events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
     assert [e["data"]["checkpoint_id"] for e in events if e["type"] == "keep_refused"] == [stop["checkpoint"]["id"]]
+
+
+def test_an_agents_backlog_of_reports_is_stored_in_a_few_statements(engine, factory):
+    """A batch of a thousand reports (an agent's backlog) was three queries and a
+    flush a report, under SQLite's write lock for seconds: the batch is now a few
+    statements whatever its size, folded and bounded as before."""
+    from money.world import T0 as START
+    from money.world import World
+    from sqlalchemy import event, select
+
+    from spotbroker.broker.jobs.metricmodels import MetricPoint
+    from spotbroker.broker.recovery import agent_channel
+    from spotbroker.broker.recovery.agent_channel import AgentEvent
+    from spotbroker.broker.store.db import transaction
+    from spotbroker.broker.store.models import Attempt
+
+    world = World(factory)
+    attempt_id = world.attempt(world.job(world.team()))
+    events = [AgentEvent(seq=i, type="metrics", at=START + timedelta(seconds=3 * i),
+                         data={"step": i, "values": {"loss": 1.0 / i, "acc": i / 300}}) for i in range(1, 301)]
+    # A second after the last report: folded onto its point, as the agent folds.
+    events.append(AgentEvent(seq=301, type="metrics", at=START + timedelta(seconds=901),
+                             data={"step": 301, "values": {"loss": 0.001}}))
+    statements: list[str] = []
+
+    def seen(conn, cursor, statement, *_):
+        statements.append(statement)
+
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        with transaction(factory) as s:
+            agent_channel.record(s, s.get(Attempt, attempt_id), events, "file:///nowhere")
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert len([q for q in statements if "metric_points" in q]) <= 6, len(statements)
+    with factory() as s:
+        points = s.execute(select(MetricPoint.name, MetricPoint.step, MetricPoint.value)
+                           .order_by(MetricPoint.id)).all()
+    assert len(points) == 600
+    assert [tuple(p) for p in points[-2:]] == [("loss", 301, 0.001), ("acc", 300, 1.0)]

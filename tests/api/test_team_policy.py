@@ -135,6 +135,23 @@ def test_the_teams_gpus_at_once_hold_a_launch_and_the_answer_says_so(api, team_h
     assert done["state"] == "SUCCEEDED"
 
 
+def test_a_gpu_preflight_over_the_teams_gpus_at_once_is_answered_held(api, team_headers):
+    """The job's own GPUs fit, its pre-flight's (which launches first) do not:
+    the answer said PENDING, and the reconciler held it a moment later."""
+    h = team_headers("ml")
+    set_policy(api, "ml", max_gpus_running=2)
+    first = api.post("/v1/jobs", json={"run": "sleep 60", "resources": {"accelerators": "T4:1"}}, headers=h).json()
+    wait_state(api, h, first["id"], {"RUNNING"}, timeout=60)
+    r = api.post("/v1/jobs", json={"run": "echo main", "resources": {"accelerators": "T4:1"},
+                                   "preflight": {"accelerators": "T4:2", "run": "echo pf"}}, headers=h)
+    assert r.status_code == 201, r.text
+    reason = "held by a limit: team max 2 GPUs at once, 1 running (its pre-flight needs 2)"
+    assert (r.json()["state"], r.json()["reason"]) == ("HELD", reason), r.json()
+    assert r.json()["warnings"] == [{"field": "state", "message": f"the job is HELD: {reason}", "line": None}]
+    api.post(f"/v1/jobs/{first['id']}/cancel", headers=h)
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
 def test_a_budget_over_at_submission_answers_held_with_a_warning(api, team_headers, settings):
     h = team_headers("a")
     spend_today(settings, "a", 10.0)
@@ -161,6 +178,27 @@ def test_spec_defaults_fill_what_a_job_leaves_out_and_are_checked_by_the_specs_r
     # A default the spec would refuse is refused when it is set, naming the field.
     r = api.put("/v1/teams/ml/policy", json={"checkpoint": {"interval": "sometimes"}}, headers=ADMIN)
     assert r.status_code == 422 and "checkpoint.interval" in r.text, r.text
+
+
+def test_a_job_switches_off_its_teams_default_early_stop_with_false(api, team_headers):
+    """`early_stop: false` was a 422 under a team default: it is none, as `preflight: false` is."""
+    h = team_headers("ml")
+    set_policy(api, "ml", early_stop={"metric": "val_loss", "patience": 5}, preflight=True)
+    r = api.post("/v1/jobs", json={"run": "sleep 30", "early_stop": False, "preflight": False}, headers=h)
+    assert r.status_code == 201, r.text
+    task = b"run: sleep 30\nearly_stop: false\n"
+    y = api.post("/v1/jobs", content=task, headers={**h, "Content-Type": "application/yaml"})
+    assert y.status_code == 201, y.text
+    for job_id in (r.json()["id"], y.json()["id"]):
+        spec = api.get(f"/v1/jobs/{job_id}", headers=h).json()["spec"]
+        assert "early_stop" not in spec, spec
+        api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    # Left out (or null), the default holds; `true` names no metric: refused, naming the field.
+    taken = api.post("/v1/jobs", json={"run": "sleep 30", "early_stop": None, "preflight": False}, headers=h).json()
+    assert api.get(f"/v1/jobs/{taken['id']}", headers=h).json()["spec"]["early_stop"]["patience"] == 5
+    api.post(f"/v1/jobs/{taken['id']}/cancel", headers=h)
+    bad = api.post("/v1/jobs", json={"run": "sleep 30", "early_stop": True}, headers=h)
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"].startswith("early_stop"), bad.text
 
 
 def test_a_preflights_own_accelerators_meet_the_teams_limits_at_submission(api, team_headers):

@@ -221,3 +221,32 @@ def test_a_node_lost_once_its_job_runs_vanished(tmp_path):
     os.killpg(node["pid"], signal.SIGKILL)
     assert _wait_gone(node["pid"])
     assert launcher.status(handle).state == RunState.GONE
+
+
+def test_the_nodes_of_an_attempt_meet_on_one_free_port_of_its_own(tmp_path):
+    """Every node of a local attempt is this host: a port the job made from its
+    attempt's id (which another broker's database repeats) was once taken, and
+    the next attempt's trainers exited 1 as it resumed. Each attempt of several
+    nodes gets a free port, the same on every node, as MASTER_ADDR/MASTER_PORT."""
+    import socket
+
+    launcher = LocalLauncher(tmp_path, 2)
+    req = replace(request(tmp_path, f'echo "$MASTER_ADDR:$MASTER_PORT" > {tmp_path}/meet-$SKYPILOT_NODE_RANK'),
+                  num_nodes=2)
+    seen = []
+    for attempt_id in (7, 8):
+        handle = launcher.launch(replace(req, attempt_id=attempt_id))
+        deadline = time.monotonic() + 15
+        while launcher.status(handle).state == RunState.RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert launcher.status(handle).state == RunState.SUCCEEDED
+        meets = {(tmp_path / f"meet-{rank}").read_text().strip() for rank in (0, 1)}
+        assert len(meets) == 1, meets  # both nodes agree
+        addr, port = meets.pop().split(":")
+        assert addr == "127.0.0.1" and 1024 <= int(port) < 65536
+        with socket.socket() as s:
+            s.bind(("", int(port)))  # free once the attempt has ended
+        seen.append(int(port))
+    assert launcher.job_env(req, 0, tmp_path, False)["MASTER_PORT"] == str(seen[0])  # kept for a relaunch
+    assert "MASTER_PORT" not in launcher.job_env(replace(req, num_nodes=1, attempt_id=9), 0, tmp_path, False)

@@ -124,3 +124,24 @@ def test_user_files_named_agent_and_api_do_not_shadow_the_package(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     # Ours imported fine; then the user's own modules were found, as they should be.
     assert "the user agent.py was imported" in r.stderr
+
+
+def test_job_shows_a_tenants_output_and_reasons_without_their_control_characters(capsys):
+    """A failed pre-flight's tail is the trainer's output: its escape sequences
+    reached the operator's terminal through `spotbroker job ID` (and a reason
+    or an event quoting it, through `job` and `jobs`)."""
+    from spotbroker.broker.cli.jobs import print_job, short_reason
+
+    evil = "boom\x1b]0;owned\x07\x1b[2J\rover\x9b31m [bold]x[/]\nnext line"
+    attempt = {"id": 7, "preflight": True, "state": "FAILED", "reason": evil, "cloud": "aws", "region": "us-east-1",
+               "zone": None, "zone_id": None, "instance_type": "m5.large", "use_spot": True, "price_per_hour": 0.1,
+               "started_at": None, "ended_at": None, "cost": 0.0}
+    job = {"id": 3, "name": "pf", "state": "FAILED", "reason": f"preflight_failed: {evil}", "cost": 0.0,
+           "attempts": [attempt], "preflight": {"status": "failed", "why": evil, "tail": evil}}
+    events = [{"at": "2026-11-28T10:00:00.000", "type": "preflight_failed", "attempt_id": 7,
+               "data": {"why": evil, "tail": evil}}]
+    print_job(job, events)
+    shown = capsys.readouterr().out + short_reason(job)
+    assert not {"\x1b", "\x07", "\x9b", "\r"} & set(shown), repr(shown)
+    assert "boom\\x1b]0;owned\\x07\\x1b[2J\\x0dover\\x9b31m [bold]x[/]" in shown  # escaped, and no markup of its own
+    assert "next line" in shown

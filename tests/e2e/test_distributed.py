@@ -27,6 +27,9 @@ DDP = Path(__file__).resolve().parents[2] / "examples" / "ddp_train.py"
 ARGS = "--steps 60 --seed 3 --every-steps 1000 --log-every 1 --step-seconds 0.15"
 TORCHRUN = "python -m torch.distributed.run"
 RESOURCES = {"accelerators": "T4:1", "infra": "aws"}
+# Two nodes of one: where they meet is the launcher's MASTER_ADDR and MASTER_PORT, the attempt's own.
+MEET = ("--nnodes=2 --nproc_per_node=1 --node_rank=$SKYPILOT_NODE_RANK --master_addr=$MASTER_ADDR "
+        "--master_port=$MASTER_PORT")
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +55,27 @@ def submit(api, h, name: str, run: str, num_nodes: int = 1) -> int:
 
 def events_of(api, h, job_id: int) -> list[dict]:
     return api.get(f"/v1/jobs/{job_id}/events", headers=h).json()["events"]
+
+
+def explain(api, h, job_id: int, settings, kept: Path) -> str:
+    """What a failed run shows: its timeline, each attempt's log and each
+    node's own output (its agent's lines and the trainer's), the tails
+    printed and the whole kept under `kept` (the data directory is removed
+    with the test)."""
+    parts = [timeline(api, h, job_id)]
+    for attempt in api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"]:
+        log = api.get(f"/v1/jobs/{job_id}/logs", params={"attempt": attempt["id"]}, headers=h).text
+        parts.append(f"--- attempt {attempt['id']} ({attempt['state']}, {attempt['reason']}): its log's tail\n"
+                     + "\n".join(log.splitlines()[-40:]))
+        run_dir = Path(settings.data_dir) / "runs" / str(attempt["id"])
+        for out in sorted(run_dir.glob("node-*.out")) + sorted(run_dir.glob("node-*/agent/*.log")):
+            text = out.read_text(errors="replace")
+            copy = kept / str(attempt["id"]) / out.relative_to(run_dir)
+            copy.parent.mkdir(parents=True, exist_ok=True)
+            copy.write_text(text)
+            parts.append(f"--- {out.relative_to(run_dir.parent)} (kept: {copy}): its tail\n"
+                         + "\n".join(text.splitlines()[-40:]))
+    return "\n".join(parts)
 
 
 def assert_one_flush_for_every_rank(api, h, job: dict, ranks: int, layout: str = "stream") -> None:
@@ -80,11 +104,11 @@ def test_torchrun_workers_flush_one_step_and_resume_there(api, team_headers, uni
 
 
 def test_a_notice_on_the_second_node_flushes_both_and_the_job_resumes_once(api, team_headers, settings,
-                                                                           uninterrupted_loss):
+                                                                           uninterrupted_loss, tmp_path):
     h = team_headers()
-    # Each attempt its own rendezvous port: the next attempt may start before the last one's processes end.
-    run = (f"{TORCHRUN} --nnodes=2 --nproc_per_node=1 --node_rank=$SKYPILOT_NODE_RANK --master_addr=127.0.0.1 "
-           f"--master_port=$((20000 + SPOTBROKER_ATTEMPT_ID % 20000)) ddp_train.py {ARGS}")
+    # The launcher's rendezvous for the attempt (broker/launch/local_rendezvous.py): a port made from the
+    # attempt's id was once taken (another worker's attempt of the same id), and the second attempt failed.
+    run = f"{TORCHRUN} {MEET} ddp_train.py {ARGS}"
     job_id = submit(api, h, "two-nodes", run, num_nodes=2)
     wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
     wait_for(lambda: "step=5 " in api.get(f"/v1/jobs/{job_id}/logs", headers=h).text, timeout=60,
@@ -96,8 +120,8 @@ def test_a_notice_on_the_second_node_flushes_both_and_the_job_resumes_once(api, 
     httpx.post(f"{sim_url}/_sim/preempt", json={"notice_seconds": 5}, headers={"X-Sim-Token": token},
                timeout=5).raise_for_status()
     job = wait_state(api, h, job_id, {"SUCCEEDED", "FAILED", "CANCELLED"}, timeout=150)
-    assert job["state"] == "SUCCEEDED", timeline(api, h, job_id)
-    assert len(job["attempts"]) == 2, timeline(api, h, job_id)  # preempted once, recovered once
+    assert job["state"] == "SUCCEEDED", explain(api, h, job_id, settings, tmp_path)
+    assert len(job["attempts"]) == 2, explain(api, h, job_id, settings, tmp_path)  # preempted once, recovered once
     events = events_of(api, h, job_id)
     notices = [e for e in events if e["type"] == "preemption_notice" and e["data"].get("kind") != "drain"]
     assert [e["data"].get("node") for e in notices] == [1]  # node 1's own notice, and only it
@@ -114,9 +138,7 @@ def test_a_node_that_vanishes_without_a_notice_recovers_the_job_from_its_newest_
     simulator's hard stop does): node 0 is stopped too, the job recovers, and
     the next attempt starts at the newest step committed before the loss."""
     h = team_headers()
-    run = (f"{TORCHRUN} --nnodes=2 --nproc_per_node=1 --node_rank=$SKYPILOT_NODE_RANK --master_addr=127.0.0.1 "
-           f"--master_port=$((20000 + SPOTBROKER_ATTEMPT_ID % 20000)) ddp_train.py "
-           f"{ARGS.replace('--every-steps 1000', '--every-steps 10')}")
+    run = f"{TORCHRUN} {MEET} ddp_train.py {ARGS.replace('--every-steps 1000', '--every-steps 10')}"
     job_id = submit(api, h, "node-vanishes", run, num_nodes=2)
     wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
     first = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][0]
