@@ -37,7 +37,9 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.jobs import limits, reasons
+from spotbroker.broker.jobs import reasons
+from spotbroker.broker.jobs.preflight import wanted as preflight_wanted
+from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
@@ -46,11 +48,7 @@ from spotbroker.broker.jobs.states import (
     JobState,
     transition,
 )
-from spotbroker.broker.launch.base import (
-    Launcher,
-    RunState,
-    RunStatus,
-)
+from spotbroker.broker.launch.base import Launcher
 from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
 from spotbroker.broker.money import storage as checkpoint_storage
@@ -64,6 +62,7 @@ from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job, SpotProbe
+from spotbroker.broker.teampolicy import limits
 
 log = logging.getLogger(__name__)
 
@@ -286,7 +285,7 @@ class Reconciler:
             placements, why = self.launching.bounded(within), choice.reason
         else:
             placements, why = (LOCAL_PLACEMENT,), host_reason(spec)
-        if (flight := preflight.wanted(job, spec)):  # its trial run first, where a CPU job would run
+        if (flight := preflight_wanted(job, spec)):  # its trial run first, where a CPU job would run
             planned = preflight.plan(self.placer, self.launching, session, job, spec, placements[0])
             if planned is None or isinstance(planned, str):  # (failed: no place can run it; or it waits)
                 if planned is not None:

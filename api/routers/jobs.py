@@ -26,12 +26,18 @@ from spotbroker.api.schemas import (
     JobSubmitted,
     SubmitWarning,
 )
-from spotbroker.broker.jobs import buckets, execlimits, intake, mounts, resfields, taskyaml, uploads
-from spotbroker.broker.jobs import service as jobs
-from spotbroker.broker.jobs.spec import (MAX_NODES, MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError,
-                                         load_document)
+from spotbroker.broker.jobs import buckets, execlimits, mounts, resfields, uploads
+from spotbroker.broker.jobs.spec import (
+    MAX_NODES,
+    MAX_SPEC_BYTES,
+    JobSpec,
+    SpecShapeError,
+    SpecSyntaxError,
+    load_document,
+)
 from spotbroker.broker.jobs.states import JobState
 from spotbroker.broker.store.db import retrying, transaction
+from spotbroker.broker.usecases import intake, jobs, taskyaml
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

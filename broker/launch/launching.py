@@ -23,10 +23,17 @@ from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import footprint
 from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.preflight import trial as preflight_trial
+from spotbroker.broker.jobs.runs import RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.jobs.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, EndReason, JobState,
-                                           transition)
-from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LauncherUnavailable, RunStatus
+from spotbroker.broker.jobs.states import (
+    LIVE_ATTEMPT_STATES,
+    LIVE_JOB_STATES,
+    AttemptState,
+    EndReason,
+    JobState,
+    transition,
+)
+from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LauncherUnavailable
 from spotbroker.broker.launch.request import launch_request
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.pricing.offers import Placement

@@ -54,7 +54,8 @@ import httpx
 
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
-from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
+from spotbroker.broker.jobs.runs import RunState, RunStatus
+from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest
 from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers
 from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
 from spotbroker.broker.pricing.offers import Placement

@@ -56,12 +56,12 @@ from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
 from spotbroker.agent.mounts import Mount
+from spotbroker.broker.checkpoints.uris import attempt_prefix, job_prefix
 from spotbroker.broker.jobs import buckets, mounts, uploads
 from spotbroker.broker.jobs.spec import JobSpec, WorkdirUpload
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.launch import azure_sas
 from spotbroker.broker.launch.base import LaunchError
-from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.models import Attempt, Team
 

@@ -22,9 +22,9 @@ from sqlalchemy.orm import Session
 from spotbroker.broker.jobs.states import RECLAIMED
 from spotbroker.broker.money import alerts, budgets, ledger, service, storage, views
 from spotbroker.broker.money.alerts import WINDOWS
-from spotbroker.broker.money.models import Alert, Budget
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.models import Attempt, Job, Team
+from spotbroker.broker.store.moneymodels import Alert, Budget
 
 TOP_JOBS = 8
 _RECLAIMED = frozenset(str(r) for r in RECLAIMED)

@@ -50,8 +50,8 @@ from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.spec import CLOUDS
 from spotbroker.broker.jobs.states import EndReason, JobState
 from spotbroker.broker.money import budgets, leases, ops_metrics
-from spotbroker.broker.money.models import Budget, LedgerEntry
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Team
+from spotbroker.broker.store.moneymodels import Budget, LedgerEntry
 
 # Seconds a flush may take: a notice gives 120 s (AWS) or 30 s (GCP, Azure).
 FLUSH_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0)

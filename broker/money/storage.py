@@ -30,10 +30,10 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.agent.checkpoint.coldtier import cold_tier, data_keys
-from spotbroker.broker.money.models import CheckpointTier
 from spotbroker.broker.money.settings import MoneySettings, get_money_settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Checkpoint, Job, TeamPolicy
+from spotbroker.broker.store.moneymodels import CheckpointTier
 
 log = logging.getLogger("spotbroker.money")
 BATCH = 200          # checkpoints archived per pass (the rest wait for the next)

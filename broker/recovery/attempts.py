@@ -46,6 +46,7 @@ from sqlalchemy.orm import Session
 from spotbroker.agent import protocol
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import reasons
+from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
@@ -55,9 +56,7 @@ from spotbroker.broker.jobs.states import (
     JobState,
     transition,
 )
-from spotbroker.broker.launch.base import RunState, RunStatus
-from spotbroker.broker.recovery import preflight
-from spotbroker.broker.recovery import earlystop
+from spotbroker.broker.recovery import earlystop, preflight
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 A, J, E = AttemptState, JobState, EndReason

@@ -20,16 +20,17 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import limits, logs, reasons
+from spotbroker.broker.jobs import logs, reasons
+from spotbroker.broker.jobs.preflight import FAILED, PASSED, STARTED, trial
+from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
-from spotbroker.broker.launch.base import RunState, RunStatus
-from spotbroker.broker.jobs.preflight import trial
+from spotbroker.broker.money.costs import job_costs
 from spotbroker.broker.placement.host import on_host
 from spotbroker.broker.placement.policy import Action
-from spotbroker.broker.money.costs import job_costs
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.store.models import Attempt, Event, Job
+from spotbroker.broker.teampolicy import limits
 
 if TYPE_CHECKING:  # (the placer reads checkpoints through the agent channel, which ends attempts here)
     from spotbroker.broker.placement.placer import Placer
@@ -37,16 +38,6 @@ if TYPE_CHECKING:  # (the placer reads checkpoints through the agent channel, wh
 A, J, E = AttemptState, JobState, EndReason
 TAIL_LINES = 20
 TAIL_BYTES = 4096
-STARTED, PASSED, FAILED = "preflight_started", "preflight_passed", "preflight_failed"
-
-
-def wanted(job: Job, spec: JobSpec) -> bool:
-    """Whether the job's next attempt is its pre-flight: it asks for one, and
-    none has passed yet."""
-    return spec.preflight is not None and not any(
-        a.preflight and a.state == A.SUCCEEDED for a in job.attempts)
-
-
 def plan(placer: Placer, launching: Any, session: Session, job: Job, spec: JobSpec,
          gpu: Placement) -> tuple[JobSpec, tuple[Placement, ...], str] | str | None:
     """The pre-flight of a job the policy would launch on `gpu`: its spec (the

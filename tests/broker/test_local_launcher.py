@@ -11,7 +11,8 @@ from helpers import processes
 
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import start_time
-from spotbroker.broker.launch.base import LaunchRequest, RunState
+from spotbroker.broker.jobs.runs import RunState
+from spotbroker.broker.launch.base import LaunchRequest
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT
 

@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
+from spotbroker.broker.checkpoints.uris import (  # CheckpointUnverified: the API catches it from here
+    CheckpointUnverified,
+    attempt_prefix,
+    checkpoint_uri,
+    verify_and_keep,
+)
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import logs, reasons, sealed
 from spotbroker.broker.jobs.spec import JobSpec, public
@@ -22,12 +28,6 @@ from spotbroker.broker.jobs.states import (
     transition,
 )
 from spotbroker.broker.launch.base import Launcher, LaunchError
-from spotbroker.broker.recovery.checkpoints import (  # CheckpointUnverified: the API catches it from here
-    CheckpointUnverified,
-    attempt_prefix,
-    checkpoint_uri,
-    verify_and_keep,
-)
 from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, JobLabel, Team
 from spotbroker.broker.store.sealing import Keyring
 
