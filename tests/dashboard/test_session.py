@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 
 from spotbroker.api.dashboard import session
 from spotbroker.broker import auth
-from spotbroker.broker.money import sessions
+from spotbroker.broker.auth import sessions
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import ApiToken
