@@ -36,6 +36,7 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
+from spotbroker.broker.checkpoints import coldtier
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.preflight import wanted as preflight_wanted
@@ -51,7 +52,6 @@ from spotbroker.broker.jobs.states import (
 from spotbroker.broker.launch.base import Launcher
 from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
-from spotbroker.broker.money import storage as checkpoint_storage
 from spotbroker.broker.placement.host import host_reason, on_host, unlaunchable
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
@@ -312,7 +312,7 @@ class Reconciler:
         return (unlaunchable(job, spec, self.keyring, self.launchers, self.settings)
                 or hardcap.budget_hold(session, job, self.clock)
                 or limits.team_hold(session, job, spec, self.settings.cpu_jobs_on_host)
-                or checkpoint_storage.resume_hold(session, job, self.clock.now()))
+                or coldtier.resume_hold(session, job, self.clock.now()))
 
     def _reconsider_hold(self, session: Session, job: Job) -> None:
         """A HELD job goes back to being placed once what held it is gone; it is

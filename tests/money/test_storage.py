@@ -15,7 +15,7 @@ from spotbroker.agent import protocol
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.request import launch_request
-from spotbroker.broker.money import storage
+from spotbroker.broker.checkpoints import coldtier as storage
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
