@@ -49,6 +49,7 @@ from spotbroker.broker.jobs.states import (
     JobState,
     transition,
 )
+from spotbroker.broker.jobs.stored import spec_of
 from spotbroker.broker.launch.base import Launcher
 from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
@@ -262,7 +263,7 @@ class Reconciler:
     def _place(self, session: Session, job: Job) -> tuple[Attempt | None, tuple[Placement, ...]]:
         """The job's first attempt on what the policy chose, and the placements to
         fail over to; (None, ()) when it is to wait, or cannot run at all."""
-        spec = JobSpec.model_validate(job.spec)
+        spec = spec_of(job)
         now = self.clock.now()
         if recovery.recoveries_exhausted(session, job, recovery.Bounds.from_settings(self.settings), self.clock):
             return None, ()
@@ -317,7 +318,7 @@ class Reconciler:
     def _reconsider_hold(self, session: Session, job: Job) -> None:
         """A HELD job goes back to being placed once what held it is gone; it is
         looked at again every placement interval until then."""
-        if (hold := self._why_held(session, job, JobSpec.model_validate(job.spec))) is not None:
+        if (hold := self._why_held(session, job, spec_of(job))) is not None:
             # a team's GPUs at once free up as its attempts end: looked at again soon
             wait = self.settings.reconcile_interval if limits.HELD in hold else self.settings.placement_interval
             job.next_check_at = self.clock.now() + timedelta(seconds=wait)
@@ -337,7 +338,7 @@ class Reconciler:
         job.next_check_at = self.launching.deadline_check(job)
         if job.next_check_at is None:  # no deadline: nothing to watch
             return
-        spec, now = JobSpec.model_validate(job.spec), self.clock.now()
+        spec, now = spec_of(job), self.clock.now()
         attempt = next((a for a in job.attempts if a.state == A.RUNNING and a.handle is not None), None)
         if attempt is None or attempt.started_at is None:
             return

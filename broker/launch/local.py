@@ -191,8 +191,8 @@ class LocalLauncher:
             "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * request.num_nodes),
             "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",
-            "SPOTBROKER_CLOUD": p.cloud, "SPOTBROKER_REGION": p.region or "",
-            "SPOTBROKER_ZONE": p.zone or p.zone_id or "", "SPOTBROKER_INSTANCE_TYPE": p.instance_type or "",
+            protocol.ENV_CLOUD: p.cloud, protocol.ENV_REGION: p.region or "",
+            protocol.ENV_ZONE: p.zone or p.zone_id or "", protocol.ENV_INSTANCE_TYPE: p.instance_type or "",
             **request.extra_env,
             **request.storage_env,  # the node's own credentials, scoped to the job (none for a file:// root)
         }
@@ -200,7 +200,7 @@ class LocalLauncher:
             env["SPOTBROKER_MOUNT_ROOT"] = str(node_dir / "fs")
         env.pop(protocol.ENV_AGENT_TOKEN, None)  # in no process's environment, which its uid could read
         if with_agent and p.cloud in SIMULATED_CLOUDS and self.notice_window is not None:
-            env["SPOTBROKER_NOTICE_WINDOW"] = f"{self.notice_window:g}"  # GCP publishes no deadline
+            env[protocol.ENV_NOTICE_WINDOW] = f"{self.notice_window:g}"  # GCP publishes no deadline
         return env
 
     def _simulator_args(self, cloud: str) -> list[str]:

@@ -257,7 +257,7 @@ def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
     while time.monotonic() < deadline:
         text = url_file.read_text()
         if "\n" in text:  # the simulator prints its URL as one line once it listens
-            spec.env["SPOTBROKER_METADATA_URL"] = text.split("\n", 1)[0].strip()
+            spec.env[protocol.ENV_METADATA_URL] = text.split("\n", 1)[0].strip()
             return sim
         if sim.poll() is not None:
             break

@@ -25,6 +25,7 @@ from spotbroker.broker.jobs.preflight import FAILED, PASSED, STARTED, trial
 from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
+from spotbroker.broker.jobs.stored import spec_of
 from spotbroker.broker.money.costs import job_costs
 from spotbroker.broker.placement.host import on_host
 from spotbroker.broker.placement.policy import Action
@@ -74,7 +75,7 @@ def timeout_at(job: Job) -> datetime | None:
     attempt = next((a for a in job.attempts if a.preflight and a.state in LIVE_ATTEMPT_STATES), None)
     if attempt is None:
         return None
-    return attempt.created_at + timedelta(seconds=JobSpec.model_validate(job.spec).preflight.timeout)
+    return attempt.created_at + timedelta(seconds=spec_of(job).preflight.timeout)
 
 
 def watch(session: Session, job: Job, clock: Clock) -> bool:
@@ -88,7 +89,7 @@ def watch(session: Session, job: Job, clock: Clock) -> bool:
         return True
     attempt = next(a for a in job.attempts if a.preflight and a.state in LIVE_ATTEMPT_STATES)
     attempt.released = False  # whatever still runs is stopped by the release phase
-    timeout = JobSpec.model_validate(job.spec).preflight.timeout
+    timeout = spec_of(job).preflight.timeout
     transition(session, attempt, A.FAILED, reason=f"pre-flight timed out after {timeout} s", end=E.FAILED,
                clock=clock)
     _failed(session, job, attempt, f"timed out after {timeout} s", clock)
