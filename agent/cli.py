@@ -137,7 +137,7 @@ def _read_variables(fd: int) -> dict[str, str]:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def simulator(args: tuple[str, ...]) -> None:
     """Serve a simulated cloud metadata service (see --help of the simulator)."""
-    from spotbroker.agent.simulator.cli import main
+    from spotbroker.agent.metadata_sim.cli import main
 
     main(list(args))
 

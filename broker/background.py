@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import tracker as energy_tracker
 from spotbroker.broker.energy.settings import EnergySettings, energy_settings
-from spotbroker.broker.launch.skypilot import service as skypilot
+from spotbroker.broker.launch.skypilot import startup as skypilot
 from spotbroker.broker.money import leases as money_leases
 from spotbroker.broker.money.loop import MoneyLoop
 from spotbroker.broker.money.settings import get_money_settings

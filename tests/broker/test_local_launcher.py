@@ -169,7 +169,7 @@ def test_a_node_stopped_while_it_starts_ends_with_a_code_and_never_vanishes(tmp_
 
 def _simulators_of(node_pid: int) -> list[int]:
     return [pid for pid, argv in processes("cmdline")
-            if b"spotbroker.agent.simulator" in argv and str(node_pid).encode() in argv and start_time(pid)]
+            if b"spotbroker.agent.metadata_sim" in argv and str(node_pid).encode() in argv and start_time(pid)]
 
 
 def test_a_node_stopped_while_it_starts_leaves_no_simulator_behind(tmp_path):

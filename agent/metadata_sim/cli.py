@@ -1,4 +1,4 @@
-"""``python -m spotbroker.agent.simulator``: one simulated metadata service in
+"""``python -m spotbroker.agent.metadata_sim``: one simulated metadata service in
 its own process, as the local launcher starts one per attempt. The first line
 it prints is its URL. With SPOTBROKER_SIM_CONTROL_TOKEN set, its `/_sim/`
 control endpoints answer only requests whose `X-Sim-Token` header carries it."""
@@ -10,11 +10,11 @@ import signal
 import threading
 from datetime import UTC, datetime
 
-from spotbroker.agent.simulator.service import CLOUDS, CONTROL_TOKEN_ENV, FAULT_MODES, MetadataSimulator
+from spotbroker.agent.metadata_sim.instance import CLOUDS, CONTROL_TOKEN_ENV, FAULT_MODES, MetadataSimulator
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m spotbroker.agent.simulator",
+    parser = argparse.ArgumentParser(prog="python -m spotbroker.agent.metadata_sim",
                                      description="A metadata-service simulator that speaks AWS, GCP and Azure "
                                                  "as documented.")
     parser.add_argument("--cloud", choices=CLOUDS, default="aws")
