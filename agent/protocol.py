@@ -52,6 +52,9 @@ ENV_MOUNTS = "SPOTBROKER_MOUNTS"
 # Seconds between a notice without a deadline (GCP, a drain) and the hard stop, when the launcher
 # knows better than the agent's default (the local launcher's simulated GCP window).
 ENV_NOTICE_WINDOW = "SPOTBROKER_NOTICE_WINDOW"
+# The metadata-service simulator's control token (agent/metadata_sim/), from the local launcher's
+# node: an environment variable, not an argument (arguments are readable by every user in /proc).
+ENV_SIM_CONTROL_TOKEN = "SPOTBROKER_SIM_CONTROL_TOKEN"
 
 # --- The attempt's own storage credentials, scoped to its job (the broker mints
 # them: broker/launch/storage_credentials.py). They are spotbroker's alone: never

@@ -51,7 +51,6 @@ from typing import Any
 from spotbroker.agent import proctree, protocol
 from spotbroker.agent.logbound import BoundedWriter
 from spotbroker.agent.code import CodeError
-from spotbroker.agent.metadata_sim.instance import CONTROL_TOKEN_ENV
 from spotbroker.broker.launch import local_mounts
 
 ERROR_EXIT = 125  # provisioning failed before the job's command ran
@@ -252,7 +251,7 @@ def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
         sim = subprocess.Popen([sys.executable, "-m", "spotbroker.agent.metadata_sim", *spec.simulator,
                                 "--kill-at-hard-stop", str(os.getpid())],
                                stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                               env={**os.environ, CONTROL_TOKEN_ENV: token})
+                               env={**os.environ, protocol.ENV_SIM_CONTROL_TOKEN: token})
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         text = url_file.read_text()
