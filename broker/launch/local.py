@@ -56,7 +56,7 @@ from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest
-from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers
+from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers, secure_data_dir
 from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
 from spotbroker.broker.pricing.offers import Placement
 
@@ -375,22 +375,6 @@ def _local_buckets(mounts) -> list[str]:
     given to the job's user like its checkpoint prefixes."""
     return [unquote(urlparse(m.uri).path).rstrip("/") for m in mounts
             if m.kind == "bucket" and not m.read_only and m.uri.startswith("file://")]
-
-
-def secure_data_dir(data_dir: Path) -> None:
-    """When jobs run as another user: they may enter the data directory (to
-    reach their own run and checkpoint directories) but not list it, and the
-    database, the secret key and the logs are the broker's alone."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    data_dir.chmod(0o711)
-    for name in ("runs", "checkpoints"):
-        (data_dir / name).mkdir(exist_ok=True)
-        (data_dir / name).chmod(0o711)
-    (data_dir / "logs").mkdir(exist_ok=True)
-    (data_dir / "logs").chmod(0o700)
-    for path in data_dir.iterdir():
-        if path.is_file():
-            path.chmod(0o600)
 
 
 def _write_json(path: Path, value: dict) -> None:
