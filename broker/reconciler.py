@@ -53,6 +53,7 @@ from spotbroker.broker.jobs.stored import spec_of
 from spotbroker.broker.launch.base import Launcher
 from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
+from spotbroker.broker.placement.histories import record_probes
 from spotbroker.broker.placement.host import host_reason, on_host, unlaunchable
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
@@ -62,7 +63,7 @@ from spotbroker.broker.recovery import preflight
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Attempt, Event, Job, SpotProbe
+from spotbroker.broker.store.models import Attempt, Event, Job
 from spotbroker.broker.teampolicy import limits
 
 log = logging.getLogger(__name__)
@@ -371,23 +372,12 @@ class Reconciler:
             job.next_check_at = self.launching.deadline_check(job)
 
     def _probe(self, placements: list[Placement]) -> None:
-        """Ask for spot capacity where the policy wants to watch a zone's spell;
-        record each answer (launchers without `probe` are not asked)."""
-        rows = []
-        for p in placements:
-            probe = getattr(self.launchers.get(self.launching.launcher_for(p)), "probe", None)
-            if probe is None:
-                continue
-            try:
-                available = bool(probe(p))
-            except Exception as exc:  # a probe is advice: never let it stop a pass
-                log.warning("probing %s failed: %s", p.place, exc)
-                continue
-            rows.append(SpotProbe(cloud=p.cloud, region=p.region, zone=p.zone, zone_id=p.zone_id,
-                                  instance_type=p.instance_type, available=available, at=self.clock.now()))
-        if rows:
-            with transaction(self.factory) as session:
-                session.add_all(rows)
+        """Ask for spot capacity where the policy wants to watch a zone's spell
+        (launchers without `probe` are not asked); the answers are stored."""
+        def probe_for(p: Placement):
+            return getattr(self.launchers.get(self.launching.launcher_for(p)), "probe", None)
+
+        record_probes(self.factory, placements, probe_for, self.clock.now)
 
     def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> bool:
         """Apply what a launcher said of an attempt's run. True when it was a
