@@ -20,14 +20,14 @@ from spotbroker.agent.protocol import (
     ENV_CLOUD,
     ENV_JOB_ID,
     ENV_METADATA_URL,
+    ENV_NOTICE_WINDOW,
     ENV_TRAINER_ENV_FD,
 )
 
-# The agent's own settings (not part of protocol.py: only the launcher and the agent use them).
+# The agent's own settings (not part of protocol.py: no broker sets them).
 ENV_WORK_DIR = "SPOTBROKER_AGENT_DIR"  # outbox, trainer log, control dirs
 ENV_HEARTBEAT = "SPOTBROKER_HEARTBEAT_SECONDS"
 ENV_POLL = "SPOTBROKER_POLL_SECONDS"
-ENV_NOTICE_WINDOW = "SPOTBROKER_NOTICE_WINDOW"  # e.g. the local launcher's simulated GCP window
 ENV_CREDENTIALS_LEAD = "SPOTBROKER_CREDENTIALS_LEAD_SECONDS"
 
 
@@ -137,7 +137,7 @@ def _read_variables(fd: int) -> dict[str, str]:
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 def simulator(args: tuple[str, ...]) -> None:
     """Serve a simulated cloud metadata service (see --help of the simulator)."""
-    from spotbroker.agent.simulator.cli import main
+    from spotbroker.agent.metadata_sim.cli import main
 
     main(list(args))
 

@@ -38,8 +38,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from spotbroker.agent.code import CodeError, fetch_code
+from spotbroker.agent.protocol import ENV_MOUNTS
 
-ENV_MOUNTS = "SPOTBROKER_MOUNTS"
 KINDS = ("dir", "file", "bucket")
 
 

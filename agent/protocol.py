@@ -40,6 +40,21 @@ ENV_PREFLIGHT_STEPS = "SPOTBROKER_PREFLIGHT_STEPS"
 # The job's `early_stop` as JSON ({"metric", "mode", "min_delta", "min_steps", "patience"}), or unset:
 # with it the library checkpoints each report that improves the metric (the best weights).
 ENV_EARLY_STOP = "SPOTBROKER_EARLY_STOP"
+# Where the attempt runs, for the trainer (and the job's own scripts).
+ENV_REGION = "SPOTBROKER_REGION"
+ENV_ZONE = "SPOTBROKER_ZONE"
+ENV_INSTANCE_TYPE = "SPOTBROKER_INSTANCE_TYPE"
+# The job's uploaded workdir (broker/jobs/uploads.py): each node fetches it and checks its sha256 (agent/code.py).
+ENV_CODE_URI = "SPOTBROKER_CODE_URI"
+ENV_CODE_SHA256 = "SPOTBROKER_CODE_SHA256"
+# The job's file mounts as resolved by the broker (agent/mounts.py: `encode`), placed before `setup`.
+ENV_MOUNTS = "SPOTBROKER_MOUNTS"
+# Seconds between a notice without a deadline (GCP, a drain) and the hard stop, when the launcher
+# knows better than the agent's default (the local launcher's simulated GCP window).
+ENV_NOTICE_WINDOW = "SPOTBROKER_NOTICE_WINDOW"
+# The metadata-service simulator's control token (agent/metadata_sim/), from the local launcher's
+# node: an environment variable, not an argument (arguments are readable by every user in /proc).
+ENV_SIM_CONTROL_TOKEN = "SPOTBROKER_SIM_CONTROL_TOKEN"
 
 # --- The attempt's own storage credentials, scoped to its job (the broker mints
 # them: broker/launch/storage_credentials.py). They are spotbroker's alone: never
@@ -64,8 +79,7 @@ PER_ATTEMPT_ENV = frozenset({
     ENV_BROKER_URL, ENV_AGENT_TOKEN, ENV_AGENT_TOKEN_FD, ENV_TRAINER_ENV_FD, ENV_JOB_ID, ENV_ATTEMPT_ID, ENV_CLOUD,
     ENV_METADATA_URL,
     ENV_CHECKPOINT_URI, ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, ENV_EARLY_STOP,
-    "SPOTBROKER_REGION", "SPOTBROKER_ZONE",
-    "SPOTBROKER_INSTANCE_TYPE", "SPOTBROKER_CODE_URI", "SPOTBROKER_CODE_SHA256",
+    ENV_REGION, ENV_ZONE, ENV_INSTANCE_TYPE, ENV_CODE_URI, ENV_CODE_SHA256,
     ENV_STORAGE_CREDENTIALS, ENV_STORAGE_CREDENTIALS_FILE, ENV_PREFLIGHT, ENV_PREFLIGHT_STEPS})
 
 # --- Trainer <-> agent, through files in the control directory.

@@ -32,7 +32,7 @@ from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.logimport import import_disk_logs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
-from spotbroker.broker.money.metrics import MoneyCollector
+from spotbroker.broker.metrics.collector import MoneyCollector
 from spotbroker.broker.money.settings import get_money_settings
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler

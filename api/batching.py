@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.api.schemas import JobOut
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.sealing import Keyring
+from spotbroker.broker.usecases import jobs
 
 MAX_BATCH = 200
 

@@ -1,4 +1,4 @@
-"""This process's own metrics, beside the deployment's (broker/money/metrics.py):
+"""This process's own metrics, beside the deployment's (broker/metrics/collector.py):
 every HTTP request counted and timed by route template (`/v1/jobs/{job_id}`,
 never the raw path, so that the number of series stays bounded), and the
 process's CPU, memory, file descriptors and Python runtime (prometheus_client's

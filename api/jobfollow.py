@@ -1,6 +1,6 @@
 """Following a job across its attempts (`GET /v1/jobs/{id}/logs?follow=true`
 without `attempt`): each attempt's output in order, a line of the job's
-story (broker/jobs/narration.py) at each change, and the stream ends when
+story (broker/usecases/narration.py) at each change, and the stream ends when
 the job does, with its final state.
 
 It waits as attempt followers do (api/following.py): on the event loop, on
@@ -17,8 +17,9 @@ from contextlib import aclosing
 import anyio.to_thread
 
 from spotbroker.api.following import Followers
-from spotbroker.broker.jobs import logs, narration
-from spotbroker.broker.jobs.narration import JobView, line
+from spotbroker.broker.jobs import logs
+from spotbroker.broker.usecases import narration
+from spotbroker.broker.usecases.narration import JobView, line
 
 # After an attempt ends, how long to wait for the next one before saying
 # why the job waits: a preemption and where the run resumes make one line.

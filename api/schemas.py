@@ -9,12 +9,11 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from sqlalchemy.orm import object_session
 
 from spotbroker.broker.energy import usage
-from spotbroker.broker.jobs.policy import Policy
 from spotbroker.broker.jobs.spec import SpecShapeError, check_shape, labels_of, public
 from spotbroker.broker.money import costs
-from spotbroker.broker.recovery import preflight
-from spotbroker.broker.recovery import earlystop
+from spotbroker.broker.recovery import earlystop, preflight
 from spotbroker.broker.store.models import Attempt, Event, Job
+from spotbroker.broker.teampolicy.policy import Policy
 
 
 def _bounded(value: dict[str, Any]) -> dict[str, Any]:

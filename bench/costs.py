@@ -54,11 +54,11 @@ from sqlalchemy import func, insert, select, text  # noqa: E402
 from spotbroker.broker.money import alerts, budgets  # noqa: E402
 from spotbroker.broker.money.accrual import Accruer  # noqa: E402
 from spotbroker.broker.money.loop import MoneyLoop  # noqa: E402
-from spotbroker.broker.money.models import Budget, LedgerEntry  # noqa: E402
 from spotbroker.broker.money.settings import MoneySettings  # noqa: E402
 from spotbroker.broker.store import migrate  # noqa: E402
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction  # noqa: E402
 from spotbroker.broker.store.models import Attempt, Job, JobLabel, Team  # noqa: E402
+from spotbroker.broker.store.moneymodels import Budget, LedgerEntry  # noqa: E402
 from spotbroker.broker.store.sealing import Keyring  # noqa: E402
 
 ADMIN = "bench-admin-token"

@@ -34,7 +34,6 @@ from sqlalchemy import insert
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.placement.placer import Placer, load_histories
 from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
@@ -42,6 +41,7 @@ from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.usecases import jobs
 
 T4 = {"accelerators": "T4:1"}
 

@@ -20,7 +20,6 @@ from _db import temporary_database
 from sqlalchemy import func, select
 
 from spotbroker.broker import auth
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing.offers import seed_from_catalog
@@ -29,6 +28,7 @@ from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.usecases import jobs
 
 
 def bench(kind: str, n_jobs: int, passes: int) -> None:

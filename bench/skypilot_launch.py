@@ -35,7 +35,6 @@ from types import SimpleNamespace
 from _db import temporary_database
 
 from spotbroker.broker import auth
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.skypilot.follow import Seen
 from spotbroker.broker.launch.skypilot.launcher import SkyPilotLauncher, cluster_name
@@ -45,6 +44,7 @@ from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.store.models import Job
+from spotbroker.broker.usecases import jobs
 
 WHERE = Placement(cloud="aws", region="us-east-1", zone="us-east-1b", zone_id="use1-az1", instance_type="g4dn.xlarge",
                   accelerator="T4", accelerator_count=1, use_spot=True, price_per_hour=0.2)

@@ -1,4 +1,4 @@
-"""What a team's policy and budget add to a submission (`broker/jobs/intake.py`):
+"""What a team's policy and budget add to a submission (`broker/usecases/intake.py`):
 the milliseconds of the one session that reads the team (policy, budget
 hold) before the spec, and of the limits' check for a team with a policy
 (its cheapest place for `max_price_per_hour`, its GPUs running).
@@ -18,12 +18,12 @@ from pathlib import Path
 from _db import temporary_database
 
 from spotbroker.broker import auth
-from spotbroker.broker.jobs import intake
-from spotbroker.broker.jobs import policy as policies
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.teampolicy import policy as policies
+from spotbroker.broker.usecases import intake
 
 SPEC = JobSpec.model_validate({"run": "python train.py", "resources": {"accelerators": "A100:1"}})
 POLICY = policies.Policy(envs={"MIXED_PRECISION": "bf16"}, allowed_accelerators=["A100", "H100"], max_nodes=4,

@@ -34,8 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import tracker as energy_tracker
 from spotbroker.broker.energy.settings import EnergySettings, energy_settings
-from spotbroker.broker.jobs import taskyaml
-from spotbroker.broker.launch.skypilot import service as skypilot
+from spotbroker.broker.launch.skypilot import startup as skypilot
 from spotbroker.broker.money import leases as money_leases
 from spotbroker.broker.money.loop import MoneyLoop
 from spotbroker.broker.money.settings import get_money_settings
@@ -46,6 +45,7 @@ from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.sealing import Keyring
 from spotbroker.broker.ticker import run_every
+from spotbroker.broker.usecases import taskyaml
 
 log = logging.getLogger("spotbroker")
 

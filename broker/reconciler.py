@@ -36,8 +36,11 @@ from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
+from spotbroker.broker.checkpoints import coldtier
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.jobs import limits, reasons
+from spotbroker.broker.jobs import reasons
+from spotbroker.broker.jobs.preflight import wanted as preflight_wanted
+from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
@@ -46,14 +49,11 @@ from spotbroker.broker.jobs.states import (
     JobState,
     transition,
 )
-from spotbroker.broker.launch.base import (
-    Launcher,
-    RunState,
-    RunStatus,
-)
+from spotbroker.broker.jobs.stored import spec_of
+from spotbroker.broker.launch.base import Launcher
 from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
-from spotbroker.broker.money import storage as checkpoint_storage
+from spotbroker.broker.placement.histories import record_probes
 from spotbroker.broker.placement.host import host_reason, on_host, unlaunchable
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
@@ -63,7 +63,8 @@ from spotbroker.broker.recovery import preflight
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Attempt, Event, Job, SpotProbe
+from spotbroker.broker.store.models import Attempt, Event, Job
+from spotbroker.broker.teampolicy import limits
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +264,7 @@ class Reconciler:
     def _place(self, session: Session, job: Job) -> tuple[Attempt | None, tuple[Placement, ...]]:
         """The job's first attempt on what the policy chose, and the placements to
         fail over to; (None, ()) when it is to wait, or cannot run at all."""
-        spec = JobSpec.model_validate(job.spec)
+        spec = spec_of(job)
         now = self.clock.now()
         if recovery.recoveries_exhausted(session, job, recovery.Bounds.from_settings(self.settings), self.clock):
             return None, ()
@@ -286,7 +287,7 @@ class Reconciler:
             placements, why = self.launching.bounded(within), choice.reason
         else:
             placements, why = (LOCAL_PLACEMENT,), host_reason(spec)
-        if (flight := preflight.wanted(job, spec)):  # its trial run first, where a CPU job would run
+        if (flight := preflight_wanted(job, spec)):  # its trial run first, where a CPU job would run
             planned = preflight.plan(self.placer, self.launching, session, job, spec, placements[0])
             if planned is None or isinstance(planned, str):  # (failed: no place can run it; or it waits)
                 if planned is not None:
@@ -313,12 +314,12 @@ class Reconciler:
         return (unlaunchable(job, spec, self.keyring, self.launchers, self.settings)
                 or hardcap.budget_hold(session, job, self.clock)
                 or limits.team_hold(session, job, spec, self.settings.cpu_jobs_on_host)
-                or checkpoint_storage.resume_hold(session, job, self.clock.now()))
+                or coldtier.resume_hold(session, job, self.clock.now()))
 
     def _reconsider_hold(self, session: Session, job: Job) -> None:
         """A HELD job goes back to being placed once what held it is gone; it is
         looked at again every placement interval until then."""
-        if (hold := self._why_held(session, job, JobSpec.model_validate(job.spec))) is not None:
+        if (hold := self._why_held(session, job, spec_of(job))) is not None:
             # a team's GPUs at once free up as its attempts end: looked at again soon
             wait = self.settings.reconcile_interval if limits.HELD in hold else self.settings.placement_interval
             job.next_check_at = self.clock.now() + timedelta(seconds=wait)
@@ -338,7 +339,7 @@ class Reconciler:
         job.next_check_at = self.launching.deadline_check(job)
         if job.next_check_at is None:  # no deadline: nothing to watch
             return
-        spec, now = JobSpec.model_validate(job.spec), self.clock.now()
+        spec, now = spec_of(job), self.clock.now()
         attempt = next((a for a in job.attempts if a.state == A.RUNNING and a.handle is not None), None)
         if attempt is None or attempt.started_at is None:
             return
@@ -371,23 +372,12 @@ class Reconciler:
             job.next_check_at = self.launching.deadline_check(job)
 
     def _probe(self, placements: list[Placement]) -> None:
-        """Ask for spot capacity where the policy wants to watch a zone's spell;
-        record each answer (launchers without `probe` are not asked)."""
-        rows = []
-        for p in placements:
-            probe = getattr(self.launchers.get(self.launching.launcher_for(p)), "probe", None)
-            if probe is None:
-                continue
-            try:
-                available = bool(probe(p))
-            except Exception as exc:  # a probe is advice: never let it stop a pass
-                log.warning("probing %s failed: %s", p.place, exc)
-                continue
-            rows.append(SpotProbe(cloud=p.cloud, region=p.region, zone=p.zone, zone_id=p.zone_id,
-                                  instance_type=p.instance_type, available=available, at=self.clock.now()))
-        if rows:
-            with transaction(self.factory) as session:
-                session.add_all(rows)
+        """Ask for spot capacity where the policy wants to watch a zone's spell
+        (launchers without `probe` are not asked); the answers are stored."""
+        def probe_for(p: Placement):
+            return getattr(self.launchers.get(self.launching.launcher_for(p)), "probe", None)
+
+        record_probes(self.factory, placements, probe_for, self.clock.now)
 
     def _on_observed(self, session: Session, job: Job, attempt_id: int, status: RunStatus) -> bool:
         """Apply what a launcher said of an attempt's run. True when it was a

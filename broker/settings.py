@@ -202,15 +202,6 @@ class Settings(BaseSettings):
                 raise ValueError(f"{key!r}: a price cannot be negative")
         return table
 
-    def egress_prices(self):
-        """The table as the placement policy takes it (`broker.policy.egress`)."""
-        from spotbroker.broker.placement.policy.egress import EgressPrices
-
-        table = dict(self.egress_usd_per_gb)
-        default = table.pop("default", EgressPrices().default_usd_per_gb)
-        pairs = {frozenset(r.strip() for r in key.split(",")): price for key, price in table.items()}
-        return EgressPrices(default_usd_per_gb=default, pairs=pairs)
-
     @property
     def deadline_margin_seconds(self) -> float:
         """Kept free before every deadline: a move may take a drain and a pass

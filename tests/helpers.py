@@ -213,9 +213,9 @@ def setting_names() -> set[str]:
 
 def submit(factory, team_id: int, **spec) -> int:
     """A job stored as the API stores one (its spec validated), in the session factory's database."""
-    from spotbroker.broker.jobs import service as jobs
     from spotbroker.broker.jobs.spec import JobSpec
     from spotbroker.broker.store.db import transaction
+    from spotbroker.broker.usecases import jobs
 
     with transaction(factory) as s:
         return jobs.submit(s, team_id, JobSpec.model_validate(spec)).id

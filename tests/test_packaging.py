@@ -82,4 +82,4 @@ def test_every_agent_module_imports_without_the_broker_extra(wheel, tmp_path):
     names = set(json.loads(imported))
     # Every module of the tree, those of its subpackages (the checkpoint library, the simulator) included.
     assert names == agent_modules_in_the_tree()
-    assert {"spotbroker.agent.checkpoint.checkpointer", "spotbroker.agent.simulator.service"} <= names
+    assert {"spotbroker.agent.checkpoint.checkpointer", "spotbroker.agent.metadata_sim.instance"} <= names

@@ -17,7 +17,7 @@ Sources:
   `Watchers.acknowledge()` POSTs `StartRequests` once the flush is committed.
 
 The base URL of every source is configurable (`SPOTBROKER_METADATA_URL`), so
-`spotbroker.agent.simulator` can stand in for the cloud.
+`spotbroker.agent.metadata_sim` can stand in for the cloud.
 
 Its modules: ``watcher`` (the notice, the timing, the polling thread every
 watcher is), one per cloud (``aws``, ``gcp``, ``azure``), and ``watchers`` (a

@@ -1,6 +1,6 @@
 import sys
 
-from spotbroker.agent.simulator.cli import main
+from spotbroker.agent.metadata_sim.cli import main
 
 if __name__ == "__main__":  # not when a tool imports every module of the package
     main(sys.argv[1:])

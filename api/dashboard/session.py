@@ -1,6 +1,6 @@
 """The dashboard's login session: a signed random id in a cookie.
 
-The session itself is stored server-side (broker/money/sessions.py: only
+The session itself is stored server-side (broker/auth/sessions.py: only
 the id's digest, who logged in, when it ends); the cookie carries the
 random id and an HMAC of it under a key derived from the broker's signing
 key for this use only, so a forged or altered cookie is refused before the
@@ -21,8 +21,7 @@ from datetime import timedelta
 
 from fastapi import Request, Response
 
-from spotbroker.broker.auth import Principal
-from spotbroker.broker.money import sessions
+from spotbroker.broker.auth import Principal, sessions
 from spotbroker.broker.money.settings import MoneySettings, get_money_settings
 from spotbroker.broker.store.db import transaction
 

@@ -18,9 +18,9 @@ from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
 from spotbroker.broker.money import budgets, service
 from spotbroker.broker.money.alerts import RULES, Condition
-from spotbroker.broker.money.models import Alert
 from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.store.models import Team
+from spotbroker.broker.store.moneymodels import Alert
 from spotbroker.broker.store.sealing import Keyring, SealError
 
 router = APIRouter(prefix="/v1", tags=["budgets"])

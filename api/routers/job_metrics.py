@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from spotbroker.api.deps import CurrentTeam, JobId, SessionDep
 from spotbroker.api.errors import Problem, responses
 from spotbroker.broker.jobs import metrics
-from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.usecases import jobs
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 

@@ -26,12 +26,20 @@ from spotbroker.api.schemas import (
     JobSubmitted,
     SubmitWarning,
 )
-from spotbroker.broker.jobs import buckets, execlimits, intake, mounts, resfields, taskyaml, uploads
-from spotbroker.broker.jobs import service as jobs
-from spotbroker.broker.jobs.spec import (MAX_NODES, MAX_SPEC_BYTES, JobSpec, SpecShapeError, SpecSyntaxError,
-                                         load_document)
+from spotbroker.broker.checkpoints import records
+from spotbroker.broker.checkpoints.uris import CheckpointUnverified
+from spotbroker.broker.jobs import buckets, execlimits, mounts, resfields, uploads
+from spotbroker.broker.jobs.spec import (
+    MAX_NODES,
+    MAX_SPEC_BYTES,
+    JobSpec,
+    SpecShapeError,
+    SpecSyntaxError,
+    load_document,
+)
 from spotbroker.broker.jobs.states import JobState
 from spotbroker.broker.store.db import retrying, transaction
+from spotbroker.broker.usecases import intake, jobs, taskyaml
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -284,9 +292,9 @@ def keep_checkpoint(request: Request, job_id: JobId, checkpoint_id: CheckpointId
             return _checkpoint_out(kept)
         except jobs.JobNotFound:
             raise _not_found(job_id) from None
-        except jobs.CheckpointNotFound:
+        except records.CheckpointNotFound:
             raise Problem(404, "Not found", f"job {job_id} has no checkpoint {checkpoint_id}") from None
-        except jobs.CheckpointUnverified as exc:
+        except CheckpointUnverified as exc:
             raise Problem(409, "Conflict", f"checkpoint {checkpoint_id} cannot be kept: {exc}") from None
 
 

@@ -1,7 +1,7 @@
 """/metrics for Prometheus: the deployment's totals (cost per team, burn
 rate, budget remaining, jobs by state, preemptions, recoveries, checkpoint
 flush seconds, placement decisions, reconciler lag, price freshness:
-broker/money/metrics.py reads them from the database at scrape time, in the
+broker/metrics/collector.py reads them from the database at scrape time, in the
 one broker that holds the metrics lease) and this process's own (HTTP
 requests, CPU, memory: api/http_metrics.py). Scraped with `SPOTBROKER_METRICS_TOKEN` or the admin
 token, as a bearer token: the numbers name every team, so a team's token

@@ -12,10 +12,10 @@ from spotbroker.api.errors import Problem, responses
 from spotbroker.api.routers.costs import Caller, may_read
 from spotbroker.api.schemas import PolicyOut, TeamCreate, TeamOut, TokenOut, TokensRevoked
 from spotbroker.broker import auth
-from spotbroker.broker.jobs import policy as policies
 from spotbroker.broker.money.hardcap import release_held
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
+from spotbroker.broker.teampolicy import policy as policies
 
 router = APIRouter(prefix="/v1", tags=["teams"])
 

@@ -77,7 +77,7 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
 
     def at(field: str) -> str:
         """Where a field is, for a message about it: FILE:LINE."""
-        from spotbroker.broker.jobs.taskyaml import line_of
+        from spotbroker.broker.usecases.taskyaml import line_of
 
         line = line_of(data.decode("utf-8", "replace"), field)
         return f"{file}:{line}" if line else str(file)
@@ -133,7 +133,7 @@ def follow(c: Client, job_id: int, tail: int | None = None, node: int | None = N
 
 
 def _line_in(data: bytes, field: str) -> int | None:
-    from spotbroker.broker.jobs.taskyaml import line_of
+    from spotbroker.broker.usecases.taskyaml import line_of
 
     return line_of(data.decode("utf-8", "replace"), field)
 
@@ -182,7 +182,7 @@ def _located(exc: ApiError, text: bytes | None) -> str:
     errors = exc.body.get("errors") or []
     if not errors or text is None:
         return str(exc)
-    from spotbroker.broker.jobs.taskyaml import line_of
+    from spotbroker.broker.usecases.taskyaml import line_of
 
     lines = [exc.body.get("detail") or str(exc.status)]
     for err in errors:

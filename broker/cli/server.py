@@ -149,7 +149,7 @@ def reseal() -> None:
     SPOTBROKER_ENCRYPTION_KEYS), so that older keys can be dropped."""
     from spotbroker.broker.store import sealing
     from spotbroker.broker.store.db import make_session_factory
-    from spotbroker.broker.store.reseal import reseal as reseal_all
+    from spotbroker.broker.usecases.reseal import reseal as reseal_all
 
     engine = _ready_engine()
     keyring = sealing.keyring(get_settings())

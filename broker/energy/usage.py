@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from spotbroker.broker.jobs.metricmodels import MetricPoint
 from spotbroker.broker.money.views import Money
+from spotbroker.broker.store.metricmodels import MetricPoint
 from spotbroker.broker.store.models import Attempt, Checkpoint
 
 EPOCH = "epoch"   # the metric name a trainer reports its epoch under: ckpt.report(step, epoch=3)

@@ -19,9 +19,9 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from spotbroker.broker.jobs.metricmodels import MetricPoint
 from spotbroker.agent.metricsfold import finite
 from spotbroker.broker.jobs.stoprule import METRIC_NAME
+from spotbroker.broker.store.metricmodels import MetricPoint
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 MAX_NAMES = 32

@@ -8,14 +8,21 @@ fleet's. What the trainer does under it is the checkpoint library's
 `broker/recovery/preflight.py`."""
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StringConstraints, field_validator
 
 from spotbroker.agent import protocol
+from spotbroker.broker.jobs.states import AttemptState
+
+if TYPE_CHECKING:
+    from spotbroker.broker.jobs.spec import JobSpec
+    from spotbroker.broker.store.models import Job
 
 DEFAULT_STEPS = 2
 DEFAULT_TIMEOUT_S = 600
+# The events a pre-flight writes (broker/recovery/preflight.py), which the dashboard reads too.
+STARTED, PASSED, FAILED = "preflight_started", "preflight_passed", "preflight_failed"
 
 
 class Preflight(BaseModel):
@@ -101,3 +108,10 @@ def _trial(spec: Any, pf: Preflight, want: dict[str, Any]) -> Any:
 
     return spec.model_copy(update={"run": pf.run or spec.run, "num_nodes": 1, "resources": Resources(**want),
                                    "deadline": None, "estimated_hours": None, "max_restarts": 0})
+
+
+def wanted(job: Job, spec: JobSpec) -> bool:
+    """Whether the job's next attempt is its pre-flight: it asks for one, and
+    none has passed yet."""
+    return spec.preflight is not None and not any(
+        a.preflight and a.state == AttemptState.SUCCEEDED for a in job.attempts)

@@ -1,7 +1,7 @@
 """Why a job that does not run waits: the words of `jobs.reason` for each
 wait, one prefix per kind, so a reader (and the code that clears a wait
 once the job launches) tells them apart. Holds (HELD) say their own:
-"over budget: ...", "held by a limit: ..." (broker/jobs/limits.py).
+"over budget: ...", "held by a limit: ..." (broker/teampolicy/limits.py).
 
 A job waiting for one of the local launcher's slots says how many jobs are
 ahead of it in the queue (their number only: the queue is every team's).

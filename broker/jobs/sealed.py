@@ -2,7 +2,7 @@
 shows them), each value sealed (broker/store/sealing.py) and bound to the
 job's team and the secret's name.
 
-So a spec read back from the database (`JobSpec.model_validate(job.spec)`)
+So a spec read back from the database (`spec_of(job)`, broker/jobs/stored.py)
 holds sealed values; only the launch, which hands them to the job's process,
 opens them (`opened`). A job whose secrets do not open is HELD saying why
 (`problem`), never launched without them.

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -27,7 +28,6 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.code import CodeError, check_archive
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.launch.base import CodeRef
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team, UploadReservation
@@ -35,6 +35,15 @@ from spotbroker.broker.store.models import Team, UploadReservation
 UPLOADS = "uploads"
 # An upload's reservation stops counting after this (its broker died while storing it).
 RESERVATION_SECONDS = 3600
+
+
+@dataclass(frozen=True)
+class CodeRef:
+    """The job's uploaded workdir: an archive in the team's storage prefix,
+    as a launch request hands it to each node (broker/launch/base.py)."""
+
+    uri: str
+    sha256: str
 
 
 class UploadInvalid(ValueError):

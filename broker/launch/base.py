@@ -9,9 +9,10 @@ starting it twice.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Protocol
 
+from spotbroker.broker.jobs.runs import RunStatus
+from spotbroker.broker.jobs.uploads import CodeRef
 from spotbroker.broker.pricing.offers import Placement
 
 if TYPE_CHECKING:
@@ -32,14 +33,6 @@ class LauncherUnavailable(Exception):
     API server starting, restarting or gone; a 5xx): nothing about the job
     or the place is wrong. The launch is tried again later, the attempt
     staying LAUNCHING, within the launcher's launch timeout."""
-
-
-@dataclass(frozen=True)
-class CodeRef:
-    """The job's uploaded workdir: an archive in the team's storage prefix."""
-
-    uri: str
-    sha256: str
 
 
 @dataclass(frozen=True)
@@ -68,22 +61,6 @@ class LaunchRequest:
     # The job's file mounts, resolved (broker/jobs/mounts.py): each node places them before `setup`.
     # None: a request made without the broker's resolution (the spec's own storage mounts stand).
     mounts: tuple[Mount, ...] | None = None
-
-
-class RunState(StrEnum):
-    RUNNING = "RUNNING"
-    SUCCEEDED = "SUCCEEDED"
-    FAILED = "FAILED"
-    GONE = "GONE"        # the node vanished without an exit code
-    PENDING = "PENDING"  # a launch still in flight (SkyPilot): nothing to do yet
-
-
-@dataclass(frozen=True)
-class RunStatus:
-    state: RunState
-    exit_code: int | None = None
-    error: str | None = None  # FAILED before the job's command ran (provisioning): why
-    capacity: bool = False    # with `error`: the place had no room (try the next one), not a broken launch
 
 
 Handle = dict[str, Any]

@@ -130,3 +130,19 @@ class JobUsers:
                 f"SPOTBROKER_LOCAL_UID_RANGE ({self.team_uids.start}-{self.team_uids.stop - 1}) holds "
                 f"{', '.join(taken[:3])}: local jobs run as the range's uids, which must be no one else's. "
                 "Choose a range that no account of this host uses")
+
+
+def secure_data_dir(data_dir: Path) -> None:
+    """When jobs run as another user: they may enter the data directory (to
+    reach their own run and checkpoint directories) but not list it, and the
+    database, the secret key and the logs are the broker's alone."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o711)
+    for name in ("runs", "checkpoints"):
+        (data_dir / name).mkdir(exist_ok=True)
+        (data_dir / name).chmod(0o711)
+    (data_dir / "logs").mkdir(exist_ok=True)
+    (data_dir / "logs").chmod(0o700)
+    for path in data_dir.iterdir():
+        if path.is_file():
+            path.chmod(0o600)

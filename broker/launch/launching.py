@@ -23,10 +23,18 @@ from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import footprint
 from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.preflight import trial as preflight_trial
+from spotbroker.broker.jobs.runs import RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.jobs.states import (LIVE_ATTEMPT_STATES, LIVE_JOB_STATES, AttemptState, EndReason, JobState,
-                                           transition)
-from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LauncherUnavailable, RunStatus
+from spotbroker.broker.jobs.states import (
+    LIVE_ATTEMPT_STATES,
+    LIVE_JOB_STATES,
+    AttemptState,
+    EndReason,
+    JobState,
+    transition,
+)
+from spotbroker.broker.jobs.stored import spec_of
+from spotbroker.broker.launch.base import CapacityError, Launcher, LaunchError, LauncherUnavailable
 from spotbroker.broker.launch.request import launch_request
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.pricing.offers import Placement
@@ -209,7 +217,7 @@ class Launching:
         with transaction(self.factory) as session:
             job = session.get(Job, job_id)
             attempt = session.get(Attempt, attempt_id)
-            spec = JobSpec.model_validate(job.spec)
+            spec = spec_of(job)
             if attempt.preflight:  # the next place of the pre-flight's round: a pre-flight too
                 spec = preflight_trial(spec)
             while rest and not self.placer.has_room(session, rest[0], spec.num_nodes, self.clock.now()):

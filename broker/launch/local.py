@@ -54,8 +54,9 @@ import httpx
 
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
-from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
-from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers
+from spotbroker.broker.jobs.runs import RunState, RunStatus
+from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest
+from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers, secure_data_dir
 from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
 from spotbroker.broker.launch.local_rendezvous import rendezvous_env
 from spotbroker.broker.pricing.offers import Placement
@@ -192,8 +193,8 @@ class LocalLauncher:
             "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * request.num_nodes),
             "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",
-            "SPOTBROKER_CLOUD": p.cloud, "SPOTBROKER_REGION": p.region or "",
-            "SPOTBROKER_ZONE": p.zone or p.zone_id or "", "SPOTBROKER_INSTANCE_TYPE": p.instance_type or "",
+            protocol.ENV_CLOUD: p.cloud, protocol.ENV_REGION: p.region or "",
+            protocol.ENV_ZONE: p.zone or p.zone_id or "", protocol.ENV_INSTANCE_TYPE: p.instance_type or "",
             **request.extra_env,
             **request.storage_env,  # the node's own credentials, scoped to the job (none for a file:// root)
         }
@@ -201,7 +202,7 @@ class LocalLauncher:
             env["SPOTBROKER_MOUNT_ROOT"] = str(node_dir / "fs")
         env.pop(protocol.ENV_AGENT_TOKEN, None)  # in no process's environment, which its uid could read
         if with_agent and p.cloud in SIMULATED_CLOUDS and self.notice_window is not None:
-            env["SPOTBROKER_NOTICE_WINDOW"] = f"{self.notice_window:g}"  # GCP publishes no deadline
+            env[protocol.ENV_NOTICE_WINDOW] = f"{self.notice_window:g}"  # GCP publishes no deadline
         return env
 
     def _simulator_args(self, cloud: str) -> list[str]:
@@ -376,22 +377,6 @@ def _local_buckets(mounts) -> list[str]:
     given to the job's user like its checkpoint prefixes."""
     return [unquote(urlparse(m.uri).path).rstrip("/") for m in mounts
             if m.kind == "bucket" and not m.read_only and m.uri.startswith("file://")]
-
-
-def secure_data_dir(data_dir: Path) -> None:
-    """When jobs run as another user: they may enter the data directory (to
-    reach their own run and checkpoint directories) but not list it, and the
-    database, the secret key and the logs are the broker's alone."""
-    data_dir.mkdir(parents=True, exist_ok=True)
-    data_dir.chmod(0o711)
-    for name in ("runs", "checkpoints"):
-        (data_dir / name).mkdir(exist_ok=True)
-        (data_dir / name).chmod(0o711)
-    (data_dir / "logs").mkdir(exist_ok=True)
-    (data_dir / "logs").chmod(0o700)
-    for path in data_dir.iterdir():
-        if path.is_file():
-            path.chmod(0o600)
 
 
 def _write_json(path: Path, value: dict) -> None:

@@ -51,7 +51,6 @@ from typing import Any
 from spotbroker.agent import proctree, protocol
 from spotbroker.agent.logbound import BoundedWriter
 from spotbroker.agent.code import CodeError
-from spotbroker.agent.simulator.service import CONTROL_TOKEN_ENV
 from spotbroker.broker.launch import local_mounts
 
 ERROR_EXIT = 125  # provisioning failed before the job's command ran
@@ -249,15 +248,15 @@ def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
         f.write(token.encode())
     log_name = url_file.name.replace(".url", ".log")
     with _private(run_dir / log_name, os.O_APPEND) as log, _private(url_file, os.O_TRUNC) as out:
-        sim = subprocess.Popen([sys.executable, "-m", "spotbroker.agent.simulator", *spec.simulator,
+        sim = subprocess.Popen([sys.executable, "-m", "spotbroker.agent.metadata_sim", *spec.simulator,
                                 "--kill-at-hard-stop", str(os.getpid())],
                                stdin=subprocess.DEVNULL, stdout=out, stderr=log,
-                               env={**os.environ, CONTROL_TOKEN_ENV: token})
+                               env={**os.environ, protocol.ENV_SIM_CONTROL_TOKEN: token})
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         text = url_file.read_text()
         if "\n" in text:  # the simulator prints its URL as one line once it listens
-            spec.env["SPOTBROKER_METADATA_URL"] = text.split("\n", 1)[0].strip()
+            spec.env[protocol.ENV_METADATA_URL] = text.split("\n", 1)[0].strip()
             return sim
         if sim.poll() is not None:
             break

@@ -7,14 +7,16 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
+from spotbroker.broker.checkpoints import coldtier
+from spotbroker.broker.checkpoints.records import newest_checkpoint
+from spotbroker.broker.checkpoints.uris import attempt_prefix, job_prefix
 from spotbroker.broker.jobs import buckets, mounts, preflight, sealed, uploads
 from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.uploads import CodeRef
 from spotbroker.broker.launch import storage_credentials
-from spotbroker.broker.launch.base import CodeRef, LaunchError, LaunchRequest
-from spotbroker.broker.money import storage as checkpoint_storage
+from spotbroker.broker.launch.base import LaunchError, LaunchRequest
 from spotbroker.broker.pricing.offers import Placement
-from spotbroker.broker.recovery.agent_channel import agent_token, newest_checkpoint
-from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
+from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.models import Attempt, Team
@@ -40,7 +42,7 @@ def launch_request(session: Session, attempt: Attempt, settings: Settings, key: 
                           accelerator=attempt.accelerator, accelerator_count=attempt.accelerator_count,
                           use_spot=attempt.use_spot, price_per_hour=attempt.price_per_hour)
     resume = newest_checkpoint(session, job.id)
-    cold = checkpoint_storage.cold_reason(session, resume)
+    cold = coldtier.cold_reason(session, resume)
     if cold is not None:  # never handed to a node as RESUME_FROM: it could not read it
         raise LaunchError(f"not launched: {cold}")
     extra = {

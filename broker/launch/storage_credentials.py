@@ -56,12 +56,13 @@ from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
 from spotbroker.agent.mounts import Mount
+from spotbroker.broker.checkpoints.uris import attempt_prefix, job_prefix
 from spotbroker.broker.jobs import buckets, mounts, uploads
-from spotbroker.broker.jobs.spec import JobSpec, WorkdirUpload
+from spotbroker.broker.jobs.spec import WorkdirUpload
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
+from spotbroker.broker.jobs.stored import spec_of
 from spotbroker.broker.launch import azure_sas
 from spotbroker.broker.launch.base import LaunchError
-from spotbroker.broker.recovery.checkpoints import attempt_prefix, job_prefix
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.models import Attempt, Team
 
@@ -174,7 +175,7 @@ def for_attempt(session: Session, attempt: Attempt, settings: Settings) -> NodeC
         return None
     job = attempt.job
     team = session.get(Team, job.team_id).name
-    spec = JobSpec.model_validate(job.spec)
+    spec = spec_of(job)
     # The uploads the job names (its workdir, its file mounts that are uploads): the node reads each.
     named = [spec.workdir, *spec.file_mounts.values()]
     code = tuple(dict.fromkeys(uploads.code_ref(settings, team, source.upload).uri

@@ -30,10 +30,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.money import leases, ledger
-from spotbroker.broker.money.models import LedgerCursor, LedgerEntry
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.store.moneymodels import LedgerCursor, LedgerEntry
 
 LEASE = "accrual"
 CHUNK = 200

@@ -41,8 +41,8 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.money import budgets
-from spotbroker.broker.money.models import Alert, AlertSilence, Budget, LedgerCursor, LedgerEntry, Notification
 from spotbroker.broker.store.models import Attempt, Job, Team
+from spotbroker.broker.store.moneymodels import Alert, AlertSilence, Budget, LedgerCursor, LedgerEntry, Notification
 
 WINDOWS = {"5m": timedelta(minutes=5), "30m": timedelta(minutes=30), "1h": timedelta(hours=1),
            "6h": timedelta(hours=6)}

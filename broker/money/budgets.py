@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.money import views
 from spotbroker.broker.money.addresses import host_problem
-from spotbroker.broker.money.models import Budget
+from spotbroker.broker.store.moneymodels import Budget
 from spotbroker.broker.store.sealing import Keyring, SealError
 
 Name = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,31}$")]

@@ -19,12 +19,13 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
+from spotbroker.broker.checkpoints import coldtier
 from spotbroker.broker.jobs.states import RECLAIMED
-from spotbroker.broker.money import alerts, budgets, ledger, service, storage, views
+from spotbroker.broker.money import alerts, budgets, ledger, service, views
 from spotbroker.broker.money.alerts import WINDOWS
-from spotbroker.broker.money.models import Alert, Budget
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.models import Attempt, Job, Team
+from spotbroker.broker.store.moneymodels import Alert, Budget
 
 TOP_JOBS = 8
 _RECLAIMED = frozenset(str(r) for r in RECLAIMED)
@@ -219,7 +220,7 @@ def team_page(session: Session, name: str, since: datetime, now: datetime, with_
             by_gpu[day][gpu] += m.cost
             kwh[day][cloud] += m.kwh
             co2e[day][cloud] += m.co2e_kg
-    stored = storage.storage_summary(session, team_id, settings)
+    stored = coldtier.storage_summary(session, team_id, settings)
     jobs = _jobs(session, by_job, sums.tails, now)
     return TeamPage(team=name, since=since, until=now, total=total, days=_days(since, now),
                     by_cloud=by_cloud, by_gpu=by_gpu, kwh_by_cloud=kwh, co2e_by_cloud=co2e, jobs=jobs,

@@ -17,9 +17,9 @@ from sqlalchemy.orm.exc import StaleDataError
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
 from spotbroker.broker.money import budgets
-from spotbroker.broker.money.models import Budget
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Job
+from spotbroker.broker.store.moneymodels import Budget
 
 log = logging.getLogger("spotbroker.money")
 RECHECK = timedelta(seconds=60)

@@ -11,8 +11,8 @@ from sqlalchemy import and_, func, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.money import views
-from spotbroker.broker.money.models import LedgerEntry
 from spotbroker.broker.store.models import JobLabel
+from spotbroker.broker.store.moneymodels import LedgerEntry
 
 MAX_KEYS = 50
 

@@ -8,8 +8,8 @@ from datetime import datetime
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.broker.money.models import MoneyLease
 from spotbroker.broker.store import leases
+from spotbroker.broker.store.moneymodels import MoneyLease
 
 
 def claim(factory: sessionmaker[Session], name: str, owner: str, now: datetime, *, every_s: float,

@@ -14,8 +14,9 @@ from datetime import timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from spotbroker.broker.checkpoints import coldtier
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
-from spotbroker.broker.money import alerts, hardcap, leases, notify, storage
+from spotbroker.broker.money import alerts, hardcap, leases, notify
 from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
@@ -66,7 +67,7 @@ class MoneyLoop:
         finally:
             leases.release(self.factory, LEASE, self.owner)
 
-    def archive_pass(self) -> storage.ArchiveStats | None:
+    def archive_pass(self) -> coldtier.ArchiveStats | None:
         """Move checkpoints past the retention to the cold tier, if due and
         this broker gets the lease."""
         now = self.clock.now()
@@ -75,7 +76,7 @@ class MoneyLoop:
         if not taken:
             return None
         try:
-            return storage.archive_due(self.factory, self.settings, now)
+            return coldtier.archive_due(self.factory, self.settings, now)
         finally:
             leases.release(self.factory, ARCHIVE_LEASE, self.owner)
 

@@ -34,13 +34,13 @@ import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.broker.money import budgets
 from spotbroker.broker.money import addresses as where
-from spotbroker.broker.money.models import Budget, Notification
+from spotbroker.broker.money import budgets
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.settings import get_settings
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.moneymodels import Budget, Notification
 from spotbroker.broker.store.sealing import Keyring, SealError
 
 log = logging.getLogger("spotbroker.money")

@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.money import budgets, views
 from spotbroker.broker.money.dashboard import _days
-from spotbroker.broker.money.models import Alert, Budget, LedgerEntry
 from spotbroker.broker.store.models import Team
+from spotbroker.broker.store.moneymodels import Alert, Budget, LedgerEntry
 
 TREND_DAYS = 30   # whatever the page's range: a glance, and 100 teams' bars stay cheap to draw
 

@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from spotbroker.broker.jobs.preflight import FAILED, PASSED
 from spotbroker.broker.money import service
-from spotbroker.broker.recovery.preflight import FAILED, PASSED
 from spotbroker.broker.store.models import Event, Job
 
 SHOWN = 20

@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.money import alerts, budgets, hardcap, views
-from spotbroker.broker.money.models import Alert, AlertSilence, Budget
 from spotbroker.broker.store.models import Team
+from spotbroker.broker.store.moneymodels import Alert, AlertSilence, Budget
 from spotbroker.broker.store.sealing import Keyring
 
 

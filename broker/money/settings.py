@@ -1,13 +1,17 @@
 """Money settings, from `SPOTBROKER_MONEY_*` environment variables."""
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from spotbroker.broker.checkpoints.settings import CheckpointSettings
 
 
-class MoneySettings(BaseSettings):
+class MoneySettings(CheckpointSettings):
+    """Extends the checkpoint settings (retention, the cold tier, storage
+    prices), which share the `SPOTBROKER_MONEY_` prefix and are read
+    below the money room (broker/checkpoints/coldtier.py)."""
+
     model_config = SettingsConfigDict(env_prefix="SPOTBROKER_MONEY_", env_file=".env", extra="ignore")
 
     # Seconds between accrual passes, and the grid entries are cut on: a
@@ -27,27 +31,7 @@ class MoneySettings(BaseSettings):
     notify_max_tries: int = Field(20, ge=1)
     notify_retry_seconds: float = Field(5.0, gt=0)
     notify_timeout: float = Field(10.0, gt=0)
-    # Checkpoint storage: committed checkpoints older than this many days
-    # move to the cold tier (but `keep` ones, and local-disk ones), checked
-    # every `archive_interval` seconds; `cold_storage_class` is the S3 class
-    # (GCS's is ARCHIVE, Azure's the Archive tier).
-    checkpoint_retention_days: float = Field(90.0, gt=0)
-    archive_interval: float = Field(3600.0, gt=0)
-    cold_storage_class: Literal["GLACIER", "DEEP_ARCHIVE"] = "GLACIER"
-    # A restored cold checkpoint stays readable this long (S3's restore Days),
-    # and the restore's speed (S3 Glacier: Expedited, Standard, Bulk; Azure:
-    # Expedited is the High rehydrate priority, the others Standard).
-    restore_days: int = Field(7, ge=1, le=365)
-    restore_tier: Literal["Expedited", "Standard", "Bulk"] = "Standard"
-    # $ per GB-month, for the dashboard's storage cost (S3 us-east-1 list
-    # prices: STANDARD 0.023, GLACIER Flexible Retrieval 0.0036, DEEP_ARCHIVE 0.00099).
-    storage_price_standard: float = Field(0.023, ge=0)
-    storage_price_glacier: float = Field(0.0036, ge=0)
-    storage_price_deep_archive: float = Field(0.00099, ge=0)
-    # GCS Archive (us-central1) and Azure's Archive tier (LRS, East US) list prices.
-    storage_price_gcs_archive: float = Field(0.0012, ge=0)
-    storage_price_azure_archive: float = Field(0.00099, ge=0)
-    # Dashboard logins (stored server-side, broker/money/sessions.py): a
+    # Dashboard logins (stored server-side, broker/auth/sessions.py): a
     # session ends this many seconds after its login, or after this many
     # seconds unused, whichever comes first.
     dashboard_lifetime_seconds: float = Field(8 * 3600.0, gt=0)

@@ -17,8 +17,8 @@ from sqlalchemy import Date, and_, cast, func, literal, null, or_, select, union
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.money import ledger
-from spotbroker.broker.money.models import LedgerCursor, LedgerEntry
 from spotbroker.broker.store.models import Attempt, Job, JobLabel
+from spotbroker.broker.store.moneymodels import LedgerCursor, LedgerEntry
 
 GROUPS = ("day", "job", "cloud", "gpu", "zone")
 LABEL = "label:"        # group_by=label:KEY groups by the value of a job's label KEY

@@ -1,19 +1,25 @@
 """Each place's spot history, replayed from the attempts table and the
 probes (what the placer's policy learns spells from), and the key that
-names a place (`cloud/region/zone/instance-type`)."""
+names a place (`cloud/region/zone/instance-type`); the probes' answers
+are recorded here too (`record_probes`)."""
 from __future__ import annotations
 
+import logging
 from bisect import bisect_right
 from collections import defaultdict
+from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
 
 from sqlalchemy import or_, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, EndReason
 from spotbroker.broker.placement.policy import Event, ZoneHistory
 from spotbroker.broker.settings import Settings
+from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Offer, SpotProbe
+
+log = logging.getLogger("spotbroker.broker.reconciler")  # where a failed probe was always told
 
 
 def zone_key(cloud: str, region: str | None, zone: str | None, zone_id: str | None, instance_type: str | None) -> str:
@@ -95,3 +101,25 @@ def _samples(runs: list[tuple[float, float, bool]], points: list[tuple[float, Ev
         if reclaimed:
             out.append((end, 2, Event.PREEMPTED))
     return sorted(out, key=lambda e: (e[0], e[1]))
+
+
+def record_probes(factory: sessionmaker[Session], placements: Iterable, probe_for: Callable,
+                  now: Callable[[], datetime]) -> None:
+    """Ask each placement's launcher's `probe` (`probe_for(p)`, None: not
+    asked) whether spot capacity is there now, and store each answer in
+    `spot_probes`, which the zone's history replays."""
+    rows = []
+    for p in placements:
+        probe = probe_for(p)
+        if probe is None:
+            continue
+        try:
+            available = bool(probe(p))
+        except Exception as exc:  # a probe is advice: never let it stop a pass
+            log.warning("probing %s failed: %s", p.place, exc)
+            continue
+        rows.append(SpotProbe(cloud=p.cloud, region=p.region, zone=p.zone, zone_id=p.zone_id,
+                              instance_type=p.instance_type, available=available, at=now()))
+    if rows:
+        with transaction(factory) as session:
+            session.add_all(rows)

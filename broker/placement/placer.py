@@ -37,6 +37,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from spotbroker.broker.checkpoints.records import newest_checkpoint
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState
 from spotbroker.broker.placement import carbon
@@ -52,8 +53,8 @@ from spotbroker.broker.placement.policy import (
     ZoneHistory,
     ZoneState,
 )
+from spotbroker.broker.placement.policy.egress import EgressPrices
 from spotbroker.broker.pricing.offers import OFFER_COLUMNS, Placement, cheapest, groups_of, placement_of, priced
-from spotbroker.broker.recovery.agent_channel import newest_checkpoint
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, PriceOffer
 
@@ -93,6 +94,14 @@ def enabled_clouds(launchers: dict) -> frozenset[str] | None:
     return ask() if ask is not None else None
 
 
+def egress_prices(settings: Settings) -> EgressPrices:
+    """The operator's egress table (`SPOTBROKER_EGRESS_USD_PER_GB`) as the policy takes it."""
+    table = dict(settings.egress_usd_per_gb)
+    default = table.pop("default", EgressPrices().default_usd_per_gb)
+    pairs = {frozenset(r.strip() for r in key.split(",")): price for key, price in table.items()}
+    return EgressPrices(default_usd_per_gb=default, pairs=pairs)
+
+
 class Placer:
     """Decides for one job at a time; the histories are loaded once per pass."""
 
@@ -102,7 +111,7 @@ class Placer:
         # a launcher that knows which clouds it can reach limits the offers.
         self._launchers = launchers if launchers is not None else {}
         self._clouds: frozenset[str] | None = None
-        self._egress = settings.egress_prices()
+        self._egress = egress_prices(settings)
         self._histories: dict[str, ZoneHistory] | None = None
         self._probes: dict[str, Placement] = {}
         # per pass, by the job's resources: jobs of one shape share their offers

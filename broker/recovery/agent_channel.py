@@ -17,7 +17,7 @@ replaced is recorded (its checkpoint too: it lives under that attempt's own
 prefix) but moves nothing.
 
 A reported checkpoint must be at that attempt's own place for its step
-(:mod:`spotbroker.broker.recovery.checkpoints`); a batch with one that is not is
+(:mod:`spotbroker.broker.checkpoints.uris`); a batch with one that is not is
 refused whole (nothing of it is stored), a `checkpoint_refused` event says so
 on the job, and the agent re-sends the rest one by one. An attempt's token
 works while it runs and for `agent_token_grace` seconds after it ended (the
@@ -39,14 +39,13 @@ from sqlalchemy.orm import Session
 
 from spotbroker.agent import logbound, protocol
 from spotbroker.broker.auth import digest
+from spotbroker.broker.checkpoints.uris import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.energy import footprint
 from spotbroker.broker.jobs import metrics
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, JobState, transition
 from spotbroker.broker.recovery import attempts as recovery
-from spotbroker.broker.recovery import earlystop
-from spotbroker.broker.recovery import intervals
-from spotbroker.broker.recovery.checkpoints import MAX_STEP, BadCheckpointUri, accepted_uri, attempt_prefix
+from spotbroker.broker.recovery import earlystop, intervals
 from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, Team
 
 A, J = AttemptState, JobState
@@ -105,11 +104,6 @@ def attempt_for_token(session: Session, token: str) -> Attempt | None:
 def token_gone(attempt: Attempt, now: datetime, grace_seconds: float) -> bool:
     """Has the attempt's token expired: ended more than the grace window ago?"""
     return attempt.ended_at is not None and now - attempt.ended_at > timedelta(seconds=grace_seconds)
-
-
-def newest_checkpoint(session: Session, job_id: int) -> Checkpoint | None:
-    return session.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id)
-                          .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
 
 
 def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpoint_root: str,

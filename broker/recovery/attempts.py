@@ -46,7 +46,7 @@ from sqlalchemy.orm import Session
 from spotbroker.agent import protocol
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import reasons
-from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.states import (
     LIVE_ATTEMPT_STATES,
     LIVE_JOB_STATES,
@@ -55,9 +55,8 @@ from spotbroker.broker.jobs.states import (
     JobState,
     transition,
 )
-from spotbroker.broker.launch.base import RunState, RunStatus
-from spotbroker.broker.recovery import preflight
-from spotbroker.broker.recovery import earlystop
+from spotbroker.broker.jobs.stored import spec_of
+from spotbroker.broker.recovery import earlystop, preflight
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 A, J, E = AttemptState, JobState, EndReason
@@ -209,7 +208,7 @@ def on_status(session: Session, job: Job, attempt_id: int, status: RunStatus, cl
 def _exited(session: Session, job: Job, attempt: Attempt, exit_code: int | None, clock: Clock) -> bool:
     """A non-zero exit: restart while the job's restarts last, else the job fails."""
     transition(session, attempt, A.FAILED, reason=f"exit {exit_code}", end=E.FAILED, clock=clock)
-    spec = JobSpec.model_validate(job.spec)
+    spec = spec_of(job)
     if job.restarts < spec.max_restarts:
         job.restarts += 1
         recover(session, job, f"exit {exit_code}; restart {job.restarts} of {spec.max_restarts}", clock)

@@ -30,12 +30,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
+from spotbroker.broker.checkpoints.uris import CheckpointUnverified, verify_and_keep
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import metrics
-from spotbroker.broker.jobs.metricmodels import EarlyStop
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
 from spotbroker.broker.jobs.stoprule import EarlyStopRule
-from spotbroker.broker.recovery.checkpoints import CheckpointUnverified, verify_and_keep
+from spotbroker.broker.store.metricmodels import EarlyStop
 from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job
 
 STOP_GRACE_S = 300.0  # past the agent's own window (30 s): a job whose agent never answers the stop

@@ -20,16 +20,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import limits, logs, reasons
+from spotbroker.broker.jobs import logs, reasons
+from spotbroker.broker.jobs.preflight import FAILED, PASSED, STARTED, trial
+from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
-from spotbroker.broker.launch.base import RunState, RunStatus
-from spotbroker.broker.jobs.preflight import trial
+from spotbroker.broker.jobs.stored import spec_of
+from spotbroker.broker.money.costs import job_costs
 from spotbroker.broker.placement.host import on_host
 from spotbroker.broker.placement.policy import Action
-from spotbroker.broker.money.costs import job_costs
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
 from spotbroker.broker.store.models import Attempt, Event, Job
+from spotbroker.broker.teampolicy import limits
 
 if TYPE_CHECKING:  # (the placer reads checkpoints through the agent channel, which ends attempts here)
     from spotbroker.broker.placement.placer import Placer
@@ -37,16 +39,6 @@ if TYPE_CHECKING:  # (the placer reads checkpoints through the agent channel, wh
 A, J, E = AttemptState, JobState, EndReason
 TAIL_LINES = 20
 TAIL_BYTES = 4096
-STARTED, PASSED, FAILED = "preflight_started", "preflight_passed", "preflight_failed"
-
-
-def wanted(job: Job, spec: JobSpec) -> bool:
-    """Whether the job's next attempt is its pre-flight: it asks for one, and
-    none has passed yet."""
-    return spec.preflight is not None and not any(
-        a.preflight and a.state == A.SUCCEEDED for a in job.attempts)
-
-
 def plan(placer: Placer, launching: Any, session: Session, job: Job, spec: JobSpec,
          gpu: Placement) -> tuple[JobSpec, tuple[Placement, ...], str] | str | None:
     """The pre-flight of a job the policy would launch on `gpu`: its spec (the
@@ -83,7 +75,7 @@ def timeout_at(job: Job) -> datetime | None:
     attempt = next((a for a in job.attempts if a.preflight and a.state in LIVE_ATTEMPT_STATES), None)
     if attempt is None:
         return None
-    return attempt.created_at + timedelta(seconds=JobSpec.model_validate(job.spec).preflight.timeout)
+    return attempt.created_at + timedelta(seconds=spec_of(job).preflight.timeout)
 
 
 def watch(session: Session, job: Job, clock: Clock) -> bool:
@@ -97,7 +89,7 @@ def watch(session: Session, job: Job, clock: Clock) -> bool:
         return True
     attempt = next(a for a in job.attempts if a.preflight and a.state in LIVE_ATTEMPT_STATES)
     attempt.released = False  # whatever still runs is stopped by the release phase
-    timeout = JobSpec.model_validate(job.spec).preflight.timeout
+    timeout = spec_of(job).preflight.timeout
     transition(session, attempt, A.FAILED, reason=f"pre-flight timed out after {timeout} s", end=E.FAILED,
                clock=clock)
     _failed(session, job, attempt, f"timed out after {timeout} s", clock)

@@ -4,8 +4,20 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import (JSON, BigInteger, Boolean, Float, ForeignKey, Index, Integer, LargeBinary, String, Text,
-                        UniqueConstraint, false)
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+    false,
+)
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from spotbroker.broker.store.db import Base
@@ -38,7 +50,7 @@ class TeamBucket(Base):
 
 class TeamPolicy(Base):
     """A team's defaults and limits, set by the admin (`PUT
-    /v1/teams/{team}/policy`): the document broker/jobs/policy.py reads."""
+    /v1/teams/{team}/policy`): the document broker/teampolicy/policy.py reads."""
 
     __tablename__ = "team_policies"
 
@@ -356,7 +368,6 @@ class PriceListFile(Base):
 
 
 # The money tables register on the same metadata wherever the models are loaded.
-from spotbroker.broker.money import models as _money_models  # noqa: E402, F401
-
 # The tables of metrics and early stops, likewise.
-from spotbroker.broker.jobs import metricmodels as _metric_models  # noqa: E402, F401
+from spotbroker.broker.store import metricmodels as _metric_models  # noqa: E402, F401
+from spotbroker.broker.store import moneymodels as _money_models  # noqa: E402, F401

@@ -20,7 +20,7 @@ from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by 
 
 from spotbroker.agent.notices import Notice, WatchConfig
 from spotbroker.agent.protocol import EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH
-from spotbroker.agent.simulator import MetadataSimulator
+from spotbroker.agent.metadata_sim import MetadataSimulator
 
 AGENT_TOKEN = "test-agent-token-7f3a"
 

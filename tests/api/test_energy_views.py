@@ -12,8 +12,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from spotbroker.broker.jobs.metricmodels import MetricPoint
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
+from spotbroker.broker.store.metricmodels import MetricPoint
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Team
 
 

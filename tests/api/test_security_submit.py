@@ -7,7 +7,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from spotbroker.broker.jobs import taskyaml
+from spotbroker.broker.usecases import taskyaml
 
 YAML_PARSES = 2  # spotbroker.api.routers.jobs.YAML_PARSES
 

@@ -44,7 +44,6 @@ def test_a_job_stored_before_cannot_set_them_at_launch_either(factory, settings)
     """A spec stored before these names were refused: the launch request (and
     the spec a SkyPilot node's Task is built from) carry the broker's values."""
     from spotbroker.broker import auth
-    from spotbroker.broker.jobs import service as jobs
     from spotbroker.broker.jobs.spec import JobSpec
     from spotbroker.broker.launch.request import launch_request
     from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT
@@ -52,6 +51,7 @@ def test_a_job_stored_before_cannot_set_them_at_launch_either(factory, settings)
     from spotbroker.broker.store import sealing
     from spotbroker.broker.store.db import transaction
     from spotbroker.broker.store.models import Attempt, Job
+    from spotbroker.broker.usecases import jobs
 
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     other = "file:///var/lib/spotbroker/checkpoints/a/1/1/step-000000000100"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
 
-from spotbroker.broker.recovery.checkpoints import (
+from spotbroker.broker.checkpoints.uris import (
     BadCheckpointUri,
     CheckpointUnverified,
     accepted_uri,

@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import select
 
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing import catalog
@@ -19,6 +18,7 @@ from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
+from spotbroker.broker.usecases import jobs
 
 
 def spec(**resources) -> JobSpec:

@@ -15,15 +15,16 @@ from sqlalchemy import select
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.launch.base import CapacityError, LaunchRequest, RunState, RunStatus
+from spotbroker.broker.launch.base import CapacityError, LaunchRequest
 from spotbroker.broker.placement.kubernetes import PlacesFileError, load
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
+from spotbroker.broker.usecases import jobs
 
 H100_8 = {"accelerators": "H100:8"}
 LAB = {"context": "lab-a", "nodes": [{"accelerator": "H100", "gpus_per_node": 8, "count": 2}]}

@@ -11,7 +11,8 @@ from helpers import processes
 
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import start_time
-from spotbroker.broker.launch.base import LaunchRequest, RunState
+from spotbroker.broker.jobs.runs import RunState
+from spotbroker.broker.launch.base import LaunchRequest
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT
 
@@ -168,7 +169,7 @@ def test_a_node_stopped_while_it_starts_ends_with_a_code_and_never_vanishes(tmp_
 
 def _simulators_of(node_pid: int) -> list[int]:
     return [pid for pid, argv in processes("cmdline")
-            if b"spotbroker.agent.simulator" in argv and str(node_pid).encode() in argv and start_time(pid)]
+            if b"spotbroker.agent.metadata_sim" in argv and str(node_pid).encode() in argv and start_time(pid)]
 
 
 def test_a_node_stopped_while_it_starts_leaves_no_simulator_behind(tmp_path):

@@ -2,7 +2,7 @@
 an attempt ends says so in words, with the step it reached."""
 from __future__ import annotations
 
-from spotbroker.broker.jobs.narration import AttemptView, JobView, ended, final, next_on, waiting
+from spotbroker.broker.usecases.narration import AttemptView, JobView, ended, final, next_on, waiting
 
 
 def attempt(id_: int, end: str | None, step: int | None = None, exit_code: int | None = None,

@@ -8,7 +8,6 @@ import pytest
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import EndReason
 from spotbroker.broker.placement.placer import Placer, attempt_key, load_histories, zone_key
@@ -16,6 +15,7 @@ from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.usecases import jobs
 
 T4 = {"accelerators": "T4:1"}
 

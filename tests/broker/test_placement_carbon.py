@@ -13,7 +13,6 @@ from sqlalchemy import select, update
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import grid, power
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
@@ -21,6 +20,7 @@ from spotbroker.broker.pricing import store
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job, PriceOffer
+from spotbroker.broker.usecases import jobs
 
 CLEAN, DIRTY = "eu-north-1", "ap-south-1"
 V100 = {"accelerators": "V100:1"}

@@ -10,16 +10,17 @@ from helpers import submit
 from sqlalchemy import select
 
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import EndReason
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.placement.placer import attempt_key
 from spotbroker.broker.placement.policy import Action
-from spotbroker.broker.recovery import agent_channel
 from spotbroker.broker.reconciler import Reconciler
+from spotbroker.broker.recovery import agent_channel
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.usecases import jobs
+
 T4 = {"accelerators": "T4:1"}
 
 

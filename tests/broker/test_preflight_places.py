@@ -4,18 +4,17 @@ the pre-flight's own accelerators, launched like any attempt (here by the
 local launcher, which simulates the place)."""
 from __future__ import annotations
 
-
 import pytest
 from helpers import run_to_end
 from sqlalchemy import select
 
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.preflight import trial
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.pricing.offers import rank_offers
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.usecases import jobs
 
 
 def spec(**fields) -> JobSpec:
@@ -98,10 +97,10 @@ def test_a_preflight_ending_as_a_notice_comes(env, run_state, job_after, attempt
     SUCCEEDED on its trial's exit 0), a failure is the reclaim's."""
     from datetime import UTC, datetime
 
+    from spotbroker.broker.jobs import preflight
+    from spotbroker.broker.jobs.runs import RunState, RunStatus
     from spotbroker.broker.jobs.states import transition
-    from spotbroker.broker.launch.base import RunState, RunStatus
     from spotbroker.broker.recovery import attempts as recovery
-    from spotbroker.broker.recovery import preflight
 
     factory, settings, team = env
     clock = Clock()
@@ -130,10 +129,10 @@ def test_a_preflights_own_place_meets_the_teams_price_limit(env):
     """The team's limits filtered the job's places, then the pre-flight's own
     took their place unfiltered: a pre-flight whose places are all over the
     team's $/h is not launched; the job waits (or is held) with the limit."""
-    from spotbroker.broker.jobs import policy as policies
     from spotbroker.broker.launch.local import LocalLauncher
     from spotbroker.broker.reconciler import Reconciler
     from spotbroker.broker.recovery import preflight
+    from spotbroker.broker.teampolicy import policy as policies
 
     factory, settings, team = env
     job_spec = spec(resources={"accelerators": "T4:1"}, preflight={"accelerators": "A100:1"})

@@ -11,14 +11,14 @@ import pytest
 from helpers import submit
 from sqlalchemy import select
 
+from spotbroker.broker.checkpoints.uris import attempt_prefix, checkpoint_uri
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.launch.base import CapacityError
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.reconciler import Reconciler
-from spotbroker.broker.recovery.checkpoints import attempt_prefix, checkpoint_uri
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job, Team
+from spotbroker.broker.usecases import jobs
 
 
 class ShiftedClock(Clock):

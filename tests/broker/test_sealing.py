@@ -10,13 +10,13 @@ from sqlalchemy import text
 from spotbroker.broker import auth
 from spotbroker.broker.cli import cli
 from spotbroker.broker.jobs import sealed
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.money import budgets
 from spotbroker.broker.settings import Settings, get_settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Job
 from spotbroker.broker.store.sealing import PREFIX, Keyring, SealError, keyring
+from spotbroker.broker.usecases import jobs
 
 OLD, NEW = "old-key-" + "o" * 32, "new-key-" + "n" * 32
 

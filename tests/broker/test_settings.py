@@ -2,6 +2,7 @@
 import pytest
 from pydantic import ValidationError
 
+from spotbroker.broker.placement.placer import egress_prices
 from spotbroker.broker.placement.policy.egress import EgressPrices
 from spotbroker.broker.settings import Settings
 
@@ -17,7 +18,7 @@ def test_embedded_defaults(tmp_path, monkeypatch):
 
 
 def test_egress_defaults_are_the_protocols(tmp_path):
-    prices = Settings(data_dir=tmp_path, _env_file=None).egress_prices()
+    prices = egress_prices(Settings(data_dir=tmp_path, _env_file=None))
     protocol = EgressPrices()
     for a, b in [("us-east-1", "us-east-2"), ("us-east-2", "us-west-2"), ("us-east-1", "us-east-1"),
                  ("us-central1", "europe-west4")]:
@@ -27,7 +28,7 @@ def test_egress_defaults_are_the_protocols(tmp_path):
 def test_egress_table_from_the_environment(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTBROKER_EGRESS_USD_PER_GB",
                        '{"default": 0.09, "us-west-2, us-east-2": 0.02}')
-    prices = Settings(data_dir=tmp_path, _env_file=None).egress_prices()
+    prices = egress_prices(Settings(data_dir=tmp_path, _env_file=None))
     assert prices.usd_per_gb("us-east-2", "us-west-2") == 0.02
     assert prices.usd_per_gb("us-east-1", "eu-west-1") == 0.09
     assert prices.fee("us-west-2a", "us-west-2b", 50) == 0.0

@@ -3,7 +3,6 @@ import pytest
 from sqlalchemy import select
 
 from spotbroker.broker import auth
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
     ATTEMPT_TRANSITIONS,
@@ -15,6 +14,7 @@ from spotbroker.broker.jobs.states import (
 )
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Event, Job
+from spotbroker.broker.usecases import jobs
 
 
 def make_job(factory) -> int:

@@ -9,12 +9,12 @@ from helpers import submit
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.launch.base import CapacityError
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Job
+from spotbroker.broker.usecases import jobs
 
 
 def reconciler(factory, settings, launcher=None) -> Reconciler:
@@ -78,7 +78,7 @@ def test_a_job_every_place_refused_waits_for_capacity_saying_so(env):
 def test_a_job_whose_chosen_places_break_the_teams_limits_waits_saying_which(env):
     """An instance type names no accelerator, so submission cannot refuse it:
     the places placement chose carry one the team may not use."""
-    from spotbroker.broker.jobs import policy as policies
+    from spotbroker.broker.teampolicy import policy as policies
 
     factory, settings, team = env
     with transaction(factory) as s:

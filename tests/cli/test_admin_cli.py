@@ -12,9 +12,9 @@ from conftest import ADMIN_TOKEN
 from helpers import team_token
 from sqlalchemy import select
 
-from spotbroker.broker.money.models import Alert
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
+from spotbroker.broker.store.moneymodels import Alert
 
 
 def cells(stdout: str, word: str) -> list[str]:

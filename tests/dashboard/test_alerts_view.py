@@ -9,9 +9,9 @@ from dashboard.conftest import ADMIN
 from sqlalchemy import select
 
 from spotbroker.broker.money import alerts
-from spotbroker.broker.money.models import Alert
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Job
+from spotbroker.broker.store.moneymodels import Alert
 
 
 def test_open_alerts_on_the_page_are_live_and_link_to_the_job_or_the_budget(site, factory):

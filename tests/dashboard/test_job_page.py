@@ -10,8 +10,8 @@ from dashboard.conftest import ADMIN
 from money.world import T0, World
 from sqlalchemy import select, update
 
-from spotbroker.broker.jobs.metricmodels import EarlyStop, MetricPoint
 from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.metricmodels import EarlyStop, MetricPoint
 from spotbroker.broker.store.models import Checkpoint, Job, Team
 
 RULE = {"metric": "val_loss", "mode": "min", "patience": 3, "min_delta": 0.001, "min_steps": 0}

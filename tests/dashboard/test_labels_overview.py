@@ -16,9 +16,9 @@ from sqlalchemy import func, select
 
 from spotbroker.api.dashboard.charts import money
 from spotbroker.broker.money import alerts
-from spotbroker.broker.money.models import Alert
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
+from spotbroker.broker.store.moneymodels import Alert
 
 pytestmark = pytest.mark.skipif(chromium() is None, reason=(
     "chromium is not installed (make test installs Debian's chromium via scripts/ensure-chromium as root)"))

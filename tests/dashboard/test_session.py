@@ -14,11 +14,11 @@ from sqlalchemy import func, select
 
 from spotbroker.api.dashboard import session
 from spotbroker.broker import auth
-from spotbroker.broker.money import sessions
-from spotbroker.broker.money.models import DashboardSession
+from spotbroker.broker.auth import sessions
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import ApiToken
+from spotbroker.broker.store.moneymodels import DashboardSession
 
 
 def log_in(site, token: str, origin: str | None = None) -> httpx.Response:

@@ -11,10 +11,10 @@ from sqlalchemy import select
 
 from spotbroker.broker.money import alerts, budgets, hardcap
 from spotbroker.broker.money.accrual import Accruer
-from spotbroker.broker.money.models import Alert, AlertSilence, Notification
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job
+from spotbroker.broker.store.moneymodels import Alert, AlertSilence, Notification
 
 HOOK = {"name": "ops", "kind": "webhook", "url": "http://127.0.0.1:9/hook"}
 

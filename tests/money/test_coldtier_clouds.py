@@ -17,12 +17,12 @@ from spotbroker.agent.checkpoint.coldtier import cold_tier
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.request import launch_request
-from spotbroker.broker.money import storage
-from spotbroker.broker.money.models import CheckpointTier
+from spotbroker.broker.checkpoints import coldtier as storage
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Checkpoint
+from spotbroker.broker.store.moneymodels import CheckpointTier
 
 DAY = timedelta(days=1)
 PART = b"w" * 4096

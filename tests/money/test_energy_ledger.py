@@ -13,10 +13,10 @@ from sqlalchemy import func, select
 from spotbroker.broker.energy import footprint, grid, power, tracker
 from spotbroker.broker.energy.settings import EnergySettings
 from spotbroker.broker.money.accrual import Accruer
-from spotbroker.broker.money.models import LedgerEntry
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, GridReading, Offer
+from spotbroker.broker.store.moneymodels import LedgerEntry
 
 
 def accrue(factory, clock) -> None:

@@ -11,9 +11,9 @@ from sqlalchemy import func, select
 
 from spotbroker.broker.money import costs, views
 from spotbroker.broker.money.accrual import Accruer
-from spotbroker.broker.money.models import LedgerEntry
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.models import Job
+from spotbroker.broker.store.moneymodels import LedgerEntry
 
 H = timedelta(hours=1)
 

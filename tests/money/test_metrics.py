@@ -11,9 +11,9 @@ from money.world import T0
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from spotbroker.broker.metrics.collector import MoneyCollector
 from spotbroker.broker.money import budgets
 from spotbroker.broker.money.accrual import Accruer
-from spotbroker.broker.money.metrics import MoneyCollector
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job

@@ -20,8 +20,8 @@ from sqlalchemy import select
 
 from spotbroker.broker.jobs.spec import CLOUDS
 from spotbroker.broker.jobs.states import JobState
+from spotbroker.broker.metrics.collector import LedgerTotals, MoneyCollector
 from spotbroker.broker.money.accrual import Accruer
-from spotbroker.broker.money.metrics import LedgerTotals, MoneyCollector
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Job, PriceSourceLease, Team

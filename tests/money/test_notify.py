@@ -148,7 +148,7 @@ def test_a_receiver_that_is_down_loses_nothing_and_a_restart_sends_nothing_twice
 def test_a_target_that_does_not_open_fails_its_notification_saying_why(factory, world, clock, receiver):
     """A target sealed with a key this broker lacks, or altered, sends nothing
     and crashes nothing: its notification records why, never the URL."""
-    from spotbroker.broker.money.models import Budget, Notification
+    from spotbroker.broker.store.moneymodels import Budget, Notification
     from spotbroker.broker.store.sealing import Keyring
 
     team = world.team()

@@ -14,10 +14,10 @@ from sqlalchemy import event, func, select
 
 from spotbroker.broker.money import budgets, costs, dashboard, labels, ledger, overview, views
 from spotbroker.broker.money.accrual import Accruer
-from spotbroker.broker.money.models import LedgerEntry
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job, Offer
+from spotbroker.broker.store.moneymodels import LedgerEntry
 
 H = timedelta(hours=1)
 M = timedelta(minutes=1)

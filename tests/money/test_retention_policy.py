@@ -8,9 +8,9 @@ from datetime import timedelta
 from money.test_storage import checkpoint, settings, storage_class
 from money.world import T0
 
-from spotbroker.broker.jobs import policy as policies
-from spotbroker.broker.money import storage
+from spotbroker.broker.checkpoints import coldtier as storage
 from spotbroker.broker.store.db import transaction
+from spotbroker.broker.teampolicy import policy as policies
 
 DAY = timedelta(days=1)
 

@@ -15,7 +15,6 @@ from sqlalchemy import select
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import LauncherUnavailable, LaunchRequest
 from spotbroker.broker.launch.launching import RETRYING
@@ -23,6 +22,7 @@ from spotbroker.broker.pricing.offers import Placement, seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
+from spotbroker.broker.usecases import jobs
 
 
 class ShiftedClock(Clock):

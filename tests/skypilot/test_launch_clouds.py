@@ -8,7 +8,6 @@ from sqlalchemy import select, update
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.launch.skypilot.launcher import SkyPilotLauncher
@@ -16,6 +15,7 @@ from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Job
+from spotbroker.broker.usecases import jobs
 
 
 class CheckedSky:

@@ -14,7 +14,8 @@ from dataclasses import replace
 import pytest
 from skypilot.skyenv import SkyAws
 
-from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable, LaunchRequest, RunState
+from spotbroker.broker.jobs.runs import RunState
+from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable, LaunchRequest
 from spotbroker.broker.pricing.offers import Placement
 
 pytestmark = pytest.mark.timeout(600)

@@ -12,10 +12,10 @@ from sqlalchemy import select
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs import service as jobs
+from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import EndReason
-from spotbroker.broker.launch.base import LaunchRequest, RunState, RunStatus
+from spotbroker.broker.launch.base import LaunchRequest
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.placement.placer import attempt_key, load_histories
 from spotbroker.broker.pricing.offers import seed_from_catalog
@@ -23,6 +23,7 @@ from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.usecases import jobs
 
 
 class RefusedAfterLaunch:

@@ -16,10 +16,10 @@ import yaml
 from helpers import run_to_end
 from sqlalchemy import select
 
-from spotbroker.broker.jobs import taskyaml
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import LaunchError, LaunchRequest
 from spotbroker.broker.pricing.offers import Placement
+from spotbroker.broker.usecases import taskyaml
 
 sky = pytest.importorskip("sky", reason="SkyPilot (the broker extra) is not installed")
 
@@ -186,10 +186,10 @@ def test_the_request_shows_no_secret(launcher):
 def test_a_local_job_sees_its_secret_in_its_env_and_no_log_shows_it(factory, settings, agent_endpoint, tmp_path,
                                                                     caplog):
     from spotbroker.broker import auth
-    from spotbroker.broker.jobs import service as jobs
     from spotbroker.broker.store import sealing
     from spotbroker.broker.store.db import transaction
     from spotbroker.broker.store.models import Event, Job
+    from spotbroker.broker.usecases import jobs
 
     caplog.set_level(logging.DEBUG)
     settings.data_dir.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from conftest import ADMIN_TOKEN
 from helpers import tgz, wait_for
 from skypilot.skyenv import SkyAws
 
-from spotbroker.broker.launch.base import RunState
+from spotbroker.broker.jobs.runs import RunState
 from spotbroker.broker.pricing.offers import Placement
 
 TRAINER = b"""import os, time

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotbroker.broker.jobs import taskyaml
 from spotbroker.broker.jobs.overrides import LaunchFlags, apply
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.skypilot.task import task_from_spec
+from spotbroker.broker.usecases import taskyaml
 
 sky = pytest.importorskip("sky", reason="SkyPilot (the broker extra) is not installed")
 SECRET = "wandb-s3cr3t-9f8e7d"

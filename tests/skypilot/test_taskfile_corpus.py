@@ -26,12 +26,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotbroker.broker.jobs import mounts, taskyaml
+from spotbroker.broker.jobs import mounts
 from spotbroker.broker.jobs.alternatives import elsewhere
 from spotbroker.broker.jobs.overrides import LaunchFlags, apply
 from spotbroker.broker.jobs.spec import JobSpec, SpecShapeError, load_raw
 from spotbroker.broker.launch.skypilot.task import task_from_spec
 from spotbroker.broker.settings import Settings
+from spotbroker.broker.usecases import taskyaml
 
 sky = pytest.importorskip("sky", reason="SkyPilot (the broker extra) is not installed")
 

@@ -11,10 +11,11 @@ import json
 import pytest
 import yaml
 
-from spotbroker.broker.jobs import taskyaml, unhonoured
+from spotbroker.broker.jobs import unhonoured
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.skypilot.task import chosen_alternative, kept_resources, task_from_spec
 from spotbroker.broker.pricing.offers import Placement
+from spotbroker.broker.usecases import taskyaml
 
 sky = pytest.importorskip("sky", reason="SkyPilot (the broker extra) is not installed")
 YAML = {"Content-Type": "application/yaml"}

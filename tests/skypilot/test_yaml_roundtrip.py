@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spotbroker.broker.jobs import taskyaml
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.skypilot.task import task_from_spec, upload_mounts
+from spotbroker.broker.usecases import taskyaml
 
 sky = pytest.importorskip("sky", reason="SkyPilot (the broker extra) is not installed")
 

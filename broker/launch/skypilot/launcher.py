@@ -31,11 +31,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, RunState, RunStatus
+from spotbroker.broker.jobs.runs import RunState, RunStatus
+from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest
 from spotbroker.broker.launch.skypilot.errors import Outcome, server_unreachable
-from spotbroker.broker.launch.skypilot.server import ServerWatch
 from spotbroker.broker.launch.skypilot.follow import GONE, IN_FLIGHT, Follower
 from spotbroker.broker.launch.skypilot.node import node_program
+from spotbroker.broker.launch.skypilot.server import ServerWatch
 from spotbroker.broker.launch.skypilot.task import chosen_alternative, kept_resources, node_task
 from spotbroker.broker.launch.skypilot.zones import ZoneNames
 from spotbroker.broker.placement.placer import NO_CLOUD

@@ -23,7 +23,7 @@ import shlex
 from dataclasses import dataclass
 
 from spotbroker.agent import protocol
-from spotbroker.agent.mounts import ENV_MOUNTS, encode
+from spotbroker.agent.mounts import encode
 from spotbroker.broker.launch.base import LaunchRequest
 
 # On the node, under the SSH user's home (SkyPilot expands `~` in file_mounts targets).
@@ -79,7 +79,7 @@ def run_script(user_run: str, with_code: bool, max_log_bytes: int = 0) -> str:
     if with_code:
         fetch = ("import sys, pathlib; from spotbroker.agent.code import fetch_code; "
                  "fetch_code(sys.argv[1], sys.argv[2], pathlib.Path(sys.argv[3]))")
-        lines.append(f'python -I -c {shlex.quote(fetch)} "$SPOTBROKER_CODE_URI" "$SPOTBROKER_CODE_SHA256" '
+        lines.append(f'python -I -c {shlex.quote(fetch)} "${protocol.ENV_CODE_URI}" "${protocol.ENV_CODE_SHA256}" '
                      '"$SB_NODE/workdir"')
     # Isolated (-I): the job's PYTHONPATH and modules are its trainer's, never
     # imported by the agent (a job's random.py on its PYTHONPATH failed it).
@@ -100,17 +100,17 @@ def node_program(request: LaunchRequest, wheelhouse: str, credentials: dict[str,
     theirs, since no standard variable shadows it."""
     p = request.placement
     envs = {**request.envs,
-            protocol.ENV_CLOUD: p.cloud, "SPOTBROKER_REGION": p.region or "",
-            "SPOTBROKER_ZONE": p.zone or p.zone_id or "", "SPOTBROKER_INSTANCE_TYPE": p.instance_type or ""}
+            protocol.ENV_CLOUD: p.cloud, protocol.ENV_REGION: p.region or "",
+            protocol.ENV_ZONE: p.zone or p.zone_id or "", protocol.ENV_INSTANCE_TYPE: p.instance_type or ""}
     secrets = dict(user_secrets or {})
     for name, value in request.extra_env.items():
         (secrets if name in SECRET_NAMES else envs)[name] = value
     secrets.update(credentials or {})
     if request.code is not None:
-        envs["SPOTBROKER_CODE_URI"] = request.code.uri
-        envs["SPOTBROKER_CODE_SHA256"] = request.code.sha256
+        envs[protocol.ENV_CODE_URI] = request.code.uri
+        envs[protocol.ENV_CODE_SHA256] = request.code.sha256
     if request.mounts:
-        envs[ENV_MOUNTS] = encode(list(request.mounts))
+        envs[protocol.ENV_MOUNTS] = encode(list(request.mounts))
     return NodeProgram(setup=setup_script(request.setup, bool(request.mounts)),
                        run=run_script(request.run, request.code is not None, max_log_bytes),
                        envs=envs, secrets=secrets, file_mounts={WHEELHOUSE: wheelhouse})

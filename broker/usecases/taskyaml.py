@@ -31,6 +31,7 @@ from pydantic import ValidationError
 from spotbroker.broker.jobs import alternatives, resfields, unhonoured
 from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw
 from spotbroker.broker.jobs.unhonoured import HONOURED, HONOURED_RESOURCES, OURS  # noqa: F401
+
 _ALTERNATIVES = ("any_of", "ordered")
 _MOUNT_KEYS = frozenset({"source", "name", "mode", "store", "persistent"})
 

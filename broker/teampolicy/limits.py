@@ -1,4 +1,4 @@
-"""A team policy's limits (broker/jobs/policy.py), where they bite.
+"""A team policy's limits (broker/teampolicy/policy.py), where they bite.
 
 * At submission, `submit_errors`: a job that breaks a limit is refused
   (422), the message naming the rule and the limit. A job that fits but
@@ -23,14 +23,14 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from spotbroker.broker.jobs import policy as policies
-from spotbroker.broker.jobs.policy import EMPTY, Policy
-from spotbroker.broker.jobs.preflight import trial
+from spotbroker.broker.jobs.preflight import trial, wanted
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.placement.host import on_host
 from spotbroker.broker.pricing.offers import Placement, rank_offers
 from spotbroker.broker.store.models import Attempt, Job, Team
+from spotbroker.broker.teampolicy import policy as policies
+from spotbroker.broker.teampolicy.policy import EMPTY, Policy
 
 HELD = "held by a limit: "
 
@@ -143,8 +143,6 @@ def hold_reason(session: Session, job: Job, spec: JobSpec, team: str, policy: Po
     """Why the team's policy holds the job before its next attempt (a limit
     lowered since it was submitted, or the GPUs at once now), or None. A
     pre-flight yet to pass meets them too: it launches first."""
-    from spotbroker.broker.recovery.preflight import wanted  # (it reads the job's attempts)
-
     if policy is EMPTY:
         return None
     flight = wanted(job, spec)

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from spotbroker.broker.jobs.service import get
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, EndReason, JobState
 from spotbroker.broker.store.models import Checkpoint
+from spotbroker.broker.usecases.jobs import get
 
 DASH = "\u2014"  # the em dash that sets a story line apart from the trainer's own output
 

@@ -1,4 +1,4 @@
-"""The jobs service: what the API's job routes do, as plain functions that
+"""The job use cases: what the API's job routes do, as plain functions that
 take a session. Reads are scoped to a team; another team's job is "not
 found", never "forbidden"."""
 from __future__ import annotations
@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from sqlalchemy import insert, select, tuple_
 from sqlalchemy.orm import Session, sessionmaker
 
+from spotbroker.broker.checkpoints import records
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import logs, reasons, sealed
 from spotbroker.broker.jobs.spec import JobSpec, public
@@ -22,13 +23,7 @@ from spotbroker.broker.jobs.states import (
     transition,
 )
 from spotbroker.broker.launch.base import Launcher, LaunchError
-from spotbroker.broker.recovery.checkpoints import (  # CheckpointUnverified: the API catches it from here
-    CheckpointUnverified,
-    attempt_prefix,
-    checkpoint_uri,
-    verify_and_keep,
-)
-from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, JobLabel, Team
+from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, JobLabel
 from spotbroker.broker.store.sealing import Keyring
 
 
@@ -153,35 +148,17 @@ def cancel(session: Session, team_id: int, job_id: int, clock: Clock = SYSTEM_CL
     return job
 
 
-class CheckpointNotFound(LookupError):
-    pass
-
-
 def checkpoints(session: Session, team_id: int, job_id: int) -> list[Checkpoint]:
-    """Committed checkpoints of the job, newest step first."""
+    """Committed checkpoints of the team's job, newest step first."""
     get(session, team_id, job_id)
-    return list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
-                                .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())))
+    return records.committed(session, job_id)
 
 
 def keep_checkpoint(session: Session, team_id: int, job_id: int, checkpoint_id: int,
                     checkpoint_root: str) -> Checkpoint:
-    """Mark a checkpoint as the one to keep: its KEEP marker in the store
-    stops any keep-last-K clean-up from deleting it. The marker goes where the
-    broker's own layout puts that attempt's step (never where a stored URI
-    says, if it says otherwise), and only once its manifest is read back
-    there: else CheckpointUnverified, and nothing is written."""
-    job = get(session, team_id, job_id)
-    ckpt = session.scalar(select(Checkpoint).where(Checkpoint.id == checkpoint_id, Checkpoint.job_id == job_id))
-    if ckpt is None:
-        raise CheckpointNotFound(checkpoint_id)
-    team = session.get(Team, job.team_id).name
-    uri = checkpoint_uri(attempt_prefix(checkpoint_root, team, job.id, ckpt.attempt_id), ckpt.step)
-    if ckpt.uri != uri:
-        raise CheckpointUnverified(f"it is recorded at {ckpt.uri}, not at its attempt's own place {uri}")
-    verify_and_keep(checkpoint_root, uri, ckpt.step)
-    ckpt.keep = True
-    return ckpt
+    """Keep a checkpoint of the team's job (broker/checkpoints/records.py:
+    `keep`): CheckpointNotFound, CheckpointUnverified."""
+    return records.keep(session, get(session, team_id, job_id), checkpoint_id, checkpoint_root)
 
 
 def current_attempt(job: Job) -> Attempt | None:

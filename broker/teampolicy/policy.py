@@ -7,7 +7,7 @@ what the job says itself: `envs` key by key (the job's value wins), and
 by the spec's own model when it is set.
 
 Limits are checked at submission (a 422 naming the rule and the limit,
-broker/jobs/limits.py) and again before each attempt is launched (a job
+broker/teampolicy/limits.py) and again before each attempt is launched (a job
 that breaks a limit lowered since is HELD with the reason; what runs is
 never stopped for it). What "the job's $/h" is: the place's price per node
 (spot or on-demand, as the job asks) times its nodes.

@@ -30,10 +30,11 @@ from sqlalchemy import and_, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.agent.checkpoint.coldtier import cold_tier, data_keys
-from spotbroker.broker.money.models import CheckpointTier
-from spotbroker.broker.money.settings import MoneySettings, get_money_settings
+from spotbroker.broker.checkpoints.records import newest_checkpoint
+from spotbroker.broker.checkpoints.settings import CheckpointSettings, get_checkpoint_settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Checkpoint, Job, TeamPolicy
+from spotbroker.broker.store.moneymodels import CheckpointTier
 
 log = logging.getLogger("spotbroker.money")
 BATCH = 200          # checkpoints archived per pass (the rest wait for the next)
@@ -48,7 +49,7 @@ class ArchiveStats:
     failed: int = 0
 
 
-def archive_due(factory: sessionmaker[Session], settings: MoneySettings, now: datetime) -> ArchiveStats:
+def archive_due(factory: sessionmaker[Session], settings: CheckpointSettings, now: datetime) -> ArchiveStats:
     """Move committed checkpoints past the retention to the cold tier (the
     team policy's `checkpoint_retention_days` where it sets one, else the
     broker's)."""
@@ -81,7 +82,7 @@ def archive_due(factory: sessionmaker[Session], settings: MoneySettings, now: da
     return stats
 
 
-def _past_retention(session: Session, settings: MoneySettings, now: datetime):
+def _past_retention(session: Session, settings: CheckpointSettings, now: datetime):
     """Committed before its team's retention: one clause per team whose policy sets its own."""
     own = {team_id: days for team_id, doc in session.execute(select(TeamPolicy.team_id, TeamPolicy.document))
            if (days := (doc or {}).get("checkpoint_retention_days")) is not None}
@@ -104,17 +105,16 @@ def cold_reason(session: Session, checkpoint: Checkpoint | None) -> str | None:
             f"archived {tier.archived_at:%Y-%m-%d}) and must be restored before a new attempt can resume from it")
 
 
-def resume_hold(session: Session, job: Job, now: datetime, settings: MoneySettings | None = None) -> str | None:
+def resume_hold(session: Session, job: Job, now: datetime, settings: CheckpointSettings | None = None) -> str | None:
     """The reconciler's question before it places a job: is its newest
     checkpoint cold? If so a restore is asked for (once), and the job is
     held until every object is readable; then they are copied back to the
     standard class and the job may launch (None)."""
-    newest = session.scalar(select(Checkpoint).where(Checkpoint.job_id == job.id)
-                            .order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(1))
+    newest = newest_checkpoint(session, job.id)
     why = cold_reason(session, newest)
     if why is None:
         return None
-    settings = settings or get_money_settings()
+    settings = settings or get_checkpoint_settings()
     tier = session.get(CheckpointTier, newest.id)
     try:
         cold = cold_tier(newest.uri)   # restore and warm: the cold class it is in does not matter
@@ -155,10 +155,10 @@ class StorageSummary:
         return sum(self.monthly_cost_by_class.values())
 
 
-def storage_summary(session: Session, team_id: int, settings: MoneySettings | None = None) -> StorageSummary:
+def storage_summary(session: Session, team_id: int, settings: CheckpointSettings | None = None) -> StorageSummary:
     """A team's checkpoint storage and its monthly cost, from the database
     (the bytes each checkpoint's agent reported; cold ones by their class)."""
-    settings = settings or get_money_settings()
+    settings = settings or get_checkpoint_settings()
     prices = {"STANDARD": settings.storage_price_standard, "GLACIER": settings.storage_price_glacier,
               "DEEP_ARCHIVE": settings.storage_price_deep_archive, "ARCHIVE": settings.storage_price_gcs_archive,
               "Archive": settings.storage_price_azure_archive}

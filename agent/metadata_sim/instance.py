@@ -15,13 +15,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from spotbroker.agent.simulator import aws, azure, gcp
-from spotbroker.agent.simulator.server import HANG_LIMIT_S, Reply, Server, json_reply
+from spotbroker.agent.metadata_sim import aws, azure, gcp
+from spotbroker.agent.metadata_sim.server import HANG_LIMIT_S, Reply, Server, json_reply
 
 CONTROL_HEADER = "x-sim-token"
-# Where the command line takes the control token from: an environment
-# variable, not an argument (arguments are readable by every user in /proc).
-CONTROL_TOKEN_ENV = "SPOTBROKER_SIM_CONTROL_TOKEN"
 
 CLOUDS = ("aws", "gcp", "azure")
 # The documented time between the notice and the hard stop (Azure: at least 30 s).

@@ -1,5 +1,5 @@
 """The deployment's health as /metrics shows it (read from the shared
-database, with the team totals of broker/money/metrics.py, by the one broker
+database, with the team totals of broker/metrics/collector.py, by the one broker
 that holds the metrics lease):
 
 - the reconciler's lag: how long the job that has waited longest for a

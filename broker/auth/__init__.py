@@ -1,5 +1,6 @@
 """Teams and API tokens. A token is shown once, at creation; only its
-SHA-256 digest is stored, and tokens never reach a log."""
+SHA-256 digest is stored, and tokens never reach a log. The dashboard's
+logins, which stand for a token, are `sessions` in this package."""
 from __future__ import annotations
 
 import hashlib

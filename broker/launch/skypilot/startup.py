@@ -1,4 +1,4 @@
-"""The SkyPilot launcher in a broker process (built by broker/background.py)."""
+"""The SkyPilot launcher in a broker process, set up at start (by broker/background.py)."""
 from __future__ import annotations
 
 import threading

@@ -17,9 +17,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.jobs import sealed
 from spotbroker.broker.money import budgets
-from spotbroker.broker.money.models import Budget
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Job
+from spotbroker.broker.store.moneymodels import Budget
 from spotbroker.broker.store.sealing import Keyring, SealError
 
 BATCH = 200

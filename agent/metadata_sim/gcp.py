@@ -9,10 +9,10 @@ import hashlib
 import time
 from typing import TYPE_CHECKING
 
-from spotbroker.agent.simulator.server import HANG_LIMIT_S, Reply
+from spotbroker.agent.metadata_sim.server import HANG_LIMIT_S, Reply
 
 if TYPE_CHECKING:
-    from spotbroker.agent.simulator.service import MetadataSimulator
+    from spotbroker.agent.metadata_sim.instance import MetadataSimulator
 
 # GCP warns of host maintenance on GPU VMs 60 s ahead.
 MAINTENANCE_WINDOW = 60.0

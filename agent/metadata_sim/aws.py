@@ -10,10 +10,10 @@ import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from spotbroker.agent.simulator.server import Reply
+from spotbroker.agent.metadata_sim.server import Reply
 
 if TYPE_CHECKING:
-    from spotbroker.agent.simulator.service import MetadataSimulator
+    from spotbroker.agent.metadata_sim.instance import MetadataSimulator
 
 TOKEN_TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
 TOKEN_HEADER = "X-aws-ec2-metadata-token"

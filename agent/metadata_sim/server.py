@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, urlsplit
 
 if TYPE_CHECKING:
-    from spotbroker.agent.simulator.service import MetadataSimulator
+    from spotbroker.agent.metadata_sim.instance import MetadataSimulator
 
 # Hung requests are released at the latest after this long, or when the fault is cleared.
 HANG_LIMIT_S = 600.0

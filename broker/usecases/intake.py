@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.broker.jobs import limits
-from spotbroker.broker.jobs import policy as policies
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.money import budgets
+from spotbroker.broker.teampolicy import limits
+from spotbroker.broker.teampolicy import policy as policies
 
 
 @dataclass(frozen=True)

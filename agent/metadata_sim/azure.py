@@ -11,10 +11,10 @@ import uuid
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from spotbroker.agent.simulator.server import Reply, json_reply
+from spotbroker.agent.metadata_sim.server import Reply, json_reply
 
 if TYPE_CHECKING:
-    from spotbroker.agent.simulator.service import MetadataSimulator
+    from spotbroker.agent.metadata_sim.instance import MetadataSimulator
 
 EVENTS_API_VERSIONS = frozenset({"2017-03-01", "2017-11-01", "2019-01-01", "2019-08-01", "2020-07-01"})
 

@@ -1,4 +1,4 @@
-"""``python -m spotbroker.agent.simulator``: one simulated metadata service in
+"""``python -m spotbroker.agent.metadata_sim``: one simulated metadata service in
 its own process, as the local launcher starts one per attempt. The first line
 it prints is its URL. With SPOTBROKER_SIM_CONTROL_TOKEN set, its `/_sim/`
 control endpoints answer only requests whose `X-Sim-Token` header carries it."""
@@ -10,11 +10,12 @@ import signal
 import threading
 from datetime import UTC, datetime
 
-from spotbroker.agent.simulator.service import CLOUDS, CONTROL_TOKEN_ENV, FAULT_MODES, MetadataSimulator
+from spotbroker.agent.metadata_sim.instance import CLOUDS, FAULT_MODES, MetadataSimulator
+from spotbroker.agent.protocol import ENV_SIM_CONTROL_TOKEN
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m spotbroker.agent.simulator",
+    parser = argparse.ArgumentParser(prog="python -m spotbroker.agent.metadata_sim",
                                      description="A metadata-service simulator that speaks AWS, GCP and Azure "
                                                  "as documented.")
     parser.add_argument("--cloud", choices=CLOUDS, default="aws")
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
         notice_after=args.notice_after, notice_at=notice_at, rebalance_after=args.rebalance_after,
         vm_name=args.vm_name, instance_id=args.instance_id,
         on_hard_stop=(lambda: _hard_stop(args.kill_at_hard_stop)) if args.kill_at_hard_stop else None,
-        control_token=os.environ.get(CONTROL_TOKEN_ENV) or None,
+        control_token=os.environ.get(ENV_SIM_CONTROL_TOKEN) or None,
     )
     if args.fault:
         sim.set_fault(args.fault)

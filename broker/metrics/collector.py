@@ -28,7 +28,7 @@ team names), whatever the number of teams:
 - placement decisions: one attempt per launch decision, by cloud and
   spot/on-demand, and the jobs waiting now (the policy chose to wait);
 - the reconciler's lag and each price source's freshness
-  (broker/money/ops_metrics.py).
+  (broker/metrics/ops.py).
 
 Every team has every series, with 0 where nothing happened yet: a series that
 appears only with its first event breaks `rate()` and `absent()` alerts.
@@ -49,9 +49,10 @@ from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.spec import CLOUDS
 from spotbroker.broker.jobs.states import EndReason, JobState
-from spotbroker.broker.money import budgets, leases, ops_metrics
-from spotbroker.broker.money.models import Budget, LedgerEntry
+from spotbroker.broker.metrics import ops
+from spotbroker.broker.money import budgets, leases
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Team
+from spotbroker.broker.store.moneymodels import Budget, LedgerEntry
 
 # Seconds a flush may take: a notice gives 120 s (AWS) or 30 s (GCP, Azure).
 FLUSH_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0)
@@ -263,7 +264,7 @@ class MoneyCollector(Collector):
         with self.factory() as session:
             names = dict(session.execute(select(Team.id, Team.name)).all())
             out = [*totals(self.ledger.read(session, now), names), *money(session, names, now), *jobs(session, names),
-                   *flushes(session, names), *placements(session, names), *ops_metrics.collect(session, now)]
+                   *flushes(session, names), *placements(session, names), *ops.collect(session, now)]
         yield from out
 
     def release(self) -> None:

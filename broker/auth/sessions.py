@@ -28,8 +28,8 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker import auth
 from spotbroker.broker.auth import ADMIN, Principal
-from spotbroker.broker.money.models import DashboardSession
 from spotbroker.broker.store.models import ApiToken, Team
+from spotbroker.broker.store.moneymodels import DashboardSession
 
 # last_seen_at is written when it is older than this (idle is exact to it).
 TOUCH = timedelta(seconds=60)

@@ -1,0 +1,1 @@
+"""A team's policy (its defaults and limits, as stored) and where its limits bite."""
