@@ -135,7 +135,7 @@ def test_an_agents_backlog_of_reports_is_stored_in_a_few_statements(engine, fact
     from money.world import World
     from sqlalchemy import event, select
 
-    from spotbroker.broker.jobs.metricmodels import MetricPoint
+    from spotbroker.broker.store.metricmodels import MetricPoint
     from spotbroker.broker.recovery import agent_channel
     from spotbroker.broker.recovery.agent_channel import AgentEvent
     from spotbroker.broker.store.db import transaction
