@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_local_nodes
+from support.helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_local_nodes
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
@@ -79,7 +79,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _marked_processes(mark: bytes, spare_children: bool) -> dict[int, tuple[str, str]]:
-    from helpers import processes
+    from support.helpers import processes
 
     from spotbroker.agent.proctree import parent_of, start_time
 
@@ -302,7 +302,7 @@ def served(settings, run_reconciler: bool = True) -> Iterator:
     """The app on a real socket (settings.port is set to it), so that node
     agents of local runs can reach it; yields an HTTP client for it."""
     import httpx
-    from helpers import serve_in_thread
+    from support.helpers import serve_in_thread
 
     server, thread = serve_in_thread(settings, run_reconciler=run_reconciler)
     try:

@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from helpers import submit
+from support.helpers import submit
 from sqlalchemy import select
 
 from spotbroker.broker.clock import Clock
