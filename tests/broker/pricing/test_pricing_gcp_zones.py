@@ -6,7 +6,8 @@ from datetime import UTC, datetime
 import pytest
 from sqlalchemy import select
 
-from spotbroker.broker.pricing import fake_data, fakes
+from spotbroker.broker.pricing.fakes import clouds as fakes
+from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.gcp import GcpSource, snapshot_machines
 from spotbroker.broker.pricing.gcp_zones import NAME_FILTER
 from spotbroker.broker.pricing.normalise import QualityReport

@@ -9,7 +9,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
-from spotbroker.broker.pricing import fake_data, fakes, risk, store
+from spotbroker.broker.pricing import risk, store
+from spotbroker.broker.pricing.fakes import clouds as fakes
+from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.pricing.settings import DEFAULT_SOURCES, PricingSettings

@@ -16,7 +16,7 @@ One server answers every API on its own path:
 - AWS Pricing API: `POST /` with `X-Amz-Target: AWSPriceListService.GetProducts`,
   and EC2 `GetSpotPlacementScores` (form-encoded, XML answer) on `/ec2`;
 - AWS Price List Bulk API: `GET /offers/v1.0/aws/AmazonEC2/…` (the region
-  index and each region's CSV offer file, see fake_price_list.py);
+  index and each region's CSV offer file, see price_list.py);
 - the Spot Instance Advisor feed `GET /spot-advisor-data.json` (with an ETag).
 A test can make a page fail (`fail_page`) to check that nothing half-written
 lands.
@@ -36,7 +36,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlparse
 
-from spotbroker.broker.pricing.fake_price_list import PREFIX, PriceListFiles
+from spotbroker.broker.pricing.fakes.price_list import PREFIX, PriceListFiles
 
 
 @dataclass

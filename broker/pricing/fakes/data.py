@@ -1,4 +1,4 @@
-"""What the local fakes (fakes.py) answer: the clouds' own response shapes,
+"""What the local fakes (clouds.py) answer: the clouds' own response shapes,
 filled from the bundled snapshot's real rows, with the noise the real APIs
 carry (Windows and Low Priority meters, CPU sizes, other currencies) so the
 sources' filters are exercised. `scale` repeats the regions to reach a real
@@ -9,7 +9,7 @@ import csv
 from typing import Any
 
 from spotbroker.broker.pricing import catalog
-from spotbroker.broker.pricing.cpu_families import GCP_SKU_SERIES, gcp_cpu_type, gcp_family
+from spotbroker.broker.pricing.cpu_families import GCP_SERIES, GCP_SKU_SERIES, gcp_cpu_type, gcp_family
 
 
 def _raw(name: str) -> list[dict[str, str]]:
@@ -98,11 +98,6 @@ def azure_evictions(scale: int = 1) -> list[dict[str, Any]]:
 
 # --- GCP ----------------------------------------------------------------------------------
 
-# The series name in each Compute Engine SKU description, per machine family
-# (GCP bills a GPU machine as its cores, its RAM and its GPUs).
-GCP_SERIES = {"a2-highgpu": "A2", "a2-megagpu": "A2 Mega", "a2-ultragpu": "A2 Ultra", "a3-highgpu": "A3",
-              "a3-edgegpu": "A3 Edge", "a3-megagpu": "A3 Mega", "a3-ultragpu": "A3 Ultra", "a4-highgpu": "A4",
-              "g2-standard": "G2"}
 GCP_GPU = {"A100": "Nvidia Tesla A100", "A100-80GB": "Nvidia Tesla A100 80GB", "H100": "Nvidia H100 80GB",
            "H100-MEGA": "Nvidia H100 80GB Mega", "H200": "Nvidia H200 141GB", "B200": "Nvidia B200",
            "L4": "Nvidia L4", "T4": "Nvidia Tesla T4", "V100": "Nvidia Tesla V100", "P100": "Nvidia Tesla P100",

@@ -1,5 +1,5 @@
 """A local fake of AWS's Price List Bulk API for EC2 (served by
-fakes.FakeClouds), with the real shapes at a real file's size:
+clouds.FakeClouds), with the real shapes at a real file's size:
 
 - `GET /offers/v1.0/aws/AmazonEC2/current/region_index.json`: `{"formatVersion",
   "disclaimer", "publicationDate", "regions": {code: {"regionCode",
@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from spotbroker.broker.pricing.fake_data import _raw
+from spotbroker.broker.pricing.fakes.data import _raw
 
 PREFIX = "/offers/v1.0/aws/AmazonEC2/"
 INDEX_PATH = PREFIX + "current/region_index.json"
