@@ -45,7 +45,9 @@ from _db import temporary_database  # noqa: E402
 
 from spotbroker.broker.jobs.spec import JobSpec  # noqa: E402
 from spotbroker.broker.placement.placer import Placer  # noqa: E402
-from spotbroker.broker.pricing import catalog, fake_data, fakes, store  # noqa: E402
+from spotbroker.broker.pricing import catalog, store  # noqa: E402
+from spotbroker.broker.pricing.fakes import clouds as fakes  # noqa: E402
+from spotbroker.broker.pricing.fakes import data as fake_data  # noqa: E402
 from spotbroker.broker.pricing.offers import rank_offers  # noqa: E402
 from spotbroker.broker.pricing.query import PriceQuery, ranked_prices  # noqa: E402
 from spotbroker.broker.pricing.settings import PricingSettings  # noqa: E402
@@ -314,7 +316,7 @@ def aws_public_figures(factory, largest_mb: float) -> None:
     from sqlalchemy import delete
 
     from spotbroker.broker.pricing.aws_public import AwsPublicSource
-    from spotbroker.broker.pricing.fake_price_list import INDEX_PATH, PriceListFiles
+    from spotbroker.broker.pricing.fakes.price_list import INDEX_PATH, PriceListFiles
     from spotbroker.broker.store.models import Offer, PriceListFile, PriceOffer
 
     files = PriceListFiles()

@@ -1,6 +1,6 @@
 """A broker replica killed -> its job's next step taken by another replica
 [goal <= one lease + one pass], through the whole stack as processes
-(tests/skypilot/stack.py: PostgreSQL, two `spotbroker serve` replicas
+(tests/support/stack.py: PostgreSQL, two `spotbroker serve` replicas
 launching through SkyPilot, one SkyPilot API server they share, moto's
 S3/STS/IAM/EC2 in this process).
 
@@ -11,7 +11,7 @@ the handle stored, if the claim is missed between two looks 50 ms apart).
 The job is then cancelled, its instance gone from moto, and the killed
 replica started again for the next trial.
 
-    python bench/stack_failover.py [--trials 3]      (needs PostgreSQL: tests/helpers.py's PG_ADMIN_URL)
+    python bench/stack_failover.py [--trials 3]      (needs PostgreSQL: tests/support/helpers.py's PG_ADMIN_URL)
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from skypilot.skyenv import sky_environment  # noqa: E402
-from skypilot.stack import (LEASE_S, PASS_S, cancel_and_wait_clean, handle_of, kill_while_launching,  # noqa: E402
+from support.skyenv import sky_environment  # noqa: E402
+from support.stack import (LEASE_S, PASS_S, cancel_and_wait_clean, handle_of, kill_while_launching,  # noqa: E402
                             stack, wait_for)
 
 

@@ -15,12 +15,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_local_nodes
+from support.helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_local_nodes
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
+from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.store import migrate
-from spotbroker.broker.store.db import make_engine, make_session_factory
+from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 
 ADMIN_TOKEN = "admin-token-for-tests"
 # `serve` reads live public price sources by default; the suite's brokers
@@ -79,7 +80,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _marked_processes(mark: bytes, spare_children: bool) -> dict[int, tuple[str, str]]:
-    from helpers import processes
+    from support.helpers import processes
 
     from spotbroker.agent.proctree import parent_of, start_time
 
@@ -190,10 +191,19 @@ def pg_server() -> str:
 
 @pytest.fixture(scope="session")
 def pg_database(pg_server: str) -> Iterator[str]:
-    """One migrated database for the run; each test empties it before use."""
+    """One migrated database for the run; each test empties it before use.
+    The bundled snapshot's offers are kept aside in it, in a schema of their
+    own (`_SEED_SCHEMA`), for the tests whose broker would load them."""
     url = create_pg_database()
     engine = make_engine(url)
     migrate.upgrade(engine)
+    with transaction(make_session_factory(engine)) as session:
+        seed_from_catalog(session)
+    with engine.begin() as conn:
+        conn.execute(text(f"CREATE SCHEMA {_SEED_SCHEMA}"))
+        for table in _SEEDED:
+            conn.execute(text(f"CREATE TABLE {_SEED_SCHEMA}.{table} AS SELECT * FROM public.{table}"))
+    _empty_all(engine)
     engine.dispose()
     yield url
     drop_pg_database(url)
@@ -206,16 +216,18 @@ _RESTART_SEQUENCES = """DO $$ DECLARE s record; BEGIN
   END LOOP; END $$"""
 
 
-def _empty_all(engine: Engine) -> None:
-    """Every table emptied, children first. DELETE, not TRUNCATE: a test
-    leaves a few rows, and TRUNCATE gives every table and index a new file
-    (about twice the time here, see docs/benchmarks.md)."""
+def _empty_all(engine: Engine, then: tuple[str, ...] = ()) -> None:
+    """Every table emptied, children first, and `then` run after, in one
+    round trip to the server (a statement each took 3-5 times as long under
+    load, docs/benchmarks.md). DELETE, not TRUNCATE: a test leaves a few
+    rows, and TRUNCATE gives every table and index a new file (about twice
+    the time here)."""
     from spotbroker.broker.store.db import Base
 
+    statements = [f'DELETE FROM "{table.name}"' for table in reversed(Base.metadata.sorted_tables)]
     with engine.begin() as conn:
-        for table in reversed(Base.metadata.sorted_tables):
-            conn.execute(table.delete())
-        conn.execute(text(_RESTART_SEQUENCES))
+        # The driver's own cursor: one batch of statements, no parameters.
+        conn.connection.cursor().execute(";\n".join([*statements, _RESTART_SEQUENCES, *then]))
 
 
 @pytest.fixture(scope="session")
@@ -232,18 +244,84 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def sqlite_seeded_template(sqlite_template: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The migrated template with the bundled snapshot's offers loaded, as
+    a broker's first start loads them (for the tests in `SERVED`)."""
+    import shutil
+
+    path = tmp_path_factory.mktemp("sqlite-seeded") / "broker.db"
+    shutil.copyfile(sqlite_template, path)
+    engine = make_engine(f"sqlite:///{path}")
+    with transaction(make_session_factory(engine)) as session:
+        seed_from_catalog(session)
+    engine.dispose()
+    assert not path.with_name(path.name + "-wal").exists(), "the seeded template's WAL was not checkpointed"
+    return path
+
+
+# A broker's start loads the bundled price snapshot into a database that has
+# none (seed_from_catalog: 2,411 offers and their first samples, about 1.1 s
+# of a test server's 1.4 s start under load, docs/benchmarks.md). A test
+# whose server starts with these fixtures, before the test's own code runs,
+# gets a database with the snapshot already loaded, stamped with the time
+# of the test's start as that load would have stamped it; the server then
+# finds it there and loads nothing. (Servers that a test starts itself, on a
+# clock of its own or after writing its own offers, load it as before.)
+SERVED = frozenset({"api", "agent_endpoint"})
+_SEEDED = ("price_offers", "offers")   # what seed_from_catalog writes
+_SEED_SCHEMA = "spotbroker_test_seed"
+
+
+def _stamp_seed(engine: Engine) -> None:
+    """The snapshot's rows, dated now: as a load at this instant writes them."""
+    from spotbroker.broker.clock import SYSTEM_CLOCK
+    from spotbroker.broker.store.models import Offer, PriceOffer
+
+    now = SYSTEM_CLOCK.now()
+    with engine.begin() as conn:
+        conn.execute(PriceOffer.__table__.update().values(observed_at=now, checked_at=now))
+        conn.execute(Offer.__table__.update().values(observed_at=now))
+
+
+def _restore_seed() -> tuple[str, ...]:
+    """What puts the kept snapshot rows back into an emptied PostgreSQL
+    database, dated now, its sequences where the load would have left them."""
+    from spotbroker.broker.clock import SYSTEM_CLOCK
+    from spotbroker.broker.store.db import Base
+
+    now = f"'{SYSTEM_CLOCK.now().isoformat()}'::timestamptz"
+    statements = []
+    for name in _SEEDED:
+        # Dated as they are copied: an UPDATE after doubled the cost.
+        columns = [c.name for c in Base.metadata.tables[name].columns]
+        values = [now if c in ("observed_at", "checked_at") else c for c in columns]
+        statements += [f"INSERT INTO {name} ({', '.join(columns)}) SELECT {', '.join(values)} "
+                       f"FROM {_SEED_SCHEMA}.{name}",
+                       f"SELECT setval(pg_get_serial_sequence('{name}', 'id'), max(id)) FROM {name}"]
+    return tuple(statements)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A migrated, empty database of each kind."""
+    """A migrated, empty database of each kind (for a test in `SERVED`,
+    holding the price snapshot that its server would load)."""
+    served = not SERVED.isdisjoint(request.fixturenames)
     if request.param == "sqlite":
         import shutil
 
         path = tmp_path / "broker.db"
-        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
-        return f"sqlite:///{path}"
+        template = "sqlite_seeded_template" if served else "sqlite_template"
+        shutil.copyfile(request.getfixturevalue(template), path)
+        url = f"sqlite:///{path}"
+        if served:
+            engine = make_engine(url)
+            _stamp_seed(engine)
+            engine.dispose()
+        return url
     url = request.getfixturevalue("pg_database")
     engine = make_engine(url)
-    _empty_all(engine)
+    _empty_all(engine, then=_restore_seed() if served else ())
     engine.dispose()
     return url
 
@@ -302,7 +380,7 @@ def served(settings, run_reconciler: bool = True) -> Iterator:
     """The app on a real socket (settings.port is set to it), so that node
     agents of local runs can reach it; yields an HTTP client for it."""
     import httpx
-    from helpers import serve_in_thread
+    from support.helpers import serve_in_thread
 
     server, thread = serve_in_thread(settings, run_reconciler=run_reconciler)
     try:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 import yaml
-from helpers import create_pg_database, drop_pg_database, setting_names
-from s3fixtures import moto_endpoint  # noqa: F401
+from support.helpers import create_pg_database, drop_pg_database, setting_names
+from support.s3fixtures import moto_endpoint  # noqa: F401
 
 from spotbroker.broker.settings import Settings
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import setting_names
+from support.helpers import setting_names
 
 from spotbroker.broker.settings import Settings
 

@@ -19,7 +19,7 @@ def run_pg_tests(ci: bool) -> subprocess.CompletedProcess[str]:
     env["SPOTBROKER_TEST_PG_URL"] = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     if ci:
         env["CI"] = "true"
-    return subprocess.run([sys.executable, "-m", "pytest", "tests/broker/test_states.py", "-k", "postgresql",
+    return subprocess.run([sys.executable, "-m", "pytest", "tests/broker/jobs/test_states.py", "-k", "postgresql",
                            "-q", "-p", "no:cacheprovider", "-rs"], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=120)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 # moto's S3 server (real HTTP) for the storage and checkpoint tests.
-from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
+from support.s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
 
 from spotbroker.agent.notices import Notice, WatchConfig
 from spotbroker.agent.protocol import EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH

@@ -12,7 +12,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from iamfixtures import aws_iam  # noqa: F401  (fixtures, found by name)
+from support.iamfixtures import aws_iam  # noqa: F401  (fixtures, found by name)
 
 from spotbroker.agent import credentials, protocol
 from spotbroker.agent.checkpoint.storage import Storage

@@ -7,8 +7,8 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import tgz
-from s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
+from support.helpers import tgz
+from support.s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
 
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.code import CodeError

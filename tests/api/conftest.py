@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import stop_local_nodes
+from support.helpers import stop_local_nodes
 
 
 @dataclass

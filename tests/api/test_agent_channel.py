@@ -9,7 +9,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pytest
-from helpers import ev, post, running_job, wait_for, wait_state
+from support.helpers import ev, post, running_job, wait_for, wait_state
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction

@@ -2,7 +2,7 @@
 node, with its agent token only (an s3:// root is tests/e2e/test_scoped_credentials.py)."""
 from __future__ import annotations
 
-from helpers import running_job
+from support.helpers import running_job
 
 
 def test_only_an_agent_token_gets_credentials_and_a_local_root_needs_none(api, team_headers, settings):

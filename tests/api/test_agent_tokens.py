@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from conftest import ADMIN_TOKEN
-from helpers import wait_for, wait_state
+from support.helpers import wait_for, wait_state
 from sqlalchemy import update
 
 from spotbroker.broker.recovery.agent_channel import agent_token

@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 
 import httpx
 from conftest import ADMIN_TOKEN
-from helpers import tgz, wait_state
+from support.helpers import tgz, wait_state
 from sqlalchemy import MetaData, select
 
 from spotbroker.broker.recovery.agent_channel import agent_token

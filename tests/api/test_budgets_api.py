@@ -6,7 +6,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from conftest import ADMIN_TOKEN
-from helpers import spend_today, wait_state
+from support.helpers import spend_today, wait_state
 from sqlalchemy import select
 
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction

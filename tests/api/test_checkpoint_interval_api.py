@@ -4,7 +4,7 @@ force (and why) shown on the job once its agent speaks."""
 from __future__ import annotations
 
 import pytest
-from helpers import wait_for, wait_state
+from support.helpers import wait_for, wait_state
 
 YAML = "application/yaml"
 
@@ -69,7 +69,7 @@ def test_a_running_jobs_interval_shrinks_when_its_zone_is_seen_reclaimed(api, te
     in its zone): the agent's next report brings the shorter interval."""
     from datetime import UTC, datetime, timedelta
 
-    from money.world import World
+    from support.world import World
 
     h = team_headers()
     job_id = api.post("/v1/jobs", json={"run": "sleep 120", "resources": {"accelerators": "T4:1"}},
@@ -101,7 +101,7 @@ def test_a_running_jobs_interval_shrinks_when_its_zone_is_seen_reclaimed(api, te
 def test_a_measured_checkpoint_cost_refits_the_interval_in_the_agents_answer(api, team_headers, settings):
     """A periodic commit's `seconds` (stall + persist) is C: the answer to that
     very report carries the interval fitted with it."""
-    from helpers import ev, post
+    from support.helpers import ev, post
 
     from spotbroker.broker.recovery import interval as fit
     from spotbroker.broker.recovery.agent_channel import agent_token

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from conftest import ADMIN_TOKEN
-from helpers import team_token
+from support.helpers import team_token
 
 from spotbroker.broker.jobs import resfields
 from spotbroker.broker.store.db import transaction

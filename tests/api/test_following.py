@@ -10,7 +10,7 @@ import time
 
 import httpx
 from conftest import ADMIN_TOKEN
-from helpers import wait_for
+from support.helpers import wait_for
 
 PER_TEAM = 50  # SPOTBROKER_MAX_FOLLOWERS_PER_TEAM, for the second test
 

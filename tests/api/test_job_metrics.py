@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from helpers import post, wait_state
+from support.helpers import post, wait_state
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 

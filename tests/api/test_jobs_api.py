@@ -2,7 +2,7 @@
 import os
 
 import pytest
-from helpers import wait_for, wait_state
+from support.helpers import wait_for, wait_state
 from sqlalchemy import func, select
 
 from spotbroker.broker.store.db import make_engine

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import httpx
 from conftest import ADMIN_TOKEN
-from helpers import wait_for
+from support.helpers import wait_for
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 

@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 
 from conftest import ADMIN_TOKEN
-from helpers import wait_state
+from support.helpers import wait_state
 from sqlalchemy import select, text, update
 
 from spotbroker.broker.store.db import Base, make_engine

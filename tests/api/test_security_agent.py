@@ -4,7 +4,7 @@ would have every later report of the real agent ignored as already
 delivered, nor have a checkpoint recorded under another team's prefix."""
 from __future__ import annotations
 
-from helpers import ev, post, running_job
+from support.helpers import ev, post, running_job
 
 SEQ_SLACK = 10_000  # broker.recovery.agent_channel.SEQ_SLACK
 

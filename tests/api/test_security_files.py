@@ -10,7 +10,7 @@ import stat
 from contextlib import contextmanager
 
 from conftest import ADMIN_TOKEN, served
-from helpers import stop_local_nodes, wait_state
+from support.helpers import stop_local_nodes, wait_state
 
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import make_engine

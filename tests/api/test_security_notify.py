@@ -1,7 +1,7 @@
 """Budget notification targets cannot make the broker reach its own host,
 its network or a cloud's metadata service (SSRF): such a target is refused
 at PUT naming the field, and checked again, resolved, when each message is
-sent (and connected to at the addresses checked: tests/money/test_notify.py).
+sent (and connected to at the addresses checked: tests/broker/money/test_notify.py).
 An operator lists the networks it may reach
 (SPOTBROKER_NOTIFY_ALLOWED_NETWORKS)."""
 from __future__ import annotations

@@ -80,7 +80,7 @@ def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, te
     and orders a preemption notice: refused. The broker's own
     `simulate-preemption` still works."""
     import httpx
-    from helpers import wait_for, wait_state
+    from support.helpers import wait_for, wait_state
 
     h = team_headers("a")
     job_id = api.post("/v1/jobs", json={"run": "sleep 120", "resources": {"accelerators": "T4:1"}},

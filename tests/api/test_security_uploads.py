@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from helpers import tgz
+from support.helpers import tgz
 
 
 def put(api, h, body: bytes):

@@ -7,7 +7,7 @@ launch that would exceed them, and the submission's answer says so."""
 from __future__ import annotations
 
 from conftest import ADMIN_TOKEN
-from helpers import spend_today, wait_for, wait_state
+from support.helpers import spend_today, wait_for, wait_state
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 TERMINAL = {"SUCCEEDED", "FAILED", "CANCELLED"}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import tgz, wait_for
+from support.helpers import tgz, wait_for
 
 ADMIN = {"Authorization": "Bearer admin-token-for-tests"}
 
@@ -80,7 +80,7 @@ def test_a_workdir_must_name_one_of_the_teams_uploads(api, team_headers, workdir
 
 
 def test_a_job_runs_in_its_upload_and_another_teams_cannot(api, team_headers):
-    from helpers import wait_state
+    from support.helpers import wait_state
 
     h, other = team_headers("ml"), team_headers("other")
     body = tgz(**{"hello.txt": b"hello from the upload\n"})

@@ -8,7 +8,7 @@ import time
 from datetime import timedelta
 
 import pytest
-from helpers import submit
+from support.helpers import submit
 from sqlalchemy import select
 
 from spotbroker.broker.checkpoints.uris import attempt_prefix, checkpoint_uri

@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ADMIN_TOKEN
-from helpers import wait_for
+from support.helpers import wait_for
 from sqlalchemy import select
 
 from spotbroker.broker.store.db import make_engine, make_session_factory

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from helpers import create_pg_database, drop_pg_database
+from support.helpers import create_pg_database, drop_pg_database
 from sqlalchemy import select
 
 from spotbroker.broker import auth

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import timeline, wait_for, wait_state
+from support.helpers import timeline, wait_for, wait_state
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

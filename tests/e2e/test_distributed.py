@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e.test_job_shapes import assert_flushed_and_resumed, copy_in, final_loss, preempt_once_stepping
-from helpers import once_per_run, timeline, wait_for, wait_state
+from support.helpers import once_per_run, timeline, wait_for, wait_state
 
 from spotbroker.agent import proctree
 from spotbroker.broker.launch.local_node import sim_token_file, sim_url_file

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from helpers import wait_for, wait_state
+from support.helpers import wait_for, wait_state
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import timeline, wait_state
+from support.helpers import timeline, wait_state
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 DONE = {"SUCCEEDED", "FAILED", "CANCELLED"}

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 from conftest import ADMIN_TOKEN
-from helpers import timeline, wait_state
-from iamfixtures import aws_iam, session_policies_enforced  # noqa: F401  (fixtures, found by name)
-from s3fixtures import moto_endpoint  # noqa: F401
+from support.helpers import timeline, wait_state
+from support.iamfixtures import aws_iam, session_policies_enforced  # noqa: F401  (fixtures, found by name)
+from support.s3fixtures import moto_endpoint  # noqa: F401
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 DONE = {"SUCCEEDED", "FAILED", "CANCELLED"}

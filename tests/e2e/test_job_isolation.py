@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ADMIN_TOKEN
-from helpers import wait_for, wait_state
+from support.helpers import wait_for, wait_state
 
 from spotbroker.broker.launch.local import SYSTEM_PATH, job_python_default
 from spotbroker.broker.recovery.agent_channel import agent_token

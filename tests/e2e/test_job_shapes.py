@@ -24,7 +24,7 @@ from datetime import datetime
 from pathlib import Path
 
 import pytest
-from helpers import once_per_run, timeline, wait_for, wait_state
+from support.helpers import once_per_run, timeline, wait_for, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 REPO = Path(__file__).resolve().parents[2]

@@ -4,13 +4,13 @@ it runs a cloud's (a node process, the agent, the job's environment) but
 with no metadata simulator: no cloud reclaims a cluster. Then its money: the
 ledger bills the configured price per GPU-hour (zero included) and the
 dashboard shows it. SQLite only: the database side is
-tests/broker/test_kubernetes_places.py's, on both."""
+tests/broker/placement/test_kubernetes_places.py's, on both."""
 from __future__ import annotations
 
 import pytest
 import yaml
 from conftest import ADMIN_TOKEN, served
-from helpers import stop_local_nodes, wait_state
+from support.helpers import stop_local_nodes, wait_state
 
 pytestmark = pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 RUN = "echo cloud=$SPOTBROKER_CLOUD region=$SPOTBROKER_REGION gpus=$SKYPILOT_NUM_GPUS_PER_NODE; sleep 3"

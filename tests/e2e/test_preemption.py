@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import once_per_run, wait_for, wait_state
+from support.helpers import once_per_run, wait_for, wait_state
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]

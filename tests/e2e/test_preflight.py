@@ -15,7 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from helpers import timeline, wait_for, wait_state
+from support.helpers import timeline, wait_for, wait_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"

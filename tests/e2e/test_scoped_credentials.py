@@ -2,7 +2,7 @@
 credentials, against moto's S3 and STS with IAM enforced (the broker is an
 IAM user allowed to assume the node role; the node role may do anything in
 the bucket; the broker's session policy narrows each job's credentials:
-tests/iamfixtures.py says what moto enforces and what the tests add).
+tests/support/iamfixtures.py says what moto enforces and what the tests add).
 
 A training run flushes to S3 with its scoped credentials, is preempted, and
 resumes on the next attempt from the first attempt's checkpoint; its agent
@@ -18,9 +18,9 @@ import shlex
 from pathlib import Path
 
 import pytest
-from helpers import wait_for, wait_state
-from iamfixtures import aws_iam, make_user, session_policies_enforced  # noqa: F401  (fixtures, found by name)
-from s3fixtures import moto_endpoint  # noqa: F401
+from support.helpers import wait_for, wait_state
+from support.iamfixtures import aws_iam, make_user, session_policies_enforced  # noqa: F401  (fixtures, found by name)
+from support.s3fixtures import moto_endpoint  # noqa: F401
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 

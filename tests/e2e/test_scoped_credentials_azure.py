@@ -1,5 +1,5 @@
 """A local job with an az:// checkpoint root holds only its own job's SAS
-tokens, against tests/azurefake.py (a Blob endpoint of an account with
+tokens, against tests/support/azurefake.py (a Blob endpoint of an account with
 hierarchical namespace that checks every SAS's signature with the account's
 key and derives a directory SAS's directory from ``sdd``, as Azure does; its
 doc says what it does not judge). The broker has the account's key in its
@@ -16,8 +16,8 @@ from pathlib import Path
 from urllib.parse import parse_qs
 
 import pytest
-from azurefake import AzureFake
-from helpers import wait_for, wait_state
+from support.azurefake import AzureFake
+from support.helpers import wait_for, wait_state
 
 pytest.importorskip("azure.storage.blob", reason="azure-storage-blob comes with the broker extra")
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]

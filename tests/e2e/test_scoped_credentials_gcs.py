@@ -1,6 +1,6 @@
 """A local job with a gs:// checkpoint root holds only its own job's
 downscoped token, against a local fake of Google's OAuth, STS and Cloud
-Storage XML endpoints (tests/gcsfake.py: it checks each token exchange and
+Storage XML endpoints (tests/support/gcsfake.py: it checks each token exchange and
 enforces the token's access boundary on every storage request; it judges
 only the boundary conditions the broker writes).
 
@@ -24,8 +24,8 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
-from gcsfake import SOURCE_TOKEN, GoogleFake
-from helpers import wait_for, wait_state
+from support.gcsfake import SOURCE_TOKEN, GoogleFake
+from support.helpers import wait_for, wait_state
 
 pytest.importorskip("google.auth", reason="google-auth comes with the broker extra")
 pytestmark = [pytest.mark.slow, pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)]

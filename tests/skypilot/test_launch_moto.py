@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 import pytest
-from skypilot.skyenv import SkyAws
+from support.skyenv import SkyAws
 
 from spotbroker.broker.jobs.runs import RunState
 from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable, LaunchRequest
@@ -87,7 +87,7 @@ def test_a_launch_creates_the_pinned_instance_and_down_removes_it(sky_aws: SkyAw
 
 
 def test_a_capacity_refusal_is_seen_and_the_next_place_launches(sky_aws: SkyAws, launcher) -> None:
-    from skypilot.skyenv import refuse_capacity
+    from support.skyenv import refuse_capacity
 
     with refuse_capacity("us-east-1a"):
         handle = launcher.launch(request(3, placement("us-east-1a")))
@@ -176,7 +176,7 @@ def test_a_cpu_task_naming_aws_launches_the_chosen_cpu_type_in_the_chosen_zone(s
     by the broker's ranking and launched there, never run on the broker's host."""
     from datetime import UTC, datetime
 
-    from skypilot.skyenv import ZONES
+    from support.skyenv import ZONES
 
     from spotbroker.broker.jobs.spec import JobSpec
     from spotbroker.broker.pricing.catalog import OfferRow
@@ -261,8 +261,8 @@ def test_a_preflight_launches_the_chosen_cpu_type_before_any_gpu(sky_aws: SkyAws
     instance of that CPU type there, told it is a pre-flight with no GPU."""
     from datetime import UTC, datetime
 
-    from helpers import submit
-    from skypilot.skyenv import ZONES
+    from support.helpers import submit
+    from support.skyenv import ZONES
     from sqlalchemy import select
 
     from spotbroker.broker import auth

@@ -13,7 +13,7 @@ import logging
 
 import pytest
 import yaml
-from helpers import run_to_end
+from support.helpers import run_to_end
 from sqlalchemy import select
 
 from spotbroker.broker.jobs.spec import JobSpec

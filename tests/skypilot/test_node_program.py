@@ -25,8 +25,8 @@ from types import SimpleNamespace
 
 import pytest
 from conftest import ADMIN_TOKEN
-from helpers import tgz, wait_for
-from skypilot.skyenv import SkyAws
+from support.helpers import tgz, wait_for
+from support.skyenv import SkyAws
 
 from spotbroker.broker.jobs.runs import RunState
 from spotbroker.broker.pricing.offers import Placement

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from skypilot.skyenv import SkyAws
-from skypilot.stack import (LEASE_S, PASS_S, SECRET, Replica, Stack, broker_env, cancel_and_wait_clean,
+from support.skyenv import SkyAws
+from support.stack import (LEASE_S, PASS_S, SECRET, Replica, Stack, broker_env, cancel_and_wait_clean,
                             handle_of, kill_while_launching, stack, wait_for)
 
 from spotbroker.broker.recovery.agent_channel import agent_token

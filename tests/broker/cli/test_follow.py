@@ -1,0 +1,119 @@
+"""Following a job, not an attempt (issue #25): `spotbroker logs ID -f` and
+`spotbroker submit --wait`, run as a user runs them (real processes) against
+a real server whose local launcher runs the jobs."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ADMIN_TOKEN
+from support.helpers import spend_today, team_token, wait_for, wait_state
+
+REPO = Path(__file__).resolve().parents[3]
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+TRAIN = ["python", str(REPO / "examples" / "train.py"), "--steps", "60", "--seed", "3", "--every-steps", "1000",
+         "--log-every", "1", "--step-seconds", "0.15"]
+
+
+def line(text: str) -> str:
+    return f"\u2014 {text} \u2014\n"
+
+
+def place(a: dict) -> str:
+    return f"{a['cloud']} {a['zone'] or a['region']}"
+
+
+def follower(env: dict[str, str], out: Path, *args: str) -> subprocess.Popen:
+    """`spotbroker ARGS...` in the background, its stdout in `out`."""
+    return subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", *args], env=env,
+                            stdout=out.open("wb"), stderr=subprocess.PIPE, text=True)
+
+
+@pytest.mark.slow
+def test_logs_f_follows_a_preempted_job_across_its_attempts_until_it_ends(api, env, tmp_path):
+    token = team_token(api, "ml", ADMIN_TOKEN)
+    h = {"Authorization": f"Bearer {token}"}
+    job_id = api.post("/v1/jobs", json={"name": "train", "run": " ".join(TRAIN), "max_restarts": 0,
+                                        "resources": {"accelerators": "T4:1"}}, headers=h).json()["id"]
+    wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    out = tmp_path / "followed.txt"
+    proc = follower({**env, "SPOTBROKER_TOKEN": token}, out, "logs", str(job_id), "-f")
+    wait_for(lambda: "step=5 " in out.read_text(), timeout=60, what="the follower to print training")
+    assert api.post(f"/v1/jobs/{job_id}/simulate-preemption", headers=h).status_code == 202
+    try:
+        _, err = proc.communicate(timeout=120)  # it ends by itself when the job does
+    finally:
+        proc.kill()
+    job = api.get(f"/v1/jobs/{job_id}", headers=h).json()
+    assert proc.returncode == 0, err
+    assert job["state"] == "SUCCEEDED"
+    first, second = job["attempts"]
+    flushed = [c["step"] for c in api.get(f"/v1/jobs/{job_id}/checkpoints", headers=h).json()["checkpoints"]
+               if c["attempt_id"] == first["id"]]
+    logs = [api.get(f"/v1/jobs/{job_id}/logs", params={"attempt": a["id"]}, headers=h).text
+            for a in (first, second)]
+    assert "step=5 " in logs[0] and "final_loss=" in logs[1]
+    # Both attempts' output in order, the change between them, and the end. The change is one
+    # line when the next attempt is placed within the follower's grace (api/jobfollow.py), else
+    # two: why the job waits, then where it runs (a loaded machine can take longer to place it).
+    ended = f"attempt {first['id']} preempted at step {max(flushed)}"
+    change = re.escape(line(f"{ended}, resuming on {place(second)} (attempt {second['id']})"))
+    why = f"job {job_id} RECOVERING" + r"(?:: [^\n]*)? \u2014\n"
+    waited = (re.escape(f"\u2014 {ended}; ") + why + f"(?:\u2014 {why})*"
+              + re.escape(line(f"attempt {second['id']} on {place(second)}")))
+    assert re.fullmatch(
+        re.escape(line(f"attempt {first['id']} on {place(first)}") + logs[0]) + f"(?:{change}|{waited})"
+        + re.escape(logs[1] + line(f"job {job_id} SUCCEEDED")), out.read_text()), out.read_text()
+
+
+def test_logs_f_of_a_held_job_says_why_it_waits_and_ends_with_it(api, env, settings, tmp_path):
+    token = team_token(api, "a", ADMIN_TOKEN)
+    h = {"Authorization": f"Bearer {token}"}
+    spend_today(settings, "a", 10.0)
+    assert api.put("/v1/teams/a/budget", json={"amount": 5, "period": "day"}, headers=ADMIN).status_code == 200
+    job_id = api.post("/v1/jobs", json={"name": "next", "run": "echo ran"}, headers=h).json()["id"]
+    held = wait_state(api, h, job_id, {"HELD"})
+    out = tmp_path / "followed.txt"
+    proc = follower({**env, "SPOTBROKER_TOKEN": token}, out, "logs", str(job_id), "-f")
+    try:
+        wait_for(lambda: out.read_text(), timeout=30, what="the follower to say why the job waits")
+        time.sleep(1)  # it stays, and says it once
+        assert proc.poll() is None
+        assert out.read_text() == line(f"job {job_id} HELD: {held['reason']}")
+        assert held["reason"].startswith("over budget")
+        api.put("/v1/teams/a/budget", json={"amount": 500, "period": "day"}, headers=ADMIN)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    text = out.read_text()
+    attempt = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][0]
+    assert text.startswith(line(f"job {job_id} HELD: {held['reason']}"))
+    assert text.endswith(line(f"attempt {attempt['id']} on {place(attempt)}") + "ran\n"
+                         + line(f"job {job_id} SUCCEEDED"))
+
+
+def test_submit_wait_follows_the_job_and_exits_with_its_end(api, env, tmp_path):
+    env = {**env, "SPOTBROKER_TOKEN": team_token(api, "ml", ADMIN_TOKEN)}
+    ok, bad = tmp_path / "ok.json", tmp_path / "bad.json"
+    ok.write_text(json.dumps({"name": "ok", "run": "echo hello from the job"}))
+    bad.write_text(json.dumps({"name": "bad", "run": "echo failing; exit 3", "max_restarts": 0}))
+
+    def submit(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", *args], env=env,
+                              capture_output=True, text=True, timeout=90)
+
+    r = submit(str(ok), "--wait")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("submitted job ") and "hello from the job\n" in r.stdout
+    assert r.stdout.endswith(" SUCCEEDED \u2014\n")
+    r = submit(str(bad), "-f")
+    assert r.returncode == 1 and "failing\n" in r.stdout and " FAILED" in r.stdout.splitlines()[-1], r.stdout
+    r = submit(str(ok), "--wait", "--json")  # stdout: the ended job, as JSON; the output on stderr
+    assert r.returncode == 0 and json.loads(r.stdout)["state"] == "SUCCEEDED"
+    assert "hello from the job" in r.stderr

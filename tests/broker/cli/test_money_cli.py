@@ -1,0 +1,89 @@
+"""`spotbroker costs` and `spotbroker budget set/show`, run as a user runs
+them (a real process) against a real server: they print what the API
+answers, and a refusal is a message, never a traceback."""
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from support.cli import spotbroker
+from conftest import ADMIN_TOKEN
+from support.helpers import team_token
+from support.world import World
+from sqlalchemy import select
+
+from spotbroker.broker.store.models import Team
+
+
+def test_costs_prints_the_ledger_as_the_api_answers_it(api, env, factory):
+    token = team_token(api, "ml", ADMIN_TOKEN)
+    team_token(api, "cv", ADMIN_TOKEN)
+    world = World(factory)
+    with factory() as s:
+        ml = s.scalar(select(Team.id).where(Team.name == "ml"))
+    now = datetime.now(UTC).replace(microsecond=0)
+    job = world.job(ml, name="resnet", state="SUCCEEDED")
+    world.attempt(job, start=now - timedelta(hours=3), end=now - timedelta(hours=1), price=3.0, nodes=2)
+    since = (now - timedelta(days=1)).isoformat()
+    mine = {**env, "SPOTBROKER_TOKEN": token}
+
+    r = spotbroker("costs", "--since", since, "--group-by", "job", "--json", env=mine)
+    assert r.returncode == 0, r.stderr
+    printed = json.loads(r.stdout)
+    assert printed["total"]["cost"] == pytest.approx(12.0)          # 2 h x 2 nodes x $3
+    assert [(g["key"], g["name"]) for g in printed["groups"]] == [(str(job), "resnet")]
+    answered = api.get("/v1/teams/ml/costs", params={"since": since, "until": printed["until"], "group_by": "job"},
+                       headers={"Authorization": f"Bearer {token}"}).json()
+    assert printed["total"] == answered["total"] and printed["groups"] == answered["groups"]
+
+    r = spotbroker("costs", "--since", since, "--group-by", "job", env={**mine, "COLUMNS": "160"})
+    assert r.returncode == 0, r.stderr
+    assert "team ml: $12.00" in r.stdout and "resnet" in r.stdout and "24.0" not in r.stdout
+    assert "total" in r.stdout and "4.0" in r.stdout                 # node-hours
+
+    r = spotbroker("costs", "--team", "ml", "--since", since, "--json",
+                   env={**env, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN})
+    assert r.returncode == 0 and json.loads(r.stdout)["total"]["cost"] == pytest.approx(12.0)
+    for args, words in ((("--team", "cv"), "its own team"), (("--since", "yesterday"), "since")):
+        r = spotbroker("costs", *args, env=mine)
+        assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = spotbroker("costs", "--group-by", "week", env=mine)
+    assert r.returncode == 2 and "week" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_budget_set_and_show(api, env):
+    token = team_token(api, "ml", ADMIN_TOKEN)
+    admin = {**env, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN}
+    mine = {**env, "SPOTBROKER_TOKEN": token}
+
+    r = spotbroker("budget", "show", "ml", env=admin)
+    assert r.returncode == 1 and "no budget" in r.stderr and "Traceback" not in r.stderr
+    r = spotbroker("budget", "set", "ml", "5000", "--period", "week", "--hard-cap", "stop_running", env=admin)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "team ml: budget $5000.00 per week, over it: stop_running"
+    shown = json.loads(spotbroker("budget", "show", "--json", env=mine).stdout)  # the token's own team
+    assert (shown["amount"], shown["period"], shown["hard_cap_action"]) == (5000, "week", "stop_running")
+    assert shown == api.get("/v1/teams/ml/budget", headers={"Authorization": f"Bearer {token}"}).json()
+
+    r = spotbroker("budget", "set", "ml", "8000", env=admin)                  # the hard cap is kept
+    assert r.returncode == 0 and "$8000.00 per month, over it: stop_running" in r.stdout
+    r = spotbroker("budget", "set", "ml", "1", env=mine)                      # a team's token: refused
+    assert r.returncode == 1 and "admin" in r.stderr and "Traceback" not in r.stderr
+    assert json.loads(spotbroker("budget", "show", "ml", "--json", env=admin).stdout)["amount"] == 8000
+    r = spotbroker("budget", "show", env=mine)                                # a table, like every command
+    assert r.returncode == 0, r.stderr
+    head, row = [line for line in r.stdout.splitlines() if "BUDGET $" in line or "8000.00" in line]
+    assert "SPENT $" in head and "REMAINING $" in head
+    assert [cell.strip() for cell in row.split("│")[1:4]] == ["ml", "8000.00", "month"]
+    assert "stop_running" in row
+    both = {**mine, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN}                   # both exported: admin's is sent
+    r = spotbroker("budget", "set", "ml", "9000", env=both)
+    assert r.returncode == 0 and "$9000.00 per month" in r.stdout, r.stderr
+    r = spotbroker("budget", "show", "--json", env=both)                     # a team command: the team's own
+    assert r.returncode == 0 and json.loads(r.stdout)["team"] == "ml"
+    for bad in ("0", "-5", "lots"):
+        r = spotbroker("budget", "set", "ml", bad, env=admin)
+        assert r.returncode == 2 and "AMOUNT" in r.stderr and "Traceback" not in r.stderr
+    r = spotbroker("budget", "show", "nobody", env=admin)
+    assert r.returncode == 1 and "nobody" in r.stderr and "Traceback" not in r.stderr

@@ -1,0 +1,126 @@
+"""The attempt log store (broker/jobs/logs.py) on SQLite and PostgreSQL:
+appends by offset as an agent re-sends them, from replicas at once; pages
+that never exceed their bound; the last lines found by walking back only
+as far as they go; logs an older broker kept on disk moved in at start."""
+from __future__ import annotations
+
+import random
+import threading
+
+import pytest
+from support.world import World
+from sqlalchemy import event, select
+
+from spotbroker.agent import logbound
+from spotbroker.broker.jobs import logs
+from spotbroker.broker.jobs.logimport import import_disk_logs
+from spotbroker.broker.store.models import LogChunk
+
+
+@pytest.fixture
+def attempt(factory) -> int:
+    world = World(factory)
+    return world.attempt(world.job(world.team()), nodes=2)
+
+
+def whole(factory, attempt_id: int, rank: int = 0) -> bytes:
+    out, offset = b"", 0
+    with factory() as session:
+        while chunk := logs.read_from(session, attempt_id, rank, offset):
+            assert len(chunk) <= logs.PAGE_BYTES
+            out, offset = out + chunk, offset + len(chunk)
+    return out
+
+
+def test_appends_by_offset_are_idempotent_and_keep_each_node_apart(factory, attempt):
+    assert logs.append_at(factory, attempt, 0, 0, b"one\n").size == 4
+    assert logs.append_at(factory, attempt, 0, 0, b"one\n").size == 4            # re-sent: ignored
+    assert logs.append_at(factory, attempt, 0, 2, b"e\ntwo\n").size == 8         # overlapping: the new bytes
+    assert logs.append_at(factory, attempt, 0, 100, b"gap\n").size == 8         # past the end: resend from 8
+    assert logs.append_at(factory, attempt, 1, 0, b"node one\n").size == 9
+    assert whole(factory, attempt) == b"one\ntwo\n" and whole(factory, attempt, 1) == b"node one\n"
+    big = bytes(random.Random(1).randrange(256) for _ in range(3 * logs.ROW_BYTES + 5))
+    assert logs.append_at(factory, attempt, 0, 8, big).size == 8 + len(big)
+    assert whole(factory, attempt) == b"one\ntwo\n" + big
+    with factory() as session:
+        sizes = session.scalars(select(LogChunk.size).where(LogChunk.rank == 0)).all()
+    assert max(sizes) <= logs.ROW_BYTES
+
+
+def test_the_bound_cuts_once_with_the_marker_and_drops_the_rest(factory, attempt):
+    first = logs.append_at(factory, attempt, 0, 0, b"a" * 60, limit=100)
+    cut = logs.append_at(factory, attempt, 0, 60, b"b" * 60, limit=100)
+    again = logs.append_at(factory, attempt, 0, 60, b"b" * 60, limit=100)
+    later = logs.append_at(factory, attempt, 0, 120, b"c" * 10, limit=100)
+    assert (first.cut, cut.cut, again.cut, later.cut) == (False, True, False, False)
+    assert (cut.size, again.size, later.size) == (120, 120, 130)
+    assert whole(factory, attempt) == b"a" * 60 + b"b" * 40 + logbound.marker(100)
+
+
+def test_replicas_appending_the_same_chunks_at_once_store_each_byte_once(factory, attempt):
+    """Two replicas taking re-sent chunks at the same moment: the primary
+    key lets one write at an offset; the other looks again."""
+    data = b"".join(f"line {i}\n".encode() for i in range(2000))
+    pieces = [(o, data[o:o + 1000]) for o in range(0, len(data), 1000)]
+
+    def agent() -> None:
+        for offset, piece in pieces:
+            logs.append_at(factory, attempt, 0, offset, piece)
+
+    threads = [threading.Thread(target=agent) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert whole(factory, attempt) == data
+
+
+@pytest.mark.parametrize("text", [
+    b"", b"\n", b"a", b"a\n", b"a\nb", b"a\nb\n", b"\n\n\n", b"a\n\nb\n\n", b"x" * 70_000 + b"\n" + b"y" * 200_000,
+])
+def test_tail_is_the_last_lines_that_unix_tail_gives(factory, attempt, text):
+    logs.append_at(factory, attempt, 0, 0, text)
+    lines = text.split(b"\n")
+    for n in range(0, 6):
+        with factory() as session:
+            start, end = logs.tail_start(session, attempt, 0, n)
+        want = b"" if n == 0 else b"\n".join(lines[:-1][-n:] if text.endswith(b"\n") else lines[-n:]) + (
+            b"\n" if text.endswith(b"\n") and n else b"")
+        assert (text[start:], end) == (want if text else b"", len(text)), n
+
+
+def test_tail_reads_back_only_as_far_as_the_lines_it_returns(factory, engine, attempt):
+    """16 MiB of output: the last 3 lines read the last rows, not the log."""
+    line = b"z" * 999 + b"\n"
+    for offset in range(0, 16 << 20, 1 << 20):
+        logs.append_at(factory, attempt, 0, offset, line * ((1 << 20) // len(line)) + b"\n" * ((1 << 20) % len(line)))
+    fetched = []
+
+    def count(conn, cursor, statement, parameters, context, executemany) -> None:
+        if "log_chunks" in statement:
+            fetched.append(statement)
+
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        with factory() as session:
+            start, end = logs.tail_start(session, attempt, 0, 3)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert end == 16 << 20 and end - start < 3000
+    assert len(fetched) <= 2  # the length, then one page of rows back
+
+
+def test_logs_an_older_broker_kept_on_disk_are_moved_into_the_store(factory, attempt, tmp_path):
+    folder = tmp_path / "logs" / "1"
+    folder.mkdir(parents=True)
+    node0 = b"".join(f"step {i}\n".encode() for i in range(30_000))  # several rows
+    (folder / f"{attempt}.log").write_bytes(node0)
+    (folder / f"{attempt}.node-1.log").write_bytes(b"from node 1\n")
+    (folder / "999999.log").write_bytes(b"an attempt that is gone\n")
+    assert import_disk_logs(factory, tmp_path) == 2
+    assert whole(factory, attempt) == node0 and whole(factory, attempt, 1) == b"from node 1\n"
+    assert sorted(p.name for p in folder.iterdir()) == []
+    # Again (a replica that also held it, a crash before the removal): the store's rows stand.
+    (folder / f"{attempt}.log").write_bytes(b"a different copy\n")
+    assert import_disk_logs(factory, tmp_path) == 0
+    assert whole(factory, attempt) == node0 and not (folder / f"{attempt}.log").exists()
