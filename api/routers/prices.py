@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from spotbroker.api.deps import get_principal
 from spotbroker.api.errors import Problem, responses
-from spotbroker.broker.jobs.spec import parse_accelerator
+from spotbroker.broker.jobs.resources import parse_accelerator
 from spotbroker.broker.pricing import catalog, store
 from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
 from spotbroker.broker.pricing.settings import get_pricing_settings, source_label

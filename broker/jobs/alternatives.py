@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotbroker.broker.jobs.spec import CLOUDS, KUBERNETES
+from spotbroker.broker.jobs.resources import CLOUDS, KUBERNETES
 
 PLACED = ", ".join((*(c for c in CLOUDS if c != "local"), KUBERNETES[0]))
 

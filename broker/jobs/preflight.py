@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, StringConstraints, field_validator
 
 from spotbroker.agent import protocol
+from spotbroker.broker.jobs.resources import Infra, Resources, one_accelerator
 from spotbroker.broker.jobs.states import AttemptState
 
 if TYPE_CHECKING:
@@ -48,8 +49,6 @@ class Preflight(BaseModel):
     @field_validator("accelerators", mode="before")
     @classmethod
     def _accelerators(cls, value: Any) -> Any:
-        from spotbroker.broker.jobs.spec import one_accelerator
-
         return one_accelerator(value, "give one accelerator (NAME[:COUNT])")
 
 
@@ -83,8 +82,6 @@ def trial(spec: Any) -> Any:
     pre-flight's accelerators; kept to the job's `infra` where every
     resource set names the same (else to its cloud, where they share one),
     with the `disk_size` and `image_id` they all name (its setup may need them)."""
-    from spotbroker.broker.jobs.spec import Infra
-
     pf: Preflight = spec.preflight
     want: dict[str, Any] = {"accelerators": pf.accelerators} if pf.accelerators else {}
     alternatives = spec.resources.alternatives()
@@ -104,8 +101,6 @@ def trial(spec: Any) -> Any:
 
 
 def _trial(spec: Any, pf: Preflight, want: dict[str, Any]) -> Any:
-    from spotbroker.broker.jobs.spec import Resources
-
     return spec.model_copy(update={"run": pf.run or spec.run, "num_nodes": 1, "resources": Resources(**want),
                                    "deadline": None, "estimated_hours": None, "max_restarts": 0})
 

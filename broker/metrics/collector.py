@@ -47,7 +47,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import reasons
-from spotbroker.broker.jobs.spec import CLOUDS
+from spotbroker.broker.jobs.resources import CLOUDS
 from spotbroker.broker.jobs.states import EndReason, JobState
 from spotbroker.broker.metrics import ops
 from spotbroker.broker.money import budgets, leases

@@ -44,7 +44,8 @@ from sqlalchemy import bindparam, case, func, or_, select, text
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs import resfields
-from spotbroker.broker.jobs.spec import MAX_ACCELERATORS, MAX_PRICE_PER_HOUR, Infra, JobSpec, ResourceSet, parse_amount
+from spotbroker.broker.jobs.resources import MAX_ACCELERATORS, MAX_PRICE_PER_HOUR, Infra, ResourceSet, parse_amount
+from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, EndReason
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.normalise import accelerator_name

@@ -25,7 +25,8 @@ from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import resfields
-from spotbroker.broker.jobs.spec import Infra, JobSpec, ResourceSet, parse_amount
+from spotbroker.broker.jobs.resources import Infra, ResourceSet, parse_amount
+from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.pricing import catalog, normalise, store
 from spotbroker.broker.store.models import PriceOffer
 

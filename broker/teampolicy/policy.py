@@ -23,7 +23,8 @@ from spotbroker.agent import protocol
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.checkpointspec import CheckpointSpec
 from spotbroker.broker.jobs.preflight import PreflightField
-from spotbroker.broker.jobs.spec import _ACCEL_RE, MAX_CARBON_PRICE, MAX_NODES, MAX_PRICE_PER_HOUR, env_values
+from spotbroker.broker.jobs.resources import ACCELERATOR_NAME, MAX_PRICE_PER_HOUR
+from spotbroker.broker.jobs.spec import MAX_CARBON_PRICE, MAX_NODES, env_values
 from spotbroker.broker.jobs.stoprule import EarlyStopField
 from spotbroker.broker.pricing import normalise
 from spotbroker.broker.store.models import TeamPolicy as PolicyRow
@@ -71,7 +72,7 @@ class Policy(_Strict):
         if value is None:
             return None
         for name in value:
-            match = _ACCEL_RE.match(name)
+            match = ACCELERATOR_NAME.match(name)
             if not match or match["count"] is not None:
                 raise ValueError(f"{name!r} is not an accelerator name (T4, L4, A100; no count)")
         return value

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from spotbroker.agent.mounts import Mount
 from spotbroker.broker.jobs import resfields
-from spotbroker.broker.jobs.spec import Infra, JobSpec, ResourceSet, StorageMount, WorkdirUpload
+from spotbroker.broker.jobs.resources import Infra, ResourceSet
+from spotbroker.broker.jobs.spec import JobSpec, StorageMount, WorkdirUpload
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.skypilot.node import NodeProgram
 from spotbroker.broker.pricing.offers import Placement

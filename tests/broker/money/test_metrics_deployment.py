@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
-from spotbroker.broker.jobs.spec import CLOUDS
+from spotbroker.broker.jobs.resources import CLOUDS
 from spotbroker.broker.jobs.states import JobState
 from spotbroker.broker.metrics.collector import LedgerTotals, MoneyCollector
 from spotbroker.broker.money.accrual import Accruer
