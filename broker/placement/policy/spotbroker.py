@@ -317,7 +317,8 @@ class SpotBroker:
         d, g = obs.restart_overhead_s, obs.step_s
         hist = h.history
         age = hist.up_for_s(obs.now_s) if hist.up_start_seen else None
-        if age is None or obs.now_s - (hist.last_sample_s or -math.inf) > g:
+        # a sample at t = 0 is a sample (the simulator's clock starts there)
+        if age is None or hist.last_sample_s is None or obs.now_s - hist.last_sample_s > g:
             return Decision.keep("on-demand: probing home", probe=(h.zone,))
         look = spell_outlook(step.spells(step.home), age, d, obs.work_left_s, step.est[step.home].up_mean_s)
         gain = (od_zone.on_demand_price - h.spot_price) / 3600 * look.productive_s

@@ -131,3 +131,20 @@ def test_a_bridge_instance_is_ridden_not_judged_by_outages_it_will_not_wait_out(
                       zones=(third, home, bridge), running=Running("us-west-2a", Capacity.SPOT, 0.0, 15.9 * hours),
                       last_zone="us-west-2a")
     assert SpotBroker().decide(obs).action is Action.KEEP
+
+
+@pytest.mark.parametrize("origin", [0.0, 3600.0])
+def test_leaving_on_demand_reads_a_spell_seen_at_time_zero(origin):
+    """On on-demand, the home's spell seen starting at t = 0 (a clock that starts with the
+    job) is a fresh sample like any other: the decision does not depend on the origin
+    of the caller's clock (t = 0 was once taken for "never sampled")."""
+    history = ZoneHistory(join_within_s=900.0)
+    history.record(Event.PROBE_FAILED, origin)
+    history.record(Event.PROBE_OK, origin)  # the spell starts at the clock's origin
+    home = ZoneState("us-east-2b", region_of("us-east-2b"), 0.9, 3.06, history)
+    obs = Observation(now_s=origin + 300.0, step_s=600.0, work_left_s=30 * 3600.0, work_total_s=40 * 3600.0,
+                      started_s=origin - 10 * 3600.0, deadline_s=origin + 50 * 3600.0, restart_overhead_s=720.0,
+                      checkpoint_gb=50.0, zones=(home,), running=Running("us-east-2b", Capacity.ON_DEMAND, 0.0, origin),
+                      last_zone="us-east-2b")
+    decision = SpotBroker().decide(obs)
+    assert "probing home" not in decision.reason
