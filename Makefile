@@ -11,12 +11,11 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# torch is the user's own in production; the demo and tests use the CPU build.
 	$(PY) -m pip install -q --no-compile -e '.[broker,plot,test]' 'torch==2.13.0'
-	# Bytecode: compiling all 17,000 installed modules was two thirds of the install's CPU.
-	# The broker's processes write their own on first import; local jobs run as users who
-	# cannot write here, so compile what a job imports (torch, numpy, the agent's needs;
-	# torch's files for a newer Python are left out).
-	$(PY) -m compileall -q -j 0 -x 'py31[2-9]' $$($(PY) -c 'import os, torch, numpy; print(*(os.path.dirname(m.__file__) for m in (torch, numpy)))') >/dev/null
-	$(PY) -c 'import httpx, click, obstore, pynvml, spotbroker.agent.cli, spotbroker.agent.checkpoint'
+	# Bytecode for every module, on all cores (pip compiles one file at a time: most of the
+	# install's time). PYTHONDONTWRITEBYTECODE is set on some machines (CI's), so nothing
+	# would be cached later. torch's one file for Python 3.12's syntax is left out, as pip leaves it.
+	$(PY) -m compileall -q -j 0 -x 'torch/testing/_internal/py31[2-9]' \
+		$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') >/dev/null
 	touch $(STAMP)
 
 install: $(STAMP) job-user
