@@ -131,8 +131,8 @@ def test_an_agents_backlog_of_reports_is_stored_in_a_few_statements(engine, fact
     """A batch of a thousand reports (an agent's backlog) was three queries and a
     flush a report, under SQLite's write lock for seconds: the batch is now a few
     statements whatever its size, folded and bounded as before."""
-    from money.world import T0 as START
-    from money.world import World
+    from support.world import T0 as START
+    from support.world import World
     from sqlalchemy import event, select
 
     from spotbroker.broker.store.metricmodels import MetricPoint
