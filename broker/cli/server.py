@@ -1,6 +1,7 @@
 """Commands that act on the broker's own database: serve, db, teams."""
 from __future__ import annotations
 
+import copy
 import json
 import os
 
@@ -39,6 +40,22 @@ def _client_url(host: str, port: int) -> str:
     return f"http://{host}:{port}"
 
 
+def log_config(level: str) -> dict:
+    """uvicorn's logging, and the broker's own lines at `level` with their
+    time and logger's name. Set before anything is imported: a library that
+    configures the root logger on import (SkyPilot does, at INFO) then finds it
+    configured and leaves it. uvicorn applies it in each worker process too."""
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    config["formatters"]["broker"] = {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}
+    config["handlers"]["broker"] = {"formatter": "broker", "class": "logging.StreamHandler",
+                                    "stream": "ext://sys.stderr"}
+    config["root"] = {"handlers": ["broker"], "level": level.upper()}
+    config["loggers"]["alembic.runtime.plugins"] = {"level": "WARNING"}  # a line per plugin at each start
+    return config
+
+
 @click.command()
 @click.option("--host", default=None, help="address to listen on [default: 127.0.0.1]")
 @click.option("--port", default=None, type=int, help="port [default: 8000]")
@@ -47,10 +64,12 @@ def _client_url(host: str, port: int) -> str:
 @click.option("--log-level", default="info", show_default=True)
 def serve(host: str | None, port: int | None, workers: int, log_level: str) -> None:
     """Run the broker: REST API and reconciler."""
+    import logging.config
     import os
 
     import uvicorn
 
+    logging.config.dictConfig(log_config(log_level))
     from spotbroker.api.app import create_app
 
     settings = get_settings()
@@ -68,12 +87,13 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
 
     if workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, http=BoundedHead,
-                    forwarded_allow_ips=settings.forwarded_allow_ips)
+                    forwarded_allow_ips=settings.forwarded_allow_ips, log_config=log_config(log_level))
         return
     # Worker processes build their own app from the environment.
     os.environ.update(SPOTBROKER_HOST=host, SPOTBROKER_PORT=str(port))
     uvicorn.run("spotbroker.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, http=BoundedHead, forwarded_allow_ips=settings.forwarded_allow_ips)
+                log_level=log_level, http=BoundedHead, forwarded_allow_ips=settings.forwarded_allow_ips,
+                log_config=log_config(log_level))
 
 
 @click.group()
@@ -118,7 +138,7 @@ def ready() -> None:
                     click.echo(f"database ready at revision {migrate.current_revision(engine)}", err=True)
                     return
                 why = (f"the schema is at {migrate.current_revision(engine) or 'nothing'} and this broker needs "
-                       f"{migrate.head_revision(str(engine.url))}: waiting for 'spotbroker db upgrade' (the "
+                       f"{migrate.head_revision()}: waiting for 'spotbroker db upgrade' (the "
                        "migration job)")
             except OperationalError as exc:  # not reachable yet; any other error is not waited out
                 why = f"the database does not answer: {str(exc.orig).strip().splitlines()[0]}"
@@ -140,7 +160,7 @@ def current() -> None:
 
     engine = _engine()
     click.echo(f"database: {migrate.current_revision(engine) or 'empty'}; "
-               f"code: {migrate.head_revision(str(engine.url))}")
+               f"code: {migrate.head_revision()}")
 
 
 @db.command()

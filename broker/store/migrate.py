@@ -2,13 +2,14 @@
 the server's start-up check, and the readiness probe."""
 from __future__ import annotations
 
+import functools
 from importlib import resources
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
+from sqlalchemy import inspect, text
 from sqlalchemy.engine import Engine
 
 from spotbroker.broker.store import sealing
@@ -22,17 +23,31 @@ def alembic_config(url: str) -> Config:
     return cfg
 
 
-def head_revision(url: str) -> str | None:
-    return ScriptDirectory.from_config(alembic_config(url)).get_current_head()
+@functools.cache
+def head_revision() -> str | None:
+    """The newest migration this code knows. Its scripts (each a module) are
+    read once per process: the readiness probe asks every few seconds."""
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as conn:
-        return MigrationContext.configure(conn).get_current_revision()
+        return _database_revision(conn)
+
+
+def _database_revision(conn) -> str | None:
+    """What `alembic_version` holds, read without a MigrationContext (whose set-up
+    logs two INFO lines: on every readiness probe, a replica's log would be little else)."""
+    if not inspect(conn).has_table("alembic_version"):
+        return None
+    heads = conn.execute(text("SELECT version_num FROM alembic_version")).scalars().all()
+    if len(heads) > 1:
+        raise RuntimeError(f"the database has {len(heads)} migration heads: {sorted(heads)}")
+    return heads[0] if heads else None
 
 
 def is_current(engine: Engine) -> bool:
-    return current_revision(engine) == head_revision(str(engine.url))
+    return current_revision(engine) == head_revision()
 
 
 def upgrade(engine: Engine, revision: str = "head", keyring: Keyring | None = None) -> None:
@@ -72,6 +87,6 @@ def prepare(engine: Engine, data_dir: Path, keyring: Keyring | None = None) -> N
         data_dir.mkdir(parents=True, exist_ok=True)
         upgrade(engine, keyring=keyring)
     elif not is_current(engine):
-        have, want = current_revision(engine), head_revision(str(engine.url))
+        have, want = current_revision(engine), head_revision()
         raise SchemaBehind(f"the database schema is at {have or 'nothing'} and this broker needs {want}: "
                            "run 'spotbroker db upgrade' first")

@@ -84,7 +84,7 @@ def test_serve_refuses_a_postgresql_database_that_is_behind(env, pg_server):
     try:
         r = spotbroker("serve", "--port", "0", env={**env, "SPOTBROKER_DATABASE_URL": url})
         assert r.returncode == 1 and "spotbroker db upgrade" in r.stderr and "Traceback" not in r.stderr
-        head = migrate.head_revision(url)
+        head = migrate.head_revision()
         r = spotbroker("db", "upgrade", env={**env, "SPOTBROKER_DATABASE_URL": url})
         assert r.returncode == 0 and head in r.stdout
         r = spotbroker("db", "current", env={**env, "SPOTBROKER_DATABASE_URL": url})
