@@ -23,6 +23,8 @@ from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 
+pytest_plugins = ["support.cpu_report"]  # SPOTBROKER_TEST_CPU=FILE: each test's CPU seconds
+
 ADMIN_TOKEN = "admin-token-for-tests"
 # `serve` reads live public price sources by default; the suite's brokers
 # (in this process, or started with this environment) read the snapshot only,

@@ -52,7 +52,9 @@ def log_config(level: str) -> dict:
     config["handlers"]["broker"] = {"formatter": "broker", "class": "logging.StreamHandler",
                                     "stream": "ext://sys.stderr"}
     config["root"] = {"handlers": ["broker"], "level": level.upper()}
-    config["loggers"]["alembic.runtime.plugins"] = {"level": "WARNING"}  # a line per plugin at each start
+    # Alembic's lines (a plugin's set-up, each migration's whole docstring) are
+    # `spotbroker db upgrade`'s to show, not the server's at each start.
+    config["loggers"]["alembic"] = {"level": "WARNING"}
     return config
 
 
