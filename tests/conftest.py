@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support.brokerproc import TEST_DEFAULTS
 from support.helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_local_nodes
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
@@ -26,10 +27,12 @@ from spotbroker.broker.store.db import make_engine, make_session_factory, transa
 pytest_plugins = ["support.cpu_report"]  # SPOTBROKER_TEST_CPU=FILE: each test's CPU seconds
 
 ADMIN_TOKEN = "admin-token-for-tests"
-# `serve` reads live public price sources by default; the suite's brokers
-# (in this process, or started with this environment) read the snapshot only,
-# so that no test reaches the network. Price tests name their fakes.
-os.environ.setdefault("SPOTBROKER_PRICES_SOURCES", "catalog")
+# The suite's brokers (in this process, or started with this environment) read
+# the price snapshot only, so that no test reaches the network (price tests name
+# their fakes), and import SkyPilot only when a task file needs it (see
+# support/brokerproc.py; tests/api/test_preload.py checks the preload).
+for name, value in TEST_DEFAULTS.items():
+    os.environ.setdefault(name, value)
 
 
 # Every process the suite starts carries this mark in its environment (the

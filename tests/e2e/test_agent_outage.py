@@ -4,17 +4,13 @@ and keeps delivering, so the broker gets every event and every log line,
 once and in order, and the job is not run again."""
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 from conftest import ADMIN_TOKEN
+from support import brokerproc
+from support.brokerproc import broker_env
 from support.helpers import wait_for
 from sqlalchemy import select
 
@@ -25,41 +21,26 @@ pytestmark = pytest.mark.slow
 OUTAGE_AFTER_EXIT = 28.0  # seconds the broker stays down after the trainer exited (the old limit: 20)
 
 
-class BrokerProcess:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.env, self.log, self.proc = env, log, None
-        self.url = f"http://127.0.0.1:{self.port}"
-
+class BrokerProcess(brokerproc.BrokerProcess):
     def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--port",
-                                          str(self.port), "--log-level", "warning"], env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT)
+        super().start()
         wait_for(self._ready, timeout=120, interval=0.2, what="the broker to start")
 
     def _ready(self) -> bool:
-        assert self.proc.poll() is None, self.log.read_text()[-2000:]
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
+        assert self.proc.poll() is None, self.output()[-2000:]
+        return self.ready()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)  # down at once, as a crash or a lost host would be
-            self.proc.wait()
+            self.kill()  # down at once, as a crash or a lost host would be
 
 
 def test_a_broker_down_at_the_jobs_end_gets_every_event_once_when_back(db_url, data_dir, job_scratch, tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
-    env.update(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir),
-               SPOTBROKER_ADMIN_TOKEN=ADMIN_TOKEN, SPOTBROKER_RECONCILE_INTERVAL="0.2",
-               # Shorter than the outage: the broker that comes back must not take the node,
-               # silent while the broker was down, for lost (and run the job again).
-               SPOTBROKER_HEARTBEAT_TIMEOUT=str(OUTAGE_AFTER_EXIT - 8))
+    env = broker_env(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir),
+                     SPOTBROKER_ADMIN_TOKEN=ADMIN_TOKEN, SPOTBROKER_RECONCILE_INTERVAL="0.2",
+                     # Shorter than the outage: the broker that comes back must not take the node,
+                     # silent while the broker was down, for lost (and run the job again).
+                     SPOTBROKER_HEARTBEAT_TIMEOUT=str(OUTAGE_AFTER_EXIT - 8))
     broker = BrokerProcess(env, tmp_path / "broker.log")
     broker.start()
     try:

@@ -7,18 +7,13 @@ what); on SQLite one broker is killed and started again.
 """
 from __future__ import annotations
 
-import os
 import random
-import signal
-import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
+from support.brokerproc import BrokerProcess, broker_env
 from support.helpers import create_pg_database, drop_pg_database
 from sqlalchemy import select
 
@@ -30,39 +25,7 @@ from spotbroker.broker.store.models import Attempt, Event, Job
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Broker:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log, self.port, self.proc = env, log, free_port(), None
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        out = self.log.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--port",
-                                      str(self.port), "--log-level", "warning"], env=self.env, stdout=out,
-                                     stderr=subprocess.STDOUT)
-        out.close()
-
-    def ready(self) -> bool:
-        try:
-            return httpx.get(f"{self.url}/readyz", timeout=1).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-
-def submit_somewhere(brokers: list[Broker], i: int, body: dict, headers: dict) -> int:
+def submit_somewhere(brokers: list[BrokerProcess], i: int, body: dict, headers: dict) -> int:
     """Submit to broker i, or to the next one while it is down. Retries carry
     one idempotency key: a broker killed after committing but before
     answering must not make the retry a second job."""
@@ -99,11 +62,10 @@ def setup(request, tmp_path):
 def test_killed_brokers_lose_nothing_and_launch_nothing_twice(setup, tmp_path, data_dir, job_scratch):
     url, engine, token, n_brokers, n_jobs, slots = setup
     marks = job_scratch
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
-    env.update(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(data_dir),
-               SPOTBROKER_LOCAL_MAX_RUNNING=str(slots), SPOTBROKER_LEASE_SECONDS="3",
-               SPOTBROKER_RECONCILE_INTERVAL="0.2")
-    brokers = [Broker(env, tmp_path / f"broker-{i}.log") for i in range(n_brokers)]
+    env = broker_env(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(data_dir),
+                     SPOTBROKER_LOCAL_MAX_RUNNING=str(slots), SPOTBROKER_LEASE_SECONDS="3",
+                     SPOTBROKER_RECONCILE_INTERVAL="0.2")
+    brokers = [BrokerProcess(env, tmp_path / f"broker-{i}.log") for i in range(n_brokers)]
     for b in brokers:
         b.start()
     deadline = time.monotonic() + 120  # generous: a loaded 2-core machine starts them slowly
@@ -158,9 +120,7 @@ def test_killed_brokers_lose_nothing_and_launch_nothing_twice(setup, tmp_path, d
         stop.set()
         thread.join()
         for b in brokers:
-            if b.proc.poll() is None:
-                b.proc.terminate()
-                b.proc.wait(timeout=20)
+            b.stop()
 
     assert len(kills) >= 3, kills
     with make_session_factory(engine)() as s:

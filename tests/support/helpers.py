@@ -58,7 +58,10 @@ def wait_state(api, headers, job_id: int, states: set[str], timeout: float = 20)
         job = api.get(f"/v1/jobs/{job_id}", headers=headers).json()
         return job if job["state"] in states else None
 
-    return wait_for(reached, timeout, what=f"job {job_id} to reach {sorted(states)}")
+    try:
+        return wait_for(reached, timeout, what=f"job {job_id} to reach {sorted(states)}")
+    except AssertionError as exc:  # what the job went through, to read a failure on a loaded machine afterwards
+        raise AssertionError(f"{exc}; its events:\n{timeline(api, headers, job_id)}") from None
 
 
 def timeline(api, headers, job_id: int) -> str:
