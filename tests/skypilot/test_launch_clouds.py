@@ -142,3 +142,50 @@ def test_with_no_cloud_enabled_a_gpu_job_is_held_saying_so_and_released_once_one
             assert (job.state, job.reason) == ("PENDING", "nothing holds it now")
     finally:
         launcher.close()
+
+
+def test_a_first_check_that_failed_is_asked_again_within_seconds(factory, tmp_path):
+    """Readiness waits for `sky check`'s first answer: one that failed (a
+    replica starting beside another on a loaded host) is not left for the
+    next check interval (two minutes by default)."""
+    import threading
+    import time
+
+    from spotbroker.broker.launch.skypilot.janitor import run_janitor
+
+    class FlakySky(CheckedSky):
+        def __init__(self, names):
+            super().__init__(names)
+            self.checks = 0
+
+        def check(self, infra_list, verbose):
+            self.checks += 1
+            if self.checks == 1:
+                raise TimeoutError("the API server took too long to answer")
+            return super().check(infra_list, verbose)
+
+        def status(self, **_):
+            return "req-status"
+
+        def api_status(self, **_):
+            return []
+
+        def get(self, request_id):
+            return [] if request_id == "req-status" else super().get(request_id)
+
+    sky = FlakySky(["AWS"])
+    launcher = SkyPilotLauncher(tmp_path, prefix="sbretry", sky=sky)
+    stop = threading.Event()
+    thread = threading.Thread(target=run_janitor, args=(launcher, factory, 300.0, stop),
+                              kwargs={"check_interval": 120.0}, daemon=True)
+    started = time.monotonic()
+    thread.start()
+    try:
+        while launcher.readiness()[0] is False and time.monotonic() - started < 30:
+            time.sleep(0.1)
+        assert launcher.readiness() == (True, "SkyPilot can launch on aws"), launcher.readiness()
+        assert sky.checks == 2 and time.monotonic() - started < 10
+    finally:
+        stop.set()
+        thread.join(10)
+        launcher.close()

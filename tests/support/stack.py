@@ -58,6 +58,7 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
 class Replica:
     def __init__(self, name: str, env: dict[str, str], root: Path) -> None:
         self.name, self.port, self.proc = name, free_port(), None
+        self.last_ready = "not asked"  # /readyz's last answer, for a timeout's message
         self.log = root / f"{name}.log"
         self.env = {**env, "SPOTBROKER_DATA_DIR": str(root / name), "SPOTBROKER_PORT": str(self.port)}
 
@@ -75,8 +76,10 @@ class Replica:
         """/readyz's body once the replica serves and its launcher can launch."""
         try:
             r = httpx.get(f"{self.url}/readyz", timeout=2)
-        except httpx.TransportError:
+        except httpx.TransportError as exc:
+            self.last_ready = repr(exc)
             return None
+        self.last_ready = f"{r.status_code} {r.text}"
         body = r.json() if r.status_code == 200 else None
         return body if body and (body.get("launch") or {}).get("ready") else None
 
@@ -169,7 +172,10 @@ def stack(sky_aws: SkyAws, root: Path, replicas: int = 2) -> Iterator[Stack]:
         for r in started:
             r.start()
         for r in started:
-            wait_for(r.ready, 150, f"replica {r.name} ready to launch (see {r.log})", every=1.0)
+            try:
+                wait_for(r.ready, 150, f"replica {r.name} ready to launch (see {r.log})", every=1.0)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}; its /readyz said: {r.last_ready}") from None
         yield Stack(sky_aws, factory, started, {"Authorization": f"Bearer {token}"})
     except BaseException:
         for r in started:

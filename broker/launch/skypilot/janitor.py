@@ -29,6 +29,11 @@ from spotbroker.broker.store.models import Attempt
 
 log = logging.getLogger(__name__)
 
+# A broker is not ready to launch until `sky check` has answered once: a first
+# check that failed (an API server still starting, a loaded host) is asked
+# again after 1 s, 2 s, 4 s ... up to the check interval, not a whole interval later.
+FIRST_RETRY_S = 1.0
+
 
 def owned_clusters(sky, prefix: str) -> dict[str, int]:
     """This broker's clusters, by name -> attempt id (SkyPilot's whole table, one request)."""
@@ -75,9 +80,12 @@ def run_janitor(launcher, factory: sessionmaker[Session], interval: float, stop:
     check_interval = interval if check_interval is None else check_interval
     if not launcher.server.wait_until_up(stop):
         return
-    next_sweep = 0.0
+    next_sweep, retry = 0.0, FIRST_RETRY_S
     while not stop.is_set():
-        check(launcher)
+        if check(launcher) or launcher.enabled_clouds() is not None:
+            wait_s, retry = check_interval, FIRST_RETRY_S
+        else:  # never answered yet: the broker cannot launch until it is, so ask again soon
+            wait_s, retry = min(retry, check_interval), retry * 2
         if time.monotonic() >= next_sweep:
             next_sweep = time.monotonic() + interval
             try:
@@ -89,7 +97,7 @@ def run_janitor(launcher, factory: sessionmaker[Session], interval: float, stop:
                     launcher.server.unavailable(exc)
                 else:
                     log.warning("janitor sweep failed", exc_info=True)
-        _wait(launcher.server.wanted, stop, max(0.0, min(check_interval, next_sweep - time.monotonic())))
+        _wait(launcher.server.wanted, stop, max(0.0, min(wait_s, next_sweep - time.monotonic())))
 
 
 def _wait(wanted: threading.Event, stop: threading.Event, seconds: float) -> None:
@@ -99,9 +107,9 @@ def _wait(wanted: threading.Event, stop: threading.Event, seconds: float) -> Non
         stop.wait(min(left, 0.5))
 
 
-def check(launcher) -> None:
+def check(launcher) -> bool:
     """Ask whether SkyPilot's API server answers (starting a local one) and,
-    if it does, which clouds `sky check` enables now."""
+    if it does, which clouds `sky check` enables now. Whether it answered."""
     try:
         launcher.server.probe()
         clouds = launcher.refresh_clouds()
@@ -109,7 +117,8 @@ def check(launcher) -> None:
         if server_unreachable(exc):
             launcher.server.unavailable(exc)
         log.warning("asking SkyPilot for its enabled clouds failed: %s", exc)
-        return
+        return False
     if clouds != launcher.last_logged_clouds:
         launcher.last_logged_clouds = clouds
         log.info("SkyPilot's enabled clouds: %s", ", ".join(sorted(clouds)) or "none")
+    return True
