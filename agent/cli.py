@@ -103,7 +103,7 @@ def run(command: tuple[str, ...], broker_url: str | None, token: str | None, tok
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is too much
     logging.getLogger("httpcore").setLevel(logging.WARNING)
 
-    from spotbroker.agent.runner import RunnerConfig
+    from spotbroker.agent.config import RunnerConfig
     from spotbroker.agent.runner import run as supervise
 
     config = RunnerConfig(

@@ -40,7 +40,7 @@ from spotbroker.agent.protocol import (
 if TYPE_CHECKING:
     import httpx
 
-    from spotbroker.agent.runner import RunnerConfig
+    from spotbroker.agent.config import RunnerConfig
 
 log = logging.getLogger("spotbroker.agent")
 

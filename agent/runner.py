@@ -29,7 +29,8 @@ signal N; 127, reported as trainer_exited too, when the command cannot be
 started). Start-up is kept light: httpx and the watchers are imported only
 after the trainer is running.
 
-This module is the orchestration; the outbox is :mod:`spotbroker.agent.outbox`,
+This module is the orchestration; what it is told is :mod:`spotbroker.agent.config`,
+the outbox :mod:`spotbroker.agent.outbox`,
 the threads that deliver it and the trainer's log are in
 :mod:`spotbroker.agent.delivery`, the notice path in
 :mod:`spotbroker.agent.notice_path` (which processes to ask to flush:
@@ -47,11 +48,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from spotbroker.agent import proctree
+from spotbroker.agent.config import RunnerConfig
 from spotbroker.agent.credentials import CredentialsKeeper
 from spotbroker.agent.delivery import (
     BrokerClient,
@@ -101,38 +102,6 @@ log = logging.getLogger("spotbroker.agent")
 TRAINER_LOG_FILE = "trainer.log"
 COMMAND_NOT_STARTED = 127  # the shell's code for a command that could not be run
 LOG_BEFORE_EXIT_SECONDS = 10.0  # the longest the exit waits for the log to be shipped
-
-
-@dataclass
-class RunnerConfig:
-    """Everything the supervisor needs; the CLI fills it from options and the environment."""
-
-    command: list[str]
-    broker_url: str | None = None
-    token: str | None = field(default=None, repr=False)  # a secret: never logged
-    job_id: str | None = None
-    attempt_id: str | None = None
-    cloud: str | None = None            # aws | gcp | azure | local; None = detect
-    metadata_url: str | None = None     # stand-in for the cloud's metadata endpoint
-    work_dir: Path | None = None        # outbox, trainer log, control dirs; a fresh temp dir if None
-    heartbeat_interval: float = 5.0
-    tail_interval: float = 0.1          # events.jsonl is read this often
-    log_interval: float = 1.0           # the trainer's output is shipped this often
-    poll_interval: float = 1.0          # metadata polls
-    metadata_timeout: float = 2.0
-    notice_window: float = 30.0         # assumed when a notice carries no deadline (GCP preempted), and a drain
-    request_timeout: float = 5.0        # broker requests
-    retry_initial: float = 0.2          # broker back-off, jittered
-    retry_max: float = 5.0
-    # At exit: how long to keep delivering to the broker. None: until it has
-    # everything (through any outage) or answers 410 Gone.
-    final_flush_timeout: float | None = None
-    kill_grace: float = 10.0            # after a cancel: SIGTERM, then SIGKILL this much later
-    node_rank: int = 0                  # > 0: events and the shipped log carry it
-    credentials_lead: float = 600.0     # storage credentials are renewed this long before they end
-    max_log_bytes: int = 0              # of the trainer's output kept in its log (and shipped); 0: no bound
-    metrics_interval: float = 3.0       # the trainer's metrics reports go out at most this often (folded)
-    trainer_env: dict[str, str] = field(default_factory=dict)  # the trainer's, never in the agent's own environment
 
 
 class Supervisor(NoticePath, StopPath):

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from collections.abc import Mapping
 from dataclasses import fields, replace
@@ -81,7 +80,7 @@ from spotbroker.agent.checkpoint.control import ControlChannel, control_dir_from
 from spotbroker.agent.checkpoint.distributed import RankedSaves
 from spotbroker.agent.checkpoint.format import FORMAT, CheckpointInfo, CheckpointInvalid, load_checkpoint
 from spotbroker.agent.checkpoint.interval import BrokerInterval
-from spotbroker.agent.checkpoint.listing import list_checkpoints
+from spotbroker.agent.checkpoint.listing import restore_candidates
 from spotbroker.agent.checkpoint.options import CheckpointOptions
 from spotbroker.agent.checkpoint.preflight import Preflight, device
 from spotbroker.agent.checkpoint.ranks import Agreement, Ranks
@@ -203,10 +202,10 @@ class Checkpointer:
         warning, and reported in the ``resumed`` event.
         """
         if self._ranked is not None:
-            step, uri, skipped = self._ranked.restore(self._candidates() if self.ranks.writer else [])
+            step, uri, skipped = self._ranked.restore(restore_candidates(self.job_uri or self.uri, self.resume_from) if self.ranks.writer else [])
             return self._restored(step, uri, skipped)
         skipped: list[dict[str, str]] = []
-        for candidate in self._candidates():
+        for candidate in restore_candidates(self.job_uri or self.uri, self.resume_from):
             try:
                 storage = Storage(candidate, max_concurrency=self.max_workers)
                 state, manifest = load_checkpoint(storage, self.max_workers)
@@ -361,40 +360,7 @@ class Checkpointer:
             "extra": self.extra,
         }
 
-    def _sharded_state(self) -> dict[str, Any]:
-        """The state as DCP saves it: model and optimizer keyed by parameter name, sharded as held."""
-        from spotbroker.agent.checkpoint.sharded import model_and_optimizer_state
-
-        parts = self._components
-        state = model_and_optimizer_state(parts["model"], parts.get("optimizer")) if "model" in parts else {}
-        for name, obj in parts.items():
-            if name not in ("model", "optimizer"):
-                state[name] = obj.state_dict()
-        return state
-
-    def _apply_sharded(self, state: dict[str, Any]) -> None:
-        from spotbroker.agent.checkpoint.sharded import set_model_and_optimizer_state
-
-        parts = self._components
-        if "model" in parts:
-            set_model_and_optimizer_state(parts["model"], parts.get("optimizer"), state)
-        for name, obj in parts.items():
-            if name not in ("model", "optimizer"):
-                obj.load_state_dict(state[name])
-
     # --- restoring ------------------------------------------------------------
-
-    def _candidates(self) -> list[str]:
-        """Checkpoint URIs to try, best first."""
-        search = self.job_uri or self.uri
-        found = list_checkpoints(search) if search else []
-        if not self.resume_from:
-            return [c.uri for c in found]
-        resume = self.resume_from.rstrip("/")
-        match = re.search(r"step-(\d{12})$", resume)
-        ceiling = int(match.group(1)) if match else None
-        older = [c.uri for c in found if c.uri != resume and (ceiling is None or c.step <= ceiling)]
-        return [resume] + older
 
     def _apply(self, state: dict[str, Any]) -> None:
         components = state.get("components", {})

@@ -40,6 +40,7 @@ from spotbroker.agent.checkpoint.format import (
 )
 from spotbroker.agent.checkpoint.ranks import FLUSH_NONE, FLUSH_NOTICE, Agreement, Votes
 from spotbroker.agent.checkpoint.sharded import LAYOUT as SHARDED
+from spotbroker.agent.checkpoint.sharded import apply_sharded, sharded_state
 from spotbroker.agent.checkpoint.state import rng_state, set_rng_state
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.checkpoint.upload import commit_manifest
@@ -134,7 +135,7 @@ class RankedSaves:
             if ckpt.sharded:
                 from spotbroker.agent.checkpoint.sharded import save_shards
 
-                mine.update(save_shards(storage, ckpt._sharded_state(), self._group()))
+                mine.update(save_shards(storage, sharded_state(ckpt._components), self._group()))
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as exc:  # DCP's CheckpointException is a BaseException
@@ -215,14 +216,14 @@ class RankedSaves:
             manifest = read_manifest(storage)
             if manifest.get("layout") != SHARDED:
                 raise CheckpointInvalid("written replicated (by one rank): restore it with sharded=False")
-            state = ckpt._sharded_state()
+            state = sharded_state(ckpt._components)
             try:
                 load_shards(storage, manifest["objects"], state, self._group())
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as exc:  # DCP's CheckpointException is a BaseException
                 raise CheckpointInvalid(f"the shards could not be read: {exc}") from exc
-            ckpt._apply_sharded(state)
+            apply_sharded(ckpt._components, state)
         else:
             state, manifest = load_checkpoint(storage, ckpt.max_workers)
             ckpt._apply(state)

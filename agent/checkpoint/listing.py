@@ -35,6 +35,19 @@ def list_checkpoints(uri: str) -> list[CheckpointInfo]:
     return found
 
 
+def restore_candidates(search: str | None, resume_from: str | None) -> list[str]:
+    """Checkpoint URIs to restore from, best first: `resume_from` (the broker's
+    RESUME_FROM), then the others under `search` no newer than it."""
+    found = list_checkpoints(search) if search else []
+    if not resume_from:
+        return [c.uri for c in found]
+    resume = resume_from.rstrip("/")
+    match = re.search(r"step-(\d{12})$", resume)
+    ceiling = int(match.group(1)) if match else None
+    older = [c.uri for c in found if c.uri != resume and (ceiling is None or c.step <= ceiling)]
+    return [resume] + older
+
+
 def mark_keep(checkpoint_uri: str) -> None:
     """Mark a checkpoint (its ``.../step-N`` URI) so that ``keep_last`` never deletes it."""
     Storage(checkpoint_uri).put(KEEP_MARKER, b"")

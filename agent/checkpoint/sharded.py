@@ -278,6 +278,24 @@ def load_shards(storage: Storage, objects: dict[str, dict[str, Any]], state: dic
              no_dist=group is None)
 
 
+def sharded_state(parts: dict[str, Any]) -> dict[str, Any]:
+    """A Checkpointer's components as DCP saves them: model and optimizer keyed
+    by parameter name, sharded as held; the others by their state_dict."""
+    state = model_and_optimizer_state(parts["model"], parts.get("optimizer")) if "model" in parts else {}
+    for name, obj in parts.items():
+        if name not in ("model", "optimizer"):
+            state[name] = obj.state_dict()
+    return state
+
+
+def apply_sharded(parts: dict[str, Any], state: dict[str, Any]) -> None:
+    if "model" in parts:
+        set_model_and_optimizer_state(parts["model"], parts.get("optimizer"), state)
+    for name, obj in parts.items():
+        if name not in ("model", "optimizer"):
+            obj.load_state_dict(state[name])
+
+
 def model_and_optimizer_state(model: Any, optimizer: Any) -> dict[str, Any]:
     """The model's and optimizer's state as DCP keys them (by parameter name,
     sharded as they are held: FSDP, DDP or a plain module)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from spotbroker.agent.delivery import EventSender, LogShipper
 from spotbroker.agent.outbox import Outbox
-from spotbroker.agent.runner import RunnerConfig
+from spotbroker.agent.config import RunnerConfig
 
 
 class Broker:

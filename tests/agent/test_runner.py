@@ -515,7 +515,8 @@ def test_the_trainer_does_not_outlive_a_killed_agent(agent, broker, wait):
 def test_a_drain_that_comes_after_the_trainer_exited_is_answered_with_no_flush(tmp_path):
     """Answers keep coming while the last events are delivered; a drain then
     must not wait on a notice handler that is gone."""
-    from spotbroker.agent.runner import RunnerConfig, Supervisor
+    from spotbroker.agent.config import RunnerConfig
+    from spotbroker.agent.runner import Supervisor
 
     supervisor = Supervisor(RunnerConfig(command=["true"], work_dir=tmp_path))
     supervisor._stopping.set()  # as _finish leaves it, before the last delivery
