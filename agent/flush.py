@@ -20,7 +20,14 @@ from datetime import datetime
 from pathlib import Path
 
 from spotbroker.agent import proctree
-from spotbroker.agent.protocol import FLUSH_FILE, FLUSH_SIGNAL, INTERVAL_FILE, LIBRARY_FILE, LIBRARY_PREFIX, LIBRARY_SUFFIX
+from spotbroker.agent.protocol import (
+    FLUSH_FILE,
+    FLUSH_SIGNAL,
+    INTERVAL_FILE,
+    LIBRARY_FILE,
+    LIBRARY_PREFIX,
+    LIBRARY_SUFFIX,
+)
 
 log = logging.getLogger("spotbroker.agent")
 

@@ -15,10 +15,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from support.brokerproc import TEST_DEFAULTS
-from support.helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_local_nodes
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
+from support.brokerproc import TEST_DEFAULTS
+from support.helpers import PG_ADMIN_URL, create_pg_database, drop_pg_database, stop_local_nodes
 
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.store import migrate

@@ -201,11 +201,13 @@ class Checkpointer:
         ``uri``. A checkpoint that fails verification is skipped, with a
         warning, and reported in the ``resumed`` event.
         """
-        if self._ranked is not None:
-            step, uri, skipped = self._ranked.restore(restore_candidates(self.job_uri or self.uri, self.resume_from) if self.ranks.writer else [])
+        search = self.job_uri or self.uri
+        if self._ranked is not None:  # the writer rank lists; the others take its answer
+            step, uri, skipped = self._ranked.restore(
+                restore_candidates(search, self.resume_from) if self.ranks.writer else [])
             return self._restored(step, uri, skipped)
         skipped: list[dict[str, str]] = []
-        for candidate in restore_candidates(self.job_uri or self.uri, self.resume_from):
+        for candidate in restore_candidates(search, self.resume_from):
             try:
                 storage = Storage(candidate, max_concurrency=self.max_workers)
                 state, manifest = load_checkpoint(storage, self.max_workers)

@@ -23,7 +23,7 @@ from spotbroker.api.dashboard import charts, session
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
 from spotbroker.broker.jobs import reasons, resfields
-from spotbroker.broker.money import dashboard, labels, overview, preflights, service, views
+from spotbroker.broker.money import dashboard, labels, overview, preflights, views
 
 HERE = Path(__file__).parent
 CSP = ("default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; font-src 'self'; "
@@ -159,7 +159,7 @@ def team(request: Request, name: str, days: Days = 30,
             label_keys, label, by_label = labels.team_chart(s, name, label, since, now)
             waiting = reasons.not_running(s, name)
             flights = preflights.team_preflights(s, name, since)
-    except service.TeamNotFound:
+    except auth.TeamNotFound:
         return page("error.html", 404, title="Not found", detail=f"no team {name!r}", admin=principal.is_admin)
     by_label = charts.stacked_days(data.days, by_label, height=200, muted=(views.NO_LABEL,)) if label else None
     return page("team.html", p=data, now=now, days=days, admin=principal.is_admin, label_keys=label_keys,

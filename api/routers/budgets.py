@@ -16,12 +16,14 @@ from sqlalchemy.orm.exc import StaleDataError
 from spotbroker.api.deps import MAX_ID, Admin, SessionDep
 from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
-from spotbroker.broker.money import budgets, service
+from spotbroker.broker import auth
+from spotbroker.broker.money import budgets
 from spotbroker.broker.money.alerts import RULES, Condition
 from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.store.models import Team
 from spotbroker.broker.store.moneymodels import Alert
 from spotbroker.broker.store.sealing import Keyring, SealError
+from spotbroker.broker.usecases import money as money_cases
 
 router = APIRouter(prefix="/v1", tags=["budgets"])
 
@@ -70,8 +72,8 @@ def get_budget(request: Request, session: SessionDep, principal: Caller, name: T
     """The team's budget and where it stands this period."""
     may_read(principal, name)
     try:
-        row, standing = service.read_budget(session, name, request.app.state.clock.now())
-    except (service.TeamNotFound, service.NoBudget) as exc:
+        row, standing = money_cases.read_budget(session, name, request.app.state.clock.now())
+    except (auth.TeamNotFound, money_cases.NoBudget) as exc:
         raise Problem(404, "Not found", str(exc)) from None
     return _out(name, row, standing, request.app.state.keyring if principal.is_admin else None)
 
@@ -89,8 +91,8 @@ def put_budget(request: Request, body: budgets.BudgetIn, name: TeamName, _: Admi
 
     def put(session) -> BudgetOut:  # taken again if the reconciler moved a held job meanwhile
         try:
-            row, standing = service.set_budget(session, name, body, state.clock, state.keyring)
-        except service.TeamNotFound as exc:
+            row, standing = money_cases.set_budget(session, name, body, state.clock, state.keyring)
+        except auth.TeamNotFound as exc:
             raise Problem(404, "Not found", str(exc)) from None
         return _out(name, row, standing, state.keyring)
     try:
@@ -142,7 +144,7 @@ def list_alerts(session: SessionDep, principal: Caller, request: Request,
                 limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> AlertList:
     """Budget alerts, newest first."""
     team_id = _readable_team(session, principal, team)
-    found = service.list_alerts(session, team_id, state, request.app.state.clock.now(), limit)
+    found = money_cases.list_alerts(session, team_id, state, request.app.state.clock.now(), limit)
     return AlertList(alerts=[_alert_out(a, n, now, c) for a, n, now, c in found])
 
 
@@ -187,8 +189,8 @@ def _readable_team(session, principal, team: str | None) -> int | None:
         return None
     may_read(principal, team)
     try:
-        return service.team_id(session, team)
-    except service.TeamNotFound as exc:
+        return auth.team_id(session, team)
+    except auth.TeamNotFound as exc:
         raise Problem(404, "Not found", str(exc)) from None
 
 
@@ -205,8 +207,8 @@ def silence(request: Request, body: SilenceIn, _: Admin) -> SilenceOut:
     state = request.app.state
     with transaction(state.session_factory) as session:
         try:
-            row = service.silence(session, body.team, body.rule, body.minutes, state.clock.now())
-        except service.TeamNotFound as exc:
+            row = money_cases.silence(session, body.team, body.rule, body.minutes, state.clock.now())
+        except auth.TeamNotFound as exc:
             raise Problem(404, "Not found", str(exc)) from None
         return _silence_out(row, body.team)
 
@@ -219,7 +221,7 @@ def list_silences(request: Request, session: SessionDep, principal: Caller,
                   ) -> SilenceList:
     """The silences on a team's budget (a team reads its own), newest first."""
     team_id = _readable_team(session, principal, team)
-    found = service.list_silences(session, team_id, request.app.state.clock.now(), active_only=not expired)
+    found = money_cases.list_silences(session, team_id, request.app.state.clock.now(), active_only=not expired)
     return SilenceList(silences=[_silence_out(row, name) for row, name in found])
 
 
@@ -231,7 +233,7 @@ def expire_silence(request: Request, silence_id: Annotated[int, PathParam(ge=1, 
     state = request.app.state
     with transaction(state.session_factory) as session:
         try:
-            row = service.expire_silence(session, silence_id, state.clock.now())
-        except service.SilenceNotFound as exc:
+            row = money_cases.expire_silence(session, silence_id, state.clock.now())
+        except money_cases.SilenceNotFound as exc:
             raise Problem(404, "Not found", str(exc)) from None
         return _silence_out(row, session.get(Team, row.team_id).name)

@@ -17,7 +17,8 @@ from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
 from spotbroker.broker.jobs import resfields
-from spotbroker.broker.money import export, service, views
+from spotbroker.broker.money import export, views
+from spotbroker.broker.usecases import money as money_cases
 
 MAX_DAYS = 400
 
@@ -107,8 +108,8 @@ def _report(request: Request, session, principal: Principal, name: str, since: d
     now = request.app.state.clock.now()
     since, until = time_range(since, until, now)
     try:
-        return since, until, service.costs(session, name, since, until, group_by, now)
-    except service.TeamNotFound as exc:
+        return since, until, money_cases.costs(session, name, since, until, group_by, now)
+    except auth.TeamNotFound as exc:
         raise Problem(404, "Not found", str(exc)) from None
 
 

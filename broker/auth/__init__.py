@@ -26,6 +26,18 @@ class TeamExists(ValueError):
     pass
 
 
+class TeamNotFound(LookupError):
+    pass
+
+
+def team_id(session: Session, name: str) -> int:
+    """The team's id by its name (raises TeamNotFound)."""
+    found = session.scalar(select(Team.id).where(Team.name == name))
+    if found is None:
+        raise TeamNotFound(f"no team {name!r}")
+    return found
+
+
 @dataclass(frozen=True)
 class Principal:
     """Who is calling: a team, or the admin (team None)."""

@@ -3,10 +3,9 @@ with --team) and budgets (the admin's token sets them)."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import click
-
-from typing import Any
 
 from spotbroker.broker.cli.access import admin_client, team_client
 from spotbroker.broker.cli.client import Client

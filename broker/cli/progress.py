@@ -26,8 +26,7 @@ def bar(description: str, total: int | None, shown: bool) -> Iterator[Callable[.
         yield lambda done, total=None: None
         return
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeElapsedColumn, TransferSpeedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                TimeElapsedColumn())

@@ -6,8 +6,8 @@ import json
 
 import click
 
-from spotbroker.broker.cli.jobs import call
 from spotbroker.broker.cli.access import admin_client
+from spotbroker.broker.cli.jobs import call
 
 
 @click.command("storage")

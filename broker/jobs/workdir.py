@@ -24,8 +24,8 @@ import os
 import re
 import stat
 import tarfile
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 

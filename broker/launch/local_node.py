@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from spotbroker.agent import proctree, protocol
-from spotbroker.agent.logbound import BoundedWriter
 from spotbroker.agent.code import CodeError
+from spotbroker.agent.logbound import BoundedWriter
 from spotbroker.broker.launch import local_mounts
 
 ERROR_EXIT = 125  # provisioning failed before the job's command ran

@@ -19,9 +19,10 @@ from datetime import datetime, timedelta
 from sqlalchemy import and_, select
 from sqlalchemy.orm import Session
 
+from spotbroker.broker import auth
 from spotbroker.broker.checkpoints import coldtier
 from spotbroker.broker.jobs.states import RECLAIMED
-from spotbroker.broker.money import alerts, budgets, ledger, service, views
+from spotbroker.broker.money import alerts, budgets, ledger, views
 from spotbroker.broker.money.alerts import WINDOWS
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.models import Attempt, Job, Team
@@ -199,11 +200,11 @@ def _budget(row: Budget, sums: views.Breakdown, now: datetime) -> BudgetView:
 def team_page(session: Session, name: str, since: datetime, now: datetime, with_teams: bool = False,
               settings: MoneySettings | None = None) -> TeamPage:
     """Everything a team's page shows, from `since` to now (raises
-    service.TeamNotFound). Every chart, total and burn window is a sum of
+    auth.TeamNotFound). Every chart, total and burn window is a sum of
     one grouped read of the team's entries (views.breakdown) from the
     earliest instant any of them needs; the costs API groups the same
     entries with the same keys, so the page shows what it answers."""
-    team_id = service.team_id(session, name)
+    team_id = auth.team_id(session, name)
     row = budgets.get(session, team_id)
     marks = (since, now - WINDOWS["6h"], now - WINDOWS["1h"])
     first = min(since, marks[1], budgets.period_of(row.period, now).start if row else since)

@@ -52,10 +52,10 @@ def team_chart(session: Session, team: str, label: str | None, since: datetime,
                now: datetime) -> tuple[list[str], str | None, dict[str, dict[str, float]]]:
     """For a team's page: the labels its jobs carry, the one charted (`label`,
     else the first), and that one's spend per day by value (raises
-    service.TeamNotFound)."""
-    from spotbroker.broker.money import service
+    auth.TeamNotFound)."""
+    from spotbroker.broker import auth
 
-    team_id = service.team_id(session, team)
+    team_id = auth.team_id(session, team)
     found = keys(session, team_id)
     chosen = label if label is not None else (found[0] if found else None)
     return found, chosen, by_day(session, team_id, chosen, since, now) if chosen is not None else {}

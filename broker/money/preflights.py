@@ -12,8 +12,8 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from spotbroker.broker import auth
 from spotbroker.broker.jobs.preflight import FAILED, PASSED
-from spotbroker.broker.money import service
 from spotbroker.broker.store.models import Event, Job
 
 SHOWN = 20
@@ -42,8 +42,8 @@ class TeamPreflights:
 
 
 def team_preflights(session: Session, name: str, since: datetime) -> TeamPreflights:
-    """The team's pre-flights that ended since `since`, newest first (raises service.TeamNotFound)."""
-    team_id = service.team_id(session, name)
+    """The team's pre-flights that ended since `since`, newest first (raises auth.TeamNotFound)."""
+    team_id = auth.team_id(session, name)
     out = TeamPreflights()
     rows = session.execute(
         select(Event.type, Event.at, Event.data, Job.id, Job.name).join(Job, Job.id == Event.job_id)

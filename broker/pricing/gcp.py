@@ -19,8 +19,7 @@ from typing import Any
 from spotbroker.broker.pricing import catalog
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
-from spotbroker.broker.pricing.cpu_families import GCP_SKU_SERIES, gcp_family
-from spotbroker.broker.pricing.cpu_families import GCP_SERIES
+from spotbroker.broker.pricing.cpu_families import GCP_SERIES, GCP_SKU_SERIES, gcp_family
 from spotbroker.broker.pricing.gcp_zones import ComputeZones
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
 from spotbroker.broker.pricing.settings import PricingSettings

@@ -14,8 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from spotbroker.broker.pricing.base import SourceUnavailable
-from spotbroker.broker.pricing.cpu_families import GCP_FAMILIES, gcp_cpu_type, gcp_family
-from spotbroker.broker.pricing.cpu_families import GCP_SERIES
+from spotbroker.broker.pricing.cpu_families import GCP_FAMILIES, GCP_SERIES, gcp_cpu_type, gcp_family
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
 
 log = logging.getLogger("spotbroker.pricing")

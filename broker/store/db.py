@@ -1,10 +1,10 @@
 """Engine, sessions and the declarative base shared by every model."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-import os
 from typing import Any, TypeVar
 
 from sqlalchemy import DateTime, MetaData, TypeDecorator, create_engine, event

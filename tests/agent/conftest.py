@@ -18,9 +18,9 @@ import pytest
 # moto's S3 server (real HTTP) for the storage and checkpoint tests.
 from support.s3fixtures import moto_endpoint, s3_uri  # noqa: F401  (fixtures, found by name)
 
+from spotbroker.agent.metadata_sim import MetadataSimulator
 from spotbroker.agent.notices import Notice, WatchConfig
 from spotbroker.agent.protocol import EVENTS_PATH, LOG_OFFSET_HEADER, LOGS_PATH
-from spotbroker.agent.metadata_sim import MetadataSimulator
 
 AGENT_TOKEN = "test-agent-token-7f3a"
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from spotbroker.agent.config import RunnerConfig
 from spotbroker.agent.delivery import EventSender, LogShipper
 from spotbroker.agent.outbox import Outbox
-from spotbroker.agent.config import RunnerConfig
 
 
 class Broker:

@@ -11,8 +11,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from conftest import ADMIN_TOKEN
-from support.helpers import wait_for, wait_state
 from sqlalchemy import update
+from support.helpers import wait_for, wait_state
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction

@@ -9,8 +9,8 @@ from datetime import UTC, datetime
 
 import httpx
 from conftest import ADMIN_TOKEN
-from support.helpers import tgz, wait_state
 from sqlalchemy import MetaData, select
+from support.helpers import tgz, wait_state
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.store.db import make_engine

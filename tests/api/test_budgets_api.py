@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from conftest import ADMIN_TOKEN
-from support.helpers import spend_today, wait_state
 from sqlalchemy import select
+from support.helpers import spend_today, wait_state
 
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.store.models import Attempt, Job, Team

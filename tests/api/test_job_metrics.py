@@ -131,14 +131,14 @@ def test_an_agents_backlog_of_reports_is_stored_in_a_few_statements(engine, fact
     """A batch of a thousand reports (an agent's backlog) was three queries and a
     flush a report, under SQLite's write lock for seconds: the batch is now a few
     statements whatever its size, folded and bounded as before."""
+    from sqlalchemy import event, select
     from support.world import T0 as START
     from support.world import World
-    from sqlalchemy import event, select
 
-    from spotbroker.broker.store.metricmodels import MetricPoint
     from spotbroker.broker.recovery import agent_channel
     from spotbroker.broker.recovery.agent_channel import AgentEvent
     from spotbroker.broker.store.db import transaction
+    from spotbroker.broker.store.metricmodels import MetricPoint
     from spotbroker.broker.store.models import Attempt
 
     world = World(factory)

@@ -2,8 +2,8 @@
 import os
 
 import pytest
-from support.helpers import wait_for, wait_state
 from sqlalchemy import func, select
+from support.helpers import wait_for, wait_state
 
 from spotbroker.broker.store.db import make_engine
 from spotbroker.broker.store.models import Event, Job

@@ -8,8 +8,8 @@ import time
 from datetime import UTC, datetime
 
 from conftest import ADMIN_TOKEN
-from support.helpers import wait_state
 from sqlalchemy import select, text, update
+from support.helpers import wait_state
 
 from spotbroker.broker.store.db import Base, make_engine
 from spotbroker.broker.store.models import Job

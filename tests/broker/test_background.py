@@ -52,9 +52,9 @@ def test_no_router_has_a_lifespan_of_its_own():
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_with_an_electricity_maps_key_the_grids_live_readings_are_kept(settings, monkeypatch):
+    from sqlalchemy import func, select
     from support.emapsfake import ElectricityMapsFake
     from support.helpers import wait_for
-    from sqlalchemy import func, select
 
     from spotbroker.broker.energy.settings import energy_settings
     from spotbroker.broker.store.db import make_engine, make_session_factory

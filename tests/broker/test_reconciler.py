@@ -8,8 +8,8 @@ import time
 from datetime import timedelta
 
 import pytest
-from support.helpers import submit
 from sqlalchemy import select
+from support.helpers import submit
 
 from spotbroker.broker.checkpoints.uris import attempt_prefix, checkpoint_uri
 from spotbroker.broker.clock import Clock

@@ -9,10 +9,10 @@ import time
 import httpx
 import pytest
 from conftest import ADMIN_TOKEN
+from sqlalchemy import select
 from support import brokerproc
 from support.brokerproc import broker_env
 from support.helpers import wait_for
-from sqlalchemy import select
 
 from spotbroker.broker.store.db import make_engine, make_session_factory
 from spotbroker.broker.store.models import Event

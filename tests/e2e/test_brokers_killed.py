@@ -13,9 +13,9 @@ import time
 
 import httpx
 import pytest
+from sqlalchemy import select
 from support.brokerproc import BrokerProcess, broker_env
 from support.helpers import create_pg_database, drop_pg_database
-from sqlalchemy import select
 
 from spotbroker.broker import auth
 from spotbroker.broker.store import migrate

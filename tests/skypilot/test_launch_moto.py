@@ -261,9 +261,9 @@ def test_a_preflight_launches_the_chosen_cpu_type_before_any_gpu(sky_aws: SkyAws
     instance of that CPU type there, told it is a pre-flight with no GPU."""
     from datetime import UTC, datetime
 
+    from sqlalchemy import select
     from support.helpers import submit
     from support.skyenv import ZONES
-    from sqlalchemy import select
 
     from spotbroker.broker import auth
     from spotbroker.broker.launch.request import launch_request

@@ -13,8 +13,8 @@ import logging
 
 import pytest
 import yaml
-from support.helpers import run_to_end
 from sqlalchemy import select
+from support.helpers import run_to_end
 
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import LaunchError, LaunchRequest

@@ -21,8 +21,19 @@ import httpx
 import pytest
 import yaml
 from support.skyenv import SkyAws
-from support.stack import (LEASE_S, PASS_S, SECRET, Replica, Stack, broker_env, cancel_and_wait_clean,
-                            handle_of, kill_while_launching, stack, wait_for)
+from support.stack import (
+    LEASE_S,
+    PASS_S,
+    SECRET,
+    Replica,
+    Stack,
+    broker_env,
+    cancel_and_wait_clean,
+    handle_of,
+    kill_while_launching,
+    stack,
+    wait_for,
+)
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.settings import Settings

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import boto3
 import pytest
 from moto.core.authorization import enable_iam_authentication
+
 from support.s3fixtures import REGION
 
 _worlds = itertools.count(1)

@@ -15,14 +15,14 @@ import httpx
 import pytest
 import uvicorn
 from conftest import ADMIN_TOKEN
-from support.helpers import serve_in_thread
-from support.world import T0, FakeClock, World
 from sqlalchemy import select
 
 from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Checkpoint, Team
+from support.helpers import serve_in_thread
+from support.world import T0, FakeClock, World
 
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 HOSTILE = "<script>document.body.dataset.pwned='yes'</script><img src=x onerror=\"document.title='pwned'\">"

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import boto3
 import httpx
-from support.helpers import create_pg_database, drop_pg_database
-from support.skyenv import REGION, SkyAws
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -31,6 +29,8 @@ from spotbroker.broker import auth
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.store.models import Attempt, Job
+from support.helpers import create_pg_database, drop_pg_database
+from support.skyenv import REGION, SkyAws
 
 SECRET = "stack-signing-key"
 BUCKET = "stack-checkpoints"

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import re
 
-from support.site import ADMIN
 from sqlalchemy import select
+from support.site import ADMIN
 
 from spotbroker.broker.money import alerts
 from spotbroker.broker.store.db import transaction

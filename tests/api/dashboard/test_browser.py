@@ -10,9 +10,8 @@ from collections import defaultdict
 from datetime import date, timedelta
 
 import pytest
-from support.browser import Browser, chromium
+from support.browser import RECTS, Browser, api, chromium, only_local
 from support.site import ADMIN, HOSTILE
-from support.browser import RECTS, api, only_local
 
 from spotbroker.api.dashboard.charts import kg, kwh, money
 

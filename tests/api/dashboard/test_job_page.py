@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from datetime import timedelta
 
+from sqlalchemy import select, update
 from support.site import ADMIN
 from support.world import T0, World
-from sqlalchemy import select, update
 
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.metricmodels import EarlyStop, MetricPoint

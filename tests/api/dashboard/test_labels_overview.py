@@ -9,10 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from support.browser import Browser, chromium
-from support.site import ADMIN, HOSTILE_LABEL
-from support.browser import RECTS, api, only_local
 from sqlalchemy import func, select
+from support.browser import RECTS, Browser, api, chromium, only_local
+from support.site import ADMIN, HOSTILE_LABEL
 
 from spotbroker.api.dashboard.charts import money
 from spotbroker.broker.money import alerts

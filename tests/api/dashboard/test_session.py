@@ -9,8 +9,8 @@ import hashlib
 from datetime import UTC, datetime, timedelta
 
 import httpx
-from support.site import ADMIN
 from sqlalchemy import func, select
+from support.site import ADMIN
 
 from spotbroker.api.dashboard import session
 from spotbroker.broker import auth

@@ -7,11 +7,10 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-from support.cli import spotbroker
-from support.cli import cells
 from conftest import ADMIN_TOKEN
-from support.helpers import team_token
 from sqlalchemy import select
+from support.cli import cells, spotbroker
+from support.helpers import team_token
 
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team

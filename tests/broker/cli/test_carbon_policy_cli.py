@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 
-from support.cli import cells
-from support.cli import spotbroker
 from conftest import ADMIN_TOKEN
+from support.cli import cells, spotbroker
 from support.helpers import team_token
 
 

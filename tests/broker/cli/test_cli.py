@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from support.helpers import create_pg_database, drop_pg_database
 from support.cli import spotbroker
+from support.helpers import create_pg_database, drop_pg_database
 
 from spotbroker.broker.store import migrate
 

@@ -1,8 +1,8 @@
 """`spotbroker job ID` says the checkpoint interval in force and why."""
 from __future__ import annotations
 
-from support.cli import spotbroker
 from conftest import ADMIN_TOKEN
+from support.cli import spotbroker
 from support.helpers import team_token, wait_for
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime, timedelta
 
-from support.cli import spotbroker
 from conftest import ADMIN_TOKEN
+from support.cli import spotbroker
 from support.helpers import post, team_token, wait_state
 
 from spotbroker.broker.recovery.agent_channel import agent_token

@@ -7,11 +7,11 @@ import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from support.cli import spotbroker
 from conftest import ADMIN_TOKEN
+from sqlalchemy import select
+from support.cli import spotbroker
 from support.helpers import team_token
 from support.world import World
-from sqlalchemy import select
 
 from spotbroker.broker.store.models import Team
 

@@ -6,9 +6,9 @@ import statistics
 from importlib import resources
 
 import pytest
+from sqlalchemy import select
 from support.emapsfake import ElectricityMapsFake
 from support.helpers import run_to_end, submit
-from sqlalchemy import select
 
 from spotbroker.broker.energy import electricitymaps, grid, power
 from spotbroker.broker.pricing import catalog

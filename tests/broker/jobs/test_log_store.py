@@ -8,8 +8,8 @@ import random
 import threading
 
 import pytest
-from support.world import World
 from sqlalchemy import event, select
+from support.world import World
 
 from spotbroker.agent import logbound
 from spotbroker.broker.jobs import logs

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from support.world import KEYRING, T0
 from sqlalchemy import select
+from support.world import KEYRING, T0
 
 from spotbroker.broker.money import alerts, budgets, hardcap
 from spotbroker.broker.money.accrual import Accruer

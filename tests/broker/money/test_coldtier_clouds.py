@@ -9,15 +9,15 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from support.world import T0
 from sqlalchemy import select
+from support.world import T0
 
 from spotbroker.agent import protocol
 from spotbroker.agent.checkpoint.coldtier import cold_tier
 from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.broker.checkpoints import coldtier as storage
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.request import launch_request
-from spotbroker.broker.checkpoints import coldtier as storage
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction

@@ -6,9 +6,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import func, select
 from support.emapsfake import ElectricityMapsFake
 from support.world import T0
-from sqlalchemy import func, select
 
 from spotbroker.broker.energy import footprint, grid, power, tracker
 from spotbroker.broker.energy.settings import EnergySettings

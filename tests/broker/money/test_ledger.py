@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from support.world import T0
 from sqlalchemy import func, select
+from support.world import T0
 
 from spotbroker.broker.money import costs, views
 from spotbroker.broker.money.accrual import Accruer

@@ -7,9 +7,9 @@ from datetime import timedelta
 
 import pytest
 from conftest import ADMIN_TOKEN
-from support.world import T0
-from support.money import scrape, seed
 from prometheus_client import CollectorRegistry, generate_latest
+from support.money import scrape, seed
+from support.world import T0
 
 from spotbroker.broker.metrics.collector import MoneyCollector
 from spotbroker.broker.money.accrual import Accruer

@@ -12,11 +12,11 @@ from datetime import timedelta
 
 import pytest
 from conftest import ADMIN_TOKEN, served
-from support.money import scrape, seed
-from support.world import T0
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
+from support.money import scrape, seed
+from support.world import T0
 
 from spotbroker.broker.jobs.resources import CLOUDS
 from spotbroker.broker.jobs.states import JobState

@@ -11,8 +11,8 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from aiosmtpd.controller import Controller
-from support.world import KEYRING
 from sqlalchemy import select
+from support.world import KEYRING
 
 from spotbroker.broker.money import budgets
 from spotbroker.broker.money.loop import MoneyLoop

@@ -9,8 +9,8 @@ from collections import defaultdict
 from datetime import timedelta
 
 import pytest
-from support.world import T0
 from sqlalchemy import event, func, select
+from support.world import T0
 
 from spotbroker.broker.money import budgets, costs, dashboard, labels, ledger, overview, views
 from spotbroker.broker.money.accrual import Accruer

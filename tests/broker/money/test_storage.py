@@ -7,16 +7,16 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from support.world import T0
-from support.s3fixtures import s3_client
-from support.money import PART, checkpoint, settings, storage_class
 from sqlalchemy import select
+from support.money import PART, checkpoint, settings, storage_class
+from support.s3fixtures import s3_client
+from support.world import T0
 
 from spotbroker.agent import protocol
 from spotbroker.agent.checkpoint.storage import Storage
+from spotbroker.broker.checkpoints import coldtier as storage
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.request import launch_request
-from spotbroker.broker.checkpoints import coldtier as storage
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Checkpoint

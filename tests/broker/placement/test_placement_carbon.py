@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import pytest
-from support.helpers import run_to_end
 from sqlalchemy import select, update
+from support.helpers import run_to_end
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock

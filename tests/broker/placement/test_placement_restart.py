@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 from datetime import UTC, datetime, timedelta
 
-from support.helpers import submit
 from sqlalchemy import select
+from support.helpers import submit
 
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs.spec import JobSpec

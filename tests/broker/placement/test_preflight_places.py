@@ -5,8 +5,8 @@ local launcher, which simulates the place)."""
 from __future__ import annotations
 
 import pytest
-from support.helpers import run_to_end
 from sqlalchemy import select
+from support.helpers import run_to_end
 
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs.preflight import trial

@@ -9,10 +9,10 @@ from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBacken
 from moto.server import ThreadedMotoServer
 from sqlalchemy import select
 
-from spotbroker.broker.pricing.fakes import clouds as fakes
-from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.aws import AwsSource
 from spotbroker.broker.pricing.base import SourceUnavailable
+from spotbroker.broker.pricing.fakes import clouds as fakes
+from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.pricing.settings import PricingSettings
 from spotbroker.broker.pricing.tracker import PriceTracker

@@ -10,11 +10,11 @@ import pytest
 from sqlalchemy import select
 
 from spotbroker.broker.pricing import risk, store
-from spotbroker.broker.pricing.fakes import clouds as fakes
-from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.aws_price_list import BadOfferFile, read_offer_file
 from spotbroker.broker.pricing.aws_public import AwsPublicSource
 from spotbroker.broker.pricing.catalog import OfferRow, snapshot_rows
+from spotbroker.broker.pricing.fakes import clouds as fakes
+from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.fakes.price_list import EXTRA_REGIONS, HEADER, INDEX_PATH, PriceListFiles, render
 from spotbroker.broker.pricing.normalise import QualityReport
 from spotbroker.broker.pricing.offers import seed_from_catalog

@@ -8,10 +8,10 @@ import pytest
 from azure.core.credentials import AccessToken
 from sqlalchemy import select
 
-from spotbroker.broker.pricing.fakes import clouds as fakes
-from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.azure import AzureSource, ResourceSkus
 from spotbroker.broker.pricing.base import SourceUnavailable
+from spotbroker.broker.pricing.fakes import clouds as fakes
+from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.pricing.settings import PricingSettings
 from spotbroker.broker.pricing.tracker import PriceTracker

@@ -14,10 +14,10 @@ from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing import risk
-from spotbroker.broker.pricing.fakes import clouds as fakes
-from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.azure import AzureSource
 from spotbroker.broker.pricing.azure_eviction import EvictionRates, band_risk
+from spotbroker.broker.pricing.fakes import clouds as fakes
+from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.settings import PricingSettings
 from spotbroker.broker.pricing.tracker import PriceTracker
 from spotbroker.broker.settings import Settings

@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from sqlalchemy import select
 
+from spotbroker.broker.pricing.base import SourceUnavailable
 from spotbroker.broker.pricing.fakes import clouds as fakes
 from spotbroker.broker.pricing.fakes import data as fake_data
-from spotbroker.broker.pricing.base import SourceUnavailable
 from spotbroker.broker.pricing.gcp import GcpSource
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.pricing.settings import PricingSettings

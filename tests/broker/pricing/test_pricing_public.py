@@ -10,9 +10,9 @@ import pytest
 from sqlalchemy import select
 
 from spotbroker.broker.pricing import risk, store
+from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.fakes import clouds as fakes
 from spotbroker.broker.pricing.fakes import data as fake_data
-from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.pricing.settings import DEFAULT_SOURCES, PricingSettings
 from spotbroker.broker.pricing.sources import build_sources

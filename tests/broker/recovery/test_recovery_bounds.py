@@ -12,8 +12,8 @@ import signal
 import time
 
 import pytest
-from support.helpers import submit
 from sqlalchemy import select
+from support.helpers import submit
 
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.reconciler import Reconciler

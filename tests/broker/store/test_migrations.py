@@ -2,8 +2,8 @@
 on both databases (each on a database of its own)."""
 import pytest
 from alembic import command
-from support.helpers import create_pg_database, drop_pg_database
 from sqlalchemy import inspect
+from support.helpers import create_pg_database, drop_pg_database
 
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine

@@ -1,6 +1,6 @@
 """What the API's money routes do, as plain functions taking a session.
 Who may see a team's money is the router's to decide; here a team is found
-by name or is not found."""
+by name or is not found (`auth.TeamNotFound`)."""
 from __future__ import annotations
 
 from datetime import datetime, timedelta
@@ -8,6 +8,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.money import alerts, budgets, hardcap, views
 from spotbroker.broker.store.models import Team
@@ -15,21 +16,10 @@ from spotbroker.broker.store.moneymodels import Alert, AlertSilence, Budget
 from spotbroker.broker.store.sealing import Keyring
 
 
-class TeamNotFound(LookupError):
-    pass
-
-
-def team_id(session: Session, name: str) -> int:
-    found = session.scalar(select(Team.id).where(Team.name == name))
-    if found is None:
-        raise TeamNotFound(f"no team {name!r}")
-    return found
-
-
 def costs(session: Session, name: str, since: datetime, until: datetime, group_by: str | None,
           now: datetime) -> views.Report:
     """A team's spend with entries starting in [since, until), grouped."""
-    return views.team_costs(session, team_id(session, name), since, until, group_by, now)
+    return views.team_costs(session, auth.team_id(session, name), since, until, group_by, now)
 
 
 # --- budgets ---------------------------------------------------------------------------
@@ -40,7 +30,7 @@ class NoBudget(LookupError):
 
 
 def read_budget(session: Session, name: str, now: datetime) -> tuple[Budget, budgets.Standing]:
-    row = budgets.get(session, team_id(session, name))
+    row = budgets.get(session, auth.team_id(session, name))
     if row is None:
         raise NoBudget(f"team {name!r} has no budget")
     return row, budgets.standing(session, row, now)
@@ -50,7 +40,7 @@ def set_budget(session: Session, name: str, body: budgets.BudgetIn, clock: Clock
                keyring: Keyring) -> tuple[Budget, budgets.Standing]:
     """Set a team's budget (its targets sealed with `keyring`); its HELD jobs
     are looked at again at once (a raised budget releases them)."""
-    team = team_id(session, name)
+    team = auth.team_id(session, name)
     row = budgets.put(session, team, body, clock, keyring)
     hardcap.release_held(session, team, clock.now())
     return row, budgets.standing(session, row, clock.now())
@@ -77,7 +67,7 @@ def list_alerts(session: Session, team: int | None, state: str, now: datetime,
 
 
 def silence(session: Session, name: str, rule: str, minutes: float, now: datetime) -> AlertSilence:
-    row = AlertSilence(team_id=team_id(session, name), rule=rule, until=now + timedelta(minutes=minutes),
+    row = AlertSilence(team_id=auth.team_id(session, name), rule=rule, until=now + timedelta(minutes=minutes),
                        created_at=now)
     session.add(row)
     session.flush()
