@@ -29,13 +29,10 @@ signal N; 127, reported as trainer_exited too, when the command cannot be
 started). Start-up is kept light: httpx and the watchers are imported only
 after the trainer is running.
 
-This module is the orchestration; what it is told is :mod:`spotbroker.agent.config`,
-the outbox :mod:`spotbroker.agent.outbox`,
-the threads that deliver it and the trainer's log are in
-:mod:`spotbroker.agent.delivery`, the notice path in
-:mod:`spotbroker.agent.notice_path` (which processes to ask to flush:
-:mod:`spotbroker.agent.flush`), and the helpers that read the trainer's
-events and output in :mod:`spotbroker.agent.trainer_process`.
+This module is the orchestration. What it is told: :mod:`.config`; the outbox:
+:mod:`.outbox`; the threads that deliver it and the trainer's log: :mod:`.delivery`;
+the notice path: :mod:`.notice_path` (which processes to ask to flush: :mod:`.flush`);
+reading the trainer's events and output: :mod:`.trainer_process`.
 """
 from __future__ import annotations
 
@@ -131,6 +128,7 @@ class Supervisor(NoticePath, StopPath):
         self._finish_by: float | None = None  # monotonic: delivery ends then (final_flush_timeout)
         self._notices: queue.Queue[Notice | None] = queue.Queue()
         self._trainer_done = threading.Event()
+        self._early_signal: int | None = None  # a SIGTERM/SIGINT that came before the trainer had started
         self._stopping = threading.Event()
         self._committed = threading.Event()
         self._flush_requested = False
@@ -148,8 +146,13 @@ class Supervisor(NoticePath, StopPath):
     # --- the whole run -------------------------------------------------------------
 
     def run(self, install_signal_handlers: bool = True) -> int:
+        if install_signal_handlers:  # first: else a signal before them ends the agent and strands the trainer
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, self._forward_signal)
         try:
             self._start_trainer()
+            if self._early_signal is not None:
+                self._signal_group(self._early_signal)
         except OSError as exc:  # no such command, not executable: the broker must still hear of it
             reason = f"cannot start {self.config.command[0]!r}: {exc.strerror or exc}"
             log.error("%s", reason)
@@ -161,9 +164,6 @@ class Supervisor(NoticePath, StopPath):
             self._energy_since = time.monotonic()
         else:
             log.info("the GPUs' energy is not measured here (%s): the broker estimates it", self.energy.why_not)
-        if install_signal_handlers:
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                signal.signal(sig, self._forward_signal)
         if self.control_error:
             log.error("the control channel is not set up (%s): preemption notices cannot be flushed",
                       self.control_error)
@@ -290,6 +290,9 @@ class Supervisor(NoticePath, StopPath):
             log.warning("%s while delivering to the broker: stopping", signal.Signals(signum).name)
             for delivery in self._deliveries:
                 delivery.stop()
+            return
+        if self.proc is None:  # forwarded once it has started
+            self._early_signal = signum
             return
         log.info("forwarding %s to the trainer", signal.Signals(signum).name)
         self._signal_group(signum)
