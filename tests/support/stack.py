@@ -10,10 +10,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -29,6 +25,7 @@ from spotbroker.broker import auth
 from spotbroker.broker.store import migrate
 from spotbroker.broker.store.db import make_engine, make_session_factory, transaction
 from spotbroker.broker.store.models import Attempt, Job
+from support.brokerproc import BrokerProcess
 from support.helpers import create_pg_database, drop_pg_database
 from support.skyenv import REGION, SkyAws
 
@@ -37,12 +34,6 @@ BUCKET = "stack-checkpoints"
 LEASE_S, PASS_S = 5.0, 0.5
 GPU_JOB = {"name": "stack", "run": "python train.py",
            "resources": {"accelerators": "T4:1", "infra": f"aws/{REGION}", "use_spot": True}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
@@ -55,22 +46,14 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-class Replica:
+class Replica(BrokerProcess):
+    """A broker replica (`serve` with SPOTBROKER_LAUNCHER=skypilot), ready once it can launch."""
+
     def __init__(self, name: str, env: dict[str, str], root: Path) -> None:
-        self.name, self.port, self.proc = name, free_port(), None
+        super().__init__({**env, "SPOTBROKER_DATA_DIR": str(root / name)}, root / f"{name}.log")
+        self.name = name
+        self.env["SPOTBROKER_PORT"] = str(self.port)
         self.last_ready = "not asked"  # /readyz's last answer, for a timeout's message
-        self.log = root / f"{name}.log"
-        self.env = {**env, "SPOTBROKER_DATA_DIR": str(root / name), "SPOTBROKER_PORT": str(self.port)}
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        with self.log.open("ab") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--port",
-                                          str(self.port), "--log-level", "warning"], env=self.env, stdout=out,
-                                         stderr=subprocess.STDOUT)
 
     def ready(self) -> dict | None:
         """/readyz's body once the replica serves and its launcher can launch."""
@@ -82,19 +65,6 @@ class Replica:
         self.last_ready = f"{r.status_code} {r.text}"
         body = r.json() if r.status_code == 200 else None
         return body if body and (body.get("launch") or {}).get("ready") else None
-
-    def kill(self) -> None:
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait()
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @dataclass
