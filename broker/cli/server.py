@@ -71,7 +71,8 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
 
     import uvicorn
 
-    logging.config.dictConfig(log_config(log_level))
+    logs = log_config(log_level)
+    logging.config.dictConfig(logs)
     from spotbroker.api.app import create_app
 
     settings = get_settings()
@@ -89,13 +90,13 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
 
     if workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, http=BoundedHead,
-                    forwarded_allow_ips=settings.forwarded_allow_ips, log_config=log_config(log_level))
+                    forwarded_allow_ips=settings.forwarded_allow_ips, log_config=logs)
         return
     # Worker processes build their own app from the environment.
     os.environ.update(SPOTBROKER_HOST=host, SPOTBROKER_PORT=str(port))
     uvicorn.run("spotbroker.api.app:create_app", factory=True, host=host, port=port, workers=workers,
                 log_level=log_level, http=BoundedHead, forwarded_allow_ips=settings.forwarded_allow_ips,
-                log_config=log_config(log_level))
+                log_config=logs)
 
 
 @click.group()
