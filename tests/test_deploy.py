@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import yaml
 from support.helpers import create_pg_database, drop_pg_database, setting_names
+from support.ports import free_port
 from support.s3fixtures import moto_endpoint  # noqa: F401
 
 from spotbroker.broker.settings import Settings
@@ -83,9 +83,7 @@ def test_compose_settings_launch_with_scoped_credentials(moto_endpoint, monkeypa
 
 def test_image_entry_command_migrates_and_serves(pg_server, tmp_path):
     url = create_pg_database("spotbroker_deploy")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(tmp_path), SPOTBROKER_ADMIN_TOKEN="x",
                PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
@@ -143,9 +141,7 @@ def test_with_a_migration_job_the_entry_waits_for_it_and_never_migrates(pg_serve
 
 
 def test_an_unreachable_database_is_waited_for_then_named(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     env = entry_env(f"postgresql://nobody:hunter2@127.0.0.1:{port}/x", tmp_path, SPOTBROKER_DB_WAIT_SECONDS="2")
     started = time.monotonic()
     done = subprocess.run([str(REPO / "deploy" / "entrypoint.sh"), "serve"], env=env, capture_output=True,

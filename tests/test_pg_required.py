@@ -3,18 +3,17 @@ except under CI=true, where the run fails (a green CI never hides it)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
+
+from support.ports import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_pg_tests(ci: bool) -> subprocess.CompletedProcess[str]:
-    with socket.socket() as s:  # a port where nothing listens
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port where nothing listens
     env = {k: v for k, v in os.environ.items() if k != "CI"}
     env["SPOTBROKER_TEST_PG_URL"] = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
     if ci:

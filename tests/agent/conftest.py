@@ -5,7 +5,6 @@ Everything talks real HTTP on 127.0.0.1; nothing is patched.
 from __future__ import annotations
 
 import json
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -214,9 +213,9 @@ def broker() -> Iterator[FakeBroker]:
 @pytest.fixture
 def free_port() -> int:
     """A port nothing listens on (yet): a broker that is down."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    from support.ports import free_port as pick
+
+    return pick()
 
 
 @pytest.fixture

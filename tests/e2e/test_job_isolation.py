@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import ADMIN_TOKEN
 from support.helpers import wait_for, wait_state
+from support.ports import free_port
 
 from spotbroker.broker.launch.local import SYSTEM_PATH, job_python_default
 from spotbroker.broker.recovery.agent_channel import agent_token
@@ -275,11 +276,8 @@ except socket.timeout:
 def test_a_jobs_proxy_settings_never_carry_its_agents_reports(broker_env, api, team_headers, settings):
     """The agent starts with the job's `envs`: its reports, and its token,
     once went through the HTTP_PROXY the job named, which the job itself served."""
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     h = team_headers("a")
     proxy = f"http://127.0.0.1:{port}"
     job, out = run_job(api, h, f"python -c {shlex.quote(LISTENER.format(port=port))}",

@@ -5,13 +5,13 @@ LAUNCHING, says why, tries again with back-off, and the launch timeout
 still bounds it. (The server coming back is test_launch_moto.py's.)"""
 from __future__ import annotations
 
-import socket
 import threading
 from datetime import timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from sqlalchemy import select
+from support.ports import free_port
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
@@ -46,9 +46,7 @@ class Answers503(BaseHTTPRequestHandler):
 
 
 def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port()
 
 
 def _clear_sky_caches() -> None:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import httpx
+
+from support.ports import free_port
 
 # What the suite's brokers run with unless a test says otherwise: the price
 # snapshot only (no test reaches the network), and no SkyPilot import in the
@@ -22,12 +23,6 @@ def broker_env(**settings: str) -> dict[str, str]:
     suite's defaults and `settings`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     return {**env, **TEST_DEFAULTS, **settings}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class BrokerProcess:

@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import pytest
 
 from spotbroker.agent.checkpoint.coldtier.azure import EMULATOR_ACCOUNT, EMULATOR_KEY
+from support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 _names = itertools.count(1)
@@ -43,12 +44,6 @@ def _azurite() -> str | None:
     return str(local) if local.exists() else shutil.which("azurite-blob")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="session")
 def azurite_endpoint(tmp_path_factory) -> Iterator[str]:
     binary = _azurite()
@@ -57,7 +52,7 @@ def azurite_endpoint(tmp_path_factory) -> Iterator[str]:
         if os.environ.get("CI", "").lower() == "true":
             pytest.fail(message)  # CI has the npm registry: a missing emulator is a broken set-up
         pytest.skip(message)
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("azurite") / "azurite.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--inMemoryPersistence",

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support.ports import free_port
 
 ADMIN = "admin-token-forwarded"
 
@@ -23,9 +23,7 @@ def serve(tmp_path):
     started: list[subprocess.Popen] = []
 
     def start(forwarded_allow_ips: str) -> str:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
         env.update(SPOTBROKER_DATA_DIR=str(tmp_path / f"data-{port}"), SPOTBROKER_ADMIN_TOKEN=ADMIN,
                    SPOTBROKER_FORWARDED_ALLOW_IPS=forwarded_allow_ips, SPOTBROKER_PRICES_SOURCES="catalog")

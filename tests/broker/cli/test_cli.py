@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from support.cli import spotbroker
 from support.helpers import create_pg_database, drop_pg_database
+from support.ports import free_port
 
 from spotbroker.broker.store import migrate
 
@@ -52,11 +53,8 @@ def test_client_commands_explain_an_unreachable_broker(env):
 
 
 def test_serve_prints_the_address_clients_export(env):
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.cli", "serve", "--host", "0.0.0.0",
                              "--port", str(port)], env={**env, "SPOTBROKER_ADMIN_TOKEN": "x" * 32},
                             stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)

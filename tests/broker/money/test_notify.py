@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 from aiosmtpd.controller import Controller
 from sqlalchemy import select
+from support.ports import free_port
 from support.world import KEYRING
 
 from spotbroker.broker.money import budgets
@@ -79,9 +80,7 @@ def receiver():
 @pytest.fixture
 def mailbox():
     box = Mailbox()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     controller = Controller(box, hostname="127.0.0.1", port=port)
     controller.start()
     box.port = port
