@@ -26,6 +26,29 @@ from spotbroker.broker.store.db import make_engine, make_session_factory, transa
 
 pytest_plugins = ["support.cpu_report"]  # SPOTBROKER_TEST_CPU=FILE: each test's CPU seconds
 
+
+def _share_httpx_tls_context() -> None:
+    """httpx parses the CA bundle for every client it makes (about 20 ms of
+    CPU), and `httpx.get` makes a client per call: the suite's clients and
+    polling loops did so thousands of times, to talk plain HTTP to this
+    machine. Clients asking for the default verification share one context."""
+    import functools
+
+    from httpx._transports import default as transports
+
+    build = transports.create_ssl_context
+    shared = functools.cache(lambda trust_env: build(trust_env=trust_env))
+
+    def create_ssl_context(verify=True, cert=None, trust_env=True):
+        if verify is True and cert is None:
+            return shared(trust_env)
+        return build(verify=verify, cert=cert, trust_env=trust_env)
+
+    transports.create_ssl_context = create_ssl_context
+
+
+_share_httpx_tls_context()
+
 ADMIN_TOKEN = "admin-token-for-tests"
 # The suite's brokers (in this process, or started with this environment) read
 # the price snapshot only, so that no test reaches the network (price tests name
@@ -375,7 +398,7 @@ def settings(db_url: str, data_dir: Path):
     from spotbroker.broker.settings import Settings
 
     return Settings(database_url=db_url, data_dir=data_dir, admin_token=ADMIN_TOKEN,
-                    reconcile_interval=0.05, local_kill_grace_seconds=2, local_max_running=8,
+                    reconcile_interval=0.25, local_kill_grace_seconds=2, local_max_running=8,
                     local_notice_window=5, secret_key="test-signing-key", _env_file=None,
                     preload_skypilot=False)  # seconds of CPU each: tests/api/test_preload.py checks it
 
