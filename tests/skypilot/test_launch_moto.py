@@ -38,7 +38,7 @@ def launcher(sky_aws: SkyAws, tmp_path_factory):
 
     wheels = tmp_path_factory.mktemp("wheels")
     (wheels / "spotbroker-0.1.0-py3-none-any.whl").write_bytes(b"")
-    launcher = SkyPilotLauncher(wheels, prefix=f"sbt{int(time.time()) % 100000}", launch_timeout_s=60,
+    launcher = SkyPilotLauncher(wheels, prefix=f"sbt{int(time.time()) % 100000}", launch_timeout_s=150,
                                 poll_s=0.2, cluster_poll_s=1.0)
     launcher.server.probe()  # a launch never starts SkyPilot's server: in a broker, the janitor's thread does
     yield launcher
@@ -76,7 +76,9 @@ def test_the_enabled_clouds_are_what_sky_check_enabled(sky_aws: SkyAws, launcher
 def test_a_launch_creates_the_pinned_instance_and_down_removes_it(sky_aws: SkyAws, launcher) -> None:
     started = time.monotonic()
     handle = launcher.launch(request(2, placement("us-east-1c")))
-    assert time.monotonic() - started < 5, "launch waits for nothing but the request"
+    # A launch that waited for the node would take the whole provisioning (tens of seconds against
+    # moto); sending the request takes seconds, up to 17 s seen on a loaded slow machine.
+    assert time.monotonic() - started < 30, "launch waits for nothing but the request"
     assert launcher.status(handle).state == RunState.PENDING
     (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
     assert instance["InstanceType"] == "g4dn.xlarge"
@@ -91,7 +93,7 @@ def test_a_capacity_refusal_is_seen_and_the_next_place_launches(sky_aws: SkyAws,
 
     with refuse_capacity("us-east-1a"):
         handle = launcher.launch(request(3, placement("us-east-1a")))
-        status = wait_for(lambda: (s := launcher.status(handle)).state != RunState.PENDING and s, 120,
+        status = wait_for(lambda: (s := launcher.status(handle)).state != RunState.PENDING and s, 240,
                           "the capacity refusal")
         seen = time.monotonic()
         assert status.state == RunState.FAILED and status.capacity, status
@@ -99,7 +101,7 @@ def test_a_capacity_refusal_is_seen_and_the_next_place_launches(sky_aws: SkyAws,
         assert not sky_aws.instances()
         launcher.terminate(handle)  # the failed launch's cluster (INIT) goes too
         nxt = launcher.launch(request(4, placement("us-east-1b")))
-        assert time.monotonic() - seen < 5
+        assert time.monotonic() - seen < 30  # sending a request, as above
     (instance,) = wait_for(sky_aws.instances, 90, "the instance in the next zone")
     assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
     launcher.terminate(nxt)
@@ -244,7 +246,12 @@ def test_a_launch_while_the_local_api_server_is_down_waits_for_it(sky_aws: SkyAw
         launcher.launch(request(10, placement("us-east-1b")))
     assert launcher.readiness()[0] is False
     assert launcher.server.wanted.is_set(), "the janitor is asked to probe now"
-    check(launcher)  # what the janitor's thread does next: starts the server, runs sky check
+    # What the janitor's thread does next: starts the server, runs sky check; and, as its thread
+    # does, again at its next tick if that start failed (on a loaded machine the server started
+    # right after the stop once exited at once: "SkyPilot API server process exited unexpectedly").
+    deadline = time.monotonic() + 120
+    while not check(launcher) and time.monotonic() < deadline:
+        time.sleep(2)
     assert launcher.readiness() == (True, "SkyPilot can launch on aws")
     handle = launcher.launch(request(10, placement("us-east-1b")))
     (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")

@@ -65,7 +65,7 @@ def test_compose_runs_the_stack_this_test_runs() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(280)
+@pytest.mark.timeout(600)  # 104-163 s on the machines of two rounds; over 280 s on one 2.5 times slower
 def test_the_stack_launches_hands_over_between_replicas_and_cancels(sky_aws: SkyAws, pg_server, tmp_path) -> None:
     import sky
 

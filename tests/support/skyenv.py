@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -38,6 +37,8 @@ from pathlib import Path
 
 import boto3
 import pytest
+
+from support.ports import free_port
 
 REGION = "us-east-1"
 AMI = "ami-785db401"  # one of moto's own images
@@ -73,12 +74,6 @@ def place_catalog(root: Path) -> None:
         "InstanceType,OnDemandInstanceCode,SpotInstanceCode\n"
         "g4dn.xlarge,L-DB2E81BA,L-3819A6DF\nm6i.large,L-1216C47A,L-34B43A08\nm6i.2xlarge,L-1216C47A,L-34B43A08\n")
     (common / "accelerators.csv").write_text("AcceleratorName,Clouds\nT4,\"['AWS', 'GCP']\"\n")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -162,7 +157,7 @@ def _prepare_aws(endpoint: str) -> None:
 def _environment(home: Path, endpoint: str) -> dict[str, str]:
     return {
         "HOME": str(home), "SKY_RUNTIME_DIR": str(home),
-        "SKYPILOT_API_SERVER_LOCAL_PORT": str(_free_port()),
+        "SKYPILOT_API_SERVER_LOCAL_PORT": str(free_port()),
         "SKYPILOT_DISABLE_USAGE_COLLECTION": "1", "SKYPILOT_DEBUG": "0",
         "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
@@ -187,8 +182,12 @@ def _reload_sky(catalog_dir: str) -> None:
     import importlib
 
     sys.modules["sky.catalog.common"]._ABSOLUTE_VERSIONED_CATALOG_DIR = catalog_dir
-    if "sky.catalog.aws_catalog" in sys.modules:
-        importlib.reload(sys.modules["sky.catalog.aws_catalog"])
+    # Each module that read a catalog file at its import holds that file's
+    # path: the accelerators' table too, else it names an earlier test's
+    # directory, gone, and SkyPilot fetches the file from the network.
+    for name in ("sky.catalog.aws_catalog", "sky.utils.accelerator_registry"):
+        if name in sys.modules:
+            importlib.reload(sys.modules[name])
     if "sky.server.common" in sys.modules:
         sys.modules["sky.server.common"].get_server_url.cache_clear()
     if "sky.skypilot_config" in sys.modules:
