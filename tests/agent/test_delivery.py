@@ -80,3 +80,17 @@ def test_an_event_added_as_the_sender_finds_nothing_pending_is_delivered(tmp_pat
     sender.join(5)
     assert not sender.is_alive()
     assert [e["type"] for e in broker.events] == ["trainer_exited"]
+
+
+def test_a_plain_http_broker_gets_no_ca_bundle_and_an_https_one_is_verified():
+    """The CA bundle is parsed only for an https broker (it cost every job's
+    agent ~20 ms of CPU for a broker on plain HTTP); a plain-HTTP client's
+    context still verifies, and trusts no issuer."""
+    import ssl
+
+    from spotbroker.agent.delivery import _tls_for
+
+    plain = _tls_for("http://127.0.0.1:8000")
+    assert plain.verify_mode == ssl.CERT_REQUIRED and plain.check_hostname
+    assert plain.cert_store_stats()["x509_ca"] == 0
+    assert _tls_for("https://broker.example") is True and _tls_for("HTTPS://broker.example") is True
