@@ -40,6 +40,21 @@ def start_time(pid: int) -> str | None:
     return fields[19]
 
 
+def with_argument(arg: str) -> list[int]:
+    """Live processes (this user can read) that have `arg` as one word of
+    their command line."""
+    word, found = os.fsencode(arg), []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                argv = Path(entry.path, "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if word in argv and start_time(int(entry.name)) is not None:
+                found.append(int(entry.name))
+    return found
+
+
 def _children() -> dict[int, list[int]]:
     children: dict[int, list[int]] = {}
     for entry in os.scandir("/proc"):

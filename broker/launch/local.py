@@ -52,7 +52,7 @@ from urllib.parse import unquote, urlparse
 
 import httpx
 
-from spotbroker.agent import protocol
+from spotbroker.agent import proctree, protocol
 from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest
@@ -221,13 +221,18 @@ class LocalLauncher:
             return None
         except FileExistsError:
             pass
-        own = run_dir / f"node-{rank}.self"
+        own, spec = run_dir / f"node-{rank}.self", str(run_dir / f"node-{rank}.spec.json")
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
             if own.exists():
                 pid, start = own.read_text().split()
                 return {"rank": rank, "pid": int(pid), "start": start, "marks_start": True}
-            time.sleep(0.05)
+            # Its interpreter can take longer than `wait_s` to start on a loaded
+            # host, before the node writes its record: its command line names it.
+            for pid in proctree.with_argument(spec):
+                if start := start_time(pid):
+                    return {"rank": rank, "pid": pid, "start": start, "marks_start": True}
+            time.sleep(0.1)
         return None  # nothing was started under the earlier claim
 
     def _check_ready(self) -> None:

@@ -43,6 +43,26 @@ def test_a_node_started_but_not_recorded_is_found_not_started_again(tmp_path):
     assert marker.read_text() == "ran\n"
 
 
+def test_a_node_whose_interpreter_starts_slowly_is_found_not_started_again(tmp_path):
+    """On a loaded host a node's Python can take longer than the launcher
+    waits for its record (the killed-brokers test ran a job twice): the
+    process that names the node's spec file is that node."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "runs" / "7"
+    run_dir.mkdir(parents=True)
+    (run_dir / "node-0.claim").touch()  # an earlier launcher claimed the node, started it, and died
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", str(run_dir / "node-0.spec.json")])
+    try:
+        handle = LocalLauncher(tmp_path, 1).launch(request(tmp_path, "echo ran"))
+        assert (handle["nodes"][0]["pid"], handle["nodes"][0]["start"]) == (slow.pid, start_time(slow.pid))
+        assert not (run_dir / "node-0.out").exists() or b"ran" not in (run_dir / "node-0.out").read_bytes()
+    finally:
+        slow.kill()
+        slow.wait()
+
+
 def test_a_claim_under_which_nothing_started_does_not_block_the_launch(tmp_path):
     launcher = LocalLauncher(tmp_path, 1)
     run_dir = tmp_path / "runs" / "7"
