@@ -11,8 +11,10 @@ def run_every(stop: threading.Event, seconds: float, work: Callable[[], None], *
     is set; a set `wake` calls it at once (a hint: something is due now).
     `work` keeps its own errors: one failed turn must not end the loop. A
     duty that sets `wake` must be woken when `stop` is set, to notice it."""
-    if stop.wait(first_delay):
-        return
+    if wake is None:
+        stop.wait(first_delay)
+    elif wake.wait(first_delay):  # a hint ends the first wait too
+        wake.clear()
     while not stop.is_set():
         work()
         if wake is None:

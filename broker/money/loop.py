@@ -98,7 +98,8 @@ class MoneyLoop:
     def _loop(self, stop: threading.Event) -> None:
         # Wake often enough that each duty starts within a few seconds of
         # being due (each checks its own interval under its lease), and at
-        # once on a hint (an outbox row to retry, a budget changed).
+        # once on a hint (an outbox row to retry, a budget changed). The
+        # first turn waits a step too: a broker's start has enough to do.
         step = max(0.05, min(5.0, self.settings.accrual_interval / 4, self.settings.alert_interval / 4,
                              self.settings.notify_retry_seconds))
-        run_every(stop, step, self.tick, wake=self._wake)
+        run_every(stop, step, self.tick, wake=self._wake, first_delay=step)
