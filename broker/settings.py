@@ -139,10 +139,6 @@ class Settings(BaseSettings):
     egress_usd_per_gb: dict[str, float] = Field(
         default_factory=lambda: {"default": 0.02, "us-east-1,us-east-2": 0.01})
 
-    # What the CLI talks to.
-    url: str = "http://127.0.0.1:8000"
-    token: SecretStr | None = None
-
     @property
     def sqlalchemy_url(self) -> str:
         if self.database_url:

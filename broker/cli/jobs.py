@@ -11,20 +11,13 @@ from typing import Any
 import click
 
 from spotbroker.broker.cli import launchflags, progress
+from spotbroker.broker.cli.access import token_client
 from spotbroker.broker.cli.client import ApiError, Client
 from spotbroker.broker.cli.output import printable, safe_markup
-from spotbroker.broker.settings import get_settings
 
 _ENDED = ("SUCCEEDED", "FAILED", "CANCELLED")
 _STATE_STYLE = {"SUCCEEDED": "green", "FAILED": "red", "CANCELLED": "yellow", "RUNNING": "cyan",
                 "PREEMPTING": "magenta", "RECOVERING": "magenta", "HELD": "yellow"}
-
-
-def client() -> Client:
-    settings = get_settings()
-    if settings.token is None:
-        raise click.ClickException("set SPOTBROKER_TOKEN to a team token (spotbroker teams create NAME)")
-    return Client(settings.url, settings.token.get_secret_value())
 
 
 def call(fn, *args, **kwargs):
@@ -72,7 +65,7 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
     if flags.any():
         doc = overrides.apply(doc, flags)
     base = Path.cwd() if str(file) == "-" else file.resolve().parent
-    c = client()
+    c = token_client()
     shown = progress.on_terminal(as_json)
 
     def at(field: str) -> str:
@@ -231,7 +224,7 @@ def _read(file: Path) -> bytes:
 @click.option("--json", "as_json", is_flag=True)
 def list_jobs(states: tuple[str, ...], limit: int, as_json: bool) -> None:
     """List your team's jobs, newest first."""
-    page = call(client().jobs, [s.upper() for s in states], limit)
+    page = call(token_client().jobs, [s.upper() for s in states], limit)
     if as_json:
         _echo_json(page)
         return
@@ -266,7 +259,7 @@ def short_reason(job: dict[str, Any]) -> str:
 @click.option("--json", "as_json", is_flag=True)
 def show_job(job_id: int, as_json: bool) -> None:
     """Show one job: state, attempts, cost and events."""
-    c = client()
+    c = token_client()
     job = call(c.job, job_id)
     if as_json:
         _echo_json(job)
@@ -346,7 +339,7 @@ def logs(job_id: int, follows: bool, tail: int | None, attempt: int | None, node
     With -f, every attempt's output in order from the first (from the
     newest's last --tail lines when given), a line at each change (why an
     attempt ended, where the next runs, why the job waits) until it ends."""
-    c = client()
+    c = token_client()
     if follows and attempt is None:
         sys.exit(0 if follow(c, job_id, tail, node)["state"] == "SUCCEEDED" else 1)
     if follows:
@@ -364,7 +357,7 @@ def logs(job_id: int, follows: bool, tail: int | None, attempt: int | None, node
 @click.option("--json", "as_json", is_flag=True)
 def cancel(job_id: int, as_json: bool) -> None:
     """Cancel a job (what still runs gets SIGTERM, then SIGKILL)."""
-    job = call(client().cancel, job_id)
+    job = call(token_client().cancel, job_id)
     if as_json:
         _echo_json(job)
     else:
@@ -375,7 +368,7 @@ def cancel(job_id: int, as_json: bool) -> None:
 @click.argument("job_id", type=int)
 def simulate_preemption(job_id: int) -> None:
     """Send a preemption notice to a job's running attempt (local launcher only)."""
-    job = call(client().simulate_preemption, job_id)
+    job = call(token_client().simulate_preemption, job_id)
     click.echo(f"job {job['id']}: preemption notice sent to attempt {job['attempts'][-1]['id']}")
 
 
@@ -384,7 +377,7 @@ def simulate_preemption(job_id: int) -> None:
 @click.option("--json", "as_json", is_flag=True)
 def checkpoints(job_id: int, as_json: bool) -> None:
     """List a job's committed checkpoints, newest first."""
-    found = call(client().checkpoints, job_id)
+    found = call(token_client().checkpoints, job_id)
     if as_json:
         _echo_json(found)
         return

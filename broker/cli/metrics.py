@@ -7,7 +7,8 @@ from typing import Any
 
 import click
 
-from spotbroker.broker.cli.jobs import _echo_json, call, client
+from spotbroker.broker.cli.access import token_client
+from spotbroker.broker.cli.jobs import _echo_json, call
 from spotbroker.broker.cli.output import show, table
 
 
@@ -30,7 +31,7 @@ def early_stop_lines(stop: dict[str, Any]) -> list[str]:
 @click.option("--json", "as_json", is_flag=True)
 def metrics(job_id: int, as_json: bool) -> None:
     """A job's reported metrics by step, across attempts, and its early stop."""
-    c = client()
+    c = token_client()
     found = call(c.metrics, job_id)
     if as_json:
         _echo_json(found)

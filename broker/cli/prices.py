@@ -8,7 +8,8 @@ from typing import Any
 
 import click
 
-from spotbroker.broker.cli.jobs import call, client
+from spotbroker.broker.cli.access import token_client
+from spotbroker.broker.cli.jobs import call
 
 
 def _shape(shape: str | None) -> tuple[str | None, float | None]:
@@ -58,7 +59,7 @@ def prices(shape: str | None, cloud: str | None, region: str | None, on_demand: 
         params = {"cloud": cloud, "zone": zone, "instance_type": instance_type, "days": days}
         if region:
             params["region"] = region
-        body = call(lambda: client()._request("GET", "/v1/prices/history", params=params).json())
+        body = call(lambda: token_client()._request("GET", "/v1/prices/history", params=params).json())
         _print_history(body, as_json)
     else:
         accelerator, count = _shape(shape)
@@ -67,7 +68,7 @@ def prices(shape: str | None, cloud: str | None, region: str | None, on_demand: 
                            ("max_price", max_price)):
             if value is not None:
                 params[key] = value
-        body = call(lambda: client()._request("GET", "/v1/prices", params=params).json())
+        body = call(lambda: token_client()._request("GET", "/v1/prices", params=params).json())
         _print_offers(body, as_json)
 
 

@@ -3,11 +3,16 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 
 import click
 
-from spotbroker.broker.settings import get_settings
+
+def get_settings():
+    """The broker's settings, loaded only by the commands that act as the
+    broker (`teams list` and the other HTTP commands of these groups do not)."""
+    from spotbroker.broker.settings import get_settings as load
+
+    return load()
 
 
 def _engine():
@@ -198,8 +203,9 @@ def teams_create(name: str, as_json: bool) -> None:
     SPOTBROKER_URL and SPOTBROKER_ADMIN_TOKEN exported, through that broker;
     otherwise in this host's broker database (the first team of a broker
     that has no admin token yet)."""
-    if os.environ.get("SPOTBROKER_URL") and os.environ.get("SPOTBROKER_ADMIN_TOKEN"):
-        from spotbroker.broker.cli.access import admin_client
+    from spotbroker.broker.cli.access import admin_client, variable
+
+    if variable("URL") and variable("ADMIN_TOKEN"):
         from spotbroker.broker.cli.jobs import call
 
         made = call(lambda: admin_client().create_team(name))
