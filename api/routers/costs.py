@@ -71,7 +71,10 @@ def may_read(principal: Principal, name: str) -> None:
 
 def time_range(since: datetime | None, until: datetime | None, now: datetime) -> tuple[datetime, datetime]:
     def utc(field: str, value: datetime) -> datetime:
-        value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        try:
+            value = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except OverflowError:  # year 1 or 9999 with an offset that takes it past the calendar's ends
+            value = datetime.min.replace(tzinfo=UTC)
         if not 2000 <= value.year <= 2999:
             raise invalid([{"field": field, "message": "a time between the years 2000 and 2999"}])
         return value

@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -62,6 +63,12 @@ NODE_SEQ = "node_seq"  # stored with the events of nodes above 0: their agent's 
 # is far beyond it, and keeps a seq from reaching 2**31 for years.
 SEQ_SLACK = 10_000
 SEQS_PER_SECOND = 10
+# What the job's history keeps of one event's data (the channel takes up to
+# 64 KiB: api/routers/agent.py). The protocol's fields are a few hundred bytes;
+# a trainer that pads its events (its control directory is its own) would
+# otherwise store 64 KiB per event in the database and in every events read.
+KEPT_DATA = 4 << 10
+KEPT_STRING = 1 << 10  # past KEPT_DATA: each string cut to this many characters
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,7 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
             attempt.agent_seq = event.seq
         accepted += 1
         if event.type not in SILENT:
-            data = {**event.data, "agent_at": event.at.isoformat(), **({NODE_SEQ: event.seq} if node else {})}
+            data = {**kept(event.data), "agent_at": event.at.isoformat(), **({NODE_SEQ: event.seq} if node else {})}
             session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(), data=data))
         if event.seq in uris:
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
@@ -161,6 +168,26 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
     return Outcome(accepted=accepted, last_seq=last, cancel=not live, drain=drain, moved=moved,
                    drain_until=job.next_check_at if move else None, checkpoint_interval_s=interval,
                    stop=live and earlystop.stop_wanted(session, job, attempt))
+
+
+def kept(data: dict[str, Any]) -> dict[str, Any]:
+    """An event's data as the job's history keeps it: whole up to KEPT_DATA
+    bytes of JSON; past that, strings cut to KEPT_STRING characters and the
+    smallest fields kept while they fit (the protocol's: a step, a node, a
+    URI), with `cut` saying how many bytes the agent sent. The event still
+    does what it does; only what is stored is bounded."""
+    size = len(json.dumps(data))
+    if size <= KEPT_DATA:
+        return data
+    fields = {k: v[:KEPT_STRING] if isinstance(v, str) else v for k, v in data.items()}
+    costs = {k: len(json.dumps({k: v})) for k, v in fields.items()}
+    room, keep = KEPT_DATA - len(json.dumps({"cut": size})), set()
+    for key in sorted(fields, key=costs.__getitem__):
+        if costs[key] > room:
+            break
+        keep.add(key)
+        room -= costs[key]
+    return {**{k: v for k, v in fields.items() if k in keep}, "cut": size}
 
 
 def _runaway_seqs(attempt: Attempt, events: list[AgentEvent], last: int, now: datetime) -> list[dict[str, str]]:

@@ -427,3 +427,31 @@ def test_numbers_and_times_no_reader_can_hold_are_never_a_500(api, team_headers,
     r = post(api, token, early)
     assert r.status_code == 422 and "events.0.at" in r.text, r.text
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_a_padded_event_does_what_it_says_and_the_history_keeps_4_kib_of_it(api, team_headers, settings):
+    # A trainer writes its own events (its control directory is its own): 200 of 60 KB each once
+    # cost the database 12 MB and one events read of its job as much again.
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    uri = f"{attempt_prefix(settings, job)}/step-000000000007"
+    pad = "A" * 60_000
+    padded = committed(1, 7, uri)
+    padded["data"] = {"pad": pad[:40_000], **padded["data"], "deep": {"list": ["b" * 100] * 100}}
+    assert post(api, token, padded).json()["accepted"] == 1
+    spam = [ev(AFTER_AGENT + 1 + i, "resumed", step=i, uri="x", pad=pad) for i in range(1, 100)]
+    assert sum(post(api, token, *spam[i:i + 10]).json()["accepted"] for i in range(0, 99, 10)) == 99
+    assert [c["step"] for c in api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]] == [7]
+    r = api.get(f"/v1/jobs/{job['id']}/events", headers=h)
+    stored = [e for e in r.json()["events"] if e["type"] in ("checkpoint_committed", "resumed")]
+    assert len(stored) == 100 and len(r.content) < 100 * 4096 + 50_000, len(r.content)
+    first = stored[0]["data"]
+    assert (first["step"], first["uri"], first["reason"], first["bytes"]) == (7, uri, "periodic", 10)
+    assert first["pad"] == "A" * 1024 and "deep" not in first and first["cut"] > 50_000
+    assert [e["data"]["step"] for e in stored[1:]] == list(range(1, 100))
+    small = post(api, token, ev(AFTER_AGENT + 200, "no_flush", reason="no library")).json()
+    assert small["accepted"] == 1
+    kept = [e["data"] for e in api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+            if e["type"] == "no_flush"]
+    assert kept == [{"reason": "no library", "agent_at": kept[0]["agent_at"]}]  # an ordinary event whole
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)

@@ -70,7 +70,11 @@ def test_another_teams_costs_are_refused_and_bad_parameters_name_their_field(api
     for params, field in [({"group_by": "week"}, "group_by"), ({"since": "yesterday"}, "since"),
                           ({"since": "2026-02-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "until"),
                           ({"since": "2020-01-01T00:00:00Z", "until": "2026-01-01T00:00:00Z"}, "since"),
-                          ({"until": "0001-01-01T00:00:00Z"}, "until")]:
-        r = api.get("/v1/teams/a/costs", params=params, headers=a)
-        assert r.status_code == 422, (params, r.text)
-        assert [e["field"] for e in r.json()["errors"]] == [field], params
+                          ({"until": "0001-01-01T00:00:00Z"}, "until"),
+                          # offsets that take the calendar's first and last days past its ends
+                          ({"until": "0001-01-01T00:00:00+14:00"}, "until"),
+                          ({"since": "9999-12-31T23:59:59-14:00"}, "since")]:
+        for path in ("/v1/teams/a/costs", "/v1/teams/a/costs.csv"):
+            r = api.get(path, params=params, headers=a)
+            assert r.status_code == 422, (path, params, r.text)
+            assert [e["field"] for e in r.json()["errors"]] == [field], params
