@@ -22,6 +22,7 @@ MAX_ACCELERATORS = 1024        # per node
 MAX_PRICE_PER_HOUR = 1000.0    # dollars, per node
 MAX_AMOUNT = 1_000_000         # cpus, memory (GB)
 MAX_DISK_GB = 65_536
+MAX_ALTERNATIVES = 64          # resource sets in `any_of` or `ordered`
 
 
 class StrictModel(BaseModel):
@@ -162,8 +163,10 @@ class Resources(ResourceSet):
     """One set of resources, or alternatives: `any_of` (cheapest wins) or
     `ordered` (first that can run wins)."""
 
-    any_of: list[ResourceSet] | None = None
-    ordered: list[ResourceSet] | None = None
+    # A few alternatives in practice; each is placed against every offer, so a
+    # document of 40,000 once held two parsing slots for 15 s.
+    any_of: Annotated[list[ResourceSet], Field(max_length=MAX_ALTERNATIVES)] | None = None
+    ordered: Annotated[list[ResourceSet], Field(max_length=MAX_ALTERNATIVES)] | None = None
 
     @model_validator(mode="after")
     def _one_shape(self) -> Resources:

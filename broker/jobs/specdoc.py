@@ -147,7 +147,8 @@ def check_shape(doc: Any) -> None:
         else:
             budget -= 8
         if budget < 0:
-            raise SpecShapeError("body", f"larger than {MAX_SPEC_BYTES} bytes once YAML aliases are expanded")
+            raise SpecShapeError("body", f"larger than {MAX_SPEC_BYTES} bytes as JSON (the form it is stored in, "
+                                 "any YAML aliases expanded)")
 
 
 def _no_nul(path: tuple[Any, ...], value: Any) -> None:

@@ -9,6 +9,10 @@ from typing import Any
 import yaml
 
 _MERGE = "tag:yaml.org,2002:merge"
+# libyaml's parser where PyYAML was built with it (its wheels are): a 1 MB
+# task file composes in a third of the pure-Python parser's time, the same
+# nodes and constructors, so the same documents and errors with their lines.
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 class DuplicateKey(ValueError):
@@ -22,7 +26,7 @@ class DuplicateKey(ValueError):
 def safe_load(text: str) -> Any:
     """`yaml.safe_load`, refusing a mapping that holds one key twice
     (DuplicateKey). Merge keys (`<<: *base`) may be overridden, as YAML means."""
-    loader = yaml.SafeLoader(text)
+    loader = _LOADER(text)
     try:
         node = loader.get_single_node()
         if node is None:
