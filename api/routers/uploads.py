@@ -30,6 +30,7 @@ router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
 # Archives checked at once per server process: a check is pure Python holding
 # the GIL (seconds for 100,000 members); the others wait without a thread.
 ARCHIVE_CHECKS = 2
+BODY_IDLE_S = 60.0  # the longest a body may stop coming before the upload is given up (408)
 
 Sha256 = Annotated[str, Path(pattern=r"^[0-9a-f]{64}$", description="sha256 of the archive, lower-case hex")]
 
@@ -40,7 +41,8 @@ class UploadOut(BaseModel):
 
 
 @router.put("/{sha256}", status_code=201, response_model=UploadOut, responses=responses(
-    400, 401, 403, 413, 422, s413=f"Over {MAX_ARCHIVE_BYTES} bytes, or over the team's upload quota",
+    400, 401, 403, 408, 413, 422, s413=f"Over {MAX_ARCHIVE_BYTES} bytes, or over the team's upload quota",
+    s408=f"The body stopped coming for {BODY_IDLE_S:g} s",
     s422="Not the sha256 of the body, or not an archive a node would unpack"),
     openapi_extra={"requestBody": {"required": True, "description": (
         "A gzipped tar of the workdir: regular files, directories and links that stay inside it; "
@@ -51,14 +53,14 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
     """Upload a job's workdir. Idempotent: the same bytes under the same
     hash are stored once, and a job submitted with `workdir: {upload: SHA256}`
     runs in a fresh copy of them on every attempt."""
+    state = request.app.state
+    usage = await run_in_threadpool(uploads.quota_usage, state.settings, state.session_factory, team.team_id,
+                                    team.team_name, sha256)
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit():
         if int(declared) > MAX_ARCHIVE_BYTES:
             raise _too_large()
-        state = request.app.state
-        over = await run_in_threadpool(uploads.quota_problem, state.settings, state.session_factory, team.team_id,
-                                       team.team_name, sha256, int(declared))
-        if over:  # before a byte is read: a team over its quota costs no disk
+        if over := uploads.over_quota(usage, int(declared)):  # before a byte is read: it costs no disk
             raise Problem(413, "Payload too large", over)
     fd, name = tempfile.mkstemp(prefix="spotbroker-upload-", suffix=".tar.gz")
     path = FsPath(name)
@@ -69,12 +71,13 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
                 received += len(chunk)
                 if received > MAX_ARCHIVE_BYTES:
                     raise _too_large()
+                if over := uploads.over_quota(usage, received):  # a streamed body: stopped where it passes
+                    raise Problem(413, "Payload too large", over)
                 digest.update(chunk)
                 out.write(chunk)
         if digest.hexdigest() != sha256:
             raise invalid([{"field": "sha256", "message": (
                 f"the body ({received} bytes) hashes to {digest.hexdigest()}, not to the name it was sent under")}])
-        state = request.app.state
         limiter = getattr(state, "upload_limiter", None)
         if limiter is None:  # made in the app's own event loop, which it belongs to
             limiter = state.upload_limiter = anyio.CapacityLimiter(ARCHIVE_CHECKS)
@@ -102,12 +105,21 @@ async def get_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
 
 async def _body(request: Request):
     """The body's chunks; a client that goes before it has sent them all gets
-    a 400 (which it will not read) instead of a traceback in the log."""
-    try:
-        async for chunk in request.stream():
-            yield chunk
-    except ClientDisconnect:
-        raise Problem(400, "Bad request", "the client went away before the body was complete") from None
+    a 400 (which it will not read) instead of a traceback in the log, and one
+    that stops sending for BODY_IDLE_S a 408: a stalled upload holds a file
+    of the broker's temporary disk."""
+    chunks = request.stream().__aiter__()
+    while True:
+        try:
+            with anyio.fail_after(BODY_IDLE_S):
+                chunk = await anext(chunks)
+        except StopAsyncIteration:
+            return
+        except TimeoutError:
+            raise Problem(408, "Request timeout", f"no part of the body came for {BODY_IDLE_S:g} s") from None
+        except ClientDisconnect:
+            raise Problem(400, "Bad request", "the client went away before the body was complete") from None
+        yield chunk
 
 
 def _too_large() -> Problem:

@@ -94,11 +94,13 @@ def store(settings: Settings, factory: sessionmaker[Session], team_id: int, team
     return unpacked
 
 
-def quota_problem(settings: Settings, factory: sessionmaker[Session], team_id: int, team: str, sha256: str,
-                  incoming: int) -> str | None:
-    """Why `incoming` bytes (as the client declares them) would take the team
-    over its quota, or None: asked before the body is read, so a team over
-    its quota costs the broker no disk. `store` checks again, under the lock."""
+def quota_usage(settings: Settings, factory: sessionmaker[Session], team_id: int, team: str,
+                sha256: str) -> tuple[int, int, int] | None:
+    """(quota, bytes stored, bytes of the team's other uploads in progress),
+    or None when no quota applies (none set, or the team has these bytes
+    already): asked before the body is read, so that a team over its quota
+    costs the broker no disk, whether the client declares the body's length
+    or streams it. `store` checks again, under the lock."""
     quota = settings.upload_quota_bytes
     team_store = _team_store(settings, team)
     if not quota or team_store.head(_key(sha256)) is not None:
@@ -107,7 +109,12 @@ def quota_problem(settings: Settings, factory: sessionmaker[Session], team_id: i
         held = session.scalar(select(func.coalesce(func.sum(UploadReservation.bytes), 0)).where(
             UploadReservation.team_id == team_id, UploadReservation.sha256 != sha256,
             UploadReservation.expires_at >= SYSTEM_CLOCK.now()))
-    return _over(quota, sum(o.size for o in team_store.iter(UPLOADS)), held, incoming)
+    return quota, sum(o.size for o in team_store.iter(UPLOADS)), held
+
+
+def over_quota(usage: tuple[int, int, int] | None, incoming: int) -> str | None:
+    """Why `incoming` more bytes would take the team over its quota (`quota_usage`), or None."""
+    return None if usage is None else _over(*usage, incoming)
 
 
 def _over(quota: int, stored: int, held: int, incoming: int) -> str | None:

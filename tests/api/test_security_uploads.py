@@ -173,3 +173,61 @@ def test_an_upload_is_checked_without_being_unpacked(api, team_headers, monkeypa
     h = team_headers("ml")
     many = tgz(**{f"d/f{i}": b"" for i in range(2000)})
     assert put(api, h, many).status_code == 201
+
+
+def test_a_streamed_upload_over_the_quota_is_stopped_where_it_passes_it(api, team_headers, settings, monkeypatch):
+    """No Content-Length (a chunked body): the quota is still checked before
+    the body is read, and the body is not read past it. A team over its
+    quota once had 50 MB of a chunked body written to the broker's /tmp
+    before the 413."""
+    import tempfile
+
+    h = team_headers("ml")
+    first = tgz(**{"a.txt": b"a" * 100})
+    settings.upload_quota_bytes = len(first) + 1000
+    assert put(api, h, first).status_code == 201
+    written = []
+    mkstemp = tempfile.mkstemp
+
+    def watched(*args, **kwargs):
+        fd, name = mkstemp(*args, **kwargs)
+        written.append(Path(name))
+        return fd, name
+
+    monkeypatch.setattr("spotbroker.api.routers.uploads.tempfile.mkstemp", watched)
+    from spotbroker.api.routers import uploads as route
+
+    taken, read_body = [], route._body
+
+    async def counted(request):
+        async for chunk in read_body(request):
+            taken.append(len(chunk))
+            yield chunk
+
+    monkeypatch.setattr(route, "_body", counted)
+    r = api.put(f"/v1/uploads/{'b' * 64}", content=(b"\0" * 65536 for _ in range(800)),  # 50 MB
+                headers={**h, "Content-Type": "application/gzip"})
+    assert r.status_code == 413 and "quota" in r.json()["detail"], r.text
+    assert written and all(not p.exists() for p in written)  # the partial body is gone
+    assert sum(taken) < 1 << 20, sum(taken)                     # and no more of it was taken than passed the quota
+    settings.upload_quota_bytes = len(first)                    # a team at its quota: refused at once
+    r = api.put(f"/v1/uploads/{'c' * 64}", content=iter([b"\0" * 10]), headers=h)
+    assert r.status_code == 413, r.text
+
+
+def test_an_upload_whose_body_stops_coming_is_given_up(api, team_headers, monkeypatch):
+    import threading
+
+    monkeypatch.setattr("spotbroker.api.routers.uploads.BODY_IDLE_S", 1.0)
+    stalled = threading.Event()
+
+    def body():
+        yield b"\0" * 1000
+        stalled.wait(30)  # the client holds the connection and sends nothing more
+        yield b"\0"
+
+    try:
+        r = api.put(f"/v1/uploads/{'d' * 64}", content=body(), headers=team_headers("ml"), timeout=30)
+    finally:
+        stalled.set()
+    assert r.status_code == 408 and "1 s" in r.json()["detail"], r.text
