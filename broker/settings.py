@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     # scheme (the dashboard cookie's Secure flag) and address come through; unset,
     # only a proxy on this host (127.0.0.1) is believed.
     forwarded_allow_ips: str | None = None
+    # The longest a connection may take to send a request's line and headers
+    # (api/headlimit.py): past it, 408 and closed, so that connections that
+    # drip a head byte by byte cannot pile up.
+    head_timeout_seconds: float = Field(30.0, gt=0, le=3600)
     # The image's entry (deploy/entrypoint.sh, `spotbroker db ready`): migrate the
     # database before serving (one broker, compose), or, false, wait until a
     # migration job has (several replicas, deploy/kubernetes); and for how long

@@ -41,3 +41,40 @@ def test_a_request_head_over_the_bound_is_refused_at_once(server):
     assert exchange(server.url, within + post + within + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close"
                     b"\r\n\r\n") == [b"HTTP/1.1 200 OK", b"HTTP/1.1 401 Unauthorized", b"HTTP/1.1 200 OK",
                                      b"HTTP/1.1 200 OK"]
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_head_that_does_not_come_whole_in_time_is_a_408_and_closed(serve_process):
+    """Connections that drip a head (a few bytes every 20 s) were held open
+    forever, with no token: uvicorn's keep-alive timer stops at a request's
+    first byte."""
+    with serve_process(SPOTBROKER_HEAD_TIMEOUT_SECONDS="2") as server:
+        where = urlsplit(server.url)
+        drippers = []
+        for _ in range(3):
+            s = socket.create_connection((where.hostname, where.port), timeout=20)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-a: ")
+            drippers.append(s)
+        silent = socket.create_connection((where.hostname, where.port), timeout=20)  # sends nothing at all
+        started = time.monotonic()
+        time.sleep(1)
+        for s in drippers:
+            s.sendall(b"a")  # a byte now and then does not keep it
+        for s in (*drippers, silent):
+            answer = b""
+            while chunk := s.recv(65536):  # until the server closes it
+                answer += chunk
+            s.close()
+            assert answer.startswith(b"HTTP/1.1 408 Request Timeout") and b"2 s" in answer, answer
+        assert time.monotonic() - started < 10
+        # A head sent in parts within the time, and a connection that serves several requests: as before.
+        with socket.create_connection((where.hostname, where.port), timeout=20) as s:
+            for part in (b"GET /healthz HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n"):
+                s.sendall(part)
+                time.sleep(0.5)
+            time.sleep(2.5)  # idle between requests is uvicorn's keep-alive's to judge (5 s)
+            s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert re.findall(rb"HTTP/1\.1 \d{3} [^\r]*", answer) == [b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK"]
