@@ -6,6 +6,7 @@ without following the job's links (`agent/mounts.py`)."""
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,16 +17,36 @@ from spotbroker.agent.mounts import place as place_all
 from spotbroker.agent.mounts import save as save_all
 from spotbroker.agent.mounts import written_back as written_back_one
 
+MAX_KEPT_BYTES = 64 << 10  # a credentials document is a few hundred bytes
+
 
 def _credentials(env: dict[str, str], node: Path | None = None) -> None:
     """The node's storage credentials for this process: the agent's kept
     file when it renewed them (`node`), else the launch's document."""
     kept = sorted((node / "agent").glob(f"control-*/{protocol.CREDENTIALS_FILE}"), key=os.path.getmtime) \
         if node is not None else []
-    if kept:
-        os.environ[protocol.ENV_STORAGE_CREDENTIALS_FILE] = str(kept[-1])
-    if env.get(protocol.ENV_STORAGE_CREDENTIALS):
-        os.environ[protocol.ENV_STORAGE_CREDENTIALS] = env[protocol.ENV_STORAGE_CREDENTIALS]
+    document = _read_kept(kept[-1]) if kept else None
+    if document is None:
+        document = env.get(protocol.ENV_STORAGE_CREDENTIALS)
+    if document:
+        os.environ[protocol.ENV_STORAGE_CREDENTIALS] = document
+
+
+def _read_kept(path: Path) -> str | None:
+    """The agent's kept document, read as the job may have left it: the
+    control directory is the job's uid's, and this process is root. A link
+    is not followed, nor anything but a regular file read, nor more than
+    MAX_KEPT_BYTES (a link to /dev/zero would have taken the host's memory,
+    a FIFO held the node forever); None then, and the launch's document serves."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            return None
+        data = f.read(MAX_KEPT_BYTES + 1)
+    return data.decode(errors="replace") if len(data) <= MAX_KEPT_BYTES else None
 
 
 def _forget_credentials() -> None:
