@@ -71,7 +71,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.metrics_registry.register(deployment)
         app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint, keyring=keyring)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
-        app.state.followers = Followers(factory, per_team=settings.max_followers_per_team)
+        app.state.followers = Followers(factory, per_team=settings.max_followers_per_team, clock=clock)
         restore_signals = on_shutdown_signal(app.state.followers)
         # Every thread beside the API, from one list (broker/background.py); routers start none.
         duties, parts = background.duties(settings, factory, launchers, reconciler, clock=clock, keyring=keyring,

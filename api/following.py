@@ -5,12 +5,12 @@ Followers are coroutines on the event loop: none holds a thread, a timer or
 a database connection while it waits. One ticker serves them all: every
 POLL_S it asks the database, in one query, for the newest row of each
 followed log (however many follow it; whichever replica stored it) and wakes
-that log's followers when it changed; every CHECK_S it asks, in one query,
-which followed attempts have ended, and which followed jobs changed (their
-state, reason or newest attempt: api/jobfollow.py follows a job across its
-attempts). Followers at the same offset share one
-read of at most logs.PAGE_BYTES. A follower stops when its attempt has
-ended and its log is read to the end, when its client goes (Starlette
+that log's followers when it changed; every CHECK_S it asks which followed
+logs are finished (logs.finished: the attempt has ended and its node will
+ship nothing more), and which followed jobs changed (their state, reason or
+newest attempt: api/jobfollow.py follows a job across its attempts).
+Followers at the same offset share one read of at most logs.PAGE_BYTES. A
+follower stops when its log is finished and read to the end, when its client goes (Starlette
 cancels the stream on the disconnect), or when the server shuts down:
 uvicorn's graceful shutdown waits for open responses before the
 application's own shutdown runs, so `close()` is called from the signal
@@ -32,12 +32,12 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
+from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import logs
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.store.models import Attempt, Job
 
 POLL_S = 0.25          # how often the followed logs' newest rows are looked at
-CHECK_S = 1.0          # how often the database is asked which attempts still run
+CHECK_S = 1.0          # how often the database is asked which followed logs are finished
 LOG_READS = 2          # log pages read at once per process (reads and followers together)
 
 LogKey = tuple[int, int]  # (attempt id, node rank)
@@ -48,8 +48,8 @@ class TooManyFollowers(Exception):
 
 
 class _Log:
-    """One followed log: its newest row at the last look, whether its
-    attempt has ended, and the event its followers wait on (replaced at each
+    """One followed log: its newest row at the last look, whether it is
+    finished (`ended`), and the event its followers wait on (replaced at each
     wake-up, so that a follower that looked before a wake-up never misses it)."""
 
     def __init__(self, key: LogKey, factory: sessionmaker[Session], limiter: anyio.CapacityLimiter) -> None:
@@ -96,8 +96,9 @@ class _Job:
 
 class Followers:
     def __init__(self, factory: sessionmaker[Session], per_team: int,
-                 poll_s: float = POLL_S, check_s: float = CHECK_S) -> None:
+                 poll_s: float = POLL_S, check_s: float = CHECK_S, clock: Clock = SYSTEM_CLOCK) -> None:
         self.factory, self.per_team, self.poll_s, self.check_s = factory, per_team, poll_s, check_s
+        self.clock = clock
         self._per_team: Counter[int] = Counter()
         self._logs: dict[LogKey, _Log] = {}
         self._jobs: dict[int, _Job] = {}
@@ -154,8 +155,8 @@ class Followers:
                 del self._jobs[job_id]
 
     async def stream(self, key: LogKey, offset: int) -> AsyncIterator[bytes]:
-        """The log from `offset` as it grows, until its attempt has ended and
-        all of it is sent."""
+        """The log from `offset` as it grows, until it is finished and all of
+        it is sent."""
         log = self._logs.get(key) or self._logs.setdefault(key, _Log(key, self.factory, self.reads))
         log.followers += 1
         self._ensure_ticker()
@@ -180,8 +181,8 @@ class Followers:
             self._ticker = asyncio.get_running_loop().create_task(self._tick())
 
     async def _tick(self) -> None:
-        """While anyone follows: wake the followers of each log that grew,
-        of each attempt that ended, and of each job that changed."""
+        """While anyone follows: wake the followers of each log that grew or
+        finished, and of each job that changed."""
         checked = 0.0
         while (self._logs or self._jobs) and not self._closing:
             if self._logs:
@@ -194,9 +195,9 @@ class Followers:
                 checked = time.monotonic()
                 live = [log for log in self._logs.values() if not log.ended]
                 if live:
-                    ended = await run_in_threadpool(self._ended_of, [log.key[0] for log in live])
+                    ended = await run_in_threadpool(self._finished_of, [log.key for log in live])
                     for log in live:
-                        if log.key[0] in ended:
+                        if log.key in ended:
                             log.ended = True
                             log.wake()
                 if self._jobs:
@@ -211,11 +212,9 @@ class Followers:
         with self.factory() as session:
             return logs.marks(session, keys)
 
-    def _ended_of(self, ids: list[int]) -> set[int]:
+    def _finished_of(self, keys: list[LogKey]) -> set[LogKey]:
         with self.factory() as session:
-            live = set(session.scalars(select(Attempt.id).where(
-                Attempt.id.in_(ids), Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]))))
-        return set(ids) - live
+            return logs.finished(session, keys, self.clock.now())
 
     def _jobs_of(self, ids: list[int]) -> dict[int, tuple[str, str | None, int | None]]:
         """Each job's state, reason and newest attempt, in one query."""

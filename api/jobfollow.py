@@ -1,7 +1,9 @@
 """Following a job across its attempts (`GET /v1/jobs/{id}/logs?follow=true`
 without `attempt`): each attempt's output in order, a line of the job's
 story (broker/usecases/narration.py) at each change, and the stream ends when
-the job does, with its final state.
+the job does, with its final state. An attempt's output is whole before the
+change is said: its log is followed until finished (broker/jobs/logs.py),
+so what a preempted node prints until the cloud takes it comes first.
 
 It waits as attempt followers do (api/following.py): on the event loop, on
 the one ticker that asks the database, for all followers at once, which
@@ -17,7 +19,6 @@ from contextlib import aclosing
 import anyio.to_thread
 
 from spotbroker.api.following import Followers
-from spotbroker.broker.jobs import logs
 from spotbroker.broker.usecases import narration
 from spotbroker.broker.usecases.narration import JobView, line
 
@@ -38,7 +39,6 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
     watch = followers.watch_job(job_id)
     try:
         streamed: int | None = None   # the attempt whose output was sent last
-        at = 0                        # and how far
         unsaid: int | None = None     # an attempt that ended, not yet said why
         said: tuple[str, str | None] | None = None
         grace = False
@@ -61,17 +61,12 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
             else:
                 text = None
             if text is not None:
-                if streamed is not None:  # what the last attempt's node shipped after it ended comes first
-                    async for chunk in _rest(followers, (streamed, rank), at):
-                        at += len(chunk)
-                        yield chunk
                 yield line(text)
             if nxt is not None:
                 unsaid, said, grace = None, None, False
                 at = first[1] if first and streamed is None else 0
                 async with aclosing(followers.stream((nxt.id, rank), at)) as chunks:  # closed when we are
                     async for chunk in chunks:
-                        at += len(chunk)
                         yield chunk
                 streamed = unsaid = nxt.id
                 continue
@@ -80,17 +75,6 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
             await changed.wait()
     finally:
         followers.unwatch_job(job_id)
-
-
-async def _rest(followers: Followers, key: tuple[int, int], offset: int) -> AsyncIterator[bytes]:
-    """An ended attempt's log from `offset` to its end now."""
-    def read(at: int) -> bytes:
-        with followers.factory() as session:
-            return logs.read_from(session, *key, at)
-
-    while chunk := await anyio.to_thread.run_sync(read, offset, limiter=followers.reads):
-        offset += len(chunk)
-        yield chunk
 
 
 async def _wait(event: asyncio.Event, seconds: float) -> None:

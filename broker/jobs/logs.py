@@ -9,23 +9,36 @@ of at most ROW_BYTES, contiguous from offset 0, keyed (attempt, rank, start).
 Nothing here holds a whole log: reads are pages of at most PAGE_BYTES
 (`read_from`), `tail_start` walks rows backwards from the end only as far as
 the lines it is asked for, and a caller streams the rest page by page.
+
+A log is finished (`finished`) when nothing more will come: its attempt has
+ended and its node's agent has said its last word or cannot any more. An
+attempt ends at a preemption's flush, or at a cancel, before its node does:
+the trainer runs on until the cloud (or the release) stops it, and what it
+prints meanwhile reaches the log after the attempt's end.
 """
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.agent import logbound
+from spotbroker.agent import logbound, protocol
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, EndReason
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import LogChunk
+from spotbroker.broker.store.models import Attempt, Event, LogChunk
 
 ROW_BYTES = 64 * 1024               # the most bytes in one row
 PAGE_BYTES = 256 * 1024             # the most one read returns (and a response sends at once)
 _APPEND_TRIES = 3
+# How long after its attempt's end a node that may still run is waited for
+# when its agent never says its last word (the cloud took the VM at once).
+LATE_S = 30.0
+# Ends after which the node may still run and ship (see the module's docstring).
+_NODE_OUTLIVES = frozenset({EndReason.PREEMPTED, EndReason.MOVED, EndReason.CANCELLED})
 
 
 def _of(attempt_id: int, rank: int):
@@ -48,6 +61,41 @@ def marks(session: Session, keys: Iterable[tuple[int, int]]) -> dict[tuple[int, 
     rows = session.execute(select(LogChunk.attempt_id, LogChunk.rank, func.max(LogChunk.start))
                            .where(LogChunk.attempt_id.in_(ids)).group_by(LogChunk.attempt_id, LogChunk.rank))
     return {(a, r): m for a, r, m in rows}
+
+
+def finished(session: Session, keys: Iterable[tuple[int, int]], now: datetime) -> set[tuple[int, int]]:
+    """The (attempt, rank) logs among `keys` that will not grow any more.
+
+    A node that outlives its attempt's end is waited for until its agent
+    reports the trainer's exit, which it sends only once the log is shipped
+    (agent/runner.py), or for LATE_S. One whose agent never spoke has
+    nothing to ship; one the launcher saw end (an exit code) has ended."""
+    keys = set(keys)
+    rows = session.execute(select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.end_reason,
+                                  Attempt.exit_code, Attempt.ended_at, Attempt.agent_seq)
+                           .where(Attempt.id.in_({a for a, _ in keys}))).all()
+    ended, waiting = set(), {}
+    for row in rows:
+        if row.state in LIVE_ATTEMPT_STATES:
+            continue
+        outlives = (row.end_reason in _NODE_OUTLIVES and row.exit_code is None and row.agent_seq > 0
+                    and row.ended_at is not None and now - row.ended_at < timedelta(seconds=LATE_S))
+        if outlives:
+            waiting[row.id] = row.job_id
+        else:
+            ended.add(row.id)
+    done = {key for key in keys if key[0] in ended}
+    if waiting:
+        exits = session.execute(select(Event.attempt_id, Event.data).where(  # job_id: the events' index
+            Event.job_id.in_(set(waiting.values())), Event.attempt_id.in_(waiting),
+            Event.type == protocol.TRAINER_EXITED))
+        done |= {(attempt_id, _rank(data)) for attempt_id, data in exits} & keys
+    return done
+
+
+def _rank(data: object) -> int:
+    node = data.get(protocol.EVENT_NODE) if isinstance(data, dict) else None
+    return node if isinstance(node, int) else 0
 
 
 def read_from(session: Session, attempt_id: int, rank: int, offset: int, limit: int = PAGE_BYTES) -> bytes:

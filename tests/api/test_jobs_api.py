@@ -1,9 +1,11 @@
 """The jobs API end to end: a real app, a real reconciler, the local launcher."""
 import os
+import threading
+import time
 
 import pytest
 from sqlalchemy import func, select
-from support.helpers import wait_for, wait_state
+from support.helpers import ev, post, running_job, wait_for, wait_state
 
 from spotbroker.broker.store.db import make_engine
 from spotbroker.broker.store.models import Event, Job
@@ -142,6 +144,45 @@ def test_follow_streams_the_job_until_it_ends_and_an_attempt_until_it_ends(api, 
                     headers=h) as r:
         assert "".join(r.iter_text()) == "line 1\nline 2\nline 3\n"
     assert api.get(f"/v1/jobs/{job_id}/logs", params={"tail": 1}, headers=h).text == "line 3\n"
+
+
+def test_following_a_job_shows_what_a_preempted_node_prints_after_its_attempt_ended(api, team_headers, settings):
+    """A preemption ends the attempt at the flush, and the next one starts at
+    once; the old node prints on until the cloud takes it. The follower says
+    the change only after that node's last word (its agent reports the
+    trainer's exit once the log is shipped), so nothing it printed is lost."""
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    job_id = job["id"]
+    node = {"Authorization": f"Bearer {token}"}
+
+    def ship(data: bytes) -> None:
+        at = api.post("/v1/agent/logs", content=b"", headers={**node, "X-Log-Offset": "0"}).json()["size"]
+        assert api.post("/v1/agent/logs", content=data, headers={**node, "X-Log-Offset": str(at)}).status_code == 200
+
+    seen: list[str] = []
+
+    def follow() -> None:
+        with api.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=h) as r:
+            seen.extend(r.iter_text())
+
+    follower = threading.Thread(target=follow, daemon=True)
+    follower.start()
+    ship(b"step=1\n")
+    wait_for(lambda: "step=1" in "".join(seen), what="the follower to show the first line")
+    # (seqs past the real agent's own, so that its exit report, when the release stops it, is a re-send)
+    assert post(api, token, ev(100, "preemption_notice", cloud="local"), ev(101, "no_flush", reason="test")).is_success
+    wait_for(lambda: len(api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"]) == 2, what="the next attempt")
+    time.sleep(2.5)  # the follower has looked at the job since (it checks every second)
+    ship(b"step=2 printed until the cloud took the node\n")
+    assert post(api, token, ev(102, "trainer_exited", exit_code=143)).is_success
+    second = api.get(f"/v1/jobs/{job_id}", headers=h).json()["attempts"][1]["id"]
+    wait_for(lambda: f"(attempt {second})" in "".join(seen), what="the follower to say where the job resumed")
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    follower.join(30)
+    text = "".join(seen)
+    assert not follower.is_alive() and text.splitlines()[-1].startswith(f"\u2014 job {job_id} CANCELLED"), text
+    assert text.index("step=1") < text.index("step=2 printed") < text.index(f"(attempt {second})"), text
 
 
 def test_list_filters_and_paginates(api, team_headers):

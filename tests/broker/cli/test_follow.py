@@ -61,6 +61,8 @@ def test_logs_f_follows_a_preempted_job_across_its_attempts_until_it_ends(api, e
     # Both attempts' output in order, the change between them, and the end. The change is one
     # line when the next attempt is placed within the follower's grace (api/jobfollow.py), else
     # two: why the job waits, then where it runs (a loaded machine can take longer to place it).
+    # The first attempt's node prints on after the flush until it is stopped: all of it comes
+    # before the change (CI once lost those lines when the next attempt was placed at once).
     ended = f"attempt {first['id']} preempted at step {max(flushed)}"
     change = re.escape(line(f"{ended}, resuming on {place(second)} (attempt {second['id']})"))
     why = f"job {job_id} RECOVERING" + r"(?:: [^\n]*)? \u2014\n"

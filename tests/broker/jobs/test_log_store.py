@@ -1,20 +1,23 @@
 """The attempt log store (broker/jobs/logs.py) on SQLite and PostgreSQL:
 appends by offset as an agent re-sends them, from replicas at once; pages
 that never exceed their bound; the last lines found by walking back only
-as far as they go; logs an older broker kept on disk moved in at start."""
+as far as they go; when a log is finished; logs an older broker kept on
+disk moved in at start."""
 from __future__ import annotations
 
 import random
 import threading
+from datetime import timedelta
 
 import pytest
 from sqlalchemy import event, select
-from support.world import World
+from support.world import T0, World
 
-from spotbroker.agent import logbound
+from spotbroker.agent import logbound, protocol
 from spotbroker.broker.jobs import logs
 from spotbroker.broker.jobs.logimport import import_disk_logs
-from spotbroker.broker.store.models import LogChunk
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import Attempt, Event, LogChunk
 
 
 @pytest.fixture
@@ -73,6 +76,39 @@ def test_replicas_appending_the_same_chunks_at_once_store_each_byte_once(factory
     for t in threads:
         t.join(60)
     assert whole(factory, attempt) == data
+
+
+def test_a_log_is_finished_once_its_node_has_said_its_last_word_or_cannot(factory, attempt):
+    """A preemption ends the attempt at the flush; its node prints on until the
+    cloud takes it. Its logs are finished when each node's agent reports the
+    trainer's exit (sent after the log), or LATE_S after the end."""
+    keys, end = [(attempt, 0), (attempt, 1)], T0 + timedelta(minutes=5)
+
+    def finished(at=end, **row) -> set:
+        with transaction(factory) as s:
+            a = s.get(Attempt, attempt)
+            for field, value in row.items():
+                setattr(a, field, value)
+            return logs.finished(s, keys, at)
+
+    assert finished() == set()                                   # it runs
+    ended = {"state": "PREEMPTED", "end_reason": "preempted", "ended_at": end}
+    assert finished(**ended, agent_seq=0) == set(keys)           # no agent ever spoke: nothing to wait for
+    assert finished(agent_seq=7) == set()                        # its agent spoke: its last word is awaited
+    assert finished(end + timedelta(seconds=logs.LATE_S)) == set(keys)  # ... for LATE_S at most
+    with transaction(factory) as s:
+        job_id = s.get(Attempt, attempt).job_id
+        s.add(Event(job_id=job_id, attempt_id=attempt, type=protocol.TRAINER_EXITED, at=end, data={"exit_code": 143}))
+    assert finished() == {(attempt, 0)}                          # node 0's agent said it; node 1's not yet
+    with transaction(factory) as s:
+        s.add(Event(job_id=job_id, attempt_id=attempt, type=protocol.TRAINER_EXITED, at=end,
+                    data={"exit_code": 143, protocol.EVENT_NODE: 1}))
+    assert finished() == set(keys)
+    with transaction(factory) as s:
+        s.query(Event).delete()
+    assert finished(end_reason="vanished") == set(keys)          # the node is gone
+    assert finished(end_reason="preempted", exit_code=0) == set(keys)  # the launcher saw its run end
+    assert finished(exit_code=None, state="SUCCEEDED", end_reason="succeeded") == set(keys)
 
 
 @pytest.mark.parametrize("text", [
