@@ -164,6 +164,7 @@ class EventOut(BaseModel):
 
 class EventList(BaseModel):
     events: list[EventOut]
+    next_after: int | None = Field(None, description="pass as ?after= for the next page; null at the end")
 
 
 class TeamCreate(BaseModel):

@@ -52,6 +52,9 @@ _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-ya
 # without a thread.
 YAML_PARSES = 2
 _READ = responses(401, 403, 404, 422)
+# The most events one answer holds: a job's agent may write many, and an
+# answer of all of them was once 72 MB (docs/security.md).
+EVENTS_PAGE = 1000
 
 
 def _not_found(job_id: int) -> Problem:
@@ -199,13 +202,15 @@ def get_job(request: Request, job_id: JobId, session: SessionDep, team: CurrentT
 @router.get("/{job_id}/events", response_model=EventList, responses=_READ)
 def job_events(job_id: JobId, session: SessionDep, team: CurrentTeam,
                after: Annotated[int | None, Query(ge=0, le=MAX_ID, description="only events with a larger id")]
-               = None) -> EventList:
-    """The job's history, oldest first."""
+               = None,
+               limit: Annotated[int, Query(ge=1, le=EVENTS_PAGE)] = EVENTS_PAGE) -> EventList:
+    """The job's history, oldest first, a page at a time (`next_after`)."""
     try:
-        found = jobs.events(session, team.team_id, job_id, after=after)
+        found = jobs.events(session, team.team_id, job_id, after=after, limit=limit + 1)
     except jobs.JobNotFound:
         raise _not_found(job_id) from None
-    return EventList(events=[EventOut.of(e) for e in found])
+    page = [EventOut.of(e) for e in found[:limit]]
+    return EventList(events=page, next_after=page[-1].id if len(found) > limit else None)
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, responses={

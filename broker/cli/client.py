@@ -116,7 +116,16 @@ class Client:
         return self._request("GET", f"/v1/jobs/{job_id}").json()
 
     def events(self, job_id: int) -> list[dict[str, Any]]:
-        return self._request("GET", f"/v1/jobs/{job_id}/events").json()["events"]
+        """All the job's events, page after page."""
+        found: list[dict[str, Any]] = []
+        after: int | None = None
+        while True:
+            page = self._request("GET", f"/v1/jobs/{job_id}/events",
+                                 params={} if after is None else {"after": after}).json()
+            found += page["events"]
+            after = page.get("next_after")
+            if after is None:
+                return found
 
     def logs(self, job_id: int, tail: int | None = None, attempt: int | None = None, node: int | None = None) -> str:
         params = {k: v for k, v in {"tail": tail, "attempt": attempt, "node": node}.items() if v is not None}

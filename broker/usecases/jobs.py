@@ -126,12 +126,14 @@ def list_jobs(session: Session, team_id: int, *, states: Sequence[JobState] = ()
     return list(session.scalars(query.order_by(Job.id.desc()).limit(limit)))
 
 
-def events(session: Session, team_id: int, job_id: int, after: int | None = None) -> list[Event]:
+def events(session: Session, team_id: int, job_id: int, after: int | None = None,
+           limit: int | None = None) -> list[Event]:
+    """The job's events after id `after`, oldest first, at most `limit` of them."""
     get(session, team_id, job_id)
     query = select(Event).where(Event.job_id == job_id)
     if after is not None:
         query = query.where(Event.id > after)
-    return list(session.scalars(query.order_by(Event.id)))
+    return list(session.scalars(query.order_by(Event.id).limit(limit)))
 
 
 def cancel(session: Session, team_id: int, job_id: int, clock: Clock = SYSTEM_CLOCK) -> Job:

@@ -270,6 +270,36 @@ def test_malformed_bodies_get_a_clear_4xx_and_write_nothing(api, team_headers, s
     engine.dispose()
 
 
+def test_a_jobs_events_come_a_bounded_page_at_a_time(api, team_headers, settings):
+    """A job's agent may write events at 10 a second for days: one answer
+    holds at most a page (1,000), and `next_after` leads to the next."""
+    from datetime import UTC, datetime
+
+    from spotbroker.broker.cli.client import Client
+    from spotbroker.broker.store.db import make_session_factory, transaction
+
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "true"}, headers=h).json()["id"]
+    wait_state(api, h, job_id, TERMINAL)
+    engine = make_engine(settings.sqlalchemy_url)
+    with transaction(make_session_factory(engine)) as s:
+        s.add_all(Event(job_id=job_id, type="resumed", at=datetime.now(UTC), data={"n": i}) for i in range(1_200))
+    engine.dispose()
+    everything = api.get(f"/v1/jobs/{job_id}/events", params={"limit": 1000}, headers=h).json()
+    first = api.get(f"/v1/jobs/{job_id}/events", headers=h).json()
+    assert first == everything and len(first["events"]) == 1000
+    rest = api.get(f"/v1/jobs/{job_id}/events", params={"after": first["next_after"]}, headers=h).json()
+    assert rest["next_after"] is None and first["next_after"] == first["events"][-1]["id"]
+    ids = [e["id"] for e in first["events"] + rest["events"]]
+    assert ids == sorted(set(ids)) and len(ids) > 1_200  # the job's own events and the 1,200
+    two = api.get(f"/v1/jobs/{job_id}/events", params={"limit": 2}, headers=h).json()
+    assert [e["id"] for e in two["events"]] == ids[:2] and two["next_after"] == ids[1]
+    r = api.get(f"/v1/jobs/{job_id}/events", params={"limit": 1001}, headers=h)
+    assert r.status_code == 422 and r.json()["errors"][0]["field"] == "limit"
+    client = Client(str(api.base_url), h["Authorization"].split()[1])
+    assert [e["id"] for e in client.events(job_id)] == ids  # the CLI reads every page
+
+
 def test_wrong_field_is_named(api, team_headers):
     r = api.post("/v1/jobs", json={"run": "x", "resources": {"accelerators": "A100:x"}}, headers=team_headers())
     assert r.status_code == 422
