@@ -5,7 +5,8 @@ thread per source), the money loop (accrual, alerts, the hard cap,
 notifications, the cold tier), with an Electricity Maps key the grids' live
 carbon intensity, SkyPilot's import ahead of the first task file, and, with
 SPOTBROKER_LAUNCHER=skypilot, the SkyPilot janitor (the launcher's follower is the launcher's own thread, and
-wakes the reconciler). The app (api/app.py) builds the list once, starts it
+wakes the reconciler), and with the local launcher the pruning of its ended
+runs' directories. The app (api/app.py) builds the list once, starts it
 after the database is ready and stops it before the engine goes; nothing
 else in the broker or the API starts a thread.
 
@@ -34,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import tracker as energy_tracker
 from spotbroker.broker.energy.settings import EnergySettings, energy_settings
+from spotbroker.broker.launch import local_runs
 from spotbroker.broker.launch.skypilot import startup as skypilot
 from spotbroker.broker.money import leases as money_leases
 from spotbroker.broker.money.loop import MoneyLoop
@@ -120,6 +122,9 @@ def duties(settings: Settings, factory: sessionmaker[Session], launchers: dict, 
     if energy.electricitymaps_token is not None:  # the grids' live intensity (else the snapshot's figures)
         listed.append(Duty("grid-intensity", _one(lambda stop: grid_readings(stop, factory, energy, clock),
                                                   "grid-intensity"), join_s=energy.timeout + 5))
+    if "local" in launchers:
+        listed.append(Duty("local-runs", _one(lambda stop: prune_local_runs(stop, factory, settings, clock),
+                                              "local-runs")))
     if settings.preload_skypilot and "sky" not in sys.modules:  # once: the first task file's import, ahead of it
         listed.append(Duty("preload-skypilot", _one(lambda stop: taskyaml.preload(), "preload-skypilot"), join_s=0.0))
     return listed, {"money": money, "prices": prices}
@@ -141,6 +146,21 @@ def grid_readings(stop: threading.Event, factory: sessionmaker[Session], setting
             log.exception("grid intensity: the refresh failed")
 
     run_every(stop, settings.refresh_interval / 4, turn)
+
+
+def prune_local_runs(stop: threading.Event, factory: sessionmaker[Session], settings: Settings,
+                     clock: Clock) -> None:
+    """The local launcher's ended runs' directories, removed once kept for
+    SPOTBROKER_LOCAL_RUN_RETENTION_SECONDS (each broker its own disk)."""
+    keep = settings.local_run_retention_seconds
+
+    def turn() -> None:
+        try:
+            local_runs.prune(factory, settings.data_dir, clock.now(), keep)
+        except Exception:  # one failed turn must not end the loop
+            log.exception("local runs: pruning failed")
+
+    run_every(stop, min(3600.0, keep / 4), turn, first_delay=60.0)
 
 
 def _price_tracker(factory: sessionmaker[Session], clock: Clock) -> PriceTracker:

@@ -59,6 +59,9 @@ class Settings(BaseSettings):
     local_uid_range: str = "1900000000-1900999999"
     # The jobs' interpreter, first on their PATH (default: the broker's own).
     local_job_python: str | None = None
+    # How long an ended local attempt's run directory (its node's home, workdir
+    # and raw output) is kept once its node is stopped (broker/launch/local_runs.py).
+    local_run_retention_seconds: float = Field(86400.0, ge=60)
     # Jobs that ask for no accelerator and no instance type run on this host
     # (as `infra: local` does) instead of on a cloud CPU machine placed like
     # any other job: for a broker whose host is itself the CPU pool.

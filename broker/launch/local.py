@@ -20,7 +20,8 @@ stop runs that another one launched.
                                                     trainer's to the broker's log store)
 
 Every node runs its own agent and, when the attempt simulates a cloud, its
-own metadata simulator, as every VM of a real cluster has its own.
+own metadata simulator, as every VM of a real cluster has its own. A run's
+directory is removed a while after the attempt ended (local_runs.py).
 
 A job sees nothing of the broker's: its environment is built from an
 allow-list (`job_env`), never inherited, and when the broker runs as root
