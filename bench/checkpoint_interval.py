@@ -73,7 +73,8 @@ def measure_cost(params_m: float, saves: int) -> tuple[float, float, int]:
 
 
 def lifetimes(path: Path) -> tuple[np.ndarray, float]:
-    """The spells of spot capacity that ended in a reclaim, in seconds; the seconds of the one still going at the end."""
+    """The spells of spot capacity that ended in a reclaim, in seconds; the
+    seconds of the one still going at the end."""
     raw = json.loads(path.read_text())
     gap = int(raw["metadata"]["gap_seconds"])
     up = np.asarray(raw["data"]) == 0

@@ -25,8 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from support.skyenv import sky_environment  # noqa: E402
-from support.stack import (LEASE_S, PASS_S, cancel_and_wait_clean, handle_of, kill_while_launching,  # noqa: E402
-                            stack, wait_for)
+from support.stack import LEASE_S, PASS_S, cancel_and_wait_clean, handle_of, kill_while_launching, stack, wait_for  # noqa: E402
 
 
 def main() -> None:

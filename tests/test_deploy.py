@@ -52,7 +52,7 @@ def test_compose_names_only_what_exists():
     assert os.access(entry, os.X_OK)
 
 
-def test_compose_settings_launch_with_scoped_credentials(moto_endpoint, monkeypatch):
+def test_compose_settings_launch_with_scoped_credentials(moto_endpoint, monkeypatch):  # noqa: F811
     """An s3:// checkpoint root needs a node role to mint from (else every launch
     is refused): what compose's moto-init makes is what its broker names, and
     the broker's AWS settings assume it and write into the bucket."""

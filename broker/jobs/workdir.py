@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from spotbroker.agent.code import MAX_FILES_BYTES
+
 # (bytes of the files read so far, of all of them): packing's progress, for a bar
 Progress = Callable[[int, int], None]
-
-from spotbroker.agent.code import MAX_FILES_BYTES
 
 ALWAYS_LEFT_OUT = (".git",)
 

@@ -36,6 +36,7 @@ def report_csv(team: str, since: datetime, until: datetime, group_by: str | None
     head = [team, since.isoformat(), until.isoformat(), group_by or ""]
     rows = report.groups.items() if group_by else [("total", report.total)]
     for key, money in rows:
-        writer.writerow([*map(inert, head), inert(key), inert(report.names.get(key, "")), *_figures(money.cost, money.on_demand_cost, money.savings, money.wasted,
-                                 money.node_hours), "USD", *_figures(money.kwh, money.co2e_kg)])
+        writer.writerow([*map(inert, head), inert(key), inert(report.names.get(key, "")),
+                         *_figures(money.cost, money.on_demand_cost, money.savings, money.wasted, money.node_hours),
+                         "USD", *_figures(money.kwh, money.co2e_kg)])
     return out.getvalue()

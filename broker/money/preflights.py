@@ -60,6 +60,7 @@ def team_preflights(session: Session, name: str, since: datetime) -> TeamPreflig
         if len(out.lines) < SHOWN:
             gpu = f"{data.get('gpu_instance_type') or '-'} x {data.get('num_nodes', 1)}"
             out.lines.append(PreflightLine(job_id=job_id, job=job_name, at=at, passed=passed,
-                                           seconds=float(data.get("seconds") or 0.0), cost=float(data.get("cost") or 0.0),
-                                           gpu=gpu, would_have_cost=would, why=str(data.get("why") or "")))
+                                           seconds=float(data.get("seconds") or 0.0),
+                                           cost=float(data.get("cost") or 0.0), gpu=gpu, would_have_cost=would,
+                                           why=str(data.get("why") or "")))
     return out

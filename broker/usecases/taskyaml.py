@@ -2,8 +2,9 @@
 messages ("Instead of 'acceleratorz', did you mean 'accelerators'?") reach
 the user, then turned into a job spec.
 
-The keys spotbroker adds (`estimated_hours`, `deadline`, `max_restarts`, `early_stop`,
-`preflight`, `checkpoint`, `carbon_price_per_tonne`, `resources.max_price_per_hour`) and the uploads that stand for local
+The keys spotbroker adds (`estimated_hours`, `deadline`, `max_restarts`,
+`early_stop`, `preflight`, `checkpoint`, `carbon_price_per_tonne`,
+`resources.max_price_per_hour`) and the uploads that stand for local
 directories are taken out first and checked by `JobSpec`; everything else
 goes through `sky.Task.from_yaml_config`. What SkyPilot accepts but the
 broker cannot honour (`service`, `resources.job_recovery`...) is refused

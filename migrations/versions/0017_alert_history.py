@@ -9,9 +9,9 @@ Create Date: 2026-11-28
 from __future__ import annotations
 
 import sqlalchemy as sa
+from alembic import op
 
 import spotbroker.broker.store.db
-from alembic import op
 
 revision = '0017'
 down_revision = '0014'

@@ -418,7 +418,8 @@ def test_numbers_and_times_no_reader_can_hold_are_never_a_500(api, team_headers,
     job, token = running_job(api, h, settings)
     huge = 10**400  # JSON allows it; a float, a BIGINT and math.isfinite() do not
     r = post(api, token, ev(400, "metrics", step=7, values={"loss": huge, "acc": 0.5}),
-             ev(401, "heartbeat", gpu_joules=huge, gpu_seconds=1), ev(402, "heartbeat", gpu_joules=1.0, gpu_seconds=huge),
+             ev(401, "heartbeat", gpu_joules=huge, gpu_seconds=1),
+             ev(402, "heartbeat", gpu_joules=1.0, gpu_seconds=huge),
              ev(403, "metrics", step=huge, values={"loss": 1.0}))
     assert r.status_code == 200, r.text  # taken, and what no reader can hold is dropped
     series = api.get(f"/v1/jobs/{job['id']}/metrics", headers=h).json()

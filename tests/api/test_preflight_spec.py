@@ -58,7 +58,7 @@ def test_a_preflight_run_no_node_could_start_is_a_422_naming_it(api, team_header
 
     h = team_headers()
     big = "x" * 300_000
-    body = ('{"run": "true", "preflight": {"run": "%s"}}' % big if ctype == JSON
+    body = (f'{{"run": "true", "preflight": {{"run": "{big}"}}}}' if ctype == JSON
             else f"run: 'true'\npreflight:\n  run: {big}\n")
     r = api.post("/v1/jobs", content=body.encode(), headers={**h, "Content-Type": ctype})
     assert r.status_code == 422, r.text[:300]

@@ -115,7 +115,8 @@ def test_a_passing_preflight_is_followed_by_the_gpu_attempt(api, team_headers, j
     job = wait_state(api, h, job_id, {"FAILED", "SUCCEEDED", "CANCELLED"}, timeout=180)
     assert job["state"] == "SUCCEEDED", timeline(api, h, job_id)
     trial, gpu = job["attempts"]
-    assert (trial["preflight"], trial["accelerator"], trial["num_nodes"], trial["state"]) == (True, None, 1, "SUCCEEDED")
+    assert (trial["preflight"], trial["accelerator"], trial["num_nodes"], trial["state"]) \
+        == (True, None, 1, "SUCCEEDED")
     assert (gpu["preflight"], gpu["accelerator"], gpu["num_nodes"], gpu["state"]) == (False, "V100", 2, "SUCCEEDED")
     trial_log = api.get(f"/v1/jobs/{job_id}/logs", params={"attempt": trial["id"]}, headers=h).text
     assert "PF=1 CUDA=[]" in trial_log and "pre-flight passed" in trial_log

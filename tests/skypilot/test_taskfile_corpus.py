@@ -244,7 +244,7 @@ def test_the_corpus_through_the_cli_and_the_api(api, team_headers, monkeypatch):
         if meta["flags"]:
             raw = apply(raw, launch_flags(meta["flags"]))
         try:
-            doc, _ = _upload_local(c, raw, path.parent, lambda field: str(path))
+            doc, _ = _upload_local(c, raw, path.parent, lambda field, path=path: str(path))
             job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode())
         except click.ClickException as exc:  # a local path that is no directory: named by the CLI
             assert not meta["accepted"] and meta["field"] in exc.message, (name, exc.message)

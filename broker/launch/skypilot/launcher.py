@@ -110,7 +110,9 @@ class SkyPilotLauncher:
         try:
             found = self._reattach(cluster)
         except Exception as exc:
-            raise self.server.unavailable(exc) if server_unreachable(exc) else exc
+            if server_unreachable(exc):
+                raise self.server.unavailable(exc) from exc
+            raise
         if found is not None:
             return found
         task = self.task(request)
