@@ -64,7 +64,9 @@ def load_raw(data: bytes, fmt: str = "auto") -> dict[str, Any]:
         import json
 
         try:
-            doc = json.loads(text)
+            doc = json.loads(text, object_pairs_hook=_one_each)
+        except _GivenTwice:
+            raise SpecShapeError(_twice(text), "duplicate key, given twice: keep one") from None
         except json.JSONDecodeError as exc:
             raise SpecSyntaxError(exc.msg, exc.lineno, exc.colno) from None
         except RecursionError:
@@ -97,6 +99,54 @@ def load_raw(data: bytes, fmt: str = "auto") -> dict[str, Any]:
         raise SpecSyntaxError("the document must be a mapping of fields (name, run, resources, ...)")
     check_shape(doc)
     return doc
+
+
+class _GivenTwice(Exception):
+    pass
+
+
+def _one_each(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refused when it gives a key twice (json keeps the last,
+    silently: `envs` twice ran the job without the first's variables)."""
+    obj = dict(pairs)
+    if len(obj) < len(pairs):
+        raise _GivenTwice
+    return obj
+
+
+class _Marked(dict):
+    """A JSON object that remembers the first key it was given twice."""
+
+    twice: str | None = None
+
+    @classmethod
+    def of(cls, pairs: list[tuple[str, Any]]) -> _Marked:
+        obj = cls()
+        for key, value in pairs:
+            if key in obj and obj.twice is None:
+                obj.twice = key
+            obj[key] = value
+        return obj
+
+
+def _twice(text: str) -> str:
+    """The dotted field of the first key given twice in a JSON document."""
+    import json
+
+    try:
+        doc = json.loads(text, object_pairs_hook=_Marked.of)
+    except (RecursionError, ValueError):  # (the first read stopped at the key, before these)
+        return "body"
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), doc)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, _Marked):
+            if node.twice is not None:
+                return _dotted(path + (node.twice,))
+            stack.extend(reversed([(path + (k,), v) for k, v in node.items()]))
+        elif isinstance(node, list):
+            stack.extend(reversed([(path + (i,), v) for i, v in enumerate(node)]))
+    return "body"
 
 
 _YAML_QUOTED_RE = re.compile(r"'(?:[^']|'')*'|\"(?:[^\"\\]|\\.)*\"")

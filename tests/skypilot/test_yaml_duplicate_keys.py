@@ -1,6 +1,7 @@
 """A task file that gives one key twice (`run: a` then `run: b`) was taken
 as the last one without a word: it is refused, naming the key and both
-lines, by the API (a 422) and by `spotbroker submit` (the file and line)."""
+lines, by the API (a 422) and by `spotbroker submit` (the file and line).
+A JSON job document is refused so too, naming the key."""
 from __future__ import annotations
 
 import os
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 
-from spotbroker.broker.jobs.specdoc import DuplicateKeyError, load_raw
+from spotbroker.broker.jobs.specdoc import DuplicateKeyError, SpecShapeError, load_raw
 
 YAML = {"Content-Type": "application/yaml"}
 
@@ -43,6 +44,28 @@ def test_the_api_answers_422_naming_the_key_and_both_lines(api, team_headers):
     err = r.json()["errors"][0]
     assert err["field"] == "run" and err["line"] == 3
     assert "line 2" in err["message"] and "line 3" in err["message"]
+    assert api.get("/v1/jobs", headers=h).json()["jobs"] == []  # nothing stored
+
+
+@pytest.mark.parametrize("text, field", [
+    ('{"name": "t", "run": "a", "run": "b"}', "run"),
+    ('{"run": "x", "envs": {"A": "1", "B": "2", "A": "3"}}', "envs.A"),
+    ('{"run": "x", "resources": {"any_of": [{"infra": "aws"}, {"infra": "aws", "infra": "gcp"}]}}',
+     "resources.any_of.1.infra"),
+])
+def test_a_json_document_giving_a_key_twice_is_refused_naming_it(text, field):
+    with pytest.raises(SpecShapeError) as caught:
+        load_raw(text.encode(), "json")
+    assert caught.value.field == field and "duplicate key" in caught.value.detail
+    assert load_raw(b'{"run": "x", "envs": {"A": "1"}, "resources": {"envs": 1}}', "json")  # same key, two objects
+
+
+def test_the_api_answers_422_for_a_json_key_given_twice(api, team_headers):
+    h = team_headers()
+    r = api.post("/v1/jobs", content=b'{"run": "echo a", "envs": {"A": "1", "A": "2"}}',
+                 headers={**h, "Content-Type": "application/json"})
+    assert r.status_code == 422, r.text
+    assert r.json()["errors"][0]["field"] == "envs.A" and "duplicate key" in r.json()["errors"][0]["message"]
     assert api.get("/v1/jobs", headers=h).json()["jobs"] == []  # nothing stored
 
 
