@@ -54,6 +54,10 @@ AGENT_TOKEN_PREFIX = "sba_"
 # Heartbeats are frequent and carry nothing new: they update the attempt, not the event log.
 # Metrics have a table of their own (broker/jobs/metrics.py).
 SILENT = {protocol.HEARTBEAT, protocol.METRICS}
+# The events whose data the agent writes itself: a trainer's own events
+# (agent/trainer_process.py: checkpoints, resumed, ...) pass through with the
+# data the trainer gave them, so a GPU energy figure in those is the job's say.
+MEASURED_BY_AGENT = {protocol.HEARTBEAT, protocol.TRAINER_EXITED}
 CHECKPOINT_REFUSED = "checkpoint_refused"  # the broker's event: a reported checkpoint it did not accept
 MAX_BIG = 2**63 - 1
 MAX_REASON = 16  # the checkpoints.reason column
@@ -154,7 +158,7 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
         if event.type == protocol.METRICS:
             reports.append((event.data, event.at))  # stored together below: one write for the batch
-        if not node and protocol.GPU_JOULES in event.data:
+        if not node and event.type in MEASURED_BY_AGENT and protocol.GPU_JOULES in event.data:
             footprint.record_report(session, attempt, event.data)
         moved |= _apply(session, job, attempt, event, clock, checkpoint_root)
     reported = bool(reports) and metrics.record_many(session, job, attempt, reports, clock.now())

@@ -395,7 +395,11 @@ def test_measured_gpu_energy_in_a_heartbeat_replaces_the_rating(api, team_header
     assert post(api, token, ev(200, "heartbeat", gpu_joules=5e7, gpu_seconds=1.0),
                 ev(201, "heartbeat", gpu_joules=-1, gpu_seconds=10)).status_code == 200
     assert attempt().energy_basis == "estimated"
-    assert post(api, token, ev(202, "heartbeat", gpu_joules=250.0 * 60, gpu_seconds=60.0)).status_code == 200
+    # A trainer's own event (from its events.jsonl, passed on by the agent) says nothing of energy:
+    # a job once made itself "measured" at a sixth of its rating.
+    assert post(api, token, ev(203, "resumed", step=0, gpu_joules=1, gpu_seconds=100_000)).status_code == 200
+    assert attempt().energy_basis == "estimated"
+    assert post(api, token, ev(204, "heartbeat", gpu_joules=250.0 * 60, gpu_seconds=60.0)).status_code == 200
     measured = attempt()
     assert measured.energy_basis == "measured" and measured.gpu_joules == 250.0 * 60
     assert measured.power_kw > 0.25  # 250 W of GPU, and the instance's share, times PUE
