@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from spotbroker.api import errors
 from spotbroker.api.batching import SubmissionBatcher
 from spotbroker.api.dashboard import routes as dashboard
+from spotbroker.api.deps import TeamTurns
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
 from spotbroker.api.http_metrics import RequestMetrics, process_registry
@@ -71,6 +72,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.metrics_registry.register(deployment)
         app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint, keyring=keyring)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
+        app.state.team_turns = TeamTurns(settings.max_requests_per_team)
         app.state.followers = Followers(factory, per_team=settings.max_followers_per_team, clock=clock)
         restore_signals = on_shutdown_signal(app.state.followers)
         # Every thread beside the API, from one list (broker/background.py); routers start none.

@@ -1,7 +1,10 @@
 """Request dependencies, as short aliases so a route reads like a sentence."""
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from typing import Annotated
 
 from fastapi import Depends, Path, Request
@@ -51,10 +54,40 @@ async def get_principal(request: Request,
     return principal
 
 
-def get_team(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+class TeamTurns:
+    """How many of one team's requests this process works on at once
+    (SPOTBROKER_MAX_REQUESTS_PER_TEAM). The others wait on the event loop,
+    holding no thread and no database connection: a team sending hundreds of
+    costly reads at once took every thread and pooled connection, and the
+    other teams' requests and the agents' heartbeats timed out behind them."""
+
+    def __init__(self, per_team: int) -> None:
+        self.per_team = per_team
+        self._turns: dict[int, asyncio.Semaphore] = {}
+        self._waiting: Counter[int] = Counter()
+
+    @asynccontextmanager
+    async def turn(self, team_id: int) -> AsyncIterator[None]:
+        turns = self._turns.get(team_id) or self._turns.setdefault(team_id, asyncio.Semaphore(self.per_team))
+        self._waiting[team_id] += 1
+        try:
+            async with turns:
+                yield
+        finally:
+            self._waiting[team_id] -= 1
+            if not self._waiting[team_id]:  # no one holds or awaits a turn: forget the team
+                del self._waiting[team_id], self._turns[team_id]
+
+
+async def get_team(request: Request, principal: Annotated[Principal, Depends(get_principal)]
+                   ) -> AsyncIterator[Principal]:
+    """The team's principal, within one of the team's turns: held while the
+    route works and builds its answer, not while the answer is sent (a log's
+    stream is bounded by the followers' places instead)."""
     if principal.is_admin:
         raise Problem(403, "Forbidden", "the admin token has no team; use a team's token for jobs")
-    return principal
+    async with request.app.state.team_turns.turn(principal.team_id):
+        yield principal
 
 
 def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
@@ -63,5 +96,5 @@ def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Princi
     return principal
 
 
-CurrentTeam = Annotated[Principal, Depends(get_team)]
+CurrentTeam = Annotated[Principal, Depends(get_team, scope="function")]
 Admin = Annotated[Principal, Depends(get_admin)]

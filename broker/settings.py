@@ -119,7 +119,11 @@ class Settings(BaseSettings):
     # Bytes of a job's output the broker keeps per attempt (node 0's log, and
     # each node's own): past it, a marker and a `log_truncated` event. 0: no bound.
     max_log_bytes: int = Field(1 << 30, ge=0)
-    max_followers_per_team: int = Field(64, ge=1)  # concurrent `logs?follow=true` a team holds per server process
+    max_followers_per_team: int = Field(64, ge=1)  # log streams (followed or read whole) a team holds per server process
+    # A team's requests a server process works on at once; the rest wait their
+    # turn (api/deps.py), so that one team's flood leaves threads and database
+    # connections to the others and to the agents.
+    max_requests_per_team: int = Field(16, ge=1)
     # Import SkyPilot (seconds of CPU, ~100 MB) in the background once the
     # server has started, so that the first task file is not kept waiting
     # for it: it made a fresh broker's first `spotbroker submit` take 5-6 s.

@@ -54,6 +54,11 @@ class Base(DeclarativeBase):
 def make_engine(url: str, **kwargs: Any) -> Engine:
     if url.startswith("sqlite"):
         private_sqlite_files(url)
+        # A connection here is a file handle: as many as the server's threads
+        # (40) and its background duties, so that no request waits 30 s for
+        # one behind other requests' costly reads (QueuePool's default is 15).
+        kwargs.setdefault("pool_size", 10)
+        kwargs.setdefault("max_overflow", 50)
         engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False}, **kwargs)
         event.listen(engine, "connect", _sqlite_pragmas)
         event.listen(engine, "begin", _sqlite_begin)

@@ -102,3 +102,41 @@ def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, te
                          for e in api.get(f"/v1/jobs/{job_id}/events", headers=h).json()["events"]),
              timeout=30, what="the broker's own notice to reach the job")
     api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+
+
+def test_a_teams_flood_takes_at_most_its_turns_and_the_others_are_answered(api, team_headers, monkeypatch):
+    """Team b sent hundreds of costly reads at once: they took every thread
+    and pooled connection, and team a's requests and the agents' heartbeats
+    waited 30 s, then got 500s. A team's requests now run at most
+    SPOTBROKER_MAX_REQUESTS_PER_TEAM (16) at once; the rest wait their turn."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from spotbroker.broker.usecases import jobs
+
+    a, b = team_headers("a"), team_headers("b")
+    job_id = api.post("/v1/jobs", json={"run": "true"}, headers=b).json()["id"]
+    real, lock, now, peak = jobs.events, threading.Lock(), 0, 0
+
+    def slow_events(session, team_id, *args, **kwargs):
+        nonlocal now, peak
+        with lock:
+            now += 1
+            peak = max(peak, now)
+        time.sleep(2)  # a costly read, holding its thread and its connection
+        with lock:
+            now -= 1
+        return real(session, team_id, *args, **kwargs)
+
+    monkeypatch.setattr(jobs, "events", slow_events)
+    with ThreadPoolExecutor(60) as pool:  # more than the server's 40 threads
+        flood = [pool.submit(api.get, f"/v1/jobs/{job_id}/events", headers=b, timeout=60) for _ in range(60)]
+        time.sleep(1)  # b's turns taken, the rest of its requests waiting
+        started = time.monotonic()
+        r = api.get("/v1/jobs", headers=a, timeout=30)
+        waited = time.monotonic() - started
+        answers = [f.result() for f in flood]
+    assert r.status_code == 200 and waited < 1.5, f"team a waited {waited:.1f} s behind b's flood"
+    assert [x.status_code for x in answers] == [200] * 60  # b's requests all answered, in turn
+    assert peak == 16
