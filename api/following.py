@@ -245,8 +245,9 @@ async def pages(factory: sessionmaker[Session], key: LogKey, offset: int, end: i
 
 
 class FollowResponse(StreamingResponse):
-    """The stream of `Followers.stream`, which gives the team's place (taken
-    by `admit`) back however it ends, even if the stream never started."""
+    """One of a team's log streams (followed, or a whole read's pages), which
+    gives the team's place (taken by `admit`) back however it ends, even if
+    the stream never started."""
 
     def __init__(self, followers: Followers, team_id: int, content: AsyncIterator[bytes]) -> None:
         super().__init__(content, media_type="text/plain; charset=utf-8")
