@@ -202,8 +202,10 @@ def test_sixteen_clients_reading_a_100_mib_log_cost_the_broker_under_64_mib(serv
         # The goal is 100 ms (bench/log_store.py measures it: 98 ms). Under the suite's other workers, on
         # the same 2 cores as the 16 clients, the readers may add 150 ms to the same probe's p99 measured
         # just before without them, and more on a slower machine (85 -> 299 ms on one 2.5 times slower),
-        # so the bound grows with the baseline; reading whole logs into memory cost seconds (1.1 s measured).
-        assert p99 <= max(250, 3 * baseline + 150), \
+        # so the bound grows with the baseline. The p99 of ~45 requests is their slowest but one: a
+        # loaded machine's scheduler alone once made it 254 ms (21 ms without readers). Reading whole
+        # logs into memory cost seconds (1.1 s measured), which the bound still refuses.
+        assert p99 <= max(400, 3 * baseline + 250), \
             f"another team's p99 was {p99:.0f} ms over {len(latencies)} requests ({baseline:.0f} ms without readers)"
         httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", headers=h)
 
