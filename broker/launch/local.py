@@ -9,6 +9,7 @@ stop runs that another one launched.
 
     {data_dir}/runs/{attempt_id}/node-{rank}.json   pid and start time (the launcher's record)
     {data_dir}/runs/{attempt_id}/node-{rank}.self   the same, written by the node itself first
+    {data_dir}/runs/{attempt_id}/node-{rank}.claim  who may start it (local_claims.py)
     {data_dir}/runs/{attempt_id}/node-{rank}.spec.json  what the node is to do, secrets included:
                                                     0600, removed by the node once read
     {data_dir}/runs/{attempt_id}/exit-{rank}        the job's exit code, written last
@@ -53,11 +54,12 @@ from urllib.parse import unquote, urlparse
 
 import httpx
 
-from spotbroker.agent import proctree, protocol
+from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest
 from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers, secure_data_dir
+from spotbroker.broker.launch.local_claims import claim_node
 from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
 from spotbroker.broker.launch.local_rendezvous import rendezvous_env
 from spotbroker.broker.pricing.offers import Placement
@@ -119,7 +121,7 @@ class LocalLauncher:
                 nodes.append(json.loads(node_file.read_text()))
                 continue
             out = self._output(request, rank)
-            found = self._claim_node(run_dir, rank)
+            found = claim_node(run_dir, rank)
             if found is None:  # ours to start
                 found = self._start_node(request, rank, out)
             found["log"] = str(out)  # else a launcher died between starting this node and recording it
@@ -211,30 +213,6 @@ class LocalLauncher:
         if self.notice_window is not None:
             args += ["--window", f"{self.notice_window:g}"]
         return args
-
-    def _claim_node(self, run_dir: Path, rank: int, wait_s: float = 5.0) -> dict | None:
-        """Claim the right to start node `rank` (atomically, O_EXCL). If an
-        earlier launcher holds the claim, it may have started the node before
-        dying: wait for the node's own record and return it; None means
-        "start it now"."""
-        try:
-            os.close(os.open(run_dir / f"node-{rank}.claim", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-            return None
-        except FileExistsError:
-            pass
-        own, spec = run_dir / f"node-{rank}.self", str(run_dir / f"node-{rank}.spec.json")
-        deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline:
-            if own.exists():
-                pid, start = own.read_text().split()
-                return {"rank": rank, "pid": int(pid), "start": start, "marks_start": True}
-            # Its interpreter can take longer than `wait_s` to start on a loaded
-            # host, before the node writes its record: its command line names it.
-            for pid in proctree.with_argument(spec):
-                if start := start_time(pid):
-                    return {"rank": rank, "pid": pid, "start": start, "marks_start": True}
-            time.sleep(0.1)
-        return None  # nothing was started under the earlier claim
 
     def _check_ready(self) -> None:
         """Once per launcher: can the jobs' users run the jobs' interpreter and

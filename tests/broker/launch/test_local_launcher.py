@@ -74,6 +74,30 @@ def test_a_claim_under_which_nothing_started_does_not_block_the_launch(tmp_path)
     assert launcher.status(handle).state == RunState.SUCCEEDED
 
 
+def test_a_claim_whose_launcher_is_gone_is_taken_over_at_once(tmp_path):
+    """A broker killed between claiming a node and starting it: the next one
+    waited 5 s for that node, and brokers killed every few seconds each waited
+    so until none lived to start it (the killed-brokers test, one job LAUNCHING
+    for four minutes). A claim names its launcher; a gone one's is taken over."""
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "runs" / "7"
+    run_dir.mkdir(parents=True)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    started = start_time(dead.pid)
+    dead.wait()
+    (run_dir / "node-0.claim").write_text(f"{dead.pid} {started}")  # it claimed, then was killed
+    launcher = LocalLauncher(tmp_path, 1)
+    began = time.monotonic()
+    handle = launcher.launch(request(tmp_path, "true"))
+    assert time.monotonic() - began < 4, "the launch waited for a node a dead launcher never started"
+    while launcher.status(handle).state == RunState.RUNNING:
+        time.sleep(0.05)
+    assert launcher.status(handle).state == RunState.SUCCEEDED
+    assert (run_dir / "node-0.claim").read_text().split()[0] == str(os.getpid())  # the claim is the taker's now
+
+
 def _wait_gone(pid: int, timeout: float = 15) -> bool:
     deadline = time.monotonic() + timeout
     while start_time(pid) is not None:
