@@ -97,9 +97,9 @@ class Reconciler:
         self.keyring = sealing.keyring(settings)  # a job whose secrets it cannot open is held
         self.launching = Launching(factory, launchers, settings, clock, self.placer, self._on_observed)
         # No agent could reach this process before it started (a broker that
-        # was down): it judges a node silent only after a whole heartbeat
-        # timeout of its own, or a node still delivering its last events
-        # would be taken for lost and its job run again.
+        # was down), nor while its passes failed (its database was): it judges
+        # a node silent only after a whole heartbeat timeout of its own since,
+        # or a node still delivering its last events would be taken for lost.
         self.started_at = clock.now()
         self._slots_told = 0.0  # when the queue was last told its places (monotonic)
 
@@ -117,7 +117,7 @@ class Reconciler:
                 busy = stats.stepped > 0 or stats.changed > 0
             except Exception:  # a pass must never kill the loop; the next one retries
                 log.exception("reconciler pass failed")
-                busy = False
+                self.started_at, busy = self.clock.now(), False  # (see __init__)
             if not busy:
                 self._wake.wait(self.settings.reconcile_interval)
             # Hints that arrive together (a burst of submissions) share one

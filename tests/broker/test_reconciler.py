@@ -368,6 +368,45 @@ def test_a_missing_job_user_fails_the_job_saying_how_to_make_it(env):
     assert "'no-such-user-7d1', which does not exist" in job.reason and "useradd" in job.reason
 
 
+def test_a_broker_whose_database_failed_hears_its_agents_for_a_whole_timeout_before_it_judges_them(env):
+    """Passes that failed (the database down, or its pool taken by one team's
+    flood) mean the agents' heartbeats failed too: the first good pass after
+    them took every node whose last beat was older than the timeout for lost,
+    and restarted its job. A failed pass counts as a restart."""
+    import threading
+
+    from sqlalchemy.exc import OperationalError
+    from support.helpers import wait_for
+
+    factory, settings, team = env
+    job_id = submit(factory, team, run="sleep 60")
+    clock = ShiftedClock()
+    rec = reconciler(factory, settings, clock=clock)
+    run_until(rec, factory, job_id, {"RUNNING"})
+    with transaction(factory) as s:  # the agent's last word before the database went away
+        s.scalars(select(Attempt).where(Attempt.job_id == job_id)).one().last_heartbeat_at = Clock().now()
+    clock.shift = timedelta(seconds=10 * settings.heartbeat_timeout)  # the outage: every heartbeat is old
+    passes, observe = [], rec._observe
+
+    def database_back_after_one_pass(stats):
+        passes.append(1)
+        if len(passes) == 1:
+            raise OperationalError("SELECT 1", {}, Exception("could not connect to server"))
+        return observe(stats)
+
+    rec._observe = database_back_after_one_pass
+    stop = threading.Event()
+    loop = threading.Thread(target=rec.run_forever, args=(stop,), daemon=True)
+    loop.start()
+    wait_for(lambda: len(passes) >= 3, what="a failed pass, then good ones")
+    stop.set()
+    rec.hint()
+    loop.join(10)
+    found = attempts(factory, job_id)
+    assert [a.state for a in found] == ["RUNNING"], [(a.state, a.reason) for a in found]  # not "vanished"
+    _cancel(factory, rec, job_id)
+
+
 def test_a_broker_that_was_down_hears_its_agents_for_a_whole_timeout_before_it_judges_them(env):
     """No agent could reach a broker that was down: the node of a job whose
     agent last spoke before the outage is not lost yet (it may be delivering
