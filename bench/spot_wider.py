@@ -68,14 +68,14 @@ def _key(name: str, start: int) -> str:
     return f"{directory.name}/{short}/{start}"
 
 
-def _window(task: tuple[str, str, int, float | None]) -> tuple[str, int, float, float, bool]:
-    name, policy, start, optimal = task
+def _window(task: tuple[str, str, int, float | None, int]) -> tuple[str, int, float, float, bool]:
+    name, policy, start, optimal, memory = task
     directory, short, _ = SETS[name]
     traces = load_traces(directory, _zones(short))
     if optimal is None:
         (opt,) = run_arm("optimal", traces, JOB, [start])
         optimal = opt.result.cost
-    (run,) = run_arm(policy, traces, JOB, [start])
+    (run,) = run_arm(policy, traces, JOB, [start], memory_ticks=memory)
     return name, start, optimal, run.result.cost, run.result.deadline_met
 
 
@@ -94,6 +94,8 @@ def main() -> None:
     ap.add_argument("--policy", default="spotbroker")
     ap.add_argument("--sets", default=",".join(SETS))
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
+    ap.add_argument("--memory-ticks", type=int, default=0,
+                    help="start each window knowing the zones over this many ticks before it (not the protocol's rule)")
     ap.add_argument("--optimal-cache", help="JSON file of Optimal's $ per window (read, then updated)")
     args = ap.parse_args()
     names = args.sets.split(",")
@@ -105,7 +107,7 @@ def main() -> None:
     for name in names:
         directory, short, offset = SETS[name]
         starts = PROTOCOL_TICKS if offset is None else _tiles(directory, _zones(short), offset)
-        tasks += [(name, args.policy, s, cache.get(_key(name, s))) for s in starts]
+        tasks += [(name, args.policy, s, cache.get(_key(name, s)), args.memory_ticks) for s in starts]
     t = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(_window, tasks, chunksize=2))
@@ -113,7 +115,8 @@ def main() -> None:
         cache.update({_key(r[0], r[1]): r[2] for r in results})
         with open(args.optimal_cache, "w") as f:
             json.dump(cache, f, indent=0, sort_keys=True)
-    print(f"policy {args.policy}: {len(results)} windows in {time.perf_counter() - t:.0f} s")
+    memory = f", memory of {args.memory_ticks} ticks before each window" if args.memory_ticks else ""
+    print(f"policy {args.policy}{memory}: {len(results)} windows in {time.perf_counter() - t:.0f} s")
     print(f"{'set':>4} {'zones':>36} {'windows':>7} {'ratio':>6} {'half A':>6} {'half B':>6} {'met':>5}")
     for name in names:
         rows = [r for r in results if r[0] == name]

@@ -8,6 +8,7 @@ observed so far) and carries out its decision.
 """
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field
 
@@ -92,16 +93,24 @@ def run_window(
     bill_last_interval: bool = False,
     egress: EgressPrices | None = None,
     keep_timeline: bool = False,
+    histories: list[ZoneHistory] | None = None,
 ) -> RunResult:
     """Simulate `policy` on `traces` (already cut to start at the window's first tick).
 
     `safety_net=False` and `bill_last_interval=True` are the single-zone UP arm's
     rules (§4, §2 "Reported cost"); every other arm uses the defaults.
+    `histories`: what the zones' histories hold when the window starts (copied;
+    samples before the window carry negative times), one per zone; None (the
+    protocol's rule) starts every zone blank.
     """
     L = job.window_ticks(traces.gap_s)
     if traces.n_ticks < L + 1:
         raise TraceError(f"the window needs {L + 1} ticks of trace but only {traces.n_ticks} remain")
     run = _Window(traces, policy, job, L, egress or EgressPrices(), keep_timeline)
+    if histories is not None:
+        if len(histories) != len(run.histories):
+            raise TraceError(f"{len(histories)} histories for {len(run.histories)} zones")
+        run.histories = [copy.deepcopy(h) for h in histories]
     return run.run(safety_net, bill_last_interval)
 
 

@@ -12,6 +12,7 @@ from spotbroker.broker.sim.baselines import (
     UniformProgressMultiZone,
 )
 from spotbroker.broker.sim.engine import Job, RunResult, run_window
+from spotbroker.broker.sim.memory import observed_before
 from spotbroker.broker.sim.optimal import PlanReplay, solve
 from spotbroker.broker.sim.traces import TraceError, TraceSet
 
@@ -72,9 +73,15 @@ def check_windows(traces: TraceSet, job: Job, start_ticks: list[int]) -> None:
 
 
 def run_arm(name: str, traces: TraceSet, job: Job, start_ticks: list[int],
-            keep_timeline: bool = False) -> list[WindowRun]:
-    """Every window (and for `up`, every zone × window) of one arm."""
+            keep_timeline: bool = False, memory_ticks: int = 0) -> list[WindowRun]:
+    """Every window (and for `up`, every zone × window) of one arm.
+
+    `memory_ticks` > 0 (spotbroker only; not the protocol's rule) starts each
+    window with the zones' histories over that many ticks before it
+    (`memory.observed_before`): what a broker running earlier jobs would know."""
     check_windows(traces, job, start_ticks)
+    if memory_ticks and name != "spotbroker":
+        raise TraceError(f"a memory before the window is for the spotbroker arm only, not {name!r}")
     runs: list[WindowRun] = []
     for start in start_ticks:
         window = traces.window(start, traces.n_ticks - start)
@@ -91,6 +98,7 @@ def run_arm(name: str, traces: TraceSet, job: Job, start_ticks: list[int],
                 runs.append(WindowRun(start, zone.zone, result))
         else:
             make = policy_factory(name)
-            result = run_window(window, make(), job, keep_timeline=keep_timeline)
+            histories = observed_before(traces, start, memory_ticks) if memory_ticks else None
+            result = run_window(window, make(), job, keep_timeline=keep_timeline, histories=histories)
             runs.append(WindowRun(start, None, result))
     return runs
