@@ -85,7 +85,8 @@ def prepare(engine: Engine, data_dir: Path, keyring: Keyring | None = None) -> N
     purpose, by `spotbroker db upgrade`, so one that is behind is refused."""
     if engine.dialect.name == "sqlite":
         data_dir.mkdir(parents=True, exist_ok=True)
-        upgrade(engine, keyring=keyring)
+        if not is_current(engine):  # (alembic reads every migration's module to find that there is nothing to do)
+            upgrade(engine, keyring=keyring)
     elif not is_current(engine):
         have, want = current_revision(engine), head_revision()
         raise SchemaBehind(f"the database schema is at {have or 'nothing'} and this broker needs {want}: "
