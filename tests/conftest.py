@@ -294,9 +294,18 @@ def sqlite_seeded_template(sqlite_template: Path, tmp_path_factory: pytest.TempP
 # whose server starts with these fixtures, before the test's own code runs,
 # gets a database with the snapshot already loaded, stamped with the time
 # of the test's start as that load would have stamped it; the server then
-# finds it there and loads nothing. (Servers that a test starts itself, on a
-# clock of its own or after writing its own offers, load it as before.)
-SERVED = frozenset({"api", "agent_endpoint"})
+# finds it there and loads nothing. A test that would load it itself asks
+# for `catalog_offers`. (Servers that a test starts itself, on a clock of
+# its own or after writing its own offers, load it as before.)
+SERVED = frozenset({"api", "agent_endpoint", "catalog_offers"})
+
+
+@pytest.fixture
+def catalog_offers() -> None:
+    """The test's database holds the bundled snapshot's offers, loaded as at
+    the test's start (what `seed_from_catalog` would write then; see SERVED)."""
+
+
 _SEEDED = ("price_offers", "offers")   # what seed_from_catalog writes
 _SEED_SCHEMA = "spotbroker_test_seed"
 

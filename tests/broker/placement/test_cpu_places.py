@@ -14,7 +14,7 @@ from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing import catalog
 from spotbroker.broker.pricing.catalog import snapshot_rows
-from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
+from spotbroker.broker.pricing.offers import rank_offers
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
@@ -61,9 +61,7 @@ def test_a_gpu_host_or_an_n_series_row_is_never_a_cpu_offer():
 
 
 @pytest.fixture
-def session(factory):
-    with transaction(factory) as s:
-        seed_from_catalog(s)
+def session(factory, catalog_offers):
     with factory() as s:
         yield s
 

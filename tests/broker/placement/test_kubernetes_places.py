@@ -20,7 +20,6 @@ from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.base import CapacityError, LaunchRequest
 from spotbroker.broker.placement.kubernetes import PlacesFileError, load
 from spotbroker.broker.placement.placer import Placer
-from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
@@ -73,10 +72,9 @@ def places_file(tmp_path: Path, *clusters: dict, name: str = "places.yaml") -> P
 
 
 @pytest.fixture
-def env(factory, settings, tmp_path):
+def env(factory, settings, tmp_path, catalog_offers):
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     with transaction(factory) as s:
-        seed_from_catalog(s)
         ml, _ = auth.create_team(s, "ml")
         vision, _ = auth.create_team(s, "vision")
     settings.kubernetes_places = places_file(tmp_path, LAB)

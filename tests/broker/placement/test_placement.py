@@ -12,7 +12,7 @@ from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import EndReason
 from spotbroker.broker.placement.placer import Placer, attempt_key, load_histories, zone_key
 from spotbroker.broker.placement.policy import Action
-from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
+from spotbroker.broker.pricing.offers import rank_offers
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Job
 from spotbroker.broker.usecases import jobs
@@ -21,9 +21,8 @@ T4 = {"accelerators": "T4:1"}
 
 
 @pytest.fixture
-def team(factory):
+def team(factory, catalog_offers):
     with transaction(factory) as s:
-        seed_from_catalog(s)
         team, _ = auth.create_team(s, "ml")
         return team.id
 

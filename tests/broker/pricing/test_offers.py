@@ -7,11 +7,16 @@ from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
 from spotbroker.broker.store.db import transaction
 
 
-@pytest.fixture
-def session(factory):
+def test_the_snapshot_loads_once(factory):
     with transaction(factory) as s:
         assert seed_from_catalog(s) > 2000
         assert seed_from_catalog(s) == 0  # once only
+
+
+@pytest.fixture
+def session(factory, catalog_offers):
+    with transaction(factory) as s:
+        assert seed_from_catalog(s) == 0  # (loaded already, as a broker's first start loads it)
     with factory() as s:
         yield s
 
