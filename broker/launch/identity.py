@@ -105,15 +105,8 @@ class JobUsers:
         else:
             return
         runs.mkdir(parents=True, exist_ok=True)
-        script = ("import os, sys, spotbroker.agent.cli; "
-                  "sys.exit(0 if os.access(sys.argv[1], os.X_OK) else 'cannot enter ' + sys.argv[1])")
-        try:
-            result = subprocess.run([python, "-c", script, str(runs)], user=probe.uid, group=probe.gid,
-                                    extra_groups=[], env={"PATH": SYSTEM_PATH, "HOME": "/"}, cwd="/",
-                                    capture_output=True, text=True, timeout=60)
-            problem = result.stderr.strip().splitlines()[-1] if result.returncode else None
-        except OSError as exc:
-            problem = exc.strerror or str(exc)
+        problem = (_interpreter_problem(python, probe)
+                   or _run_as(probe, ["test", "-x", str(runs)], f"cannot enter {runs}"))
         if problem:
             who = f"uid {probe.uid}" if self.team_uids is not None else repr(self.shared)
             raise LaunchError(
@@ -146,3 +139,30 @@ def secure_data_dir(data_dir: Path) -> None:
     for path in data_dir.iterdir():
         if path.is_file():
             path.chmod(0o600)
+
+
+# (interpreter, uid) pairs seen to run the agent: asked once per process,
+# for a process may make many launchers (the suite makes one per test server).
+_INTERPRETERS_OK: set[tuple[str, int]] = set()
+
+
+def _interpreter_problem(python: str, user: JobUser) -> str | None:
+    if (python, user.uid) in _INTERPRETERS_OK:
+        return None
+    problem = _run_as(user, [python, "-c", "import spotbroker.agent.cli"], f"cannot run {python}")
+    if problem is None:
+        _INTERPRETERS_OK.add((python, user.uid))
+    return problem
+
+
+def _run_as(user: JobUser, argv: list[str], failed: str) -> str | None:
+    """None if `argv` succeeds as `user`, else what went wrong (its last line of error, or `failed`)."""
+    try:
+        result = subprocess.run(argv, user=user.uid, group=user.gid, extra_groups=[], cwd="/",
+                                env={"PATH": SYSTEM_PATH, "HOME": "/"}, capture_output=True, text=True, timeout=60)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if result.returncode == 0:
+        return None
+    lines = result.stderr.strip().splitlines()
+    return lines[-1] if lines else failed

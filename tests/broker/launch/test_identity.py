@@ -48,3 +48,19 @@ def test_jobs_that_share_one_user_are_said_to_at_start(tmp_path, caplog):
         caplog.clear()
         users = JobUsers.from_settings(Settings(data_dir=tmp_path, _env_file=None))
         assert users.team_uids == range(1900000000, 1901000000) and users.separate and not caplog.records
+
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the check runs a probe as a uid of the range")
+def test_an_interpreter_or_a_run_directory_the_jobs_users_cannot_reach_is_refused_saying_which(data_dir):
+    from spotbroker.broker.launch.local import job_python_default
+
+    users, python = JobUsers(team_uids=range(1900000000, 1901000000)), job_python_default()
+    users.check(python, data_dir / "runs")  # fine; and again, from the process's memory of the interpreter
+    users.check(python, data_dir / "runs")
+    with pytest.raises(LaunchError, match="cannot run /nonexistent/python"):
+        users.check("/nonexistent/python", data_dir / "runs")
+    private = data_dir / "private"
+    private.mkdir(mode=0o700)
+    with pytest.raises(LaunchError, match=f"cannot enter {private / 'runs'}"):
+        users.check(python, private / "runs")
