@@ -128,8 +128,9 @@ class Reconciler:
     def pass_once(self) -> PassStats:
         stats = PassStats()
         self.placer.new_pass()
-        changed = self._observe(stats)
-        self._release(stats)
+        live, ended = self._attempts_with_runs()
+        changed = self._observe(live, stats)
+        self._release(ended, stats)
         for job_id in self._claim(changed):
             self._step_safely(job_id, changed.get(job_id), stats)
         self._probe(self.placer.take_probes(self.clock.now()))
@@ -137,14 +138,23 @@ class Reconciler:
 
     # --- phase 1: observe ----------------------------------------------------------------
 
-    def _observe(self, stats: PassStats) -> dict[int, Observed]:
-        """job id -> (attempt id, state, exit code) for attempts whose run changed."""
+    def _attempts_with_runs(self) -> tuple[list, list]:
+        """The attempts whose run the launchers hold: (the live ones, the ended
+        ones not yet released), read together (one statement a pass, most of
+        which find nothing to do)."""
+        live_states = [str(s) for s in LIVE_ATTEMPT_STATES]
         with self.factory() as session:
             rows = session.execute(
                 select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.launcher, Attempt.handle,
-                       Attempt.last_heartbeat_at)
-                .where(Attempt.state.in_([str(s) for s in LIVE_ATTEMPT_STATES]), Attempt.handle.is_not(None))
+                       Attempt.last_heartbeat_at, Attempt.version)
+                .where(Attempt.handle.is_not(None),
+                       or_(Attempt.state.in_(live_states), Attempt.released.is_(False)))
             ).all()
+        live = [row for row in rows if row.state in live_states]
+        return live, [row for row in rows if row.state not in live_states]
+
+    def _observe(self, rows: list, stats: PassStats) -> dict[int, Observed]:
+        """job id -> (attempt id, state, exit code) for attempts whose run changed."""
         changed = {}
         cutoff = self.clock.now() - timedelta(seconds=self.settings.heartbeat_timeout)
         silent_since = cutoff if self.started_at < cutoff else None
@@ -169,13 +179,7 @@ class Reconciler:
 
     # --- phase 2: release ----------------------------------------------------------------
 
-    def _release(self, stats: PassStats) -> None:
-        with self.factory() as session:
-            rows = session.execute(
-                select(Attempt.id, Attempt.launcher, Attempt.handle, Attempt.version)
-                .where(Attempt.released.is_(False), Attempt.handle.is_not(None),
-                       Attempt.state.not_in([str(s) for s in LIVE_ATTEMPT_STATES]))
-            ).all()
+    def _release(self, rows: list, stats: PassStats) -> None:
         for row in rows:
             launcher = self.launchers.get(row.launcher)
             if launcher is None:

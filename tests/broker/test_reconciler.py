@@ -386,15 +386,15 @@ def test_a_broker_whose_database_failed_hears_its_agents_for_a_whole_timeout_bef
     with transaction(factory) as s:  # the agent's last word before the database went away
         s.scalars(select(Attempt).where(Attempt.job_id == job_id)).one().last_heartbeat_at = Clock().now()
     clock.shift = timedelta(seconds=10 * settings.heartbeat_timeout)  # the outage: every heartbeat is old
-    passes, observe = [], rec._observe
+    passes, read = [], rec._attempts_with_runs
 
-    def database_back_after_one_pass(stats):
+    def database_back_after_one_pass():
         passes.append(1)
         if len(passes) == 1:
             raise OperationalError("SELECT 1", {}, Exception("could not connect to server"))
-        return observe(stats)
+        return read()
 
-    rec._observe = database_back_after_one_pass
+    rec._attempts_with_runs = database_back_after_one_pass
     stop = threading.Event()
     loop = threading.Thread(target=rec.run_forever, args=(stop,), daemon=True)
     loop.start()
