@@ -20,6 +20,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 RECORD = 64            # struct acct_v3 (linux/acct.h)
 JOB_UIDS = range(1_900_000_000, 1_901_000_000)   # SPOTBROKER_LOCAL_UID_RANGE's default
@@ -31,7 +32,7 @@ def _comp(value: int) -> int:
 
 
 def records(path: str) -> list[dict]:
-    data, ticks = open(path, "rb").read(), os.sysconf("SC_CLK_TCK")
+    data, ticks = Path(path).read_bytes(), os.sysconf("SC_CLK_TCK")
     out = []
     for i in range(0, len(data) - RECORD + 1, RECORD):
         rec = data[i:i + RECORD]

@@ -34,7 +34,7 @@ def claim_node(run_dir: Path, rank: int, wait_s: float = 5.0) -> dict | None:
         pass
     else:
         with os.fdopen(fd, "w") as f:
-            f.write(f"{os.getpid()} {start_time(os.getpid())}")
+            f.write(_this_process())
         return None
     gone = claimer_gone(claim)
     if gone:
@@ -53,9 +53,14 @@ def claim_node(run_dir: Path, rank: int, wait_s: float = 5.0) -> dict | None:
         # (Two launchers at one dead claim at once would both get here; the
         # job's row lease lets one broker at a time launch its attempt.)
         taken = claim.with_suffix(f".claim.{os.getpid()}")
-        taken.write_text(f"{os.getpid()} {start_time(os.getpid())}")
+        taken.write_text(_this_process())
         taken.replace(claim)
     return None  # nothing was started under the earlier claim
+
+
+def _this_process() -> str:
+    """What a claim names: this process, by pid and start time (a pid is reused)."""
+    return f"{os.getpid()} {start_time(os.getpid())}"
 
 
 def claimer_gone(claim: Path) -> bool:
