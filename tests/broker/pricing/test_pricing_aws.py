@@ -54,9 +54,11 @@ def clouds():
 
 
 def settings(moto_url, fake, **kw):
+    # A generous timeout: moto and the fake share a busy machine (a 30 s one timed out once,
+    # moto serialising DescribeInstanceTypes with five workers on two slow cores).
     return PricingSettings(_env_file=None, aws_endpoint_url=moto_url, aws_pricing_endpoint_url=fake.url,
                            aws_scores_endpoint_url=fake.url, aws_advisor_url=f"{fake.url}/spot-advisor-data.json",
-                           timeout=30, **kw)  # generous: moto and the fake share a busy machine
+                           timeout=120, **kw)
 
 
 def session():
