@@ -50,7 +50,6 @@ def test_jobs_that_share_one_user_are_said_to_at_start(tmp_path, caplog):
         assert users.team_uids == range(1900000000, 1901000000) and users.separate and not caplog.records
 
 
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: the check runs a probe as a uid of the range")
 def test_an_interpreter_or_a_run_directory_the_jobs_users_cannot_reach_is_refused_saying_which(data_dir):
     from spotbroker.broker.launch.local import job_python_default
