@@ -117,6 +117,9 @@ def test_a_node_whose_agent_goes_silent_is_recovered(api, team_headers, settings
     job = wait_state(api, h, job_id, {"RUNNING"})
     token = agent_token(settings.signing_key(), job["attempts"][0]["id"])
     post(api, token, ev(1000, "heartbeat", pid=1, library=False))
+    # Silence only once its command runs: an attempt recovered before its touch
+    # (a loaded machine) would leave the second to sleep its 60 s.
+    wait_for(marker.exists, 120, what="the first attempt's command running")
     settings.heartbeat_timeout = 1.0  # shorter than the agent's 5 s beat: it now counts as silent
     try:
         # Only the first attempt is to fall silent: a loaded machine may take

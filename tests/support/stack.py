@@ -46,6 +46,28 @@ def wait_for(predicate, timeout: float, what: str, every: float = 0.2):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def start_api_server() -> None:
+    """`sky api start`, which gives up after a fixed 60 s and leaves its
+    server process starting; on a loaded machine that server comes up later,
+    so wait longer for it to answer."""
+    import sky
+
+    try:
+        sky.api_start()
+    except RuntimeError as exc:
+        if "Failed to start SkyPilot API server" not in str(exc):
+            raise
+        url = f"http://127.0.0.1:{os.environ['SKYPILOT_API_SERVER_LOCAL_PORT']}/api/health"
+        wait_for(lambda: _answers(url), 120, f"the SkyPilot API server at {url} (`sky api start` gave up: {exc})")
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 class Replica(BrokerProcess):
     """A broker replica (`serve` with SPOTBROKER_LAUNCHER=skypilot), ready once it can launch."""
 
@@ -119,8 +141,6 @@ def broker_env(database_url: str, role: str, api_server: str) -> dict[str, str]:
 @contextmanager
 def stack(sky_aws: SkyAws, root: Path, replicas: int = 2) -> Iterator[Stack]:
     """The stack, every replica ready to launch; all of it stopped and removed after."""
-    import sky
-
     url = create_pg_database("spotbroker_stack")
     engine = make_engine(url)
     started: list[Replica] = []
@@ -134,7 +154,7 @@ def stack(sky_aws: SkyAws, root: Path, replicas: int = 2) -> Iterator[Stack]:
         # a minute on a loaded machine: only AWS is here, as an operator would say it.
         with (sky_aws.home / ".sky" / "config.yaml").open("a") as config:
             config.write("allowed_clouds: [aws]\n")
-        sky.api_start()  # the one SkyPilot API server, its own process, shared by the replicas
+        start_api_server()  # the one SkyPilot API server, its own process, shared by the replicas
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
         env.update(broker_env(url, role, f"http://127.0.0.1:{os.environ['SKYPILOT_API_SERVER_LOCAL_PORT']}"))
         started = [Replica(chr(ord("a") + i), env, root) for i in range(replicas)]
