@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spotbroker.api.guard import BodyTooLarge
+from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("spotbroker.api")
@@ -117,6 +118,13 @@ def install(app: FastAPI) -> None:
         cause = exc.__cause__
         if isinstance(cause, BodyTooLarge):  # the rest of the body is unread: close after
             return problem_response(413, _TITLES[413], str(cause), headers={"Connection": "close"})
+        if isinstance(cause, SpecShapeError):  # a key given twice (api.jsonbody), nested too deeply
+            p = invalid([{"field": cause.field, "message": cause.detail}])
+            return problem_response(p.status, p.title, p.detail, p.errors)
+        if isinstance(cause, SpecSyntaxError):
+            p = invalid([{"field": "body", "message": f"not readable JSON: {cause.message}"[:200],
+                          **({"line": cause.line} if cause.line else {})}])
+            return problem_response(p.status, p.title, p.detail, p.errors)
         if isinstance(cause, RecursionError | ValueError):  # too deep, not UTF-8, a number too long
             message = "nested too deeply" if isinstance(cause, RecursionError) else f"not readable JSON: {cause}"
             p = invalid([{"field": "body", "message": message[:200]}])

@@ -23,6 +23,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.agent import protocol
 from spotbroker.api.errors import Problem, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.schemas import BoundedData
 from spotbroker.broker.jobs import logs
 from spotbroker.broker.jobs.spec import MAX_NODES
@@ -31,7 +32,7 @@ from spotbroker.broker.recovery import agent_channel
 from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.store.models import Attempt
 
-router = APIRouter(tags=["agent"])
+router = APIRouter(tags=["agent"], route_class=JSONBodyRoute)
 _bearer = HTTPBearer(auto_error=False, description="the attempt's agent token")
 MAX_LOG_CHUNK = 4 << 20
 MAX_EVENT_DATA = 64 << 10  # bytes of JSON in one event's data

@@ -15,6 +15,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.api.deps import MAX_ID, Admin, SessionDep
 from spotbroker.api.errors import Problem, invalid, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
 from spotbroker.broker import auth
 from spotbroker.broker.money import budgets
@@ -25,7 +26,7 @@ from spotbroker.broker.store.moneymodels import Alert
 from spotbroker.broker.store.sealing import Keyring, SealError
 from spotbroker.broker.usecases import money as money_cases
 
-router = APIRouter(prefix="/v1", tags=["budgets"])
+router = APIRouter(prefix="/v1", tags=["budgets"], route_class=JSONBodyRoute)
 
 
 class TargetOut(BaseModel):

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from spotbroker.api.deps import SessionDep, get_principal
 from spotbroker.api.errors import Problem, invalid, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
 from spotbroker.broker.jobs import resfields
@@ -23,7 +24,7 @@ from spotbroker.broker.usecases import money as money_cases
 MAX_DAYS = 400
 
 
-router = APIRouter(prefix="/v1", tags=["costs"])
+router = APIRouter(prefix="/v1", tags=["costs"], route_class=JSONBodyRoute)
 
 TeamName = Annotated[str, Path(pattern=auth.TEAM_NAME_RE.pattern, description="the team's name")]
 Caller = Annotated[Principal, Depends(get_principal)]

@@ -5,10 +5,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from sqlalchemy import text
 
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.schemas import Health, LaunchReadiness
 from spotbroker.broker.store import migrate
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=JSONBodyRoute)
 
 
 @router.get("/healthz", response_model=Health)

@@ -9,10 +9,11 @@ from pydantic import BaseModel, Field
 
 from spotbroker.api.deps import CurrentTeam, JobId, SessionDep
 from spotbroker.api.errors import Problem, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.broker.jobs import metrics
 from spotbroker.broker.usecases import jobs
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=JSONBodyRoute)
 
 
 class MetricPointOut(BaseModel):

@@ -16,6 +16,7 @@ from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, Sessio
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
 from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers, pages
 from spotbroker.api.jobfollow import follow_job
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.schemas import (
     CheckpointList,
     CheckpointOut,
@@ -41,7 +42,7 @@ from spotbroker.broker.jobs.states import JobState
 from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.usecases import intake, jobs, taskyaml
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=JSONBodyRoute)
 
 MAX_BODY = 1 << 20
 _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-yaml")

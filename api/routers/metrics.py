@@ -18,9 +18,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from spotbroker.api.errors import Problem, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.broker.money.settings import get_money_settings
 
-router = APIRouter(tags=["metrics"])
+router = APIRouter(tags=["metrics"], route_class=JSONBodyRoute)
 _bearer = HTTPBearer(auto_error=False, description="SPOTBROKER_METRICS_TOKEN, or the admin token")
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 

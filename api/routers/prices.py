@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from spotbroker.api.deps import get_principal
 from spotbroker.api.errors import Problem, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.broker.jobs.resources import parse_accelerator
 from spotbroker.broker.pricing import catalog, store
 from spotbroker.broker.pricing.query import MAX_LIMIT, BadCursor, PriceQuery, ranked_prices
@@ -22,7 +23,7 @@ log = logging.getLogger("spotbroker.pricing")
 MAX_COUNT = 64  # accelerators in one offer
 
 
-router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_principal)])
+router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_principal)], route_class=JSONBodyRoute)
 
 
 class PriceOut(BaseModel):

@@ -8,13 +8,14 @@ from sqlalchemy import select
 
 from spotbroker.api.deps import Admin, SessionDep
 from spotbroker.api.errors import Problem, invalid, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
 from spotbroker.broker.jobs import buckets
 from spotbroker.broker.jobs.mounts import team_prefix
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
 
-router = APIRouter(prefix="/v1", tags=["teams"])
+router = APIRouter(prefix="/v1", tags=["teams"], route_class=JSONBodyRoute)
 
 
 class BucketOut(BaseModel):

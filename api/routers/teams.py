@@ -9,6 +9,7 @@ from sqlalchemy import select
 
 from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
 from spotbroker.api.errors import Problem, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.routers.costs import Caller, may_read
 from spotbroker.api.schemas import PolicyOut, TeamCreate, TeamOut, TokenOut, TokensRevoked
 from spotbroker.broker import auth
@@ -17,7 +18,7 @@ from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Team
 from spotbroker.broker.teampolicy import policy as policies
 
-router = APIRouter(prefix="/v1", tags=["teams"])
+router = APIRouter(prefix="/v1", tags=["teams"], route_class=JSONBodyRoute)
 
 
 TeamName = Annotated[str, Path(pattern=auth.TEAM_NAME_RE.pattern)]

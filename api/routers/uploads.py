@@ -24,9 +24,10 @@ from starlette.requests import ClientDisconnect
 from spotbroker.agent.code import MAX_ARCHIVE_BYTES, MAX_FILES_BYTES
 from spotbroker.api.deps import CurrentTeam
 from spotbroker.api.errors import Problem, invalid, responses
+from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.broker.jobs import uploads
 
-router = APIRouter(prefix="/v1/uploads", tags=["uploads"])
+router = APIRouter(prefix="/v1/uploads", tags=["uploads"], route_class=JSONBodyRoute)
 # Archives checked at once per server process: a check is pure Python holding
 # the GIL (seconds for 100,000 members); the others wait without a thread.
 ARCHIVE_CHECKS = 2

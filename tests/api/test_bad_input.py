@@ -201,6 +201,24 @@ def test_deeply_nested_json_to_a_model_route_is_a_422(api):
         assert problem["errors"][0]["field"].startswith(("body", "name"))
 
 
+def test_a_key_given_twice_in_any_json_body_is_a_422_naming_it(api, team_headers):
+    """json.loads keeps the last of two keys, silently: a budget of $10 and
+    one of $10,000 in one body were taken as the second."""
+    team_headers("ml")
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}", "Content-Type": JSON}
+    for method, path, body, field in [
+            ("POST", "/v1/teams", b'{"name": "a", "name": "b"}', "name"),
+            ("PUT", "/v1/teams/ml/budget", b'{"amount": 10, "period": "day", "amount": 10000}', "amount"),
+            ("PUT", "/v1/teams/ml/policy", b'{"envs": {"HF_HOME": "/a", "HF_HOME": "/b"}}', "envs.HF_HOME")]:
+        problem = assert_problem(api.request(method, path, content=body, headers=admin), 422)
+        assert problem["errors"][0] == {"field": field, "message": "duplicate key, given twice: keep one"}, problem
+    assert [t["name"] for t in api.get("/v1/teams", headers=admin).json()] == ["ml"]
+    assert assert_problem(api.get("/v1/teams/ml/budget", headers=admin), 404)
+    assert api.get("/v1/teams/ml/policy", headers=admin).json().get("envs") in (None, {})
+    problem = assert_problem(api.post("/v1/teams", content=b'{"name":\n "a",,}', headers=admin), 422)
+    assert problem["errors"][0]["field"] == "body" and problem["errors"][0]["line"] == 2, problem
+
+
 def test_ids_and_cursors_beyond_bigint_are_404_or_422(api, team_headers):
     h = team_headers()
     job_id = api.post("/v1/jobs", json={"run": "true"}, headers=h).json()["id"]
