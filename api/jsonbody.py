@@ -34,6 +34,6 @@ class JSONBodyRoute(APIRoute):
         handler = super().get_route_handler()
 
         async def with_json_body(request: Request) -> Response:
-            return await handler(JSONBodyRequest(request.scope, request.receive, request._send))
+            return await handler(JSONBodyRequest(request.scope, request.receive))
 
         return with_json_body
