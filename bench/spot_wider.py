@@ -68,14 +68,15 @@ def _key(name: str, start: int) -> str:
     return f"{directory.name}/{short}/{start}"
 
 
-def _window(task: tuple[str, str, int, float | None, int]) -> tuple[str, int, float, float, bool]:
-    name, policy, start, optimal, memory = task
+def _window(task: tuple[str, str, int, float | None, int, float]) -> tuple[str, int, float, float, bool]:
+    name, policy, start, optimal, memory, half_life = task
     directory, short, _ = SETS[name]
     traces = load_traces(directory, _zones(short))
     if optimal is None:
         (opt,) = run_arm("optimal", traces, JOB, [start])
         optimal = opt.result.cost
-    (run,) = run_arm(policy, traces, JOB, [start], memory_ticks=memory)
+    (run,) = run_arm(policy, traces, JOB, [start], memory_ticks=memory,
+                      memory_half_life_s=half_life * 3600 if half_life else None)
     return name, start, optimal, run.result.cost, run.result.deadline_met
 
 
@@ -96,6 +97,8 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="processes")
     ap.add_argument("--memory-ticks", type=int, default=0,
                     help="start each window knowing the zones over this many ticks before it (not the protocol's rule)")
+    ap.add_argument("--memory-half-life-h", type=float, default=0,
+                    help="the memory's samples fade by their age at the window's start (hours; 0: no fading)")
     ap.add_argument("--optimal-cache", help="JSON file of Optimal's $ per window (read, then updated)")
     args = ap.parse_args()
     names = args.sets.split(",")
@@ -107,7 +110,8 @@ def main() -> None:
     for name in names:
         directory, short, offset = SETS[name]
         starts = PROTOCOL_TICKS if offset is None else _tiles(directory, _zones(short), offset)
-        tasks += [(name, args.policy, s, cache.get(_key(name, s)), args.memory_ticks) for s in starts]
+        tasks += [(name, args.policy, s, cache.get(_key(name, s)), args.memory_ticks,
+                   args.memory_half_life_h) for s in starts]
     t = time.perf_counter()
     with ProcessPoolExecutor(args.jobs) as pool:
         results = list(pool.map(_window, tasks, chunksize=2))
@@ -116,6 +120,8 @@ def main() -> None:
         with open(args.optimal_cache, "w") as f:
             json.dump(cache, f, indent=0, sort_keys=True)
     memory = f", memory of {args.memory_ticks} ticks before each window" if args.memory_ticks else ""
+    if args.memory_ticks and args.memory_half_life_h:
+        memory += f", fading by half every {args.memory_half_life_h:g} h"
     print(f"policy {args.policy}{memory}: {len(results)} windows in {time.perf_counter() - t:.0f} s")
     print(f"{'set':>4} {'zones':>36} {'windows':>7} {'ratio':>6} {'half A':>6} {'half B':>6} {'met':>5}")
     for name in names:

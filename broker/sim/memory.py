@@ -16,15 +16,20 @@ from spotbroker.broker.placement.policy.model import Event, ZoneHistory
 from spotbroker.broker.sim.traces import TraceSet
 
 
-def observed_before(traces: TraceSet, start_tick: int, ticks: int) -> list[ZoneHistory]:
+def observed_before(traces: TraceSet, start_tick: int, ticks: int,
+                    half_life_s: float | None = None) -> list[ZoneHistory]:
     """One history per zone: every tick in [start_tick - ticks, start_tick) sampled
-    (fewer where the trace begins later); the window's clock is 0 at `start_tick`."""
+    (fewer where the trace begins later); the window's clock is 0 at `start_tick`.
+    `half_life_s`: each sample weighs 2^(-age / half_life_s), its age taken at
+    the window's start (the job's own samples, after it, weigh 1)."""
     gap = traces.gap_s
     first = max(0, start_tick - ticks)
     histories = []
     for zone in traces.zones:
         h = ZoneHistory(join_within_s=1.5 * gap)
         for k in range(first, start_tick):
-            h.record(Event.PROBE_FAILED if zone.unavailable[k] else Event.PROBE_OK, float((k - start_tick) * gap))
+            at = float((k - start_tick) * gap)
+            weight = 1.0 if half_life_s is None else 2.0 ** (at / half_life_s)
+            h.record(Event.PROBE_FAILED if zone.unavailable[k] else Event.PROBE_OK, at, weight=weight)
         histories.append(h)
     return histories

@@ -73,7 +73,8 @@ def check_windows(traces: TraceSet, job: Job, start_ticks: list[int]) -> None:
 
 
 def run_arm(name: str, traces: TraceSet, job: Job, start_ticks: list[int],
-            keep_timeline: bool = False, memory_ticks: int = 0) -> list[WindowRun]:
+            keep_timeline: bool = False, memory_ticks: int = 0,
+            memory_half_life_s: float | None = None) -> list[WindowRun]:
     """Every window (and for `up`, every zone × window) of one arm.
 
     `memory_ticks` > 0 (spotbroker only; not the protocol's rule) starts each
@@ -98,7 +99,7 @@ def run_arm(name: str, traces: TraceSet, job: Job, start_ticks: list[int],
                 runs.append(WindowRun(start, zone.zone, result))
         else:
             make = policy_factory(name)
-            histories = observed_before(traces, start, memory_ticks) if memory_ticks else None
+            histories = observed_before(traces, start, memory_ticks, memory_half_life_s) if memory_ticks else None
             result = run_window(window, make(), job, keep_timeline=keep_timeline, histories=histories)
             runs.append(WindowRun(start, None, result))
     return runs

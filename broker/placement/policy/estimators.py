@@ -68,25 +68,27 @@ class SpellOutlook:
     p_lost: float  # P(it is reclaimed before the job ends)
 
 
-def spell_outlook(spells_s: list[float], age_s: float, restart_s: float, work_s: float,
+def spell_outlook(spells: list[tuple[float, float]], age_s: float, restart_s: float, work_s: float,
                   up_mean_s: float) -> SpellOutlook:
-    """Empirical residual life from the observed spells that outlived `age_s`;
-    the exponential (mean `up_mean_s`) when too few did."""
+    """Empirical residual life from the observed spells (length, weight) that
+    outlived `age_s`; the exponential (mean `up_mean_s`) when too few did."""
     horizon = work_s + restart_s
-    residual = [s - age_s for s in spells_s if s > age_s]
-    if len(residual) >= MIN_SPELLS:
-        productive = sum(max(0.0, min(r, horizon) - restart_s) for r in residual) / len(residual)
-        billed = sum(min(r, horizon) for r in residual) / len(residual)
-        lost = sum(r < horizon for r in residual) / len(residual)
+    residual = [(s - age_s, w) for s, w in spells if s > age_s]
+    n = sum(w for _, w in residual)
+    if n >= MIN_SPELLS:
+        productive = sum(w * max(0.0, min(r, horizon) - restart_s) for r, w in residual) / n
+        billed = sum(w * min(r, horizon) for r, w in residual) / n
+        lost = sum(w for r, w in residual if r < horizon) / n
         return SpellOutlook(productive, billed, lost)
     U = up_mean_s
     return SpellOutlook(U * (math.exp(-restart_s / U) - math.exp(-horizon / U)), U * (1 - math.exp(-horizon / U)),
                         1 - math.exp(-horizon / U))
 
 
-def survival(spells_s: list[float], age_s: float, step_s: float, up_mean_s: float) -> float:
+def survival(spells: list[tuple[float, float]], age_s: float, step_s: float, up_mean_s: float) -> float:
     """P(a spell that has lasted `age_s` lasts `step_s` more)."""
-    longer = [s for s in spells_s if s > age_s]
-    if len(longer) >= MIN_SPELLS:
-        return sum(s > age_s + step_s for s in longer) / len(longer)
+    longer = [(s, w) for s, w in spells if s > age_s]
+    n = sum(w for _, w in longer)
+    if n >= MIN_SPELLS:
+        return sum(w for s, w in longer if s > age_s + step_s) / n
     return math.exp(-step_s / up_mean_s)

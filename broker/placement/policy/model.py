@@ -111,20 +111,23 @@ class ZoneHistory:
     preemptions: int = 0
     seconds_up: float = 0.0  # time seen with spot capacity
     seconds_down: float = 0.0  # time seen without
-    ups_lost: int = 0  # up → down changes seen (a preemption is one)
-    downs_ended: int = 0  # down → up changes seen
+    ups_lost: float = 0  # up → down changes seen (a preemption is one), weighted
+    downs_ended: float = 0  # down → up changes seen, weighted
     last_sample_s: float | None = None
     last_available: bool | None = None
     state_since_s: float | None = None  # when the current state was first seen
     lifetimes_s: list[float] = field(default_factory=list)  # our spot runs that ended in a preemption
     up_spells_s: list[float] = field(default_factory=list)  # spells of capacity seen from start to end
+    up_spell_weights: list[float] = field(default_factory=list)  # each spell's weight (1: seen by this job)
     up_start_seen: bool = False  # the current up spell was seen to begin (so its age is known)
     spot_run_started_s: float | None = None  # our current spot instance's launch time
 
-    def record(self, event: Event, at_s: float, seen_since_last: bool = False) -> None:
+    def record(self, event: Event, at_s: float, seen_since_last: bool = False, weight: float = 1.0) -> None:
         """Fold in one sample. `seen_since_last`: the caller knows the zone kept
         the previous sample's state until now, however long ago that was (the
-        broker knows a spot instance was up from its launch to its end)."""
+        broker knows a spot instance was up from its launch to its end).
+        `weight` < 1: evidence from before the job, faded by its age; the time
+        and changes since the previous sample count that much."""
         available = event in _AVAILABLE
         if event is Event.LAUNCH_OK:
             self.launches_ok += 1
@@ -140,7 +143,7 @@ class ZoneHistory:
             if self.spot_run_started_s is not None:
                 self.lifetimes_s.append(at_s - self.spot_run_started_s)
             self.spot_run_started_s = None
-        self._sample(available, at_s, seen_since_last)
+        self._sample(available, at_s, seen_since_last, weight)
 
     def up_for_s(self, now_s: float) -> float | None:
         """How long spot has been seen up without a break (None: not seen up last)."""
@@ -152,12 +155,12 @@ class ZoneHistory:
         """Our spot instance here was stopped by us (not a preemption)."""
         self.spot_run_started_s = None
 
-    def _sample(self, available: bool, at_s: float, seen_since_last: bool = False) -> None:
+    def _sample(self, available: bool, at_s: float, seen_since_last: bool = False, weight: float = 1.0) -> None:
         self.samples += 1
         last = self.last_sample_s
         joined = last is not None and last <= at_s and (seen_since_last or at_s <= last + self.join_within_s)
         if joined:
-            span = at_s - last
+            span = (at_s - last) * weight
             if available == self.last_available:
                 if available:
                     self.seconds_up += span
@@ -167,13 +170,14 @@ class ZoneHistory:
                 self.seconds_up += span / 2
                 self.seconds_down += span / 2
                 if available:
-                    self.downs_ended += 1
+                    self.downs_ended += weight
                 else:
-                    self.ups_lost += 1
+                    self.ups_lost += weight
         if available != self.last_available:
             if self.last_available and self.up_start_seen and self.state_since_s is not None and joined:
                 # an up spell seen to start and end: from its first sample to the first down one
                 self.up_spells_s.append(at_s - self.state_since_s)
+                self.up_spell_weights.append(weight)
             self.up_start_seen = available and self.last_available is False and joined
             self.state_since_s = at_s
         self.last_sample_s = at_s

@@ -115,7 +115,7 @@ class _Step:
     here: str | None  # where the checkpoint is
     costs: list[float]  # per zone: expected $ to finish with it as home
     home: int
-    _pooled: list[float] | None = None  # every zone's spells, built on first use
+    _pooled: list[tuple[float, float]] | None = None  # every zone's spells, built on first use
 
     @property
     def h(self) -> ZoneState:
@@ -128,13 +128,13 @@ class _Step:
         """The fee to bring the checkpoint back where it is now."""
         return self.fee(zone, self.here) if self.here is not None else 0.0
 
-    def spells(self, i: int) -> list[float]:
-        """Observed spell lengths for zone i, or every zone's while it has too few."""
-        own = self.obs.zones[i].history.up_spells_s
-        if len(own) >= MIN_SPELLS:
-            return own
+    def spells(self, i: int) -> list[tuple[float, float]]:
+        """Observed spells (length, weight) of zone i, or every zone's while it has too few."""
+        h = self.obs.zones[i].history
+        if sum(h.up_spell_weights) >= MIN_SPELLS:
+            return list(zip(h.up_spells_s, h.up_spell_weights))
         if self._pooled is None:
-            self._pooled = [x for z in self.obs.zones for x in z.history.up_spells_s]
+            self._pooled = [p for z in self.obs.zones for p in zip(z.history.up_spells_s, z.history.up_spell_weights)]
         return self._pooled
 
 

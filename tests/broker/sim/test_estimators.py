@@ -46,12 +46,12 @@ def test_a_preemption_ends_a_spell_and_a_lifetime():
 
 
 def test_spell_outlook_reads_observed_spells_once_there_are_enough():
-    blips_and_long = [120.0] * 10 + [36000.0] * 10
+    blips_and_long = [(120.0, 1.0)] * 10 + [(36000.0, 1.0)] * 10
     young = spell_outlook(blips_and_long, 0.0, 720.0, 100_000.0, up_mean_s=18000.0)
     old = spell_outlook(blips_and_long, 600.0, 720.0, 100_000.0, up_mean_s=18000.0)
     assert young.p_lost == 1.0 and old.p_lost == 1.0  # every spell is shorter than the job
     assert old.productive_s > young.productive_s  # the survivors of a blip are the long ones
-    few = spell_outlook([120.0], 0.0, 720.0, 100_000.0, up_mean_s=18000.0)  # exponential stands in
+    few = spell_outlook([(120.0, 1.0)], 0.0, 720.0, 100_000.0, up_mean_s=18000.0)  # exponential stands in
     assert few.productive_s == pytest.approx(18000 * (np.exp(-720 / 18000) - np.exp(-100720 / 18000)))
 
 

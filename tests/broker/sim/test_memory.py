@@ -8,6 +8,7 @@ import pytest
 
 from spotbroker.broker.placement.policy import SpotBroker
 from spotbroker.broker.placement.policy.egress import region_of
+from spotbroker.broker.placement.policy.model import Event
 from spotbroker.broker.sim.engine import Job, run_window
 from spotbroker.broker.sim.memory import observed_before
 from spotbroker.broker.sim.runner import run_arm
@@ -66,3 +67,28 @@ def test_the_memory_is_copied_and_for_the_product_only():
             run_arm(arm, traces, job, [60], memory_ticks=30)
     (run,) = run_arm("spotbroker", traces, job, [60], memory_ticks=30)
     assert run.result.deadline_met
+
+
+def test_a_faded_memory_weighs_each_sample_by_its_age_at_the_window_start():
+    before = [0, 0, 0, 0, 1, 1, 1, 0, 0, 0]
+    traces = TraceSet((zone("us-east-1c", before + [1] * 40),), GAP)
+    h, = observed_before(traces, 10, 8, half_life_s=2 * GAP)
+    # the up→down change is seen at -600 s (three half-lives old), the down→up one at -300 s
+    assert h.ups_lost == pytest.approx(2 ** -3) and h.downs_ended == pytest.approx(2 ** -1.5)
+    # each span between two samples weighs as the later sample does
+    assert h.seconds_down == pytest.approx(GAP / 2 * 2 ** -3 + GAP * (2 ** -2.5 + 2 ** -2) + GAP / 2 * 2 ** -1.5)
+    assert (h.last_sample_s, h.last_available, h.up_for_s(0.0)) == (-GAP, True, pytest.approx(300))
+    # the job's own samples weigh 1, however old the memory
+    h.record(Event.PROBE_FAILED, 0.0)
+    assert h.ups_lost == pytest.approx(2 ** -3 + 1)
+    assert h.up_spell_weights == [1.0] and h.up_spells_s == [300.0]
+
+
+def test_a_zone_remembered_as_choppy_long_ago_is_the_home_again_once_faded():
+    job = Job(work_s=2000, deadline_s=6000, restart_s=200, checkpoint_gb=10)
+    c = zone("us-east-1c", [0, 0, 1, 1] * 15 + [0] * 100, spot=0.9)
+    d = zone("us-east-1d", [0] * 160, spot=1.0)
+    traces = TraceSet((c, d), GAP)
+    memory = observed_before(traces, 60, 60, half_life_s=GAP)
+    faded = run_window(traces.window(60, 100), SpotBroker(), job, keep_timeline=True, histories=memory)
+    assert [o.zone for o in faded.decisions[0].offers][0] == "us-east-1c"
