@@ -112,10 +112,23 @@ def _give(path: Path, owner: tuple[int, int] | None, mode: int = 0o700) -> None:
 
 
 def _give_tree(root: Path, owner: tuple[int, int]) -> None:
-    for top, dirs, files in os.walk(root):
-        for name in (*dirs, *files):
-            os.chown(os.path.join(top, name), *owner, follow_symlinks=False)
-    os.chown(root, *owner, follow_symlinks=False)
+    """Give `root` and everything in it to the job's user. Walked by
+    descriptors from a root opened without following a link, deepest
+    first (a directory becomes the job's only after what is in it): a
+    name swapped for a link, at the top or below, is never followed, so
+    root never changes the owner of what it points to."""
+    try:
+        top = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ProvisionError(f"{root} is a link or not a directory ({exc.strerror}): nothing is given through it") \
+            from None
+    try:
+        for _dir, dirs, files, dir_fd in os.fwalk(".", topdown=False, follow_symlinks=False, dir_fd=top):
+            for name in (*dirs, *files):
+                os.chown(name, *owner, dir_fd=dir_fd, follow_symlinks=False)
+        os.fchown(top, *owner)
+    finally:
+        os.close(top)
 
 
 def _adopt(root: Path, owner: tuple[int, int]) -> None:
@@ -144,7 +157,11 @@ def provision(spec: NodeSpec) -> Path:
     """The node directory and the job's checkpoint prefixes; returns workdir/."""
     owner = tuple(spec.owner) if spec.owner else None
     node = Path(spec.node_dir)
-    _give(node, owner)
+    # The node directory stays root's (0700) until everything in it is made:
+    # were it the job's user's, any other process of the team (another job,
+    # a node still draining) could swap a name in it for a link while root
+    # fetches and hands over the code through that name.
+    _give(node, (0, 0) if owner is not None else None)
     for name in ("home", "tmp", "agent"):
         _give(node / name, owner)
     workdir = node / "workdir"
@@ -172,6 +189,7 @@ def provision(spec: NodeSpec) -> Path:
         local_mounts.place(spec.mounts, spec.env, node, owner, _give, _give_tree)
     except CodeError as exc:
         raise ProvisionError(str(exc)) from None
+    _give(node, owner)
     return workdir
 
 
