@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -23,6 +24,7 @@ from spotbroker.broker.pricing.settings import KNOWN_SOURCES, PricingSettings
 from spotbroker.broker.store.models import PriceOffer
 
 MAX_LIMIT = 1000
+MAX_OFFER_ID = 2**63 - 1
 
 
 class BadCursor(ValueError):
@@ -63,9 +65,12 @@ def decode_cursor(cursor: str) -> tuple[bool, float, int]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         stale, price, offer_id = json.loads(raw)
-        return bool(stale), float(price), int(offer_id)
+        stale, price, offer_id = bool(stale), float(price), int(offer_id)
     except (ValueError, TypeError) as exc:
         raise BadCursor("not a cursor this API gave out; start again without it") from exc
+    if not (math.isfinite(price) and 0 <= offer_id <= MAX_OFFER_ID):  # ids are BIGINT: a larger one is a 500 there
+        raise BadCursor("not a cursor this API gave out; start again without it")
+    return stale, price, offer_id
 
 
 def fresh_condition(settings: PricingSettings, now: datetime):

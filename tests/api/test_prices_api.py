@@ -1,6 +1,9 @@
 """`GET /v1/prices` and `/v1/prices/history` over HTTP, from the bundled snapshot."""
+import base64
+import json
 from datetime import timedelta
 
+import pytest
 from conftest import ADMIN_TOKEN
 
 from spotbroker.broker.clock import SYSTEM_CLOCK
@@ -122,3 +125,11 @@ def test_an_estimated_spot_price_says_so(api, team_headers, settings):
     samples = api.get("/v1/prices/history", params={"cloud": "aws", "zone": "use1-az6",
                                                     "instance_type": "p4d.24xlarge"}, headers=h).json()["samples"]
     assert [s["source"] for s in samples] == ["catalog", label]
+
+
+@pytest.mark.parametrize("cursor", [[0, 1, 10**23], [0, 1, -(10**23)], [0, 1, -1], [0, "NaN", 5], [0, 1e400, 5]])
+def test_a_cursor_out_of_range_is_a_422_not_a_500(api, team_headers, cursor):
+    raw = json.dumps(cursor).replace('"NaN"', "NaN").encode()
+    r = api.get("/v1/prices", params={"cursor": base64.urlsafe_b64encode(raw).decode().rstrip("=")},
+                headers=team_headers())
+    assert r.status_code == 422 and "cursor" in r.text, r.text
