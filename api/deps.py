@@ -79,22 +79,34 @@ class TeamTurns:
                 del self._waiting[team_id], self._turns[team_id]
 
 
-async def get_team(request: Request, principal: Annotated[Principal, Depends(get_principal)]
-                   ) -> AsyncIterator[Principal]:
-    """The team's principal, within one of the team's turns: held while the
-    route works and builds its answer, not while the answer is sent (a log's
-    stream is bounded by the followers' places instead)."""
-    if principal.is_admin:
-        raise Problem(403, "Forbidden", "the admin token has no team; use a team's token for jobs")
-    async with request.app.state.team_turns.turn(principal.team_id):
+ADMIN_TURNS = -1  # the admin's requests share one team's number of turns
+
+
+async def get_caller(request: Request, principal: Annotated[Principal, Depends(get_principal)]
+                     ) -> AsyncIterator[Principal]:
+    """Whoever calls, within one of its team's turns (the admin's: one pool):
+    held while the route works and builds its answer, not while the answer
+    is sent (a log's stream is bounded by the followers' places instead).
+    Every authenticated route takes one: `GET /v1/prices?limit=1000` from
+    64 connections of one team once held the others' reads for 9 s."""
+    async with request.app.state.team_turns.turn(ADMIN_TURNS if principal.is_admin else principal.team_id):
         yield principal
 
 
-def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+Caller = Annotated[Principal, Depends(get_caller, scope="function")]
+
+
+def get_team(principal: Caller) -> Principal:
+    if principal.is_admin:
+        raise Problem(403, "Forbidden", "the admin token has no team; use a team's token for jobs")
+    return principal
+
+
+def get_admin(principal: Caller) -> Principal:
     if not principal.is_admin:
         raise Problem(403, "Forbidden", "this needs the admin token (SPOTBROKER_ADMIN_TOKEN)")
     return principal
 
 
-CurrentTeam = Annotated[Principal, Depends(get_team, scope="function")]
+CurrentTeam = Annotated[Principal, Depends(get_team)]
 Admin = Annotated[Principal, Depends(get_admin)]

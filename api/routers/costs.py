@@ -9,10 +9,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic import BaseModel, Field
 
-from spotbroker.api.deps import SessionDep, get_principal
+from spotbroker.api.deps import Caller, SessionDep
 from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.broker import auth
@@ -27,7 +27,6 @@ MAX_DAYS = 400
 router = APIRouter(prefix="/v1", tags=["costs"], route_class=JSONBodyRoute)
 
 TeamName = Annotated[str, Path(pattern=auth.TEAM_NAME_RE.pattern, description="the team's name")]
-Caller = Annotated[Principal, Depends(get_principal)]
 When = Annotated[datetime | None, Query(description="ISO 8601; without a zone, UTC")]
 
 

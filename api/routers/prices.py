@@ -11,7 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from pydantic import BaseModel
 
-from spotbroker.api.deps import get_principal
+from spotbroker.api.deps import get_caller
 from spotbroker.api.errors import Problem, responses
 from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.broker.jobs.resources import parse_accelerator
@@ -23,7 +23,8 @@ log = logging.getLogger("spotbroker.pricing")
 MAX_COUNT = 64  # accelerators in one offer
 
 
-router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_principal)], route_class=JSONBodyRoute)
+router = APIRouter(prefix="/v1", tags=["prices"], dependencies=[Depends(get_caller, scope="function")],
+                   route_class=JSONBodyRoute)
 
 
 class PriceOut(BaseModel):

@@ -104,22 +104,28 @@ def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, te
     api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
 
 
-def test_a_teams_flood_takes_at_most_its_turns_and_the_others_are_answered(api, team_headers, monkeypatch):
+@pytest.mark.parametrize("route", ["events", "prices"])
+def test_a_teams_flood_takes_at_most_its_turns_and_the_others_are_answered(api, team_headers, monkeypatch, route):
     """Team b sent hundreds of costly reads at once: they took every thread
     and pooled connection, and team a's requests and the agents' heartbeats
     waited 30 s, then got 500s. A team's requests now run at most
-    SPOTBROKER_MAX_REQUESTS_PER_TEAM (16) at once; the rest wait their turn."""
+    SPOTBROKER_MAX_REQUESTS_PER_TEAM (16) at once; the rest wait their turn.
+    Every authenticated route takes a turn: `GET /v1/prices` did not, and
+    64 connections of one team held the others' reads for 9 s."""
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
 
+    from spotbroker.api.routers import prices
     from spotbroker.broker.usecases import jobs
 
     a, b = team_headers("a"), team_headers("b")
     job_id = api.post("/v1/jobs", json={"run": "true"}, headers=b).json()["id"]
-    real, lock, now, peak = jobs.events, threading.Lock(), 0, 0
+    module, name, path = {"events": (jobs, "events", f"/v1/jobs/{job_id}/events"),
+                          "prices": (prices, "ranked_prices", "/v1/prices?limit=5")}[route]
+    real, lock, now, peak = getattr(module, name), threading.Lock(), 0, 0
 
-    def slow_events(session, team_id, *args, **kwargs):
+    def slow(*args, **kwargs):
         nonlocal now, peak
         with lock:
             now += 1
@@ -127,11 +133,11 @@ def test_a_teams_flood_takes_at_most_its_turns_and_the_others_are_answered(api, 
         time.sleep(2)  # a costly read, holding its thread and its connection
         with lock:
             now -= 1
-        return real(session, team_id, *args, **kwargs)
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(jobs, "events", slow_events)
+    monkeypatch.setattr(module, name, slow)
     with ThreadPoolExecutor(60) as pool:  # more than the server's 40 threads
-        flood = [pool.submit(api.get, f"/v1/jobs/{job_id}/events", headers=b, timeout=60) for _ in range(60)]
+        flood = [pool.submit(api.get, path, headers=b, timeout=60) for _ in range(60)]
         time.sleep(1)  # b's turns taken, the rest of its requests waiting
         started = time.monotonic()
         r = api.get("/v1/jobs", headers=a, timeout=30)
