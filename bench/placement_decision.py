@@ -12,12 +12,16 @@ With `--kubernetes N`, N Kubernetes places with T4 nodes are configured
 too (broker/placement/kubernetes.py): each decision then also counts what
 is held on them and merges them in.
 
+With `--submitted-within H` the jobs were submitted at random times over
+the last H hours (default 0: all now): each place's history is then read
+as of each job's own start (`policy/fading.py`), not once for all.
+
 With `--carbon-price P` every job sets `carbon_price_per_tonne: P`: each
 decision then weighs emissions and is made a second time on dollars alone
 (broker/placement/carbon.py).
 
     python bench/placement_decision.py [--attempts 5000] [--jobs 200] [--db sqlite|postgresql|both]
-                                       [--kubernetes N] [--carbon-price P]
+                                       [--kubernetes N] [--carbon-price P] [--submitted-within H]
 """
 from __future__ import annotations
 
@@ -93,7 +97,8 @@ def kubernetes_places(data_dir: Path, n: int) -> Path:
     return path
 
 
-def bench(kind: str, n_attempts: int, n_jobs: int, n_clusters: int = 0, carbon_price: float = 0.0) -> None:
+def bench(kind: str, n_attempts: int, n_jobs: int, n_clusters: int = 0, carbon_price: float = 0.0,
+          submitted_within_h: float = 0.0) -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="spotbroker-bench-"))
     url, drop = temporary_database(kind, data_dir)
     engine = make_engine(url)
@@ -110,13 +115,16 @@ def bench(kind: str, n_attempts: int, n_jobs: int, n_clusters: int = 0, carbon_p
             other = jobs.submit(s, team.id, JobSpec.model_validate({"run": "x", "resources": T4}))
             history(s, other.id, n_attempts, random.Random(7))
             ids = []
+            rng = random.Random(11)
             for i in range(n_jobs):
                 fields = {"run": "x", "resources": T4}
                 if carbon_price:
                     fields["carbon_price_per_tonne"] = carbon_price
                 if i % 2:
                     fields |= {"estimated_hours": 10, "deadline": (now + timedelta(hours=16)).isoformat()}
-                ids.append(jobs.submit(s, team.id, JobSpec.model_validate(fields)).id)
+                job = jobs.submit(s, team.id, JobSpec.model_validate(fields))
+                job.created_at = now - timedelta(hours=rng.uniform(0, submitted_within_h))
+                ids.append(job.id)
         loads = []
         for _ in range(5):
             with factory() as s:
@@ -152,9 +160,11 @@ def main() -> None:
     ap.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
     ap.add_argument("--kubernetes", type=int, default=0, metavar="N", help="Kubernetes places configured")
     ap.add_argument("--carbon-price", type=float, default=0.0, metavar="P", help="every job's $ per tonne CO2e")
+    ap.add_argument("--submitted-within", type=float, default=0.0, metavar="H",
+                    help="jobs submitted at random over the last H hours")
     args = ap.parse_args()
     for kind in (["sqlite", "postgresql"] if args.db == "both" else [args.db]):
-        bench(kind, args.attempts, args.jobs, args.kubernetes, args.carbon_price)
+        bench(kind, args.attempts, args.jobs, args.kubernetes, args.carbon_price, args.submitted_within)
 
 
 if __name__ == "__main__":

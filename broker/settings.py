@@ -137,11 +137,14 @@ class Settings(BaseSettings):
     # Placement (see broker/placement/placer.py): how often the policy looks again at a
     # job that waits for spot or runs against a deadline; the time a launch
     # loses before training resumes (boot, set-up, loading the checkpoint);
-    # how far back each place's spot history reaches; how long a job being
-    # moved may take to flush before it is moved anyway.
+    # how far back each place's spot history reaches, and how fast what was
+    # seen before a job started loses weight for it (docs/simulator.md,
+    # seventh round); how long a job being moved may take to flush before it
+    # is moved anyway.
     placement_interval: float = 60.0
     restart_overhead_seconds: float = 720.0
     placement_history_days: float = 7.0
+    placement_memory_half_life_hours: float = Field(24.0, ge=1.0)
     drain_timeout: float = 180.0
 
     # $/GB to move a checkpoint between regions, for placement: "default",

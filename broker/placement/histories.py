@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, EndReason
 from spotbroker.broker.placement.policy import Event, ZoneHistory
+from spotbroker.broker.placement.policy.fading import FadingHistory
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Offer, SpotProbe
@@ -36,7 +37,14 @@ def offer_key(o: Offer) -> str:
 
 
 def load_histories(session: Session, now: datetime, settings: Settings) -> dict[str, ZoneHistory]:
-    """Every place's spot history from the attempts table and the probes.
+    """Every place's spot history, unfaded (`load_place_histories`)."""
+    return {key: h.full for key, h in load_place_histories(session, now, settings).items()}
+
+
+def load_place_histories(session: Session, now: datetime, settings: Settings) -> dict[str, FadingHistory]:
+    """Every place's spot history from the attempts table and the probes,
+    each job reading what came before its start faded
+    (`placement_memory_half_life_hours`; `policy/fading.py`).
 
     While any of our spot instances ran in a place, the place had capacity:
     the union of their runs is "up", and a refusal, a probe or another
@@ -72,10 +80,16 @@ def load_histories(session: Session, now: datetime, settings: Settings) -> dict[
         points[key].append((r.at.timestamp(), Event.PROBE_OK if r.available else Event.PROBE_FAILED))
     histories = {}
     for key in runs.keys() | points.keys():
-        history = histories[key] = ZoneHistory(join_within_s=1.5 * settings.placement_interval)
+        history = histories[key] = place_history(settings, now)
         for at, rank, event in _samples(runs.get(key, []), points.get(key, [])):
             history.record(event, at, seen_since_last=rank == 1)
     return histories
+
+
+def place_history(settings: Settings, now: datetime) -> FadingHistory:
+    """An empty history of a place for the pass at `now`."""
+    return FadingHistory(1.5 * settings.placement_interval, settings.placement_memory_half_life_hours * 3600,
+                         now.timestamp())
 
 
 def _samples(runs: list[tuple[float, float, bool]], points: list[tuple[float, Event]]):

@@ -15,14 +15,17 @@ into placements to try in order. What the policy sees:
   `placement_history_days`, replayed in time order: a launch that came up,
   a capacity error, and how long the instance lived and how it ended (a
   preemption, or stopped by us). A zone's spot capacity is the same
-  whichever team asks;
+  whichever team asks. What was seen before the job was submitted weighs
+  half as much every `placement_memory_half_life_hours` of its age then;
+  what was seen since, in full (`policy/fading.py`);
 * **the job**: the work it needs (`estimated_hours`), the work done (each
   ended attempt's time up to its last committed checkpoint, plus the time of
   the attempt running now), its deadline, the restart overhead
   (`restart_overhead_seconds`), the newest checkpoint's size and where it
   was written, and what runs now.
 
-Times are POSIX seconds, so one set of histories serves every job in a pass.
+Times are POSIX seconds, so one set of histories, replayed once a pass,
+serves every job in it.
 Probes the policy asks for are collected during a pass and carried out by
 the reconciler at its end (`take_probes`): at most one per place per
 `placement_interval`, through the launcher's `probe`; their results join the
@@ -41,7 +44,14 @@ from spotbroker.broker.checkpoints.records import newest_checkpoint
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState
 from spotbroker.broker.placement import carbon
-from spotbroker.broker.placement.histories import attempt_key, load_histories, offer_key, zone_key  # noqa: F401
+from spotbroker.broker.placement.histories import (  # noqa: F401
+    attempt_key,
+    load_histories,
+    load_place_histories,
+    offer_key,
+    place_history,
+    zone_key,
+)
 from spotbroker.broker.placement.kubernetes import KubernetesPlaces
 from spotbroker.broker.placement.policy import (
     Action,
@@ -54,12 +64,16 @@ from spotbroker.broker.placement.policy import (
     ZoneState,
 )
 from spotbroker.broker.placement.policy.egress import EgressPrices
+from spotbroker.broker.placement.policy.fading import FadingHistory
 from spotbroker.broker.pricing.offers import OFFER_COLUMNS, Placement, cheapest, groups_of, placement_of, priced
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, PriceOffer
 
 A = AttemptState
 POLICY = SpotBroker()
+# The zones weighed for a shape are chosen by price alone, once a pass; each
+# job's decision then gets each place's history as of its own start.
+NO_HISTORY = ZoneHistory()
 # A job that gives no estimate is expected to need as long again as it has
 # run, and at least this long (without a deadline only the ratio of
 # restarts to work matters, so a rough figure does).
@@ -112,7 +126,7 @@ class Placer:
         self._launchers = launchers if launchers is not None else {}
         self._clouds: frozenset[str] | None = None
         self._egress = egress_prices(settings)
-        self._histories: dict[str, ZoneHistory] | None = None
+        self._histories: dict[str, FadingHistory] | None = None
         self._probes: dict[str, Placement] = {}
         # per pass, by the job's resources: jobs of one shape share their offers
         self._offers: dict[str, tuple[list, dict, list]] = {}
@@ -133,7 +147,7 @@ class Placer:
         join into spells (`ZoneHistory.join_within_s`)."""
         recent = now.timestamp() - 0.5 * self.settings.placement_interval
         due = [p for key, p in self._probes.items()
-               if (h := (self._histories or {}).get(key)) is None or (h.last_sample_s or -1e18) < recent]
+               if (h := (self._histories or {}).get(key)) is None or (h.full.last_sample_s or -1e18) < recent]
         self._probes = {}
         return due
 
@@ -240,7 +254,7 @@ class Placer:
         decision = POLICY.decide(obs)
         why = decision.reason
         if price > 0:  # what dollars alone would have chosen: did carbon decide it?
-            plain = POLICY.decide(replace(obs, zones=self._zone_states(session, now, shape, zones, running,
+            plain = POLICY.decide(replace(obs, zones=self._zone_states(session, now, job, shape, zones, running,
                                                                        obs.running, 0.0)))
             told = carbon.reason(price, decision, plain, lambda o: _placement(zones, o),
                                  lambda p: self._emissions.kg_per_hour(session, now, p), spec.num_nodes)
@@ -281,7 +295,7 @@ class Placer:
     def _observe(self, session: Session, job: Job, spec: JobSpec, shape: str, now: datetime,
                  zones: dict[str, tuple], running: Attempt | None, carbon_price: float = 0.0) -> Observation:
         if self._histories is None:
-            self._histories = load_histories(session, now, self.settings)
+            self._histories = load_place_histories(session, now, self.settings)
         s = self.settings
         now_s = now.timestamp()
         done = _work_done(session, job, now, s.restart_overhead_seconds)
@@ -302,21 +316,22 @@ class Placer:
             deadline_s=spec.deadline.timestamp() - s.deadline_margin_seconds if spec.deadline else None,
             restart_overhead_s=s.restart_overhead_seconds,
             checkpoint_gb=newest.bytes / 1e9 if newest is not None else 0.0,
-            zones=self._zone_states(session, now, shape, zones, running, current, carbon_price),
+            zones=self._zone_states(session, now, job, shape, zones, running, current, carbon_price),
             running=current, last_zone=last_zone, egress=self._egress)
 
-    def _zone_states(self, session: Session, now: datetime, shape: str, zones: dict[str, tuple],
+    def _zone_states(self, session: Session, now: datetime, job: Job, shape: str, zones: dict[str, tuple],
                      running: Attempt | None, current: Running | None, carbon_price: float) -> tuple[ZoneState, ...]:
         """The zones as the policy sees them: each price plus what the node's
-        expected emissions are worth at the job's carbon price (carbon.py)."""
-        join_s = 1.5 * self.settings.placement_interval
+        expected emissions are worth at the job's carbon price (carbon.py),
+        and each place's history as of the job's start (`policy/fading.py`)."""
+        start_s = job.created_at.timestamp()
 
         def state(key: str, region: str, spot_price: float, od_price: float, risk: float | None = None,
                   kg: float = 0.0) -> ZoneState:
-            # one history object per place for the pass: what is learnt during it reaches every job
-            history = self._histories.setdefault(key, ZoneHistory(join_within_s=join_s))
+            # one history per place for the pass: what is learnt during it reaches every job
+            self._histories.setdefault(key, place_history(self.settings, now))
             extra = carbon.surcharge(carbon_price, kg)
-            return ZoneState(key, region, spot_price + extra, od_price + extra, history, risk)
+            return ZoneState(key, region, spot_price + extra, od_price + extra, NO_HISTORY, risk)
 
         def of(key: str) -> ZoneState:
             offer, spot, od = zones[key]
@@ -324,7 +339,7 @@ class Placer:
                   if carbon_price > 0 else 0.0)
             return state(key, offer.region, spot.price_per_hour, od.price_per_hour, offer.risk, kg)
 
-        if (shape, carbon_price) not in self._states:
+        if (shape, carbon_price) not in self._states:  # by price alone: the same for every job of the shape
             self._states[shape, carbon_price] = sorted(map(of, zones), key=lambda z: (z.spot_price, z.zone))[:MAX_ZONES]
         states = list(self._states[shape, carbon_price])
         if current is not None and all(z.zone != current.zone for z in states):  # the policy weighs what runs now too
@@ -333,6 +348,7 @@ class Placer:
             else:  # its offer is gone from the catalog: judge it as it was bought, never as on-demand
                 kg = (running.power_kw or 0.0) * (running.grid_g_per_kwh or 0.0) / 1000
                 states.append(state(current.zone, running.region or "*", running.price_per_hour, math.inf, kg=kg))
+        return tuple(replace(z, history=self._histories[z.zone].as_of(start_s)) for z in states)
         return tuple(states)
 
 

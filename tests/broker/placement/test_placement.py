@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from sqlalchemy import update
 
 from spotbroker.broker import auth
 from spotbroker.broker.clock import Clock
@@ -14,7 +15,7 @@ from spotbroker.broker.placement.placer import Placer, attempt_key, load_histori
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import rank_offers
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.store.models import Attempt, Job, PriceOffer
 from spotbroker.broker.usecases import jobs
 
 T4 = {"accelerators": "T4:1"}
@@ -86,6 +87,32 @@ def test_a_place_that_keeps_reclaiming_loses_to_a_steadier_one_at_the_same_price
     first = choice.placements[0]
     assert first.place != cheapest.place and first.price_per_hour == pytest.approx(cheapest.price_per_hour, rel=0.1)
     assert cheapest.place in [p.place for p in choice.placements]  # still tried, but last
+
+
+def test_reclaims_seen_before_a_job_fade_for_it_and_those_it_saw_do_not(factory, settings, team):
+    """Six quick reclaims at the cheapest place four and a half days ago: a job
+    submitted now weighs them at 2^-4.5 (a half-life of a day) and tries that
+    place first again; a job submitted before them saw them, and still puts it
+    behind the others. (Unfaded, the 7-day memory kept every job off it for a week.)"""
+    spec = JobSpec.model_validate({"run": "x", "resources": T4})
+    now = Clock().now()
+    early, late = submit(factory, team, resources=T4), submit(factory, team, resources=T4)
+    with transaction(factory) as s:
+        s.get(Job, early).created_at = now - timedelta(days=5)
+        cheapest = rank_offers(s, spec, limit=1)[0]
+        # a tenth below the next: a place with any reclaim at all loses a tie to one never seen
+        s.execute(update(PriceOffer).where(PriceOffer.cloud == cheapest.cloud, PriceOffer.region == cheapest.region,
+                                           PriceOffer.instance_type == cheapest.instance_type)
+                  .values(spot_price=PriceOffer.spot_price * 0.9))
+        for i in range(6):
+            start = now - timedelta(days=4.5, hours=-i)
+            add_attempt(s, early, cheapest, state="PREEMPTED", end=EndReason.PREEMPTED, started=start,
+                        ended=start + timedelta(minutes=10))
+    with factory() as s:
+        placer = Placer(settings)
+        saw, new = (placer.choose(s, s.get(Job, j), spec, now) for j in (early, late))
+    assert saw.placements[0].place != cheapest.place and cheapest.place in [p.place for p in saw.placements]
+    assert new.placements[0].place == cheapest.place
 
 
 def test_a_place_just_seen_reclaimed_is_tried_last(factory, settings, team):
