@@ -8,7 +8,7 @@ from fastapi import Request
 from fastapi.responses import Response
 
 from spotbroker.api.dashboard.curves import curve
-from spotbroker.api.dashboard.routes import page, router, to_login, who
+from spotbroker.api.dashboard.routes import Viewer, page, router, to_login
 from spotbroker.broker.energy import usage
 from spotbroker.broker.jobs import metrics
 from spotbroker.broker.money import costs
@@ -17,8 +17,7 @@ from spotbroker.broker.store.models import Job, Team
 
 
 @router.get("/jobs/{job_id}")
-def job(request: Request, job_id: int) -> Response:
-    principal = who(request)
+def job(request: Request, job_id: int, principal: Viewer) -> Response:
     if principal is None:
         return to_login()
     now = request.app.state.clock.now()

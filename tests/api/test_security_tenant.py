@@ -104,25 +104,28 @@ def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, te
     api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
 
 
-@pytest.mark.parametrize("route", ["events", "prices"])
+@pytest.mark.parametrize("route", ["events", "prices", "dashboard"])
 def test_a_teams_flood_takes_at_most_its_turns_and_the_others_are_answered(api, team_headers, monkeypatch, route):
     """Team b sent hundreds of costly reads at once: they took every thread
     and pooled connection, and team a's requests and the agents' heartbeats
     waited 30 s, then got 500s. A team's requests now run at most
     SPOTBROKER_MAX_REQUESTS_PER_TEAM (16) at once; the rest wait their turn.
-    Every authenticated route takes a turn: `GET /v1/prices` did not, and
-    64 connections of one team held the others' reads for 9 s."""
+    Every authenticated route takes a turn: `GET /v1/prices` and the
+    dashboard's pages did not, and 64 connections of one team held the
+    others' reads for 9 s."""
     import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
 
     from spotbroker.api.routers import prices
+    from spotbroker.broker.money import dashboard
     from spotbroker.broker.usecases import jobs
 
     a, b = team_headers("a"), team_headers("b")
     job_id = api.post("/v1/jobs", json={"run": "true"}, headers=b).json()["id"]
     module, name, path = {"events": (jobs, "events", f"/v1/jobs/{job_id}/events"),
-                          "prices": (prices, "ranked_prices", "/v1/prices?limit=5")}[route]
+                          "prices": (prices, "ranked_prices", "/v1/prices?limit=5"),
+                          "dashboard": (dashboard, "team_page", "/dashboard/teams/b")}[route]
     real, lock, now, peak = getattr(module, name), threading.Lock(), 0, 0
 
     def slow(*args, **kwargs):
