@@ -83,7 +83,7 @@ def load_raw(data: bytes, fmt: str = "auto") -> dict[str, Any]:
         except SpecShapeError:
             raise
         except (ValueError, OverflowError) as exc:  # a number or date out of range
-            raise SpecSyntaxError(str(exc)) from None
+            raise SpecSyntaxError(_said(exc)) from None
     if not isinstance(doc, dict):
         raise SpecSyntaxError("the document must be a mapping of fields (name, run, resources, ...)")
     check_shape(doc)
@@ -104,7 +104,12 @@ def load_json(text: str) -> Any:
     except RecursionError:
         raise SpecShapeError("body", f"nested more than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # a number of more digits than Python converts
-        raise SpecSyntaxError(str(exc)) from None
+        raise SpecSyntaxError(_said(exc)) from None
+
+
+def _said(exc: Exception) -> str:
+    """Python's message, without its advice to Python's users (`use sys.set_int_max_str_digits()`)."""
+    return str(exc).split("; use sys.")[0]
 
 
 class _GivenTwice(Exception):

@@ -99,6 +99,15 @@ def test_bad_specs_get_a_422_naming_the_field(api, team_headers, settings, body,
     nothing_written(settings)
 
 
+def test_a_number_of_too_many_digits_is_told_without_pythons_advice(api, team_headers):
+    h = team_headers()
+    for body, ctype in ((b'{"run": "x", "num_nodes": 1' + b"0" * 5000 + b"}", JSON),
+                        (b"run: x\nnum_nodes: 1" + b"0" * 5000 + b"\n", YAML)):
+        r = api.post("/v1/jobs", content=body, headers={**h, "Content-Type": ctype})
+        message = assert_problem(r, 422)["errors"][0]["message"]
+        assert "4300 digits" in message and "sys." not in message, message
+
+
 def test_the_bounds_themselves_are_accepted(api, team_headers):
     h = team_headers()
     near = (datetime.now(UTC) + timedelta(days=360)).isoformat()
