@@ -55,5 +55,6 @@ def test_a_sample_recorded_later_reaches_every_view_and_the_views_are_their_own(
     old, new = fading.as_of(NOW - 2 * 86400), fading.as_of(NOW)
     assert fading.as_of(NOW) is new  # one view per start until the next sample
     fading.record(Event.CAPACITY_FAILURE, NOW - 86400 + STEP)
-    assert fading.as_of(NOW - 2 * 86400).ups_lost == 1 and fading.as_of(NOW).ups_lost == pytest.approx(2 ** -((86400 - STEP) / H))
+    assert fading.as_of(NOW - 2 * 86400).ups_lost == 1
+    assert fading.as_of(NOW).ups_lost == pytest.approx(2 ** -((86400 - STEP) / H))
     assert old.ups_lost == 0 and new.ups_lost == 0  # a view already handed to a decision is not changed
