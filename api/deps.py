@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BeforeValidator
 from sqlalchemy.orm import Session
 
 from spotbroker.api.errors import Problem
@@ -32,8 +33,20 @@ def get_settings(request: Request) -> Settings:
 MAX_ID = 2**63 - 1  # ids are BIGINT: a larger number is refused, not sent to the database
 
 SessionDep = Annotated[Session, Depends(get_session)]
-JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
-CheckpointId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
+def decimal_digits(value: object) -> object:
+    """An id in a path is written in ASCII digits: int() also reads `1_0`
+    (job 10), `+10`, ` 10` and other scripts' digits."""
+    if isinstance(value, str) and not (value.isascii() and value.isdigit()):
+        raise ValueError(f"a whole number from 1 to {MAX_ID}, in decimal digits")
+    return value
+
+
+# (the validator after Path: before it, the schema shows `ge`/`le` instead of minimum/maximum)
+IdInPath = Annotated[int, Path(ge=1, le=MAX_ID), BeforeValidator(decimal_digits)]
+JobId = IdInPath
+CheckpointId = IdInPath
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 

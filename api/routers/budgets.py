@@ -9,11 +9,10 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
-from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.orm.exc import StaleDataError
 
-from spotbroker.api.deps import MAX_ID, Admin, SessionDep
+from spotbroker.api.deps import Admin, IdInPath, SessionDep
 from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
@@ -228,7 +227,7 @@ def list_silences(request: Request, session: SessionDep, principal: Caller,
 
 @router.delete("/alerts/silences/{silence_id}", response_model=SilenceOut, responses=responses(
     401, 403, 404, 422, s403="Only the admin ends a silence", s404="No such silence"))
-def expire_silence(request: Request, silence_id: Annotated[int, PathParam(ge=1, le=MAX_ID)],
+def expire_silence(request: Request, silence_id: IdInPath,
                    _: Admin) -> SilenceOut:
     """End a silence now (it stays listed, with `until` now)."""
     state = request.app.state

@@ -250,6 +250,17 @@ def test_ids_and_cursors_beyond_bigint_are_404_or_422(api, team_headers):
     assert api.get(f"/v1/jobs/{job_id}", headers=h).status_code == 200
 
 
+def test_an_id_in_a_path_is_decimal_digits_only(api, team_headers):
+    """int() reads `1_0` as 10: GET /v1/jobs/1_0 answered job 10."""
+    h = team_headers()
+    job_id = api.post("/v1/jobs", json={"run": "true"}, headers=h).json()["id"]
+    wide = str.maketrans("0123456789", "０１２３４５６７８９")
+    for written in (f"0_{job_id}", f"+{job_id}", f"{job_id}".translate(wide), f"%20{job_id}"):
+        problem = assert_problem(api.get(f"/v1/jobs/{written}", headers=h), 422)
+        assert problem["errors"][0]["field"] == "job_id" and "decimal digits" in problem["errors"][0]["message"]
+    assert api.get(f"/v1/jobs/0{job_id}", headers=h).json()["id"] == job_id  # a leading zero is still a number
+
+
 def raw_exchange(port: int, requests: list[bytes]) -> list[bytes]:
     """Send each request on one keep-alive connection; each status line."""
     lines = []
