@@ -67,6 +67,9 @@ async def get_principal(request: Request,
     return principal
 
 
+ADMIN_TURNS = -1  # the admin's requests share one team's number of turns
+
+
 class TeamTurns:
     """How many of one team's requests this process works on at once
     (SPOTBROKER_MAX_REQUESTS_PER_TEAM). The others wait on the event loop,
@@ -78,6 +81,10 @@ class TeamTurns:
         self.per_team = per_team
         self._turns: dict[int, asyncio.Semaphore] = {}
         self._waiting: Counter[int] = Counter()
+
+    def of(self, principal: Principal):
+        """A turn of the principal's team (the admin's requests share one pool)."""
+        return self.turn(ADMIN_TURNS if principal.is_admin else principal.team_id)
 
     @asynccontextmanager
     async def turn(self, team_id: int) -> AsyncIterator[None]:
@@ -92,9 +99,6 @@ class TeamTurns:
                 del self._waiting[team_id], self._turns[team_id]
 
 
-ADMIN_TURNS = -1  # the admin's requests share one team's number of turns
-
-
 async def get_caller(request: Request, principal: Annotated[Principal, Depends(get_principal)]
                      ) -> AsyncIterator[Principal]:
     """Whoever calls, within one of its team's turns (the admin's: one pool):
@@ -102,7 +106,7 @@ async def get_caller(request: Request, principal: Annotated[Principal, Depends(g
     is sent (a log's stream is bounded by the followers' places instead).
     Every authenticated route takes one: `GET /v1/prices?limit=1000` from
     64 connections of one team once held the others' reads for 9 s."""
-    async with request.app.state.team_turns.turn(ADMIN_TURNS if principal.is_admin else principal.team_id):
+    async with request.app.state.team_turns.of(principal):
         yield principal
 
 

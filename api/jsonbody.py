@@ -10,18 +10,13 @@ from typing import Any
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-from spotbroker.broker.jobs.specdoc import SpecSyntaxError, load_json
+from spotbroker.broker.jobs.specdoc import decode, load_json
 
 
 class JSONBodyRequest(Request):
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            body = await self.body()
-            try:
-                text = body.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise SpecSyntaxError(f"not UTF-8 (byte {exc.start})") from None
-            self._json = load_json(text)
+            self._json = load_json(decode(await self.body()))
         return self._json
 
 

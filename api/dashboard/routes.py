@@ -21,7 +21,6 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from jinja2 import Environment, FileSystemLoader
 
 from spotbroker.api.dashboard import charts, session
-from spotbroker.api.deps import ADMIN_TURNS
 from spotbroker.broker import auth
 from spotbroker.broker.auth import Principal
 from spotbroker.broker.jobs import reasons, resfields
@@ -69,7 +68,7 @@ async def viewer(request: Request) -> AsyncIterator[Principal | None]:
     if principal is None:
         yield None
         return
-    async with request.app.state.team_turns.turn(ADMIN_TURNS if principal.is_admin else principal.team_id):
+    async with request.app.state.team_turns.of(principal):
         yield principal
 
 

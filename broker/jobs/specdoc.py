@@ -54,10 +54,7 @@ def load_document(data: bytes, fmt: str = "auto") -> dict[str, Any]:
 
 def load_raw(data: bytes, fmt: str = "auto") -> dict[str, Any]:
     """The document as written, checked for its shape only."""
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecSyntaxError(f"not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
+    text = decode(data)
     if fmt == "auto":
         fmt = "json" if text.lstrip().startswith("{") else "yaml"
     if fmt == "json":
@@ -88,6 +85,14 @@ def load_raw(data: bytes, fmt: str = "auto") -> dict[str, Any]:
         raise SpecSyntaxError("the document must be a mapping of fields (name, run, resources, ...)")
     check_shape(doc)
     return doc
+
+
+def decode(data: bytes) -> str:
+    """A document's bytes as text: UTF-8, or SpecSyntaxError naming the first wrong byte."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecSyntaxError(f"not UTF-8 (byte {exc.start}: {data[exc.start:exc.start + 1]!r})") from None
 
 
 def load_json(text: str) -> Any:
