@@ -119,6 +119,9 @@ class Settings(BaseSettings):
     # Bytes of a job's output the broker keeps per attempt (node 0's log, and
     # each node's own): past it, a marker and a `log_truncated` event. 0: no bound.
     max_log_bytes: int = Field(1 << 30, ge=0)
+    # Bytes of logs a job's ended attempts keep together: a new attempt removes
+    # the oldest ones' logs past it (a `log_removed` event each). 0: no bound.
+    max_job_log_bytes: int = Field(4 << 30, ge=0)
     max_followers_per_team: int = Field(64, ge=1)  # log streams (followed or whole) a team holds per process
     # A team's requests a server process works on at once; the rest wait their
     # turn (api/deps.py), so that one team's flood leaves threads and database

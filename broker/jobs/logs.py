@@ -10,6 +10,12 @@ Nothing here holds a whole log: reads are pages of at most PAGE_BYTES
 (`read_from`), `tail_start` walks rows backwards from the end only as far as
 the lines it is asked for, and a caller streams the rest page by page.
 
+A job's ended attempts keep at most SPOTBROKER_MAX_JOB_LOG_BYTES of logs
+together: each new attempt removes the oldest ones' logs past it
+(`keep_within`), with a `log_removed` event for each, as Kubernetes keeps a
+container's previous log but not every one before it. Without it a job that
+printed its bound and failed, a thousand restarts over, kept a terabyte.
+
 A log is finished (`finished`) when nothing more will come: its attempt has
 ended and its node's agent has said its last word or cannot any more. An
 attempt ends at a preemption's flush, or at a cancel, before its node does:
@@ -22,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -39,6 +45,7 @@ _APPEND_TRIES = 3
 LATE_S = 30.0
 # Ends after which the node may still run and ship (see the module's docstring).
 _NODE_OUTLIVES = frozenset({EndReason.PREEMPTED, EndReason.MOVED, EndReason.CANCELLED})
+REMOVED_EVENT = "log_removed"  # an ended attempt's logs went to keep its job's within its bound
 
 
 def _of(attempt_id: int, rank: int):
@@ -182,3 +189,40 @@ def append_at(factory: sessionmaker[Session], attempt_id: int, rank: int, offset
             if not tries_left:
                 raise
     raise AssertionError("unreachable")
+
+
+def keep_within(session: Session, job_id: int, limit: int, now: datetime) -> int:
+    """Remove the logs of the job's oldest ended attempts until those of its
+    ended attempts together are at most `limit` bytes (0: no bound); how many
+    bytes went. An attempt whose node may still ship is left for a later
+    call: what it sends would start its log again."""
+    if not limit:
+        return 0
+    ended = select(Attempt.id).where(Attempt.job_id == job_id,
+                                     Attempt.state.not_in([str(s) for s in LIVE_ATTEMPT_STATES]))
+    # Only the index is read for each log's last row; the bytes stay on disk.
+    lasts = session.execute(select(LogChunk.attempt_id, LogChunk.rank, func.max(LogChunk.start))
+                            .where(LogChunk.attempt_id.in_(ended)).group_by(LogChunk.attempt_id, LogChunk.rank)).all()
+    if not lasts:
+        return 0
+    sizes = session.execute(select(LogChunk.attempt_id, LogChunk.start + LogChunk.size).where(
+        tuple_(LogChunk.attempt_id, LogChunk.rank, LogChunk.start).in_([tuple(row) for row in lasts]))).all()
+    held: dict[int, int] = {}
+    for attempt_id, length in sizes:
+        held[attempt_id] = held.get(attempt_id, 0) + length
+    over = sum(held.values()) - limit
+    if over <= 0:
+        return 0
+    done = finished(session, [(a, r) for a, r, _ in lasts], now)
+    shipping = {a for a, r, _ in lasts if (a, r) not in done}
+    removed = 0
+    for attempt_id in sorted(held):
+        if removed >= over:
+            break
+        if attempt_id in shipping:
+            continue
+        session.execute(delete(LogChunk).where(LogChunk.attempt_id == attempt_id))
+        session.add(Event(job_id=job_id, attempt_id=attempt_id, type=REMOVED_EVENT, at=now,
+                          data={"bytes": held[attempt_id], "setting": "SPOTBROKER_MAX_JOB_LOG_BYTES"}))
+        removed += held[attempt_id]
+    return removed

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.auth import digest
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import footprint
-from spotbroker.broker.jobs import reasons
+from spotbroker.broker.jobs import logs, reasons
 from spotbroker.broker.jobs.preflight import trial as preflight_trial
 from spotbroker.broker.jobs.runs import RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
@@ -97,6 +97,7 @@ class Launching:
                      launcher: str, why: str, preflight: bool = False) -> Attempt:
         """`preflight`: the job's trial run (`spec` is then the trial's, broker/jobs/preflight.py)."""
         now = self.clock.now()
+        logs.keep_within(session, job.id, self.settings.max_job_log_bytes, now)  # the ones before it have ended
         attempt = Attempt(job_id=job.id, state=A.LAUNCHING, launcher=launcher, cloud=placement.cloud,
                           region=placement.region, zone=placement.zone, zone_id=placement.zone_id,
                           instance_type=placement.instance_type, accelerator=placement.accelerator,

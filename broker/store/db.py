@@ -113,6 +113,9 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.execute("PRAGMA synchronous=NORMAL")
     cur.execute("PRAGMA foreign_keys=ON")
     cur.execute("PRAGMA busy_timeout=30000")
+    # Deleted rows' pages are reused, not zeroed first (the build's default): zeroing
+    # 1 GiB of an old attempt's log took 11.5 s inside a launch (the file is ours alone).
+    cur.execute("PRAGMA secure_delete=FAST")
     cur.close()
 
 

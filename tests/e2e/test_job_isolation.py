@@ -311,6 +311,27 @@ def test_a_job_that_prints_without_end_keeps_a_bounded_log(api, team_headers, se
     assert (run_dir / "node-0" / "workdir" / "done").exists()  # the job ran to its end
 
 
+
+def test_a_job_that_prints_its_bound_and_fails_again_and_again_keeps_its_logs_bounded(api, team_headers, settings):
+    """Each attempt starts fresh logs: a job that reaches the bound and fails,
+    restarting, kept them all. Now its ended attempts keep at most
+    SPOTBROKER_MAX_JOB_LOG_BYTES together: each new attempt removes the
+    oldest ones' logs (a `log_removed` event each); the newest stay whole."""
+    settings.max_job_log_bytes = budget = int(2.5 * LOG_BOUND)
+    h = team_headers("a")
+    run = "python -c \"import sys\nfor i in range(2000): sys.stdout.write('z' * 99 + chr(10))\"; exit 3"
+    job, _ = run_job(api, h, run, max_restarts=5)
+    ids = [a["id"] for a in job["attempts"]]
+    assert job["state"] == "FAILED" and len(ids) == 6
+    sizes = [len(api.get(f"/v1/jobs/{job['id']}/logs", params={"attempt": i}, headers=h).content) for i in ids]
+    assert sizes[:3] == [0, 0, 0] and all(LOG_BOUND < n < LOG_BOUND + 200 for n in sizes[3:]), sizes
+    assert sum(sizes[:-1]) <= budget  # what the last new attempt found ended, and kept
+    removed = [e for e in api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+               if e["type"] == "log_removed"]
+    assert [(e["attempt_id"], e["data"]["setting"]) for e in removed] == [
+        (i, "SPOTBROKER_MAX_JOB_LOG_BYTES") for i in ids[:3]]
+    assert all(LOG_BOUND < e["data"]["bytes"] < LOG_BOUND + 200 for e in removed)
+
 @pytest.mark.skipif(not ROOT, reason="needs root: a job of the broker's own user changes nothing root would not")
 def test_a_link_a_job_leaves_in_its_prefix_does_not_lead_the_next_attempts_provisioning(
         broker_env, api, team_headers, settings, tmp_path):

@@ -160,3 +160,43 @@ def test_logs_an_older_broker_kept_on_disk_are_moved_into_the_store(factory, att
     (folder / f"{attempt}.log").write_bytes(b"a different copy\n")
     assert import_disk_logs(factory, tmp_path) == 0
     assert whole(factory, attempt) == node0 and not (folder / f"{attempt}.log").exists()
+
+
+def test_a_job_keeps_its_newest_ended_attempts_logs_within_its_bound(factory):
+    """Past SPOTBROKER_MAX_JOB_LOG_BYTES the oldest ended attempts' logs go,
+    each with a `log_removed` event; the running attempt's, a node that may
+    still ship, and other jobs' logs stay."""
+    world = World(factory)
+    team = world.team()
+    job, other = world.job(team), world.job(team, name="other")
+    ids = [world.attempt(job, nodes=2) for _ in range(5)]
+    foreign = world.attempt(other)
+    for attempt_id in ids + [foreign]:
+        logs.append_at(factory, attempt_id, 0, 0, b"x" * 100_000)
+    logs.append_at(factory, ids[1], 1, 0, b"y" * 50_000)
+    end = T0 + timedelta(minutes=5)
+    for attempt_id in ids[:4] + [foreign]:
+        world.end(attempt_id, end, "failed")
+    with transaction(factory) as s:  # the second's node may still ship: its agent spoke, no exit seen yet
+        a = s.get(Attempt, ids[2])
+        a.state, a.end_reason, a.agent_seq = "PREEMPTED", "preempted", 3
+    now = end + timedelta(seconds=1)
+
+    with transaction(factory) as s:
+        assert logs.keep_within(s, job, 0, now) == 0                   # no bound
+        assert logs.keep_within(s, job, 450_000, now) == 0             # ended: 450,000 bytes, within
+        assert logs.keep_within(s, job, 200_000, now) == 250_000       # 1st and 2nd go; the 3rd still ships
+    with factory() as s:
+        removed = s.execute(select(Event.attempt_id, Event.data).where(Event.type == logs.REMOVED_EVENT)
+                            .order_by(Event.id)).all()
+        left = {(a, r) for a, r in s.execute(select(LogChunk.attempt_id, LogChunk.rank).distinct())}
+    assert [(a, d["bytes"]) for a, d in removed] == [(ids[0], 100_000), (ids[1], 150_000)]
+    assert left == {(ids[2], 0), (ids[3], 0), (ids[4], 0), (foreign, 0)}
+    assert whole(factory, ids[3]) == b"x" * 100_000
+
+    with transaction(factory) as s:  # the 3rd's node said its last word: now it goes, the 4th stays
+        s.add(Event(job_id=job, attempt_id=ids[2], type=protocol.TRAINER_EXITED, at=end, data={"exit_code": 143}))
+    with transaction(factory) as s:
+        assert logs.keep_within(s, job, 150_000, now) == 100_000
+    with factory() as s:
+        assert {a for (a,) in s.execute(select(LogChunk.attempt_id).distinct())} == {ids[3], ids[4], foreign}
