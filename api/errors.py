@@ -43,7 +43,7 @@ class ProblemDoc(BaseModel):
 
 
 _TITLES = {400: "Bad request", 401: "Unauthorized", 403: "Forbidden", 404: "Not found",
-           405: "Method not allowed", 408: "Request timeout", 409: "Conflict", 413: "Payload too large",
+           405: "Method not allowed", 408: "Request timeout", 409: "Conflict", 410: "Gone", 413: "Payload too large",
            415: "Unsupported media type", 422: "Invalid request", 429: "Too many requests",
            500: "Internal error", 503: "Unavailable"}
 

@@ -215,8 +215,9 @@ def job_events(job_id: JobId, session: SessionDep, team: CurrentTeam,
 
 
 @router.get("/{job_id}/logs", response_class=PlainTextResponse, responses={
-    **responses(401, 403, 404, 422, 429), 200: {"content": {"text/plain": {}},
-                                                "description": "the attempt's output (following: the job's)"}})
+    **responses(401, 403, 404, 410, 422, 429, s410="the attempt's log was removed to keep the job's logs "
+                "within SPOTBROKER_MAX_JOB_LOG_BYTES (its `log_removed` event)"),
+    200: {"content": {"text/plain": {}}, "description": "the attempt's output (following: the job's)"}})
 async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
                    attempt: Annotated[int | None, Query(ge=1, le=MAX_ID, description="default: the newest attempt")]
                    = None,
@@ -240,6 +241,8 @@ async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
         raise _not_found(job_id) from None
     except jobs.AttemptNotFound as exc:
         raise Problem(404, "Not found", str(exc)) from None
+    except jobs.LogRemoved as exc:
+        raise Problem(410, "Gone", str(exc)) from None
     followers: Followers = state.followers
     if not follow and start is None:
         return PlainTextResponse("")

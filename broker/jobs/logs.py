@@ -191,6 +191,13 @@ def append_at(factory: sessionmaker[Session], attempt_id: int, rank: int, offset
     raise AssertionError("unreachable")
 
 
+def removed(session: Session, job_id: int, attempt_id: int) -> int | None:
+    """The bytes of the attempt's logs that `keep_within` removed; None if it removed none."""
+    data = session.scalar(select(Event.data).where(Event.job_id == job_id, Event.attempt_id == attempt_id,
+                                                   Event.type == REMOVED_EVENT).limit(1))
+    return data.get("bytes") if isinstance(data, dict) else None
+
+
 def keep_within(session: Session, job_id: int, limit: int, now: datetime) -> int:
     """Remove the logs of the job's oldest ended attempts until those of its
     ended attempts together are at most `limit` bytes (0: no bound); how many

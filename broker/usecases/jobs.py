@@ -172,6 +172,10 @@ class AttemptNotFound(LookupError):
     pass
 
 
+class LogRemoved(LookupError):
+    """The attempt's log went to keep its job's logs within their bound (logs.keep_within)."""
+
+
 @dataclass(frozen=True)
 class LogStart:
     """Where to read an attempt's output: node `rank`'s log from `offset` (the
@@ -200,6 +204,9 @@ def log_start(factory: sessionmaker[Session], team_id: int, job_id: int, attempt
             raise AttemptNotFound(f"attempt {chosen.id} of job {job_id} has {chosen.num_nodes} node(s): "
                                   f"no node {rank}")
         offset, end = logs.tail_start(session, chosen.id, rank, lines)
+        if not end and (gone := logs.removed(session, job_id, chosen.id)) is not None:
+            raise LogRemoved(f"attempt {chosen.id}'s log ({gone} bytes) was removed: a job's ended attempts keep "
+                             "at most SPOTBROKER_MAX_JOB_LOG_BYTES of logs together, the oldest going first")
         return LogStart(chosen.id, rank, offset, end)
 
 

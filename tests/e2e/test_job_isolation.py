@@ -323,8 +323,12 @@ def test_a_job_that_prints_its_bound_and_fails_again_and_again_keeps_its_logs_bo
     job, _ = run_job(api, h, run, max_restarts=5)
     ids = [a["id"] for a in job["attempts"]]
     assert job["state"] == "FAILED" and len(ids) == 6
-    sizes = [len(api.get(f"/v1/jobs/{job['id']}/logs", params={"attempt": i}, headers=h).content) for i in ids]
-    assert sizes[:3] == [0, 0, 0] and all(LOG_BOUND < n < LOG_BOUND + 200 for n in sizes[3:]), sizes
+    reads = [api.get(f"/v1/jobs/{job['id']}/logs", params={"attempt": i}, headers=h) for i in ids]
+    assert [r.status_code for r in reads] == [410] * 3 + [200] * 3
+    assert f"attempt {ids[0]}'s log (" in reads[0].json()["detail"] and "SPOTBROKER_MAX_JOB_LOG_BYTES" in \
+        reads[0].json()["detail"]
+    sizes = [len(r.content) for r in reads[3:]]
+    assert all(LOG_BOUND < n < LOG_BOUND + 200 for n in sizes), sizes
     assert sum(sizes[:-1]) <= budget  # what the last new attempt found ended, and kept
     removed = [e for e in api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
                if e["type"] == "log_removed"]
