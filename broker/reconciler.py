@@ -390,6 +390,11 @@ class Reconciler:
         the same pass, as `launch` does for a refusal it raises."""
         if status.state == RunState.PENDING:  # a launch still in flight
             return False
+        if status.resend:
+            why = status.error or "the launch was lost"
+            if self.launching.resend(session, job, attempt_id, why):
+                return True  # (the caller launches the attempt again, at its place, in this pass)
+            status = RunStatus(RunState.FAILED, capacity=True, error=f"{why}; past the launch timeout: next place")
         if status.capacity:
             refused = recovery.refused_after_launch(session, job, attempt_id, status.error or "no capacity",
                                                     self.clock, self.launching.refusal_pause(job))

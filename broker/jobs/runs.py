@@ -20,3 +20,7 @@ class RunStatus:
     exit_code: int | None = None
     error: str | None = None  # FAILED before the job's command ran (provisioning): why
     capacity: bool = False    # with `error`: the place had no room (try the next one), not a broken launch
+    # with `error`: the launcher lost the launch it sent (SkyPilot's API server
+    # restarted and forgot it): send it again, to the same place; nothing is
+    # learned of the place
+    resend: bool = False

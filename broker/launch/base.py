@@ -28,6 +28,13 @@ class CapacityError(LaunchError):
     """No capacity or quota for this offer now: try the next offer."""
 
 
+class UnknownPlace(CapacityError):
+    """The launcher cannot launch in this place at all: a zone this AWS
+    account does not have (a Local Zone it has not opted in to), a zone or
+    region SkyPilot's catalog lacks. Another offer may launch: the next is
+    tried, and placement counts the place refused, as for capacity."""
+
+
 class LauncherUnavailable(Exception):
     """The service the launcher sends launches to cannot be reached now (its
     API server starting, restarting or gone; a 5xx): nothing about the job

@@ -177,6 +177,24 @@ class Launching:
             log.info("attempt %d: launch put off %.0f s: %s", attempt_id, delay, why)
             return True
 
+    def resend(self, session: Session, job: Job, attempt_id: int, why: str) -> bool:
+        """The launcher lost the launch it sent (SkyPilot's API server
+        restarted and forgot the request): True when the attempt keeps its
+        place and is to be launched again now (by the caller); nothing is
+        learned of the place. False when it has ended, or has waited the
+        launch timeout: then it is a place that gave no node in time."""
+        attempt = session.get(Attempt, attempt_id)
+        if attempt is None or attempt.state not in LIVE_ATTEMPT_STATES or job.state not in LIVE_JOB_STATES:
+            return False
+        if (self.clock.now() - attempt.created_at).total_seconds() >= self.settings.skypilot_launch_timeout:
+            return False
+        attempt.handle = None  # the same attempt, the same cluster name: never a second node
+        job.next_check_at = self.clock.now()  # (due, should the caller not launch it now)
+        session.add(Event(job_id=job.id, attempt_id=attempt.id, type="launch_resent", at=self.clock.now(),
+                          data={"reason": why}))
+        log.warning("attempt %d: %s", attempt_id, why)
+        return True
+
     def refusal_pause(self, job: Job) -> float:
         """Seconds before a job whose live attempt's launch was refused after it
         was sent (SkyPilot reports it later) is placed again: none, unless

@@ -183,7 +183,7 @@ class Attempt(Base):
     grid_source: Mapped[str | None] = mapped_column(String(64))
     energy_basis: Mapped[str | None] = mapped_column(String(16))  # estimated | measured
     gpu_joules: Mapped[float | None] = mapped_column(Float)       # measured by the agent (NVML), all nodes
-    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    handle: Mapped[dict[str, Any] | None] = mapped_column(JSON(none_as_null=True))  # None: SQL NULL (unlaunched)
     exit_code: Mapped[int | None] = mapped_column(Integer)
     # Set once the launcher has released what the attempt held (processes, VMs).
     released: Mapped[bool] = mapped_column(Boolean, default=False)

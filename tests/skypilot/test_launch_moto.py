@@ -15,7 +15,7 @@ import pytest
 from support.skyenv import SkyAws
 
 from spotbroker.broker.jobs.runs import RunState
-from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable, LaunchRequest
+from spotbroker.broker.launch.base import CapacityError, LauncherUnavailable, LaunchRequest, UnknownPlace
 from spotbroker.broker.pricing.offers import Placement
 
 pytestmark = pytest.mark.timeout(600)
@@ -229,18 +229,31 @@ def test_a_zone_id_placement_lands_in_that_zone(sky_aws: SkyAws, launcher) -> No
     assert instance["Placement"]["AvailabilityZone"] == "us-east-1c"
     launcher.terminate(handle)
     wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
+    # A place the account or SkyPilot's catalog does not have: the next place is
+    # tried (a CapacityError), never the job failed (a Local Zone not opted in to).
     unknown = Placement(**{**by_id.__dict__, "zone_id": "use1-az9"})
-    with pytest.raises(LaunchError, match="use1-az9 is not a zone of us-east-1"):
+    with pytest.raises(UnknownPlace, match="use1-az9 is not a zone of us-east-1"):
         launcher.launch(request(9, unknown))
+    not_in_catalog = Placement(**{**by_id.__dict__, "zone_id": None, "zone": "us-east-1z"})
+    with pytest.raises(UnknownPlace, match="SkyPilot does not know the place .*Invalid zone 'us-east-1z'"):
+        launcher.launch(request(9, not_in_catalog))
+    assert issubclass(UnknownPlace, CapacityError) and not sky_aws.instances()
 
 
-def test_a_launch_while_the_local_api_server_is_down_waits_for_it(sky_aws: SkyAws, launcher) -> None:
+def test_a_launch_while_the_local_api_server_is_down_waits_for_it_and_one_it_forgot_is_sent_again(
+        sky_aws: SkyAws, launcher) -> None:
     # The re-attach's api_status neither starts nor waits for a local server:
     # the launch is put off (never failed), and the janitor's probe starts it.
+    # A restart forgets the requests in flight: such a launch is followed until
+    # the server answers without it, then reported lost (never waited out for
+    # the launch timeout, never a refusal), to be sent again.
     import sky
 
     from spotbroker.broker.launch.skypilot.janitor import check
 
+    flying = launcher.launch(request(12, placement("us-east-1c")))
+    wait_for(sky_aws.instances, 90, "the instance in moto")
+    assert launcher.status(flying).state == RunState.PENDING
     sky.api_stop()
     with pytest.raises(LauncherUnavailable, match="SkyPilot's API server does not answer"):
         launcher.launch(request(10, placement("us-east-1b")))
@@ -253,10 +266,18 @@ def test_a_launch_while_the_local_api_server_is_down_waits_for_it(sky_aws: SkyAw
     while not check(launcher) and time.monotonic() < deadline:
         time.sleep(2)
     assert launcher.readiness() == (True, "SkyPilot can launch on aws")
+    lost = wait_for(lambda: (s := launcher.status(flying)).state != RunState.PENDING and s, 60, "the loss seen")
+    assert lost.resend and not lost.capacity and flying["request_id"] in lost.error, lost
+    again = launcher.launch(request(12, placement("us-east-1c")))
+    assert again["cluster"] == flying["cluster"] and again["request_id"] != flying["request_id"]
     handle = launcher.launch(request(10, placement("us-east-1b")))
-    (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
-    assert instance["Placement"]["AvailabilityZone"] == "us-east-1b"
+    wait_for(lambda: len(sky_aws.instances()) == 2, 90, "the second instance in moto")
+    time.sleep(3)
+    zones = sorted(i["Placement"]["AvailabilityZone"] for i in sky_aws.instances())
+    assert zones == ["us-east-1b", "us-east-1c"], f"each launch one node, at its place: {zones}"
+    assert launcher.status(again).state == RunState.PENDING
     launcher.terminate(handle)
+    launcher.terminate(again)
     wait_for(lambda: not sky_aws.instances(), 90, "no instance left")
 
 

@@ -8,6 +8,8 @@ launcher's side of it (the refusal SkyPilot raises, mapped to that status)
 is test_launch_moto.py's, against moto's EC2."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy import select
 
 from spotbroker.broker import auth
@@ -22,7 +24,7 @@ from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Attempt, Job
+from spotbroker.broker.store.models import Attempt, Event, Job
 from spotbroker.broker.usecases import jobs
 
 
@@ -132,3 +134,61 @@ def test_refusals_after_launch_are_bounded_like_a_fail_over_round(factory, setti
         assert job.state == "RECOVERING"
         wait = (job.next_check_at - Clock().now()).total_seconds()
         assert settings.placement_interval - 5 < wait <= settings.placement_interval
+
+
+class ForgetsTheFirstLaunch(RefusedAfterLaunch):
+    """SkyPilot's API server restarted after the first launch and forgot its
+    request: the launcher reports it lost (`resend`) until it is sent again."""
+
+    def status(self, handle: dict) -> RunStatus:
+        self.polled[handle["request_id"]] = self.polled.get(handle["request_id"], 0) + 1
+        if handle["request_id"] == "r-first" and self.polled["r-first"] > 1:  # in flight at the first look
+            return RunStatus(RunState.FAILED, resend=True, error="SkyPilot's API server no longer knows it")
+        return RunStatus(RunState.PENDING)
+
+    def launch(self, request: LaunchRequest) -> dict:
+        handle = super().launch(request)
+        return {**handle, "request_id": "r-first" if len(self.requests) == 1 else "r-again"}
+
+
+def test_a_launch_the_restarted_api_server_forgot_is_sent_again_to_the_same_place(factory, settings):
+    """Nothing is learned of the place, no attempt ends: the same attempt is
+    launched again, at its place, in the pass that saw it lost; past the
+    launch timeout it is a place that gave no node in time (the next is tried)."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with transaction(factory) as s:
+        seed_from_catalog(s)
+        team, _ = auth.create_team(s, "ml")
+        job_id = jobs.submit(s, team.id, JobSpec.model_validate({
+            "run": "python train.py", "resources": {"accelerators": "A10G:1"}})).id
+    sky = ForgetsTheFirstLaunch()
+    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1), "skypilot": sky}, settings,
+                     clock=Clock())
+    for _ in range(4):
+        sky.passes += 1
+        rec.pass_once()
+    assert [(p, r.attempt_id, r.placement) for p, r in sky.requests] == [
+        (1, sky.requests[0][1].attempt_id, sky.requests[0][1].placement),
+        (2, sky.requests[0][1].attempt_id, sky.requests[0][1].placement)]
+    with factory() as s:
+        attempt = s.get(Attempt, sky.requests[0][1].attempt_id)
+        assert attempt.state == "LAUNCHING" and attempt.handle["request_id"] == "r-again"
+        assert s.get(Job, job_id).state == "LAUNCHING"
+        events = s.scalars(select(Event).where(Event.job_id == job_id, Event.type == "launch_resent")).all()
+        assert [e.data["reason"] for e in events] == ["SkyPilot's API server no longer knows it"]
+        learned = load_histories(s, Clock().now(), settings).get(attempt_key(attempt))
+        assert learned is None or learned.capacity_failures == 0, "nothing learned of the place"
+    assert sky.downed == [], "the same cluster, launched again: nothing to release"
+
+    # Lost again once the launch timeout has passed: the next place.
+    sky.requests.pop()
+    with transaction(factory) as s:
+        attempt = s.get(Attempt, attempt.id)
+        attempt.handle = {**attempt.handle, "request_id": "r-first"}
+        attempt.created_at -= timedelta(seconds=settings.skypilot_launch_timeout)
+    sky.passes += 1
+    rec.pass_once()
+    with factory() as s:
+        first = s.get(Attempt, attempt.id)
+        assert (first.state, first.end_reason) == ("FAILED", EndReason.NO_CAPACITY)
+    assert len(sky.requests) == 2 and sky.requests[-1][1].attempt_id != attempt.id

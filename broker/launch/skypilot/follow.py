@@ -25,6 +25,10 @@ log = logging.getLogger(__name__)
 
 IN_FLIGHT = ("PENDING", "WAITING", "RUNNING")
 GONE = "GONE"  # the cluster is not in SkyPilot's table any more
+LOST = "LOST"  # the launch request is not in SkyPilot's table any more (its API server restarted)
+# Looks in a row at which the server answered without the request before it
+# counts as lost (a request is in its table before its id is returned).
+LOST_AFTER = 2
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,7 @@ class Seen:
     job_id: int | None = None             # SkyPilot's job on the cluster, once launched
     cluster: str | None = None            # INIT, UP, STOPPED or GONE
     job: str | None = None                # SkyPilot's JobStatus name
+    missing: int = 0                      # looks in a row whose answer lacked the request
 
 
 @dataclass
@@ -119,16 +124,32 @@ class Follower:
         self._asked = True
         if self.server is not None:
             self.server.healthy_now()  # (SkyPilot's calls would wait up to 600 s on a 503)
-        changed = False
+        changed, answered = False, set()
         for payload in self.sky.api_status(request_ids=list(flying)):
             cluster = flying.get(payload.request_id)
             if cluster is None:
                 continue
+            answered.add(payload.request_id)
             if payload.status in IN_FLIGHT:
-                changed = self._update(cluster, request=payload.status) or changed
+                changed = self._update(cluster, request=payload.status, missing=0) or changed
                 continue
             changed = self._finished(cluster, payload.request_id) or changed
+        for request_id in flying.keys() - answered:  # a restarted server forgets the requests it had
+            changed = self._missed(flying[request_id], request_id) or changed
         return changed
+
+    def _missed(self, cluster: str, request_id: str) -> bool:
+        with self._lock:
+            seen = self._seen.get(cluster)
+            if seen is None or seen.request_id != request_id:  # forgotten, or launched again meanwhile
+                return False
+            missing = seen.missing + 1
+            lost = missing >= LOST_AFTER
+            self._seen[cluster] = replace(seen, missing=missing, request=LOST if lost else seen.request)
+        if not lost:
+            return False
+        log.warning("cluster %s: SkyPilot's API server no longer knows launch request %s", cluster, request_id)
+        return True
 
     def _finished(self, cluster: str, request_id: str) -> bool:
         try:

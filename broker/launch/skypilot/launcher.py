@@ -32,9 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from spotbroker.broker.jobs.runs import RunState, RunStatus
-from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest
-from spotbroker.broker.launch.skypilot.errors import Outcome, server_unreachable
-from spotbroker.broker.launch.skypilot.follow import GONE, IN_FLIGHT, Follower
+from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest, UnknownPlace
+from spotbroker.broker.launch.skypilot.errors import Outcome, one_line, server_unreachable
+from spotbroker.broker.launch.skypilot.follow import GONE, IN_FLIGHT, LOST, Follower
 from spotbroker.broker.launch.skypilot.node import node_program
 from spotbroker.broker.launch.skypilot.server import ServerWatch
 from spotbroker.broker.launch.skypilot.task import chosen_alternative, kept_resources, node_task
@@ -121,6 +121,9 @@ class SkyPilotLauncher:
         except Exception as exc:  # refused before it was queued: the task itself (the server checks it again)
             if server_unreachable(exc):
                 raise self.server.unavailable(exc) from None
+            if _unknown_place(exc):  # not the job's fault: another place may launch
+                raise UnknownPlace(f"SkyPilot does not know the place {request.placement.place}: {one_line(exc)}") \
+                    from None
             raise LaunchError(f"SkyPilot refused the launch: {type(exc).__name__}: {exc}") from None
         self.server.answered()
         handle = {"cluster": cluster, "request_id": str(request_id), "submitted_at": time.time()}
@@ -210,6 +213,10 @@ class SkyPilotLauncher:
                                  error=f"no node in {self.launch_timeout_s:g} s (launch still waiting): "
                                        "cancelled, trying the next place")
             return RunStatus(RunState.PENDING)
+        if seen.request == LOST:
+            return RunStatus(RunState.FAILED, resend=True,
+                             error=f"SkyPilot's API server no longer knows launch request {seen.request_id} "
+                                   "(it restarted): the launch is sent again")
         if seen.request == "FAILED":
             failure = seen.failure
             capacity = failure.outcome != Outcome.BROKEN
@@ -242,6 +249,11 @@ def _broker_names(infra: str) -> tuple[str, ...]:
     cloud, _, context = infra.partition("/")
     cloud = CLOUD_NAMES.get(cloud.lower(), cloud.lower())
     return (cloud, f"{cloud}/{context}") if context else (cloud,)
+
+
+def _unknown_place(exc: BaseException) -> bool:
+    """SkyPilot's catalog has no such region or zone (`validate_region_zone`'s ValueError)."""
+    return isinstance(exc, ValueError) and str(exc).startswith(("Invalid zone ", "Invalid region "))
 
 
 def _run_status(cluster: str | None, job: str | None) -> RunStatus:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable
+from spotbroker.broker.launch.base import LaunchError, LauncherUnavailable, UnknownPlace
 from spotbroker.broker.pricing.offers import Placement
 
 _TIMEOUTS = {"connect_timeout": 5, "read_timeout": 10, "retries": {"max_attempts": 2}}
@@ -37,7 +37,7 @@ class ZoneNames:
             with self._lock:
                 self._names[p.region] = names
         if p.zone_id not in names:
-            raise LaunchError(f"zone ID {p.zone_id} is not a zone of {p.region} in this AWS account "
+            raise UnknownPlace(f"zone ID {p.zone_id} is not a zone of {p.region} in this AWS account "
                               f"(its zones: {', '.join(sorted(names)) or 'none'})")
         return names[p.zone_id]
 
