@@ -67,6 +67,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         elif settings.local_launcher is None:  # off by default, not by the operator: say why
             log.warning("the local launcher is off (the server listens beyond loopback); "
                         "set SPOTBROKER_LOCAL_LAUNCHER=true to run jobs on this host")
+        for warning in settings.replica_warnings():
+            log.warning("%s", warning)
         reconciler = Reconciler(factory, launchers, settings, clock=clock)
         app.state.settings, app.state.engine, app.state.session_factory = settings, engine, factory
         app.state.clock, app.state.reconciler, app.state.launchers = clock, reconciler, launchers

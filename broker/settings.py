@@ -166,6 +166,24 @@ class Settings(BaseSettings):
     def checkpoint_uri(self) -> str:
         return self.checkpoint_root or (self.data_dir / "checkpoints").as_uri()
 
+    def replica_warnings(self) -> list[str]:
+        """What a broker on a database others can share must not keep to
+        itself: with these defaults a second replica cannot find the first's
+        uploads, and a node reports to the replica that launched it alone
+        (both seen lost with the replica: the job's code, its logs, its run)."""
+        if not self.database_url or self.sqlalchemy_url.startswith("sqlite"):
+            return []
+        said = []
+        if self.checkpoint_root is None:
+            said.append(f"SPOTBROKER_CHECKPOINT_ROOT is unset: checkpoints and uploads stay under this broker's "
+                        f"data directory ({self.checkpoint_uri}); brokers on one database must share one root "
+                        "(an s3://, gs:// or az:// bucket, or one shared file system)")
+        if self.advertise_url is None:
+            said.append(f"SPOTBROKER_ADVERTISE_URL is unset: nodes report to this broker alone ({self.agent_url}); "
+                        "brokers on one database must advertise one address that reaches any of them "
+                        "(their load balancer)")
+        return said
+
     @property
     def local_uids(self) -> range:
         first, last = (int(n) for n in self.local_uid_range.split("-"))

@@ -17,6 +17,19 @@ def test_embedded_defaults(tmp_path, monkeypatch):
         "postgresql+psycopg://u@h/db"
 
 
+def test_a_broker_on_a_shared_database_is_told_what_its_replicas_must_share(tmp_path):
+    """Each replica's own checkpoint root and address lost a killed replica's
+    jobs (their code, logs and runs): on a database others can share, an unset
+    root or advertised address is said at start."""
+    assert Settings(data_dir=tmp_path, _env_file=None).replica_warnings() == []  # SQLite: one host
+    pg = "postgresql://u@h/db"
+    root, url = Settings(database_url=pg, data_dir=tmp_path, _env_file=None).replica_warnings()
+    assert root.startswith("SPOTBROKER_CHECKPOINT_ROOT is unset") and tmp_path.as_uri() in root
+    assert url.startswith("SPOTBROKER_ADVERTISE_URL is unset") and "http://127.0.0.1:8000" in url
+    assert Settings(database_url=pg, data_dir=tmp_path, checkpoint_root="s3://b", advertise_url="https://sb.example",
+                    _env_file=None).replica_warnings() == []
+
+
 def test_egress_defaults_are_the_protocols(tmp_path):
     prices = egress_prices(Settings(data_dir=tmp_path, _env_file=None))
     protocol = EgressPrices()
