@@ -59,6 +59,22 @@ class RefusedAfterLaunch:
         self.downed.append(handle["cluster"])
 
 
+def a_job_and_passes(factory, settings, sky: RefusedAfterLaunch, passes: int) -> tuple[int, Reconciler]:
+    """An A10G job, then `passes` reconciler passes with `sky` as SkyPilot's launcher."""
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with transaction(factory) as s:
+        seed_from_catalog(s)
+        team, _ = auth.create_team(s, "ml")
+        job_id = jobs.submit(s, team.id, JobSpec.model_validate({
+            "run": "python train.py", "resources": {"accelerators": "A10G:1"}})).id
+    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1), "skypilot": sky}, settings,
+                     clock=Clock())
+    for _ in range(passes):
+        sky.passes += 1
+        rec.pass_once()
+    return job_id, rec
+
+
 def test_a_refusal_after_launch_ends_no_capacity_counts_the_zone_and_launches_the_next_place(
         factory, settings):
     settings.data_dir.mkdir(parents=True, exist_ok=True)
@@ -112,19 +128,9 @@ def test_refusals_after_launch_are_bounded_like_a_fail_over_round(factory, setti
     """Each refusal launches the next place in the same pass, one per job per
     pass; after launch_failover_limit refusals in a row within a placement
     interval the job waits an interval, as a round whose every place refused."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
     settings.launch_failover_limit = 3
-    with transaction(factory) as s:
-        seed_from_catalog(s)
-        team, _ = auth.create_team(s, "ml")
-        job_id = jobs.submit(s, team.id, JobSpec.model_validate({
-            "run": "python train.py", "resources": {"accelerators": "A10G:1"}})).id
     sky = RefusesEverything()
-    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1), "skypilot": sky}, settings,
-                     clock=Clock())
-    for _ in range(8):
-        sky.passes += 1
-        rec.pass_once()
+    job_id, _ = a_job_and_passes(factory, settings, sky, 8)
     per_pass = [p for p, _ in sky.requests]
     assert len(sky.requests) == 3, per_pass
     assert len(set(per_pass)) == len(per_pass), f"at most one launch per job per pass: {per_pass}"
@@ -155,18 +161,8 @@ def test_a_launch_the_restarted_api_server_forgot_is_sent_again_to_the_same_plac
     """Nothing is learned of the place, no attempt ends: the same attempt is
     launched again, at its place, in the pass that saw it lost; past the
     launch timeout it is a place that gave no node in time (the next is tried)."""
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    with transaction(factory) as s:
-        seed_from_catalog(s)
-        team, _ = auth.create_team(s, "ml")
-        job_id = jobs.submit(s, team.id, JobSpec.model_validate({
-            "run": "python train.py", "resources": {"accelerators": "A10G:1"}})).id
     sky = ForgetsTheFirstLaunch()
-    rec = Reconciler(factory, {"local": LocalLauncher(settings.data_dir, 1), "skypilot": sky}, settings,
-                     clock=Clock())
-    for _ in range(4):
-        sky.passes += 1
-        rec.pass_once()
+    job_id, rec = a_job_and_passes(factory, settings, sky, 4)
     assert [(p, r.attempt_id, r.placement) for p, r in sky.requests] == [
         (1, sky.requests[0][1].attempt_id, sky.requests[0][1].placement),
         (2, sky.requests[0][1].attempt_id, sky.requests[0][1].placement)]
