@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from sqlalchemy import delete, func, select, tuple_
+from sqlalchemy import delete, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -207,15 +207,14 @@ def keep_within(session: Session, job_id: int, limit: int, now: datetime) -> int
         return 0
     ended = select(Attempt.id).where(Attempt.job_id == job_id,
                                      Attempt.state.not_in([str(s) for s in LIVE_ATTEMPT_STATES]))
-    # Only the index is read for each log's last row; the bytes stay on disk.
-    lasts = session.execute(select(LogChunk.attempt_id, LogChunk.rank, func.max(LogChunk.start))
-                            .where(LogChunk.attempt_id.in_(ended)).group_by(LogChunk.attempt_id, LogChunk.rank)).all()
-    if not lasts:
-        return 0
-    sizes = session.execute(select(LogChunk.attempt_id, LogChunk.start + LogChunk.size).where(
-        tuple_(LogChunk.attempt_id, LogChunk.rank, LogChunk.start).in_([tuple(row) for row in lasts]))).all()
+    # Each log's length from its last row, found on the index: the bytes stay on disk.
+    last = (select(LogChunk.attempt_id, LogChunk.rank, func.max(LogChunk.start).label("start"))
+            .where(LogChunk.attempt_id.in_(ended)).group_by(LogChunk.attempt_id, LogChunk.rank).subquery())
+    lasts = session.execute(select(LogChunk.attempt_id, LogChunk.rank, LogChunk.start + LogChunk.size).join(
+        last, (LogChunk.attempt_id == last.c.attempt_id) & (LogChunk.rank == last.c.rank)
+        & (LogChunk.start == last.c.start))).all()
     held: dict[int, int] = {}
-    for attempt_id, length in sizes:
+    for attempt_id, _, length in lasts:
         held[attempt_id] = held.get(attempt_id, 0) + length
     over = sum(held.values()) - limit
     if over <= 0:
