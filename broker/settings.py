@@ -171,7 +171,7 @@ class Settings(BaseSettings):
         itself: with these defaults a second replica cannot find the first's
         uploads, and a node reports to the replica that launched it alone
         (both seen lost with the replica: the job's code, its logs, its run)."""
-        if not self.database_url or self.sqlalchemy_url.startswith("sqlite"):
+        if self.sqlalchemy_url.startswith("sqlite"):
             return []
         said = []
         if self.checkpoint_root is None:
