@@ -163,7 +163,9 @@ def stack(sky_aws: SkyAws, root: Path, replicas: int = 2) -> Iterator[Stack]:
             r.start()
         for r in started:
             try:
-                wait_for(r.ready, 150, f"replica {r.name} ready to launch (see {r.log})", every=1.0)
+                # 15 s on a quiet machine; over 150 s in one CI run, where this file starts beside the
+                # other heaviest (each with SkyPilot's server, whose workers import SkyPilot under load)
+                wait_for(r.ready, 300, f"replica {r.name} ready to launch (see {r.log})", every=1.0)
             except AssertionError as exc:
                 raise AssertionError(f"{exc}; its /readyz said: {r.last_ready}") from None
         yield Stack(sky_aws, factory, started, {"Authorization": f"Bearer {token}"})
