@@ -35,6 +35,7 @@ from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.metrics.collector import MoneyCollector
 from spotbroker.broker.money.settings import get_money_settings
+from spotbroker.broker.pricing.known import KnownAccelerators
 from spotbroker.broker.pricing.offers import seed_from_catalog
 from spotbroker.broker.reconciler import Reconciler
 from spotbroker.broker.settings import Settings, get_settings
@@ -73,6 +74,9 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.settings, app.state.engine, app.state.session_factory = settings, engine, factory
         app.state.clock, app.state.reconciler, app.state.launchers = clock, reconciler, launchers
         app.state.keyring = keyring
+        k8s = reconciler.placer.kubernetes
+        app.state.accelerators = KnownAccelerators(
+            factory, also=(n.accelerator for c in (k8s.clusters if k8s else ()) for n in c.nodes))
         # the deployment's totals: exported by the broker holding the metrics lease (see its module)
         deployment = MoneyCollector(factory, clock, hold_s=get_money_settings().lease_seconds)
         app.state.metrics_registry.register(deployment)

@@ -77,6 +77,16 @@ async def _parse_task(request: Request, body: bytes) -> tuple[dict, list[dict]]:
     return await anyio.to_thread.run_sync(taskyaml.parse_warned, body, limiter=limiter)
 
 
+def _with_lines(errors: list[dict], body: bytes, fmt: str) -> list[dict]:
+    """A task file's errors, each with the line of its field."""
+    if fmt == "yaml":
+        text = body.decode("utf-8")
+        for err in errors:
+            if line := taskyaml.line_of(text, err["field"]):
+                err["line"] = line
+    return errors
+
+
 async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
     """The submitted spec, the team `policy`'s defaults merged under it, and
     the warnings about what of it was dropped."""
@@ -111,12 +121,9 @@ async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
         for err in errors:
             if err["field"] == "labels":
                 err["message"] = resfields.MISPLACED_LABELS
-        if fmt == "yaml":
-            text = body.decode("utf-8")
-            for err in errors:
-                if line := taskyaml.line_of(text, err["field"]):
-                    err["line"] = line
-        raise invalid(errors) from None
+        raise invalid(_with_lines(errors, body, fmt)) from None
+    if errors := await run_in_threadpool(request.app.state.accelerators.errors, spec):
+        raise invalid(_with_lines(errors, body, fmt))
     if len(json.dumps(spec.stored())) > MAX_SPEC_BYTES:
         raise invalid([{"field": "body", "message": f"the stored spec would be over {MAX_SPEC_BYTES} bytes"}])
     return spec, warnings

@@ -221,6 +221,10 @@ def teams_create(name: str, as_json: bool) -> None:
         except ValueError as exc:
             raise click.ClickException(str(exc)) from None
         team_name = team.name
+        if variable("URL"):  # the shell names a broker that may keep its teams elsewhere: say where this went
+            click.echo(f"spotbroker: made in this host's database ({engine.url.render_as_string()}); if the "
+                       f"broker at {variable('URL')} uses another, export SPOTBROKER_ADMIN_TOKEN to make the "
+                       "team through it", err=True)
     if as_json:
         click.echo(json.dumps({"team": team_name, "token": token}))
     else:

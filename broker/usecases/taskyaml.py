@@ -220,6 +220,7 @@ def _skypilot(doc: dict[str, Any], ours: dict[str, Any]):
 _PATH_RE = re.compile(r"Check problematic field\(s\): \$\.?(\S*)")
 _VALUE_RE = re.compile(r"Invalid (port|disk_tier|network_tier|label)\b")
 _KEY_RE = re.compile(r"(?:Instead of|unsupported field) '([^']+)'")
+_QUOTED_KEY_RE = re.compile(r"""The "(\w+)" field\b.*?(?:Found: '([^']*)')?$""", re.S)  # a value of the wrong form
 
 
 def _field_of(message: str, doc: dict[str, Any]) -> str:
@@ -230,6 +231,8 @@ def _field_of(message: str, doc: dict[str, Any]) -> str:
         return ".".join(p for p in (section, path) if p) or "body"
     if m := _KEY_RE.search(message):
         return _find_key(doc, m[1]) or m[1]
+    if m := _QUOTED_KEY_RE.search(message):
+        return _find_key(doc, m[1], m[2]) or f"resources.{m[1]}"
     if m := re.search(r"Environment variable '([^']+)'", message):
         return f"envs.{m[1]}"
     if m := _VALUE_RE.match(message):  # a resource field's value: "Invalid port 70000..."
@@ -238,8 +241,9 @@ def _field_of(message: str, doc: dict[str, Any]) -> str:
     return section or "body"
 
 
-def _find_key(doc: dict[str, Any], key: str) -> str | None:
-    """Where `key` is: the top, the resources, an alternative, a file mount."""
+def _find_key(doc: dict[str, Any], key: str, value: str | None = None) -> str | None:
+    """Where `key` is: the top, the resources, an alternative, a file mount
+    (with `value`, where it has that value, if any place does)."""
     places: list[tuple[str, Any]] = [("", doc)]
     res = doc.get("resources")
     if isinstance(res, dict):
@@ -250,10 +254,11 @@ def _find_key(doc: dict[str, Any], key: str) -> str | None:
                 places += [(f"resources.{alt_key}.{i}", alt) for i, alt in enumerate(alts)]
     if isinstance(doc.get("file_mounts"), dict):
         places += [(f"file_mounts.{r}", m) for r, m in doc["file_mounts"].items()]
-    for prefix, node in places:
-        if isinstance(node, dict) and key in node:
-            return f"{prefix}.{key}" if prefix else key
-    return None
+    found = [f"{prefix}.{key}" if prefix else key for prefix, node in places
+             if isinstance(node, dict) and key in node and (value is None or str(node[key]) == value)]
+    if not found and value is not None:
+        return _find_key(doc, key)
+    return found[0] if found else None
 
 
 def _with_ours(message: str, field: str, doc: dict[str, Any], ours: dict[str, Any]) -> str:

@@ -68,6 +68,11 @@ BAD_SPECS = [
     (b"run: x\nresources:\n  accelerators: {" + b", ".join(b"G%d: 1" % i for i in range(65)) + b"}\n", YAML,
      "resources.any_of", "64"),
     (json.dumps({"run": "x", "estimated_hours": 1, "deadline": FAR}).encode(), JSON, "deadline", "365 days"),
+    # a name no offer has: refused at once (it was accepted, then FAILED no_feasible_offer), with the close names
+    (b'{"run": "x", "resources": {"accelerators": "H10:8"}}', JSON, "resources.accelerators", "did you mean"),
+    (b"run: x\nresources:\n  any_of:\n    - {accelerators: L4}\n    - {accelerators: Z9}\n", YAML,
+     "resources.any_of.1.accelerators", "'Z9'"),
+    (b"run: x\nresources:\n  accelerators: T4:x\n", YAML, "resources.accelerators", "not a number"),
     (b'{"run": "x", "estimated_hours": 1, "deadline": "9999-12-31T00:00:00Z"}', JSON, "deadline", "365 days"),
 ]
 

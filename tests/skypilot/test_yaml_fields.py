@@ -77,6 +77,8 @@ def test_max_hourly_cost_is_the_brokers_price_bound():
     ({"ports": "9000-8000"}, "resources.ports", "9000-8000"),
     ({"disk_tier": "fastest"}, "resources.disk_tier", "fastest"),
     ({"labels": {"team": {"a": 1}}}, "resources.labels", "labels"),
+    ({"accelerators": "T4:x"}, "resources.accelerators", "'x' is not a number"),
+    ({"any_of": [{"accelerators": "L4:1"}, {"accelerators": "T4:x"}]}, "resources.any_of.1.accelerators", "T4:x"),
 ])
 def test_a_bad_value_is_refused_naming_the_field(resources, field, message):
     from pydantic import ValidationError

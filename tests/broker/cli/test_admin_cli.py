@@ -115,3 +115,8 @@ def test_teams_create_goes_through_the_broker_named_by_spotbroker_url(api, env):
     assert r.returncode == 1 and "research" in r.stderr and "Traceback" not in r.stderr
     r = spotbroker("teams", "create", "other", "--json", env=remote)
     assert json.loads(r.stdout)["team"] == "other"
+    # no admin token: made in this host's database, and the user is told so (it went there silently)
+    r = spotbroker("teams", "create", "local", "--json", env={k: v for k, v in env.items()
+                                                              if k != "SPOTBROKER_ADMIN_TOKEN"})
+    assert r.returncode == 0 and json.loads(r.stdout)["team"] == "local", r.stderr
+    assert "this host's database" in r.stderr and "SPOTBROKER_ADMIN_TOKEN" in r.stderr, r.stderr

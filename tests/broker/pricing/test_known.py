@@ -1,0 +1,58 @@
+"""Which accelerator names some offer has (what a submission is checked
+against): read from the offers, kept a while, looked up again before a name
+is refused, and nothing refused while no offer is known at all."""
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import delete
+
+from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.pricing.known import KnownAccelerators
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import PriceOffer
+
+
+def offer(accelerator: str | None) -> PriceOffer:
+    now = datetime.now(UTC)
+    return PriceOffer(cloud="aws", region="us-east-1", place="us-east-1a", zone="us-east-1a", zone_id="use1-az1",
+                      instance_type=f"x.{accelerator}", accelerator=accelerator, accelerator_count=1,
+                      spot_price=0.2, ondemand_price=0.5, observed_at=now, checked_at=now, source="test",
+                      listed=True)
+
+
+def spec(accelerators: str, **resources) -> JobSpec:
+    return JobSpec.model_validate({"run": "x", "resources": {"accelerators": accelerators, **resources}})
+
+
+def test_a_name_is_refused_only_when_offers_are_known_and_none_has_it(factory):
+    known = KnownAccelerators(factory, also=["MI300X"])
+    assert known.errors(spec("Z9:1")) == []  # no offer at all yet: nothing to tell by
+    with transaction(factory) as s:
+        s.add_all([offer("T4"), offer("H100"), offer(None)])
+    known = KnownAccelerators(factory, also=["MI300X"])
+    assert known.errors(spec("t4:1")) == [] and known.errors(spec("MI300X:8")) == []
+    (err,) = known.errors(spec("H10:8"))
+    assert err["field"] == "resources.accelerators" and "did you mean H100?" in err["message"], err
+    assert known.errors(spec("Z9:1", infra="local")) == []  # the broker's host: no offers there
+    flight = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "H100:8"},
+                                     "preflight": {"accelerators": "T5:1"}})
+    assert [e["field"] for e in known.errors(flight)] == ["preflight.accelerators"]
+
+
+def test_a_name_listed_after_the_last_read_is_accepted(factory):
+    with transaction(factory) as s:
+        s.add(offer("T4"))
+    known = KnownAccelerators(factory, ttl_s=3600)
+    assert known.errors(spec("T4:1")) == []
+    with transaction(factory) as s:
+        s.add(offer("L40S"))
+    known._read_at -= 2  # the names are more than a second old: a miss reads them again
+    assert known.errors(spec("L40S:1")) == []
+    with transaction(factory) as s:
+        s.execute(delete(PriceOffer))
+        s.add(offer("T4"))
+    known._read_at -= 3600
+    (err,) = known.errors(JobSpec.model_validate({"run": "x", "resources": {
+        "accelerators": "T4:1", "any_of": [{"cpus": "4"}, {"accelerators": "L40S:1"}]}}))
+    assert err["field"] == "resources.any_of.1.accelerators", err
