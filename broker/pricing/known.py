@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Iterable
 
-from sqlalchemy import distinct, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.jobs.resources import Infra, parse_accelerator
@@ -60,7 +60,7 @@ class KnownAccelerators:
             now = time.monotonic()
             if now - self._read_at > (1.0 if fresh else self._ttl_s):
                 with self._factory() as session:
-                    found = session.scalars(select(distinct(PriceOffer.accelerator))
+                    found = session.scalars(select(PriceOffer.accelerator).distinct()
                                             .where(PriceOffer.accelerator.is_not(None)))
                     self._names = frozenset(found)
                 self._read_at = now
