@@ -78,11 +78,12 @@ async def _parse_task(request: Request, body: bytes) -> tuple[dict, list[dict]]:
 
 
 def _with_lines(errors: list[dict], body: bytes, fmt: str) -> list[dict]:
-    """A task file's errors, each with the line of its field."""
+    """A task file's errors (the first few), each with the line of its field."""
+    errors = taskyaml.capped(errors)
     if fmt == "yaml":
-        text = body.decode("utf-8")
+        lines = taskyaml.Lines(body.decode("utf-8"))
         for err in errors:
-            if line := taskyaml.line_of(text, err["field"]):
+            if line := lines.of(err["field"]):
                 err["line"] = line
     return errors
 

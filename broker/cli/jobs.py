@@ -90,7 +90,7 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
             with progress.waiting("submitting: the broker reads the task file", shown):
                 job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if rewritten else data)
     except ApiError as exc:
-        raise click.ClickException(f"{file}: {_located(exc, data if fmt == 'yaml' else None)}") from None
+        raise click.ClickException(f"{file}: {_located(exc, data if fmt == 'yaml' else None, flags)}") from None
     for warning in job.get("warnings") or []:
         line = _line_in(data, str(warning.get("field"))) if fmt == "yaml" else None
         click.echo(f"{file}{f':{line}' if line else ''}: warning: {warning.get('field')}: {warning.get('message')}",
@@ -169,19 +169,28 @@ def _upload_local(c: Client, doc: dict[str, Any], base: Path,
     return doc, uploaded
 
 
-def _located(exc: ApiError, text: bytes | None) -> str:
+def _located(exc: ApiError, text: bytes | None, flags) -> str:
     """The API's message, each field error with its line in the user's file
-    (the broker may have read a re-written copy, with uploads in it)."""
+    (the broker may have read a re-written copy, with uploads in it), or the
+    flag that set the field; one line per flag and message."""
     errors = exc.body.get("errors") or []
-    if not errors or text is None:
+    if not errors or (text is None and not flags.any()):
         return str(exc)
-    from spotbroker.broker.usecases.taskyaml import line_of
+    from spotbroker.broker.jobs import overrides
+    from spotbroker.broker.usecases.taskyaml import Lines
 
-    lines = [exc.body.get("detail") or str(exc.status)]
+    where = Lines(text.decode("utf-8", "replace")) if text is not None else None
+    out, told = [exc.body.get("detail") or str(exc.status)], set()
     for err in errors:
-        line = line_of(text.decode("utf-8", "replace"), str(err.get("field")))
-        lines.append(f"  {f'line {line}: ' if line else ''}{err.get('field')}: {err.get('message')}")
-    return "\n".join(lines)
+        field, message = str(err.get("field")), err.get("message")
+        if (flag := overrides.flag_of(field, flags)) is not None:
+            if (flag, message) not in told:
+                told.add((flag, message))
+                out.append(f"  {flag}: {message}")
+            continue
+        line = where.of(field) if where is not None else None
+        out.append(f"  {f'line {line}: ' if line else ''}{field}: {message}")
+    return "\n".join(out)
 
 
 def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir", one_file: bool = False,

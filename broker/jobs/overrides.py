@@ -47,6 +47,31 @@ def apply(doc: dict[str, Any], flags: LaunchFlags) -> dict[str, Any]:
     return doc
 
 
+def flag_of(field: str, flags: LaunchFlags) -> str | None:
+    """The flag that set a field of the applied document, as the user typed
+    it (an error about that field is the flag's, not a line of the file)."""
+    parts = field.split(".")
+    last = parts[-1]
+    in_resources = parts[0] == "resources" and (len(parts) == 2 or parts[1] in _ALTERNATIVES)
+    if field == "name" and flags.name is not None:
+        return f"--name {flags.name}"
+    if field == "num_nodes" and flags.num_nodes is not None:
+        return f"--num-nodes {flags.num_nodes}"
+    if in_resources and last == "accelerators" and flags.gpus is not None:
+        return f"--gpus {flags.gpus}"
+    if in_resources and last in _PLACE_KEYS and flags.infra is not None:
+        return f"--infra {flags.infra}"
+    if in_resources and last == "use_spot" and flags.use_spot is not None:
+        return "--use-spot" if flags.use_spot else "--no-use-spot"
+    if len(parts) == 2 and parts[0] in ("envs", "secrets"):
+        given = flags.envs if parts[0] == "envs" else flags.secrets
+        if any(k == last for k, _ in given):
+            return f"--{parts[0][:-1]} {last}"
+        if last in flags.env_file:
+            return "--env-file"
+    return None
+
+
 def _variables(doc: dict[str, Any], flags: LaunchFlags) -> None:
     secrets = doc.get("secrets")
     if isinstance(secrets, list):  # SkyPilot's `secrets: [NAME]`: values given at launch

@@ -41,6 +41,7 @@ class TaskFileError(ValueError):
     """The file is not a task the broker can run: [{"field", "message", "line"?}]."""
 
     def __init__(self, errors: list[dict[str, Any]]) -> None:
+        errors = capped(errors)
         super().__init__("; ".join(f"{e['field']}: {e['message']}" for e in errors))
         self.errors = errors
 
@@ -66,9 +67,11 @@ def parse_warned(data: bytes) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 
 def _add_lines(data: bytes, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    text = data.decode("utf-8")
+    if not items:
+        return items
+    lines = Lines(data.decode("utf-8"))
     for item in items:
-        if "line" not in item and (line := line_of(text, item["field"])):
+        if "line" not in item and (line := lines.of(item["field"])):
             item["line"] = line
     return items
 
@@ -79,6 +82,7 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
     doc = copy.deepcopy(doc)
     if "labels" in doc:  # before SkyPilot's "unsupported field": say where they go
         raise TaskFileError([{"field": "labels", "message": resfields.MISPLACED_LABELS}])
+    _refuse_oversized(doc)
     _refuse_unset(doc)
     ours = {k: doc.pop(k) for k in OURS if k in doc}
     res, prices = _take_prices(doc.get("resources"))
@@ -108,6 +112,35 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
         warnings.extend(dropped)
     out["resources"] = resources
     return out
+
+
+def _refuse_oversized(doc: dict[str, Any]) -> None:
+    """Counts the spec bounds anyway, checked before SkyPilot reads the file
+    (1 MB of labels took SkyPilot's schema 7 s on a loaded machine, a
+    task-file slot held all along)."""
+    from spotbroker.broker.jobs.execlimits import MAX_ENV_BYTES
+    from spotbroker.broker.jobs.spec import MAX_FILE_MOUNTS
+
+    errors = []
+    res = doc.get("resources")
+    levels = [("resources", res)] if isinstance(res, dict) else []
+    levels += [(f"resources.{k}.{i}", alt) for _, level in levels[:1] for k in _ALTERNATIVES
+               if isinstance(level.get(k), list) for i, alt in enumerate(level[k]) if isinstance(alt, dict)]
+    for where, level in levels:
+        labels = level.get("labels")
+        if isinstance(labels, dict) and len(labels) > resfields.MAX_LABELS:
+            errors.append({"field": f"{where}.labels", "message": f"at most {resfields.MAX_LABELS} labels"})
+    mounts = doc.get("file_mounts")
+    if isinstance(mounts, dict) and len(mounts) > MAX_FILE_MOUNTS:
+        errors.append({"field": "file_mounts", "message": f"{len(mounts)} mounts: at most {MAX_FILE_MOUNTS} "
+                       "(mount a directory that holds them)"})
+    for name in ("envs", "secrets"):  # each at least `N=` and a NUL in the job's environment
+        values = doc.get(name)
+        if isinstance(values, dict | list) and len(values) * 3 > MAX_ENV_BYTES:
+            errors.append({"field": name, "message": f"{len(values)} variables: envs and secrets together take "
+                           f"at most {MAX_ENV_BYTES} bytes as the job's environment"})
+    if errors:
+        raise TaskFileError(errors)
 
 
 def _refuse_unset(doc: dict[str, Any]) -> None:
@@ -220,6 +253,8 @@ def _skypilot(doc: dict[str, Any], ours: dict[str, Any]):
 _PATH_RE = re.compile(r"Check problematic field\(s\): \$\.?(\S*)")
 _VALUE_RE = re.compile(r"Invalid (port|disk_tier|network_tier|label)\b")
 _KEY_RE = re.compile(r"(?:Instead of|unsupported field) '([^']+)'")
+_ACCELERATOR_RE = re.compile(r"^(Accelerator count|If specifying a GPU manufacturer)")
+_NAMED_RE = re.compile(r"\b([a-z]+_[a-z_]+)\b")  # a field's name as SkyPilot writes it (snake case)
 _QUOTED_KEY_RE = re.compile(r"""The "(\w+)" field\b.*?(?:Found: '([^']*)')?$""", re.S)  # a value of the wrong form
 
 
@@ -238,6 +273,12 @@ def _field_of(message: str, doc: dict[str, Any]) -> str:
     if m := _VALUE_RE.match(message):  # a resource field's value: "Invalid port 70000..."
         key = {"port": "ports", "label": "labels"}.get(m[1], m[1])
         return _find_key(doc, key) or f"resources.{key}"
+    if _ACCELERATOR_RE.search(message):  # "Accelerator count must be a positive number", "GPU manufacturer"
+        got = re.search(r"Got: '([^']+)': (\S+?)\.?$", message)
+        return _find_key(doc, "accelerators", f"{got[1]}:{got[2]}" if got else None) or "resources.accelerators"
+    for word in _NAMED_RE.findall(message):  # "num_nodes should be ...", '"disk_size" must be ...'
+        if (found := _find_key(doc, word)) is not None:
+            return found
     return section or "body"
 
 
@@ -345,22 +386,52 @@ def _level(level: dict[str, Any], price: Any) -> dict[str, Any]:
 
 def line_of(text: str, field: str) -> int | None:
     """The 1-based line of a dotted field in a YAML text, if it is there."""
-    import yaml
+    return Lines(text).of(field)
 
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError:
-        return None
-    line = None
-    for part in field.split(".") if field and field != "body" else []:
-        if isinstance(node, yaml.MappingNode):
-            match = next(((k, v) for k, v in node.value if getattr(k, "value", None) == part), None)
-            if match is None:
+
+class Lines:
+    """Where fields are in one YAML text: composed once, each mapping indexed
+    when first walked (a file with thousands of errors was composed, and its
+    keys scanned, once per error: 1,000 unset secrets took 19 s)."""
+
+    def __init__(self, text: str) -> None:
+        import yaml
+
+        try:
+            self._root = yaml.compose(text, Loader=yaml.SafeLoader)
+        except yaml.YAMLError:
+            self._root = None
+        self._keys: dict[int, dict[Any, tuple[Any, Any]]] = {}
+
+    def of(self, field: str) -> int | None:
+        import yaml
+
+        node, line = self._root, None
+        for part in field.split(".") if field and field != "body" else []:
+            if isinstance(node, yaml.MappingNode):
+                keys = self._keys.get(id(node))
+                if keys is None:
+                    keys = self._keys[id(node)] = {}
+                    for k, v in node.value:
+                        keys.setdefault(getattr(k, "value", None), (k, v))
+                match = keys.get(part)
+                if match is None:
+                    break
+                line, node = match[0].start_mark.line + 1, match[1]
+            elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
+                node = node.value[int(part)]
+                line = node.start_mark.line + 1
+            else:
                 break
-            line, node = match[0].start_mark.line + 1, match[1]
-        elif isinstance(node, yaml.SequenceNode) and part.isdigit() and int(part) < len(node.value):
-            node = node.value[int(part)]
-            line = node.start_mark.line + 1
-        else:
-            break
-    return line
+        return line
+
+
+MAX_ERRORS = 20  # told at once; past them, how many more (a 422 is read by a person)
+
+
+def capped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    if len(errors) <= MAX_ERRORS:
+        return errors
+    more = len(errors) - MAX_ERRORS
+    return errors[:MAX_ERRORS] + [{"field": errors[MAX_ERRORS]["field"],
+                                   "message": f"and {more} more error{'s' if more > 1 else ''} like these"}]

@@ -128,6 +128,18 @@ def test_resource_flags_override_every_alternative(api, team_headers, tmp_path):
     api.post(f"/v1/jobs/{json.loads(r.stdout)['id']}/cancel", headers=h)
 
 
+def test_a_flags_mistake_is_the_flags_not_a_line_of_the_file(api, team_headers, tmp_path):
+    url, token, _ = connect(api, team_headers)
+    task = tmp_path / "task.yaml"
+    task.write_text(MULTI)
+    for gpus, says in (("H10:8", "did you mean"), ("A100:0", "A100")):
+        r = submit([str(task), "--gpus", gpus, "-y"], tmp_path, url, token)
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        told = [line for line in r.stderr.splitlines() if line.startswith(f"  --gpus {gpus}: ")]
+        assert len(told) == 1 and says in told[0], r.stderr  # once, for every alternative it set
+        assert "line " not in r.stderr, r.stderr  # (each alternative's line was blamed)
+
+
 def test_a_json_spec_takes_the_same_flags(api, team_headers, tmp_path):
     url, token, h = connect(api, team_headers)
     task = tmp_path / "job.json"

@@ -64,6 +64,31 @@ def test_the_launchers_pinned_resources_keep_them():
         {"team": "ml", "project": "llama"}, ["6006-6010", "8888"], 256, "g5.xlarge")
 
 
+def test_thousands_of_errors_are_told_as_the_first_twenty_and_a_count():
+    text = "run: x\nsecrets:\n" + "".join(f"  - S{i}\n" for i in range(3000))
+    with pytest.raises(taskyaml.TaskFileError) as caught:
+        taskyaml.parse(text.encode())
+    errors = caught.value.errors
+    assert len(errors) == taskyaml.MAX_ERRORS + 1 and errors[-1]["message"] == "and 2980 more errors like these"
+    assert all(e["line"] == 2 for e in errors), errors[:3]
+
+
+@pytest.mark.parametrize("text, field, says", [
+    ("run: x\nresources:\n  labels:\n" + "".join(f"    l{i}: v\n" for i in range(65)), "resources.labels",
+     "at most 64 labels"),
+    ("run: x\nresources:\n  ordered:\n    - labels: {" + ", ".join(f"l{i}: v" for i in range(65)) + "}\n",
+     "resources.ordered.0.labels", "at most 64 labels"),
+    ("run: x\nfile_mounts:\n" + "".join(f"  /m{i}: s3://b/{i}\n" for i in range(65)), "file_mounts", "at most 64"),
+    ("run: x\nenvs:\n" + "".join(f"  E{i}: x\n" for i in range(30000)), "envs", "at most 65536 bytes"),
+])
+def test_counts_over_the_specs_bounds_are_refused_before_skypilot_reads_the_file(text, field, says, monkeypatch):
+    monkeypatch.setattr(taskyaml, "_skypilot", lambda *a: pytest.fail("SkyPilot read the file"))
+    with pytest.raises(taskyaml.TaskFileError) as caught:
+        taskyaml.parse(text.encode())
+    (err,) = caught.value.errors
+    assert err["field"] == field and says in err["message"] and err["line"] > 1, err
+
+
 def test_max_hourly_cost_is_the_brokers_price_bound():
     spec = stored("run: x\nresources:\n  use_spot: true\n  any_of:\n    - {accelerators: A10G:1, max_hourly_cost: 2}\n"
                   "    - {accelerators: L4:1}\n")
@@ -79,6 +104,11 @@ def test_max_hourly_cost_is_the_brokers_price_bound():
     ({"labels": {"team": {"a": 1}}}, "resources.labels", "labels"),
     ({"accelerators": "T4:x"}, "resources.accelerators", "'x' is not a number"),
     ({"any_of": [{"accelerators": "L4:1"}, {"accelerators": "T4:x"}]}, "resources.any_of.1.accelerators", "T4:x"),
+    # SkyPilot's own words, which named no field ("body")
+    ({"any_of": [{"accelerators": "T4"}, {"accelerators": "A100:0"}]}, "resources.any_of.1.accelerators",
+     "more than 0"),
+    ({"accelerators": "A100:1:2"}, "resources.accelerators", "NAME[:COUNT]"),
+    ({"disk_size": -5}, "resources.disk_size", "positive"),
 ])
 def test_a_bad_value_is_refused_naming_the_field(resources, field, message):
     from pydantic import ValidationError
