@@ -40,6 +40,12 @@ class Settings(BaseSettings):
     # (api/headlimit.py): past it, 408 and closed, so that connections that
     # drip a head byte by byte cannot pile up.
     head_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    # On SIGTERM, how long requests still in flight may take before they are
+    # cut off (uvicorn's timeout_graceful_shutdown): a client trickling an
+    # upload must not hold a rolling restart until the orchestrator's SIGKILL.
+    # Log streams end at once (api/following.py). Keep it under the pod's
+    # terminationGracePeriodSeconds (60 in deploy/kubernetes) less the preStop.
+    shutdown_grace_seconds: int = Field(30, ge=1, le=3600)
     # The image's entry (deploy/entrypoint.sh, `spotbroker db ready`): migrate the
     # database before serving (one broker, compose), or, false, wait until a
     # migration job has (several replicas, deploy/kubernetes); and for how long
