@@ -57,7 +57,7 @@ from spotbroker.broker.placement.histories import record_probes
 from spotbroker.broker.placement.host import host_reason, on_host, unlaunchable
 from spotbroker.broker.placement.placer import Placer
 from spotbroker.broker.placement.policy import Action
-from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement
+from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement, why_none_fits
 from spotbroker.broker.recovery import attempts as recovery
 from spotbroker.broker.recovery import preflight
 from spotbroker.broker.settings import Settings
@@ -279,7 +279,8 @@ class Reconciler:
         if not on_host(spec, self.settings.cpu_jobs_on_host):
             choice = self.placer.choose(session, job, spec, now)
             if choice is None:
-                transition(session, job, J.FAILED, reason="no_feasible_offer",
+                why = why_none_fits(session, spec)  # (the reason's first word stays for scripts)
+                transition(session, job, J.FAILED, reason="no_feasible_offer" + (f": {why}" if why else ""),
                            data={"resources": spec.resources.model_dump(exclude_none=True)}, clock=self.clock)
                 return None, ()
             policy = limits.policy_of(session, job)

@@ -104,39 +104,77 @@ def fitting(want: ResourceSet) -> list | None:
     shape or instance type, infra, image regions, cpus and memory; not its
     price cap), or None when it asks for the broker's host (`infra: local`).
     A set with neither an accelerator nor a type fits the CPU machines."""
+    steps = _fitting_steps(want)
+    return None if steps is None else [clause for _, clauses in steps for clause in clauses]
+
+
+def why_unfit(session: Session, want: ResourceSet) -> str | None:
+    """What of a resource set no current offer has: the first of its
+    constraints, taken in turn, after which none is left (None when some
+    offer fits, or the set is not for the clouds' offers)."""
+    steps = _fitting_steps(want)
+    if steps is None or (want.infra and Infra(want.infra).cloud == "k8s"):
+        return None
+    where: list = []
+    for words, clauses in steps:
+        where += clauses
+        if not any_fits(session, where):
+            return words
+    return None
+
+
+def why_none_fits(session: Session, spec: JobSpec) -> str | None:
+    """What its resource sets lack, for a job that nothing fits ("; " between sets)."""
+    whys = [why for want in spec.resources.alternatives() if (why := why_unfit(session, want)) is not None]
+    return "; ".join(dict.fromkeys(whys)) or None
+
+
+def _fitting_steps(want: ResourceSet) -> list[tuple[str, list]] | None:
+    """`fitting`'s clauses in named steps: what a user would be told lacks."""
     shape = want.accelerator
     if want.infra and Infra(want.infra).cloud == "local":
         return None
     cpus = want.cpus
     if shape is not None:
-        where = [PriceOffer.accelerator == normalise.accelerator_name(shape[0]),
-                 PriceOffer.accelerator_count == shape[1], PriceOffer.listed.is_(True)]
+        name = normalise.accelerator_name(shape[0])
+        none = f"no offer of {shape[1]:g} {name} per node"
+        steps = [(f"no offer has {name}", [PriceOffer.accelerator == name, PriceOffer.listed.is_(True)]),
+                 (f"no offer has {shape[1]:g} {name} per node", [PriceOffer.accelerator_count == shape[1]])]
     elif want.instance_type is not None:  # the type says what it carries
-        where = [PriceOffer.listed.is_(True)]
+        none, steps = "no offer", [("no offer is listed", [PriceOffer.listed.is_(True)])]
     else:
-        where = [PriceOffer.accelerator.is_(None), PriceOffer.accelerator_count == 0, PriceOffer.listed.is_(True)]
+        none = "no CPU machine"
+        steps = [("no CPU machine is offered", [PriceOffer.accelerator.is_(None), PriceOffer.accelerator_count == 0,
+                                                 PriceOffer.listed.is_(True)])]
         if want.memory is None:
-            where.append(PriceOffer.memory_gib >= CPU_DEFAULT_GIB_PER_VCPU * PriceOffer.vcpus)
+            steps.append(("no CPU machine has 4 GiB per vCPU",
+                          [PriceOffer.memory_gib >= CPU_DEFAULT_GIB_PER_VCPU * PriceOffer.vcpus]))
             cpus = cpus or CPU_DEFAULT_CPUS
     if want.instance_type is not None:
-        where.append(PriceOffer.instance_type == want.instance_type)
+        steps.append((f"{none} is instance type {want.instance_type}",
+                      [PriceOffer.instance_type == want.instance_type]))
     if want.image_regions is not None:  # an image per region: only those regions have the job's image
-        where.append(PriceOffer.region.in_(list(want.image_regions)))
+        steps.append((f"{none} is in the image's regions ({', '.join(sorted(want.image_regions))})",
+                      [PriceOffer.region.in_(list(want.image_regions))]))
     if want.infra:
         infra = Infra(want.infra)
+        place = []
         if infra.cloud:
-            where.append(PriceOffer.cloud == infra.cloud)
+            place.append(PriceOffer.cloud == infra.cloud)
         if infra.region:
-            where.append(PriceOffer.region == infra.region)
+            place.append(PriceOffer.region == infra.region)
         if infra.zone:
-            where.append(or_(PriceOffer.zone == infra.zone, PriceOffer.zone_id == infra.zone))
+            place.append(or_(PriceOffer.zone == infra.zone, PriceOffer.zone_id == infra.zone))
+        steps.append((f"{none} is in {want.infra}", place))
     if refusing := resfields.clouds_refusing(want):  # a disk or network tier those places cannot give
-        where.append(PriceOffer.cloud.not_in(refusing))
-    for wanted, have in ((cpus, PriceOffer.vcpus), (want.memory, PriceOffer.memory_gib)):
+        steps.append((f"{none} gives its disk or network tier ({', '.join(refusing)} cannot)",
+                      [PriceOffer.cloud.not_in(refusing)]))
+    for field, wanted, have in (("cpus", cpus, PriceOffer.vcpus), ("memory", want.memory, PriceOffer.memory_gib)):
         if wanted is not None:
             amount, at_least = parse_amount(wanted)
-            where.append(have >= amount if at_least else have == amount)  # NULL fits neither
-    return where
+            steps.append((f"{none} has {field} {wanted}",
+                          [have >= amount if at_least else have == amount]))  # NULL fits neither
+    return steps
 
 
 def priced(where: list, want: ResourceSet, *, spot: bool, ondemand: bool) -> list:

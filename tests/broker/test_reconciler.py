@@ -198,7 +198,7 @@ def test_no_feasible_offer_fails_with_a_reason(env):
     factory, settings, team = env
     job_id = submit(factory, team, run="true", resources={"accelerators": "NOSUCHGPU:3"})
     job = run_until(reconciler(factory, settings), factory, job_id, {"FAILED"})
-    assert job.reason == "no_feasible_offer" and attempts(factory, job_id) == []
+    assert job.reason == "no_feasible_offer: no offer has NOSUCHGPU" and attempts(factory, job_id) == []
 
 
 def test_handle_survives_in_the_database(env):

@@ -3,7 +3,7 @@ import pytest
 
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.pricing.catalog import snapshot_rows
-from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog
+from spotbroker.broker.pricing.offers import rank_offers, seed_from_catalog, why_none_fits
 from spotbroker.broker.store.db import transaction
 
 
@@ -112,3 +112,18 @@ def test_a_running_attempt_is_weighed_in_its_zone_however_dear(session, settings
     assert attempt_key(running) not in zones  # beyond the cheapest: not loaded for a new job
     _, zones = placer._candidates(session, spec(accelerators="T4:1"), "shape", running)
     assert zones[attempt_key(running)][1].price_per_hour == dearest.price_per_hour
+
+
+@pytest.mark.parametrize("resources, why", [
+    ({"accelerators": "A100:0.5"}, "no offer has 0.5 A100 per node"),
+    ({"instance_type": "p9.bogus"}, "no offer is instance type p9.bogus"),
+    ({"accelerators": "T4:1", "instance_type": "p4d.24xlarge"}, "no offer of 1 T4 per node is instance type p4d.24xlarge"),
+    ({"accelerators": "T4:1", "infra": "aws/mars-east-1"}, "no offer of 1 T4 per node is in aws/mars-east-1"),
+    ({"cpus": "100000"}, "no CPU machine has cpus 100000"),
+    ({"any_of": [{"accelerators": "A100:3"}, {"accelerators": "T4:3"}]},
+     "no offer has 3 A100 per node; no offer has 3 T4 per node"),
+    ({"accelerators": "T4:1"}, None),  # it fits
+    ({"accelerators": "H100:16", "infra": "k8s"}, None),  # an operator's clusters are not offers
+])
+def test_what_no_offer_has_is_named(session, resources, why):
+    assert why_none_fits(session, spec(**resources)) == why
