@@ -3,6 +3,7 @@ the reason, so a client can show the user what to fix."""
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -79,14 +80,41 @@ def problem_response(status: int, title: str, detail: str, errors: list[dict[str
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
 
 
-def field_errors(errors: list[dict[str, Any]], drop_prefix: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Pydantic errors as [{"field": "resources.accelerators", "message": ...}]."""
+def field_errors(errors: list[dict[str, Any]], drop_prefix: tuple[str, ...] = (),
+                 doc: Any = None) -> list[dict[str, Any]]:
+    """Pydantic errors as [{"field": "resources.accelerators", "message": ...}]
+    (one per field and message). With the document they are about, the
+    names pydantic gives the members of a union (`UploadMount`,
+    `constrained-str`, `dict[constrained-str,constrained-str]`) are left out
+    of the path: they are no field of it."""
     out = []
     for err in errors:
-        loc = [str(p) for p in err.get("loc", ()) if p not in drop_prefix]
+        loc = [p for p in err.get("loc", ()) if p not in drop_prefix]
+        if doc is not None:
+            loc = _in_document(loc, doc)
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
-        out.append({"field": ".".join(loc) or "body", "message": message})
+        item = {"field": ".".join(str(p) for p in loc) or "body", "message": message}
+        if item not in out:
+            out.append(item)
     return out
+
+
+_UNION_MEMBER = re.compile(r"^([A-Z][A-Za-z]+|[a-z]+-[a-z]+|.*[\[(].*)$")  # UploadMount, constrained-str, dict[..]
+
+
+def _in_document(loc: list, doc: Any) -> list:
+    path, node = [], doc
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and _UNION_MEMBER.match(part):
+            continue
+        else:
+            node = None
+        path.append(part)
+    return path
 
 
 def invalid(errors: list[dict[str, Any]]) -> Problem:

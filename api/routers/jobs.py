@@ -118,7 +118,7 @@ async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
     try:
         spec = JobSpec.model_validate(doc)
     except ValidationError as exc:
-        errors = field_errors(exc.errors())
+        errors = field_errors(exc.errors(), doc=doc)
         for err in errors:
             if err["field"] == "labels":
                 err["message"] = resfields.MISPLACED_LABELS

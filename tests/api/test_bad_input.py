@@ -104,6 +104,18 @@ def test_bad_specs_get_a_422_naming_the_field(api, team_headers, settings, body,
     nothing_written(settings)
 
 
+@pytest.mark.parametrize("body, fields", [
+    ({"run": "x", "workdir": 5}, {"workdir"}),
+    ({"run": "x", "resources": {"image_id": {"us-east-1": 5}}}, {"resources.image_id", "resources.image_id.us-east-1"}),
+    ({"run": "x", "file_mounts": {"/a": {"name": "Bad_Name"}}}, {"file_mounts./a", "file_mounts./a.name",
+                                                                  "file_mounts./a.upload"}),
+])
+def test_a_field_is_named_by_its_path_in_the_document_not_by_pydantics_union_members(api, team_headers, body,
+                                                                                     fields):
+    problem = assert_problem(api.post("/v1/jobs", json=body, headers=team_headers()), 422)
+    assert {e["field"] for e in problem["errors"]} == fields, problem  # (was workdir.WorkdirUpload, ...)
+
+
 def test_a_number_of_too_many_digits_is_told_without_pythons_advice(api, team_headers):
     h = team_headers()
     for body, ctype in ((b'{"run": "x", "num_nodes": 1' + b"0" * 5000 + b"}", JSON),
