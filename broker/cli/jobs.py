@@ -64,6 +64,10 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
     flags = launchflags.flags(**launch)
     if flags.any():
         doc = overrides.apply(doc, flags)
+    filled = False
+    if fmt == "yaml" and isinstance(doc, dict):  # its local paths as SkyPilot reads them, ${VAR} filled in
+        before, doc = doc, overrides.fill_in_variables(doc)
+        filled = doc != before
     base = Path.cwd() if str(file) == "-" else file.resolve().parent
     c = token_client()
     shown = progress.on_terminal(as_json)
@@ -86,7 +90,7 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
                            "under resources for spot)", err=True)
             import yaml
 
-            rewritten = uploaded or flags.any()
+            rewritten = uploaded or flags.any() or filled
             with progress.waiting("submitting: the broker reads the task file", shown):
                 job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if rewritten else data)
     except ApiError as exc:

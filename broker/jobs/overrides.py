@@ -11,6 +11,7 @@ go to `envs`, so that no secret's value is shown with the job's envs."""
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +46,32 @@ def apply(doc: dict[str, Any], flags: LaunchFlags) -> dict[str, Any]:
         res = doc.get("resources")
         doc["resources"] = _resources(dict(res) if isinstance(res, dict) else {}, flags)
     return doc
+
+
+_VARIABLE = re.compile(r"\$\{?\b([a-zA-Z_][a-zA-Z0-9_]*)\b\}?")  # ${NAME} or $NAME, as SkyPilot reads them
+
+
+def fill_in_variables(doc: dict[str, Any]) -> dict[str, Any]:
+    """`workdir` and `file_mounts` (paths, bucket names, sources) with the
+    file's `envs` and the secrets it gives a value filled in, as SkyPilot
+    does when it reads a task (a name it does not define stays as written)."""
+    values: dict[str, str] = {}
+    for key in ("envs", "secrets"):
+        if isinstance(doc.get(key), dict):
+            values.update({str(k): str(v) for k, v in doc[key].items() if v is not None})
+    if not values:
+        return doc
+
+    def fill(node: Any) -> Any:
+        if isinstance(node, str):
+            return _VARIABLE.sub(lambda m: values.get(m[1], m[0]), node)
+        if isinstance(node, dict):
+            return {fill(k): fill(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [fill(v) for v in node]
+        return node
+
+    return {**doc, **{key: fill(doc[key]) for key in ("workdir", "file_mounts") if doc.get(key) is not None}}
 
 
 def flag_of(field: str, flags: LaunchFlags) -> str | None:

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from spotbroker.broker.jobs import alternatives, resfields, unhonoured
+from spotbroker.broker.jobs import alternatives, overrides, resfields, unhonoured
 from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw
 from spotbroker.broker.jobs.unhonoured import HONOURED, HONOURED_RESOURCES, OURS  # noqa: F401
 
@@ -79,7 +79,7 @@ def _add_lines(data: bytes, items: list[dict[str, Any]]) -> list[dict[str, Any]]
 def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """A task document (as loaded from YAML) -> a job spec document; what is
     dropped with a warning is added to `warnings`."""
-    doc = copy.deepcopy(doc)
+    doc = overrides.fill_in_variables(copy.deepcopy(doc))  # its mounts' paths and names, as SkyPilot reads them
     if "labels" in doc:  # before SkyPilot's "unsupported field": say where they go
         raise TaskFileError([{"field": "labels", "message": resfields.MISPLACED_LABELS}])
     _refuse_oversized(doc)

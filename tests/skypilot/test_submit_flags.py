@@ -140,6 +140,22 @@ def test_a_flags_mistake_is_the_flags_not_a_line_of_the_file(api, team_headers, 
         assert "line " not in r.stderr, r.stderr  # (each alternative's line was blamed)
 
 
+def test_variables_fill_in_the_workdir_and_the_mounts_as_skypilot_reads_them(api, team_headers, tmp_path):
+    url, token, h = connect(api, team_headers)
+    for sub in ("a", "b"):
+        (tmp_path / "proj" / sub).mkdir(parents=True)
+        (tmp_path / "proj" / sub / "train.py").write_text(f"print('{sub}')\n")
+    task = tmp_path / "task.yaml"
+    task.write_text("envs:\n  SUB: a\n  BUCKET: ckpts\nworkdir: ./proj/${SUB}\nfile_mounts:\n"
+                    "  /mnt/$SUB: ./proj/${SUB}\n  /data:\n    name: ${BUCKET}-$SUB\nrun: python train.py\n")
+    r = submit([str(task), "--env", "SUB=b", "--json"], tmp_path, url, token)  # (was: ./proj/${SUB} does not exist)
+    assert r.returncode == 0, r.stderr
+    spec = json.loads(r.stdout)["spec"]
+    assert set(spec["workdir"]) == {"upload"} and set(spec["file_mounts"]) == {"/mnt/b", "/data"}, spec
+    assert spec["file_mounts"]["/data"]["name"] == "ckpts-b" and spec["envs"]["SUB"] == "b"
+    api.post(f"/v1/jobs/{json.loads(r.stdout)['id']}/cancel", headers=h)
+
+
 def test_a_json_spec_takes_the_same_flags(api, team_headers, tmp_path):
     url, token, h = connect(api, team_headers)
     task = tmp_path / "job.json"

@@ -117,7 +117,8 @@ def test_a_running_attempt_is_weighed_in_its_zone_however_dear(session, settings
 @pytest.mark.parametrize("resources, why", [
     ({"accelerators": "A100:0.5"}, "no offer has 0.5 A100 per node"),
     ({"instance_type": "p9.bogus"}, "no offer is instance type p9.bogus"),
-    ({"accelerators": "T4:1", "instance_type": "p4d.24xlarge"}, "no offer of 1 T4 per node is instance type p4d.24xlarge"),
+    ({"accelerators": "T4:1", "instance_type": "p4d.24xlarge"},
+     "no offer of 1 T4 per node is instance type p4d.24xlarge"),
     ({"accelerators": "T4:1", "infra": "aws/mars-east-1"}, "no offer of 1 T4 per node is in aws/mars-east-1"),
     ({"cpus": "100000"}, "no CPU machine has cpus 100000"),
     ({"any_of": [{"accelerators": "A100:3"}, {"accelerators": "T4:3"}]},
