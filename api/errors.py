@@ -3,7 +3,6 @@ the reason, so a client can show the user what to fix."""
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -13,7 +12,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spotbroker.api.guard import BodyTooLarge
-from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError
+from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError, path_in
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("spotbroker.api")
@@ -91,30 +90,12 @@ def field_errors(errors: list[dict[str, Any]], drop_prefix: tuple[str, ...] = ()
     for err in errors:
         loc = [p for p in err.get("loc", ()) if p not in drop_prefix]
         if doc is not None:
-            loc = _in_document(loc, doc)
+            loc = path_in(loc, doc)
         message = str(err.get("msg", "invalid")).removeprefix("Value error, ")
         item = {"field": ".".join(str(p) for p in loc) or "body", "message": message}
         if item not in out:
             out.append(item)
     return out
-
-
-_UNION_MEMBER = re.compile(r"^([A-Z][A-Za-z]+|[a-z]+-[a-z]+|.*[\[(].*)$")  # UploadMount, constrained-str, dict[..]
-
-
-def _in_document(loc: list, doc: Any) -> list:
-    path, node = [], doc
-    for part in loc:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
-            node = node[part]
-        elif isinstance(part, str) and _UNION_MEMBER.match(part):
-            continue
-        else:
-            node = None
-        path.append(part)
-    return path
 
 
 def invalid(errors: list[dict[str, Any]]) -> Problem:

@@ -239,3 +239,24 @@ def _accelerator_alternatives(doc: dict[str, Any]) -> dict[str, Any]:
             doc = {**doc, "resources": {**rest, "any_of" if isinstance(acc, dict) else "ordered": [
                 {"accelerators": name if count is None else f"{name}:{count}"} for name, count in items]}}
     return doc
+
+
+_UNION_MEMBER = re.compile(r"^([A-Z][A-Za-z]+|[a-z]+-[a-z]+|.*[\[(].*)$")  # UploadMount, constrained-str, dict[..]
+
+
+def path_in(loc: list, doc: Any) -> list:
+    """A pydantic error's location as a path of the document it is about:
+    the names pydantic gives a union's members (`UploadMount`,
+    `constrained-str`, `dict[...]`) left out, since they are no field of it."""
+    path, node = [], doc
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and _UNION_MEMBER.match(part):
+            continue
+        else:
+            node = None
+        path.append(part)
+    return path

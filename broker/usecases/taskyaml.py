@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spotbroker.broker.jobs import alternatives, overrides, resfields, unhonoured
-from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw
+from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw, path_in
 from spotbroker.broker.jobs.unhonoured import HONOURED, HONOURED_RESOURCES, OURS  # noqa: F401
 
 _ALTERNATIVES = ("any_of", "ordered")
@@ -247,7 +247,22 @@ def _skypilot(doc: dict[str, Any], ours: dict[str, Any]):
     except Exception as exc:  # SkyPilot raises ValueError and its own kinds alike: all are the file's fault
         message = str(exc).strip() or type(exc).__name__
         field = _field_of(message, doc)
+        if field == "body" and (named := _ours_named(doc, ours)):  # ("'int' object has no attribute 'strip'")
+            raise TaskFileError(named) from None
         raise TaskFileError([{"field": field, "message": _with_ours(message, field, doc, ours)}]) from None
+
+
+def _ours_named(doc: dict[str, Any], ours: dict[str, Any]) -> list[dict[str, Any]]:
+    """The broker's own errors about the document, each naming its field."""
+    from spotbroker.broker.jobs.spec import JobSpec
+
+    try:
+        JobSpec.model_validate(_accelerator_alternatives({**doc, **ours}))
+    except ValidationError as exc:
+        return [{"field": ".".join(str(p) for p in path_in(list(err["loc"]), doc)),
+                 "message": str(err["msg"]).removeprefix("Value error, ")}
+                for err in exc.errors() if err["type"] != "extra_forbidden" and err["loc"]]
+    return []
 
 
 _PATH_RE = re.compile(r"Check problematic field\(s\): \$\.?(\S*)")

@@ -73,6 +73,8 @@ BAD_SPECS = [
     (b"run: x\nresources:\n  any_of:\n    - {accelerators: L4}\n    - {accelerators: Z9}\n", YAML,
      "resources.any_of.1.accelerators", "'Z9'"),
     (b"run: x\nresources:\n  accelerators: T4:x\n", YAML, "resources.accelerators", "not a number"),
+    # SkyPilot's Python error ("'int' object has no attribute 'strip'", as 'body'): the broker's own, by field
+    (b"run: x\nresources:\n  image_id: {us-east-1: 5}\n", YAML, "resources.image_id", "valid string"),
     (b'{"run": "x", "estimated_hours": 1, "deadline": "9999-12-31T00:00:00Z"}', JSON, "deadline", "365 days"),
 ]
 
