@@ -276,6 +276,10 @@ _QUOTED_KEY_RE = re.compile(r"""The "(\w+)" field\b.*?(?:Found: '([^']*)')?$""",
 def _field_of(message: str, doc: dict[str, Any]) -> str:
     """The field a SkyPilot message is about, as a dotted path of the file."""
     section = "resources" if "resources YAML" in message[:60] else ""
+    if message.startswith("Invalid storage YAML") and (m := _PATH_RE.search(message)):  # a bucket mount's field
+        value = re.match(r"Invalid storage YAML: '([^']*)'", message)
+        if found := _find_key(doc, m[1].split(".")[0], value[1] if value else None):
+            return found
     if m := _PATH_RE.search(message):
         path = re.sub(r"\[(\d+)\]", r".\1", m[1]).strip(".")
         return ".".join(p for p in (section, path) if p) or "body"

@@ -75,6 +75,8 @@ BAD_SPECS = [
     (b"run: x\nresources:\n  accelerators: T4:x\n", YAML, "resources.accelerators", "not a number"),
     # SkyPilot's Python error ("'int' object has no attribute 'strip'", as 'body'): the broker's own, by field
     (b"run: x\nresources:\n  image_id: {us-east-1: 5}\n", YAML, "resources.image_id", "valid string"),
+    (b"run: x\nfile_mounts:\n  /a: {name: xb, mode: COPY}\n  /b: {name: xb, mode: BOGUS}\n", YAML,
+     "file_mounts./b.mode", "BOGUS"),
     (b'{"run": "x", "estimated_hours": 1, "deadline": "9999-12-31T00:00:00Z"}', JSON, "deadline", "365 days"),
 ]
 
