@@ -207,7 +207,7 @@ def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir",
 
     from spotbroker.broker.jobs.workdir import WorkdirError, pack, pack_file
 
-    what = "file" if one_file else "workdir"
+    what = "file" if one_file else "workdir" if field == "workdir" else "directory"
     with tempfile.TemporaryFile() as archive:
         try:
             with progress.bar(f"packing {what}", None, shown) as packing:
