@@ -53,12 +53,11 @@ _VARIABLE = re.compile(r"\$\{?\b([a-zA-Z_][a-zA-Z0-9_]*)\b\}?")  # ${NAME} or $N
 
 def fill_in_variables(doc: dict[str, Any]) -> dict[str, Any]:
     """`workdir` and `file_mounts` (paths, bucket names, sources) with the
-    file's `envs` and the secrets it gives a value filled in, as SkyPilot
-    does when it reads a task (a name it does not define stays as written)."""
-    values: dict[str, str] = {}
-    for key in ("envs", "secrets"):
-        if isinstance(doc.get(key), dict):
-            values.update({str(k): str(v) for k, v in doc[key].items() if v is not None})
+    file's `envs` filled in, as SkyPilot does when it reads a task (a name
+    it does not define stays as written). Unlike SkyPilot, not its secrets:
+    a path or a bucket name is stored and shown, a secret's value never is."""
+    envs = doc.get("envs")
+    values = {str(k): str(v) for k, v in envs.items() if v is not None} if isinstance(envs, dict) else {}
     if not values:
         return doc
 

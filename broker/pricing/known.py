@@ -41,7 +41,8 @@ class KnownAccelerators:
         key = "any_of" if res.any_of is not None else "ordered"
         for i, want in enumerate(res.alternatives()):
             if want.accelerator is not None and not (want.infra and Infra(want.infra).cloud == "local"):
-                own = alts is not None and alts[i].accelerators is not None
+                # (an alternative holds the top level's accelerators when it names none)
+                own = alts is not None and alts[i].accelerators not in (None, res.accelerators)
                 asked.setdefault(f"resources.{key}.{i}.accelerators" if own else "resources.accelerators",
                                  want.accelerator[0])
         if spec.preflight is not None and spec.preflight.accelerators:
@@ -67,7 +68,7 @@ class KnownAccelerators:
             return self._names
 
     def _why(self, asked: str) -> str:
-        names = sorted(self._names | self._also)
+        names = sorted(n for n in self._names | self._also if " " not in n)  # (a job cannot name `Radeon MI25`)
         close = difflib.get_close_matches(asked.upper(), [n.upper() for n in names], n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(n for n in names if n.upper() in close)}?" if close else ""
         return f"no cloud offers an accelerator named {asked!r}{hint} (offered: {', '.join(names)})"

@@ -452,5 +452,4 @@ def capped(errors: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if len(errors) <= MAX_ERRORS:
         return errors
     more = len(errors) - MAX_ERRORS
-    return errors[:MAX_ERRORS] + [{"field": errors[MAX_ERRORS]["field"],
-                                   "message": f"and {more} more error{'s' if more > 1 else ''} like these"}]
+    return errors[:MAX_ERRORS] + [{"field": "body", "message": f"and {more} more error{'s' if more > 1 else ''}"}]

@@ -156,6 +156,14 @@ def test_variables_fill_in_the_workdir_and_the_mounts_as_skypilot_reads_them(api
     api.post(f"/v1/jobs/{json.loads(r.stdout)['id']}/cancel", headers=h)
 
 
+def test_a_secrets_value_is_never_filled_into_a_path_or_a_name():
+    from spotbroker.broker.jobs.overrides import fill_in_variables
+
+    doc = {"envs": {"SUB": "a"}, "secrets": {"TOK": "s3cr3t"}, "workdir": "./${SUB}/$TOK",
+           "file_mounts": {"/ck": {"name": "bk-${TOK}"}}, "run": "echo $SUB"}
+    assert fill_in_variables(doc) == {**doc, "workdir": "./a/$TOK"}  # (a path and a name are stored and shown)
+
+
 def test_a_json_spec_takes_the_same_flags(api, team_headers, tmp_path):
     url, token, h = connect(api, team_headers)
     task = tmp_path / "job.json"

@@ -69,8 +69,8 @@ def test_thousands_of_errors_are_told_as_the_first_twenty_and_a_count():
     with pytest.raises(taskyaml.TaskFileError) as caught:
         taskyaml.parse(text.encode())
     errors = caught.value.errors
-    assert len(errors) == taskyaml.MAX_ERRORS + 1 and errors[-1]["message"] == "and 2980 more errors like these"
-    assert all(e["line"] == 2 for e in errors), errors[:3]
+    assert len(errors) == taskyaml.MAX_ERRORS + 1 and errors[-1] == {"field": "body", "message": "and 2980 more errors"}
+    assert all(e["line"] == 2 for e in errors[:-1]), errors[:3]
 
 
 @pytest.mark.parametrize("text, field, says", [

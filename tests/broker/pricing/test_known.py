@@ -56,3 +56,6 @@ def test_a_name_listed_after_the_last_read_is_accepted(factory):
     (err,) = known.errors(JobSpec.model_validate({"run": "x", "resources": {
         "accelerators": "T4:1", "any_of": [{"cpus": "4"}, {"accelerators": "L40S:1"}]}}))
     assert err["field"] == "resources.any_of.1.accelerators", err
+    (err,) = known.errors(JobSpec.model_validate({"run": "x", "resources": {
+        "accelerators": "L40S:1", "any_of": [{"cpus": "4"}, {"accelerators": "T4:1"}]}}))
+    assert err["field"] == "resources.accelerators", err  # where it is written, not the alternative it fills
