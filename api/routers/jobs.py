@@ -77,6 +77,16 @@ async def _parse_task(request: Request, body: bytes) -> tuple[dict, list[dict]]:
     return await anyio.to_thread.run_sync(taskyaml.parse_warned, body, limiter=limiter)
 
 
+async def _refused(request: Request, errors: list[dict]) -> Problem:
+    """A 422 for a submitted spec's errors, each with its line in a task file."""
+    return invalid(_with_lines(errors, await request.body(), _format_of(request)))
+
+
+def _format_of(request: Request) -> str:
+    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+    return "yaml" if ctype in _YAML_TYPES else "json"
+
+
 def _with_lines(errors: list[dict], body: bytes, fmt: str) -> list[dict]:
     """A task file's errors (the first few), each with the line of its field."""
     errors = taskyaml.capped(errors)
@@ -150,24 +160,24 @@ async def submit_job(request: Request, team: CurrentTeam,
     known = await run_in_threadpool(intake.team_of, state.session_factory, team.team_id, state.clock.now())
     spec, warnings = await _read_spec(request, known.policy)
     if problems := spec.per_attempt_errors() + execlimits.size_errors(spec):
-        raise invalid(problems)
+        raise await _refused(request, problems)
     problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds
                                   + state.settings.deadline_margin_seconds)
     if problem:
-        raise invalid([{"field": "deadline", "message": problem}])
+        raise await _refused(request, [{"field": "deadline", "message": problem}])
     if spec.workdir is not None:  # a look at storage: only for the jobs that need one
         problem = await run_in_threadpool(uploads.workdir_error, state.settings, team.team_name, spec.workdir)
         if problem:
-            raise invalid([problem])
+            raise await _refused(request, [problem])
     if spec.file_mounts:
         problems = await run_in_threadpool(_mount_errors, state, team, spec)
         if problems:
-            raise invalid(problems)
+            raise await _refused(request, problems)
         warnings = warnings + mounts.mount_warnings(state.settings, spec)
     admission = intake.without_policy(known) or await run_in_threadpool(
         intake.admit, state.session_factory, team.team_id, team.team_name, spec, known, state.settings.cpu_jobs_on_host)
     if admission.errors:
-        raise invalid(admission.errors)
+        raise await _refused(request, admission.errors)
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key,
                                                                  admission.hold), team.team_name)
     if idempotency_key is not None and not jobs.same_spec(out.spec, spec):

@@ -120,6 +120,16 @@ def test_a_field_is_named_by_its_path_in_the_document_not_by_pydantics_union_mem
     assert {e["field"] for e in problem["errors"]} == fields, problem  # (was workdir.WorkdirUpload, ...)
 
 
+@pytest.mark.parametrize("body, field, line", [
+    (b"run: x\nfile_mounts:\n  /d: s3://elsewhere/data\n", "file_mounts./d", 3),     # the mount's check
+    (b"run: x\nestimated_hours: 1\ndeadline: '2020-01-01T00:00:00Z'\n", "deadline", 3),  # the deadline's
+])
+def test_a_task_files_later_checks_name_the_line_too(api, team_headers, body, field, line):
+    r = api.post("/v1/jobs", content=body, headers={**team_headers(), "Content-Type": YAML})
+    (err,) = assert_problem(r, 422)["errors"]
+    assert (err["field"], err.get("line")) == (field, line), err  # (these had no line)
+
+
 def test_a_number_of_too_many_digits_is_told_without_pythons_advice(api, team_headers):
     h = team_headers()
     for body, ctype in ((b'{"run": "x", "num_nodes": 1' + b"0" * 5000 + b"}", JSON),
