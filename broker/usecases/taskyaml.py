@@ -127,6 +127,9 @@ def _refuse_oversized(doc: dict[str, Any]) -> None:
     levels += [(f"resources.{k}.{i}", alt) for _, level in levels[:1] for k in _ALTERNATIVES
                if isinstance(level.get(k), list) for i, alt in enumerate(level[k]) if isinstance(alt, dict)]
     for where, level in levels:
+        if str(level.get("infra", "")).strip().lower() == "local":  # SkyPilot's schema answers with its regex
+            errors.append({"field": f"{where}.infra", "message": "`local` (the broker's own host) is for a JSON "
+                           "spec; a task file names a cloud (aws, gcp, azure) or k8s, or leaves infra out"})
         labels = level.get("labels")
         if isinstance(labels, dict) and len(labels) > resfields.MAX_LABELS:
             errors.append({"field": f"{where}.labels", "message": f"at most {resfields.MAX_LABELS} labels"})

@@ -77,6 +77,7 @@ BAD_SPECS = [
     (b"run: x\nresources:\n  image_id: {us-east-1: 5}\n", YAML, "resources.image_id", "valid string"),
     (b"run: x\nfile_mounts:\n  /a: {name: xb, mode: COPY}\n  /b: {name: xb, mode: BOGUS}\n", YAML,
      "file_mounts./b.mode", "BOGUS"),
+    (b"run: x\nresources:\n  infra: local\n", YAML, "resources.infra", "JSON spec"),  # (SkyPilot's regex, as 'body')
     (b'{"run": "x", "estimated_hours": 1, "deadline": "9999-12-31T00:00:00Z"}', JSON, "deadline", "365 days"),
 ]
 
