@@ -119,6 +119,20 @@ def test_a_field_is_named_by_its_path_in_the_document_not_by_pydantics_union_mem
                                                                                      fields):
     problem = assert_problem(api.post("/v1/jobs", json=body, headers=team_headers()), 422)
     assert {e["field"] for e in problem["errors"]} == fields, problem  # (was workdir.WorkdirUpload, ...)
+    assert not any("instance of" in e["message"] for e in problem["errors"]), problem  # nor a class's name
+
+
+def test_a_value_of_none_of_a_unions_types_is_one_error():
+    from pydantic import ValidationError
+
+    from spotbroker.api.errors import field_errors
+    from spotbroker.broker.jobs.spec import JobSpec
+
+    doc = {"run": "x", "workdir": 5}
+    with pytest.raises(ValidationError) as caught:
+        JobSpec.model_validate(doc)
+    assert field_errors(caught.value.errors(), doc=doc) == [
+        {"field": "workdir", "message": "Input should be a valid dictionary, or a valid string"}]
 
 
 @pytest.mark.parametrize("body, field, line", [
