@@ -40,3 +40,21 @@ def test_a_released_attempt_ended_longer_ago_than_kept_loses_its_directory_and_o
     assert local_runs.prune(factory, tmp_path, now + timedelta(days=1), DAY) == 1  # the recent one's turn
     assert not (runs / str(recent)).exists() and (runs / str(stopping)).exists()
     assert local_runs.prune(factory, tmp_path / "nowhere", now, DAY) == 0  # no run ever made here
+
+
+def test_a_job_keeps_the_directories_of_its_newest_ended_attempts_only(factory, tmp_path):
+    # A job that fails at once and restarts: each attempt a home and a raw output on this disk.
+    world = World(factory)
+    job = world.job(world.team())
+    now = T0 + timedelta(minutes=30)
+    ended = [world.attempt(job, end=T0 + timedelta(minutes=i)) for i in range(6)]
+    other = world.attempt(world.job(world.team("other")), end=T0)  # another job's: its own count
+    with transaction(factory) as s:
+        for attempt_id in (*ended, other):
+            s.get(Attempt, attempt_id).released = True
+    for attempt_id in (*ended, other):
+        (tmp_path / "runs" / str(attempt_id) / "node-0").mkdir(parents=True)
+
+    assert local_runs.prune(factory, tmp_path, now, DAY) == 6 - local_runs.KEEP_PER_JOB
+    left = sorted(int(p.name) for p in (tmp_path / "runs").iterdir())
+    assert left == sorted([*ended[-local_runs.KEEP_PER_JOB:], other])  # (all six were kept a day)
