@@ -82,7 +82,7 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
     doc = overrides.fill_in_variables(copy.deepcopy(doc))  # its mounts' paths and names, as SkyPilot reads them
     if "labels" in doc:  # before SkyPilot's "unsupported field": say where they go
         raise TaskFileError([{"field": "labels", "message": resfields.MISPLACED_LABELS}])
-    _refuse_oversized(doc)
+    _refuse_early(doc)
     _refuse_unset(doc)
     ours = {k: doc.pop(k) for k in OURS if k in doc}
     res, prices = _take_prices(doc.get("resources"))
@@ -114,10 +114,11 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
     return out
 
 
-def _refuse_oversized(doc: dict[str, Any]) -> None:
-    """Counts the spec bounds anyway, checked before SkyPilot reads the file
-    (1 MB of labels took SkyPilot's schema 7 s on a loaded machine, a
-    task-file slot held all along)."""
+def _refuse_early(doc: dict[str, Any]) -> None:
+    """What the broker refuses anyway, refused before SkyPilot reads the
+    file: counts over the spec's bounds (1 MB of labels took SkyPilot's
+    schema 7 s on a loaded machine, a task-file slot held all along), and
+    `infra: local`, which SkyPilot's schema answers with its regex."""
     from spotbroker.broker.jobs.execlimits import MAX_ENV_BYTES
     from spotbroker.broker.jobs.spec import MAX_FILE_MOUNTS
 
@@ -127,7 +128,7 @@ def _refuse_oversized(doc: dict[str, Any]) -> None:
     levels += [(f"resources.{k}.{i}", alt) for _, level in levels[:1] for k in _ALTERNATIVES
                if isinstance(level.get(k), list) for i, alt in enumerate(level[k]) if isinstance(alt, dict)]
     for where, level in levels:
-        if str(level.get("infra", "")).strip().lower() == "local":  # SkyPilot's schema answers with its regex
+        if str(level.get("infra", "")).strip().lower() == "local":
             errors.append({"field": f"{where}.infra", "message": "`local` (the broker's own host) is for a JSON "
                            "spec; a task file names a cloud (aws, gcp, azure) or k8s, or leaves infra out"})
         labels = level.get("labels")
