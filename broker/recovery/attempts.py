@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
@@ -107,6 +108,10 @@ def on_agent_event(session: Session, job: Job, attempt: Attempt, kind: str, data
         transition(session, job, J.PREEMPTING, reason="preemption notice",
                    data={"attempt_id": attempt.id, "deadline": data.get("deadline")}, clock=clock)
         return True
+    if job.state == J.PREEMPTING and kind == protocol.NO_FLUSH and _finished(session, attempt):
+        # The run ended well before the flush was asked (its agent says so): nothing to
+        # recover; the launcher's end of the run makes the job SUCCEEDED (on_status).
+        return False
     if job.state == J.PREEMPTING and (
             kind == protocol.NO_FLUSH
             or (kind == protocol.CHECKPOINT_COMMITTED and data.get("reason") != "periodic")):
@@ -114,6 +119,16 @@ def on_agent_event(session: Session, job: Job, attempt: Attempt, kind: str, data
         preempted(session, job, attempt, why, clock)
         return True
     return False
+
+
+def _finished(session: Session, attempt: Attempt) -> bool:
+    """Whether a one-node attempt's trainer told of its exit with code 0 (a
+    job that ended while a move drained it was run again from its start)."""
+    if attempt.num_nodes != 1:
+        return False
+    told = session.scalars(select(Event.data).where(Event.attempt_id == attempt.id,
+                                                    Event.type == protocol.TRAINER_EXITED))
+    return any(data.get("exit_code") == 0 for data in told)
 
 
 def preempted(session: Session, job: Job, attempt: Attempt, why: str, clock: Clock) -> None:
