@@ -107,7 +107,9 @@ def test_a_run_short_of_slack_is_drained_and_resumes_on_demand(api, team_headers
     from spotbroker.broker.store.models import Job
 
     h = team_headers()
-    run = " ".join(JOB_TRAIN + ["--step-seconds", "0.15"])
+    # Slow enough that the run is still going when the drain comes (at 0.15 s a step it once ended
+    # first on a loaded machine: the job then succeeds with its one attempt, tests/broker/recovery)
+    run = " ".join(JOB_TRAIN + ["--step-seconds", "0.4"])
     far = (datetime.now(UTC) + timedelta(hours=20)).isoformat()
     job = api.post("/v1/jobs", json={"name": "train", "run": run, "estimated_hours": 1, "deadline": far,
                                      "resources": {"accelerators": "T4:1"}}, headers=h).json()
