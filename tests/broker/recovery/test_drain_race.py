@@ -14,34 +14,31 @@ from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 
-def test_a_run_that_ended_well_during_a_drain_ends_the_job_succeeded(factory):
+def moving(factory, team: str) -> tuple[int, int, FakeClock]:
+    """A job whose one-node attempt the broker drains for a move: (job, attempt, clock)."""
     world = World(factory)
-    job_id = world.job(world.team())
+    job_id = world.job(world.team(team))
     attempt_id = world.attempt(job_id)
     clock = FakeClock(T0)
     with transaction(factory) as s:
         job, attempt = s.get(Job, job_id), s.get(Attempt, attempt_id)
         recovery.start_move(s, job, attempt, "deadline", ["aws/us-east-1 on-demand"], 180.0, clock)
-    with transaction(factory) as s:
-        job, attempt = s.get(Job, job_id), s.get(Attempt, attempt_id)
-        s.add(Event(job_id=job_id, attempt_id=attempt_id, type=protocol.TRAINER_EXITED, at=clock.now(),
-                    data={"exit_code": 0}))
-        said = {"reason": "the trainer had already exited"}
-        assert recovery.on_agent_event(s, job, attempt, protocol.NO_FLUSH, said, clock) is False
-        assert job.state == "PREEMPTING"  # (it was RECOVERING: the job ran again from step 0)
-        recovery.on_status(s, job, attempt_id, RunStatus(RunState.SUCCEEDED, exit_code=0), clock)
-        assert (job.state, attempt.state) == ("SUCCEEDED", "SUCCEEDED")
+    return job_id, attempt_id, clock
 
 
-def test_a_run_that_failed_during_a_drain_is_recovered_from_what_is_committed(factory):
-    world = World(factory)
-    job_id = world.job(world.team())
-    attempt_id = world.attempt(job_id)
-    clock = FakeClock(T0)
-    with transaction(factory) as s:
-        job, attempt = s.get(Job, job_id), s.get(Attempt, attempt_id)
-        recovery.start_move(s, job, attempt, "deadline", ["aws/us-east-1 on-demand"], 180.0, clock)
-        s.add(Event(job_id=job_id, attempt_id=attempt_id, type=protocol.TRAINER_EXITED, at=clock.now(),
-                    data={"exit_code": 1}))
-        assert recovery.on_agent_event(s, job, attempt, protocol.NO_FLUSH, {"reason": "gone"}, clock) is True
-        assert (job.state, attempt.state, attempt.end_reason) == ("RECOVERING", "PREEMPTED", "moved")
+def test_a_run_that_ended_during_a_drain_succeeds_on_exit_0_and_is_recovered_otherwise(factory):
+    for exit_code in (0, 1):
+        job_id, attempt_id, clock = moving(factory, f"team{exit_code}")
+        with transaction(factory) as s:
+            job, attempt = s.get(Job, job_id), s.get(Attempt, attempt_id)
+            s.add(Event(job_id=job_id, attempt_id=attempt_id, type=protocol.TRAINER_EXITED, at=clock.now(),
+                        data={"exit_code": exit_code}))
+            said = {"reason": "the trainer had already exited"}
+            changed = recovery.on_agent_event(s, job, attempt, protocol.NO_FLUSH, said, clock)
+            if exit_code:  # recovered from what is committed
+                assert changed and (job.state, attempt.state, attempt.end_reason) == (
+                    "RECOVERING", "PREEMPTED", "moved")
+                continue
+            assert not changed and job.state == "PREEMPTING"  # (it was RECOVERING: run again from step 0)
+            recovery.on_status(s, job, attempt_id, RunStatus(RunState.SUCCEEDED, exit_code=0), clock)
+            assert (job.state, attempt.state) == ("SUCCEEDED", "SUCCEEDED")
