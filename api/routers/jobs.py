@@ -82,9 +82,12 @@ async def _refused(request: Request, errors: list[dict]) -> Problem:
     return invalid(_with_lines(errors, await request.body(), _format_of(request)))
 
 
+def _content_type(request: Request) -> str:
+    return request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
+
+
 def _format_of(request: Request) -> str:
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    return "yaml" if ctype in _YAML_TYPES else "json"
+    return "yaml" if _content_type(request) in _YAML_TYPES else "json"
 
 
 def _with_lines(errors: list[dict], body: bytes, fmt: str) -> list[dict]:
@@ -104,8 +107,7 @@ async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
     body = await request.body()
     if len(body) > MAX_BODY:
         raise Problem(413, "Payload too large", f"a job spec is at most {MAX_BODY} bytes")
-    ctype = request.headers.get("content-type", "application/json").split(";")[0].strip().lower()
-    fmt = "yaml" if ctype in _YAML_TYPES else "json"
+    ctype, fmt = _content_type(request), _format_of(request)
     if ctype not in _YAML_TYPES and ctype not in ("application/json", ""):
         raise Problem(415, "Unsupported media type", f"send application/json or application/yaml, not {ctype}")
     try:
