@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spotbroker.api.guard import BodyTooLarge
-from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError, path_in
+from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError, meant_members, path_in
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("spotbroker.api")
@@ -91,6 +91,8 @@ def field_errors(errors: list[dict[str, Any]], drop_prefix: tuple[str, ...] = ()
     string"), not one per member."""
     out: list[dict[str, Any]] = []
     wrong_type: dict[str, dict[str, Any]] = {}
+    if doc is not None:
+        errors = meant_members(errors, doc)
     for err in errors:
         loc = [p for p in err.get("loc", ()) if p not in drop_prefix]
         if doc is not None:

@@ -244,6 +244,48 @@ def _accelerator_alternatives(doc: dict[str, Any]) -> dict[str, Any]:
 _UNION_MEMBER = re.compile(r"^([A-Z][A-Za-z]+|[a-z]+-[a-z]+|.*[\[(].*)$")  # UploadMount, constrained-str, dict[..]
 
 
+def _union_member(loc: list, doc: Any) -> tuple[tuple, str, int] | None:
+    """Where a pydantic error's location enters a union of the document:
+    (the path to it, the member's name, the member's index in `loc`)."""
+    node = doc
+    for i, part in enumerate(loc):
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif isinstance(part, str) and _UNION_MEMBER.match(part):
+            return tuple(loc[:i]), part, i
+        else:
+            return None
+    return None
+
+
+_SHAPE = frozenset({"missing", "extra_forbidden"})  # the value has another member's keys
+
+
+def meant_members(errors: list[dict[str, Any]], doc: Any) -> list[dict[str, Any]]:
+    """A value that fits none of a union's members gets an error list from
+    each. Where some member's errors are about the values given (a mode
+    that is not one of the modes, a digest that is no digest), the members
+    that only disagree on the value's shape (its keys, or its being a
+    mapping at all) are left out: the user meant the member the keys fit."""
+    def shape_only(err: dict[str, Any], at: int) -> bool:
+        kind = str(err.get("type", ""))
+        return kind in _SHAPE or (kind.endswith("_type") and len(err.get("loc", ())) == at + 1)
+
+    members: dict[tuple, dict[str, bool]] = {}  # union's path -> member -> it has an error about a value
+    found = []
+    for err in errors:
+        entry = _union_member(list(err.get("loc", ())), doc)
+        found.append(entry)
+        if entry is not None:
+            site, member, at = entry
+            valued = members.setdefault(site, {}).get(member, False)
+            members[site][member] = valued or not shape_only(err, at)
+    return [err for err, entry in zip(errors, found, strict=True)
+            if entry is None or members[entry[0]][entry[1]] or not any(members[entry[0]].values())]
+
+
 def path_in(loc: list, doc: Any) -> list:
     """A pydantic error's location as a path of the document it is about:
     the names pydantic gives a union's members (`UploadMount`,

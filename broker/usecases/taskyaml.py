@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spotbroker.broker.jobs import alternatives, overrides, resfields, unhonoured
-from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw, path_in
+from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw, meant_members, path_in
 from spotbroker.broker.jobs.unhonoured import HONOURED, HONOURED_RESOURCES, OURS  # noqa: F401
 
 _ALTERNATIVES = ("any_of", "ordered")
@@ -265,7 +265,7 @@ def _ours_named(doc: dict[str, Any], ours: dict[str, Any]) -> list[dict[str, Any
     except ValidationError as exc:
         return [{"field": ".".join(str(p) for p in path_in(list(err["loc"]), doc)),
                  "message": str(err["msg"]).removeprefix("Value error, ")}
-                for err in exc.errors() if err["type"] != "extra_forbidden" and err["loc"]]
+                for err in meant_members(exc.errors(), doc) if err["type"] != "extra_forbidden" and err["loc"]]
     return []
 
 

@@ -111,9 +111,14 @@ def test_bad_specs_get_a_422_naming_the_field(api, team_headers, settings, body,
 
 @pytest.mark.parametrize("body, fields", [
     ({"run": "x", "workdir": 5}, {"workdir"}),
-    ({"run": "x", "resources": {"image_id": {"us-east-1": 5}}}, {"resources.image_id", "resources.image_id.us-east-1"}),
-    ({"run": "x", "file_mounts": {"/a": {"name": "Bad_Name"}}}, {"file_mounts./a", "file_mounts./a.name",
-                                                                  "file_mounts./a.upload"}),
+    ({"run": "x", "resources": {"image_id": {"us-east-1": 5}}}, {"resources.image_id.us-east-1"}),
+    # a bucket mount's bad value alone: not the upload mount's "upload: Field required" and the string's type
+    ({"run": "x", "file_mounts": {"/a": {"name": "Bad_Name"}}}, {"file_mounts./a.name"}),
+    ({"run": "x", "file_mounts": {"/a": {"source": "s3://ok-bucket", "mode": "BOGUS"}}}, {"file_mounts./a.mode"}),
+    ({"run": "x", "workdir": {"upload": "not-a-digest"}}, {"workdir.upload"}),
+    # keys no member has: every member's complaint stays, each says what it would take
+    ({"run": "x", "file_mounts": {"/a": {"sorce": "s3://ok-bucket"}}}, {"file_mounts./a", "file_mounts./a.sorce",
+                                                                      "file_mounts./a.upload"}),
 ])
 def test_a_field_is_named_by_its_path_in_the_document_not_by_pydantics_union_members(api, team_headers, body,
                                                                                      fields):
