@@ -430,7 +430,8 @@ class Lines:
         import yaml
 
         node, line = self._root, None
-        for part in field.split(".") if field and field != "body" else []:
+        parts = field.split(".") if field and field != "body" else []
+        for i, part in enumerate(parts):
             if isinstance(node, yaml.MappingNode):
                 keys = self._keys.get(id(node))
                 if keys is None:
@@ -438,6 +439,15 @@ class Lines:
                     for k, v in node.value:
                         keys.setdefault(getattr(k, "value", None), (k, v))
                 match = keys.get(part)
+                if match is None and part in ("any_of", "ordered") and "accelerators" in keys:
+                    # the sets read from `accelerators: {A100: 1, H100: 1}` (or a list): the Nth is its Nth entry
+                    many, n = keys["accelerators"][1], parts[i + 1] if i + 1 < len(parts) else ""
+                    line = keys["accelerators"][0].start_mark.line + 1
+                    if isinstance(many, yaml.MappingNode | yaml.SequenceNode) and n.isdigit() \
+                            and int(n) < len(many.value):
+                        entry = many.value[int(n)]
+                        line = (entry[0] if isinstance(entry, tuple) else entry).start_mark.line + 1
+                    break
                 if match is None:
                     break
                 line, node = match[0].start_mark.line + 1, match[1]

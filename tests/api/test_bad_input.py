@@ -143,6 +143,8 @@ def test_a_value_of_none_of_a_unions_types_is_one_error():
 @pytest.mark.parametrize("body, field, line", [
     (b"run: x\nfile_mounts:\n  /d: s3://elsewhere/data\n", "file_mounts./d", 3),     # the mount's check
     (b"run: x\nestimated_hours: 1\ndeadline: '2020-01-01T00:00:00Z'\n", "deadline", 3),  # the deadline's
+    # a set read from a mapping of accelerators: the entry's own line (was the `resources:` line)
+    (b"run: x\nresources:\n  accelerators:\n    L4: 1\n    Z9: 1\n", "resources.any_of.1.accelerators", 5),
 ])
 def test_a_task_files_later_checks_name_the_line_too(api, team_headers, body, field, line):
     r = api.post("/v1/jobs", content=body, headers={**team_headers(), "Content-Type": YAML})
