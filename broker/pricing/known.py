@@ -1,7 +1,11 @@
-"""The accelerator names some offer has: a job asking for another (a typo,
-`V100` for `H100`, a name no cloud sells) is refused at submission naming
-the field and the closest names, as `sky launch` does, instead of being
-accepted and failing later with `no_feasible_offer`.
+"""The accelerators some offer has: a job asking for another (a typo,
+`V100` for `H100`, a name no cloud sells) or for a count per node that no
+machine has (`A100:3`, `T4:0.5`; placement matches counts exactly, as
+SkyPilot does) is refused at submission naming the field and the closest
+names or the counts offered, as `sky launch` does, instead of being
+accepted and failing later with `no_feasible_offer`. On Kubernetes
+(`infra: k8s`, or an accelerator its nodes have) any count is taken: a
+pod asks its node for a number of GPUs, not for a machine.
 
 Submission is the API's hot path: the names are kept in memory and read
 again at most every `ttl_s`; a name missing from them is looked up once
@@ -18,7 +22,7 @@ from collections.abc import Iterable
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.broker.jobs.resources import Infra, parse_accelerator
+from spotbroker.broker.jobs.resources import KUBERNETES, Infra, parse_accelerator
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.pricing.normalise import accelerator_name
 from spotbroker.broker.store.models import PriceOffer
@@ -29,46 +33,75 @@ class KnownAccelerators:
         self._factory = factory
         self._also = frozenset(also)  # the operator's Kubernetes nodes' accelerators
         self._ttl_s = ttl_s
-        self._names: frozenset[str] = frozenset()
+        self._names: dict[str, frozenset[float]] = {}  # name -> counts per node offered
         self._read_at = float("-inf")
         self._lock = threading.Lock()
 
     def errors(self, spec: JobSpec) -> list[dict[str, str]]:
-        """One error per resource set (and pre-flight) whose accelerator no offer has."""
-        asked: dict[str, str] = {}  # field -> accelerator name
+        """An error for each accelerator name no offer has (in any resource
+        set, or the pre-flight), and for the counts no machine has when no
+        set of the job fits (a set that fits is where it runs: SkyPilot too
+        passes over the others)."""
+        asked: dict[str, tuple[str, float | None]] = {}  # field -> (accelerator name, count; None: any)
         res = spec.resources
         alts = res.any_of if res.any_of is not None else res.ordered
         key = "any_of" if res.any_of is not None else "ordered"
+        fits = False
         for i, want in enumerate(res.alternatives()):
-            if want.accelerator is not None and not (want.infra and Infra(want.infra).cloud == "local"):
-                # (an alternative holds the top level's accelerators when it names none)
-                own = alts is not None and alts[i].accelerators not in (None, res.accelerators)
-                asked.setdefault(f"resources.{key}.{i}.accelerators" if own else "resources.accelerators",
-                                 want.accelerator[0])
-        if spec.preflight is not None and spec.preflight.accelerators:
-            asked["preflight.accelerators"] = parse_accelerator(spec.preflight.accelerators)[0]
-        return [{"field": field, "message": self._why(name)} for field, name in asked.items()
-                if not self._known(accelerator_name(name) or name)]
+            cloud = Infra(want.infra).cloud if want.infra else None
+            if want.accelerator is None or cloud == "local":
+                fits = True
+                continue
+            # (an alternative holds the top level's accelerators when it names none)
+            own = alts is not None and alts[i].accelerators not in (None, res.accelerators)
+            name, count = want.accelerator
+            asked.setdefault(f"resources.{key}.{i}.accelerators" if own else "resources.accelerators",
+                             (name, None if cloud == KUBERNETES[0] else count))  # a node takes any count
+        named, counted = [], []
+        for field, (name, count) in asked.items():
+            unnamed, why = self._why_not(name, count)
+            fits = fits or why is None
+            if why is not None:
+                (named if unnamed else counted).append({"field": field, "message": why})
+        errors = named + ([] if fits else counted)
+        if spec.preflight is not None and spec.preflight.accelerators:  # one machine, which must exist
+            _, why = self._why_not(*parse_accelerator(spec.preflight.accelerators))
+            if why is not None:
+                errors.append({"field": "preflight.accelerators", "message": why})
+        return errors
 
-    def _known(self, name: str) -> bool:
+    def _why_not(self, asked: str, count: float | None) -> tuple[bool, str | None]:
+        """(whether the name is unknown, why no offer fits; None: one does)."""
+        name = accelerator_name(asked) or asked
         if name in self._also:
-            return True
+            return False, None
         names = self._read(fresh=False)
-        return not names or name in names or name in self._read(fresh=True)
+        if names and not _has(names, name, count):
+            names = self._read(fresh=True)
+        if not names or _has(names, name, count):
+            return False, None
+        if name in names:
+            offered = ", ".join(f"{c:g}" for c in sorted(names[name]))
+            return False, f"no machine offers {count:g} {name} per node (offered: {offered})"
+        known = sorted(n for n in {*names, *self._also} if " " not in n)  # (a job cannot name `Radeon MI25`)
+        close = difflib.get_close_matches(asked.upper(), [n.upper() for n in known], n=3, cutoff=0.5)
+        hint = f"; did you mean {', '.join(n for n in known if n.upper() in close)}?" if close else ""
+        return True, f"no cloud offers an accelerator named {asked!r}{hint} (offered: {', '.join(known)})"
 
-    def _read(self, fresh: bool) -> frozenset[str]:
+    def _read(self, fresh: bool) -> dict[str, frozenset[float]]:
         with self._lock:
             now = time.monotonic()
             if now - self._read_at > (1.0 if fresh else self._ttl_s):
                 with self._factory() as session:
-                    found = session.scalars(select(PriceOffer.accelerator).distinct()
-                                            .where(PriceOffer.accelerator.is_not(None)))
-                    self._names = frozenset(found)
+                    found: dict[str, set[float]] = {}
+                    for name, count in session.execute(
+                            select(PriceOffer.accelerator, PriceOffer.accelerator_count).distinct()
+                            .where(PriceOffer.accelerator.is_not(None))):
+                        found.setdefault(name, set()).add(count)
+                    self._names = {name: frozenset(counts) for name, counts in found.items()}
                 self._read_at = now
             return self._names
 
-    def _why(self, asked: str) -> str:
-        names = sorted(n for n in self._names | self._also if " " not in n)  # (a job cannot name `Radeon MI25`)
-        close = difflib.get_close_matches(asked.upper(), [n.upper() for n in names], n=3, cutoff=0.5)
-        hint = f"; did you mean {', '.join(n for n in names if n.upper() in close)}?" if close else ""
-        return f"no cloud offers an accelerator named {asked!r}{hint} (offered: {', '.join(names)})"
+
+def _has(names: dict[str, frozenset[float]], name: str, count: float | None) -> bool:
+    return name in names and (count is None or any(abs(c - count) < 1e-6 for c in names[name]))

@@ -139,13 +139,13 @@ def test_a_gpu_preflight_over_the_teams_gpus_at_once_is_answered_held(api, team_
     """The job's own GPUs fit, its pre-flight's (which launches first) do not:
     the answer said PENDING, and the reconciler held it a moment later."""
     h = team_headers("ml")
-    set_policy(api, "ml", max_gpus_running=2)
+    set_policy(api, "ml", max_gpus_running=4)
     first = api.post("/v1/jobs", json={"run": "sleep 60", "resources": {"accelerators": "T4:1"}}, headers=h).json()
     wait_state(api, h, first["id"], {"RUNNING"}, timeout=60)
     r = api.post("/v1/jobs", json={"run": "echo main", "resources": {"accelerators": "T4:1"},
-                                   "preflight": {"accelerators": "T4:2", "run": "echo pf"}}, headers=h)
+                                   "preflight": {"accelerators": "T4:4", "run": "echo pf"}}, headers=h)
     assert r.status_code == 201, r.text
-    reason = "held by a limit: team max 2 GPUs at once, 1 running (its pre-flight needs 2)"
+    reason = "held by a limit: team max 4 GPUs at once, 1 running (its pre-flight needs 4)"
     assert (r.json()["state"], r.json()["reason"]) == ("HELD", reason), r.json()
     assert r.json()["warnings"] == [{"field": "state", "message": f"the job is HELD: {reason}", "line": None}]
     api.post(f"/v1/jobs/{first['id']}/cancel", headers=h)
@@ -218,8 +218,8 @@ def test_a_preflights_own_accelerators_meet_the_teams_limits_at_submission(api, 
         "preflight.accelerators: A100:8 is not allowed for team beta (allowed_accelerators: T4)",
         "preflight.accelerators: the pre-flight needs 8 GPUs at once, over team beta's limit of 1 GPUs at once "
         "(max_gpus_running)"]
-    [message] = refused("T4:2")
-    assert "needs 2 GPUs at once" in message and "max_gpus_running" in message
+    [message] = refused("T4:4")
+    assert "needs 4 GPUs at once" in message and "max_gpus_running" in message
     # A SkyPilot task file meets the same limits.
     task = b"name: pf\nrun: sleep 300\nresources:\n  accelerators: T4:1\npreflight:\n  accelerators: A100:8\n"
     r = api.post("/v1/jobs", content=task, headers={**h, "Content-Type": "application/yaml"})

@@ -13,10 +13,10 @@ from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import PriceOffer
 
 
-def offer(accelerator: str | None) -> PriceOffer:
+def offer(accelerator: str | None, count: float = 1) -> PriceOffer:
     now = datetime.now(UTC)
     return PriceOffer(cloud="aws", region="us-east-1", place="us-east-1a", zone="us-east-1a", zone_id="use1-az1",
-                      instance_type=f"x.{accelerator}", accelerator=accelerator, accelerator_count=1,
+                      instance_type=f"x.{accelerator}.{count:g}", accelerator=accelerator, accelerator_count=count,
                       spot_price=0.2, ondemand_price=0.5, observed_at=now, checked_at=now, source="test",
                       listed=True)
 
@@ -35,7 +35,7 @@ def test_a_name_is_refused_only_when_offers_are_known_and_none_has_it(factory):
     (err,) = known.errors(spec("H10:8"))
     assert err["field"] == "resources.accelerators" and "did you mean H100?" in err["message"], err
     assert known.errors(spec("Z9:1", infra="local")) == []  # the broker's host: no offers there
-    flight = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "H100:8"},
+    flight = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "H100:1"},
                                      "preflight": {"accelerators": "T5:1"}})
     assert [e["field"] for e in known.errors(flight)] == ["preflight.accelerators"]
 
@@ -59,3 +59,28 @@ def test_a_name_listed_after_the_last_read_is_accepted(factory):
     (err,) = known.errors(JobSpec.model_validate({"run": "x", "resources": {
         "accelerators": "L40S:1", "any_of": [{"cpus": "4"}, {"accelerators": "T4:1"}]}}))
     assert err["field"] == "resources.accelerators", err  # where it is written, not the alternative it fills
+
+
+def test_a_count_per_node_no_machine_has_is_refused_with_the_counts_offered(factory):
+    """Placement matches a count exactly (as SkyPilot does): `A100:3` or
+    `T4:0.5` was accepted, then FAILED no_feasible_offer."""
+    with transaction(factory) as s:
+        s.add_all([offer("A100", 1), offer("A100", 8), offer("A10", 1 / 6)])
+    known = KnownAccelerators(factory, also=["MI300X"])
+    assert known.errors(spec("A100:8")) == [] and known.errors(spec(f"A10:{1 / 6}")) == []
+    (err,) = known.errors(spec("A100:3"))
+    assert err == {"field": "resources.accelerators", "message": "no machine offers 3 A100 per node (offered: 1, 8)"}
+    (err,) = known.errors(spec("a100:0.5"))
+    assert "0.5 A100 per node" in err["message"], err
+    assert known.errors(spec("MI300X:3")) == []  # the operator's Kubernetes nodes: any count
+    assert known.errors(spec("A100:3", infra="k8s")) == []
+    # a set that fits is where the job runs: the others' counts are passed over, as SkyPilot does
+    assert known.errors(spec("A100:3", any_of=[{"accelerators": "A100:8"}, {"accelerators": "A100:3"}])) == []
+    assert len(known.errors(spec("A100:3", any_of=[{"accelerators": "A100:2"}, {"accelerators": "A100:3"}]))) == 2
+    flight = JobSpec.model_validate({"run": "x", "resources": {"accelerators": "A100:8"},
+                                     "preflight": {"accelerators": "A100:2"}})
+    assert [e["field"] for e in known.errors(flight)] == ["preflight.accelerators"]
+    with transaction(factory) as s:
+        s.add(offer("A100", 4))
+    known._read_at -= 2  # a count listed since the last read is looked up once more
+    assert known.errors(spec("A100:4")) == []
