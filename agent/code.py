@@ -186,6 +186,8 @@ def check_archive(path: Path) -> tuple[list[tarfile.TarInfo], int]:
         with tarfile.open(path, "r:gz", tarinfo=_BoundedInfo) as tar:
             for member in tar:
                 _check_member(member, seen_files)
+                if member.isdir() and posixpath.normpath(member.name) == ".":
+                    continue  # `tar czf code.tgz -C dir .` names the working directory itself: nothing to make
                 if member.isfile():
                     seen_files.add(posixpath.normpath(member.name))
                     total += member.size

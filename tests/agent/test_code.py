@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import subprocess
 import tarfile
 from pathlib import Path
 
@@ -130,6 +131,28 @@ def test_a_name_too_deep_or_too_long_is_refused_before_anything_is_unpacked(tmp_
         check_archive(path)
     with pytest.raises(CodeError, match=why):
         fetch_code(*stored(tmp_path, path), tmp_path / "node" / "workdir")
+
+
+def test_an_archive_made_of_a_directory_with_tar_c_dot_is_taken(tmp_path):
+    """`tar czf code.tgz -C myproject .` (the README's recipe) names the
+    working directory itself, `./`: it was refused as leading out through a
+    link. Its modes are not the workdir's (the job may still write there)."""
+    src = tmp_path / "myproject"
+    (src / "sub").mkdir(parents=True)
+    (src / "train.py").write_text("print(1)\n")
+    (src / "sub" / "data.txt").write_text("d")
+    src.chmod(0o555)
+    path = tmp_path / "code.tgz"
+    subprocess.run(["tar", "czf", str(path), "-C", str(src), "."], check=True)
+    assert "./" in tarfile.open(path).getnames() or "." in tarfile.open(path).getnames()
+    check_archive(path)
+    uri, sha = stored(tmp_path, path)
+    fetch_code(uri, sha, tmp_path / "node" / "workdir")
+    workdir = tmp_path / "node" / "workdir"
+    assert (workdir / "train.py").read_text() == "print(1)\n" and (workdir / "sub" / "data.txt").read_text() == "d"
+    assert workdir.stat().st_mode & 0o700 == 0o700
+    with pytest.raises(CodeError):  # a file named `.` is no working directory
+        check_archive(archive(tmp_path, file(".")))
 
 
 def directory(name: str) -> tuple[tarfile.TarInfo, None]:
