@@ -61,6 +61,13 @@ def team_client() -> Client:
     return Client(url(), token)
 
 
+def reader_client(team: str | None) -> Client:
+    """For a read of one named team: the admin token when it is set (a team's
+    token reads its own team only, and both may be exported at once); else
+    the team's token."""
+    return admin_client() if team and variable("ADMIN_TOKEN") else team_client()
+
+
 def admin_client() -> Client:
     token = variable("ADMIN_TOKEN") or variable("TOKEN")  # a team token: the broker answers what it may not do
     if token is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from spotbroker.broker.cli.access import admin_client, team_client
+from spotbroker.broker.cli.access import admin_client, reader_client
 from spotbroker.broker.cli.jobs import call
 from spotbroker.broker.cli.output import show, table, when
 
@@ -27,7 +27,7 @@ def _number(value: float | None) -> str:
 def alerts(team: str | None, state: str, limit: int, as_json: bool) -> None:
     """Budget alerts, newest first."""
     params = {k: v for k, v in {"team": team, "state": state, "limit": limit}.items() if v is not None}
-    found = call(lambda: team_client()._request("GET", "/v1/alerts", params=params).json())["alerts"]
+    found = call(lambda: reader_client(team)._request("GET", "/v1/alerts", params=params).json())["alerts"]
     if as_json:
         click.echo(json.dumps(found, indent=2))
         return
@@ -65,7 +65,7 @@ def silences_list(team: str | None = None, expired: bool = False, as_json: bool 
     params: dict[str, Any] = {"expired": str(expired).lower()}
     if team:
         params["team"] = team
-    found = call(lambda: team_client()._request("GET", "/v1/alerts/silences", params=params).json())
+    found = call(lambda: reader_client(team)._request("GET", "/v1/alerts/silences", params=params).json())
     _print_silences(found["silences"], as_json)
 
 

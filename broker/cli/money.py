@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from spotbroker.broker.cli.access import admin_client, team_client
+from spotbroker.broker.cli.access import admin_client, reader_client, team_client
 from spotbroker.broker.cli.client import Client
 from spotbroker.broker.cli.jobs import call
 from spotbroker.broker.cli.output import show, table, when
@@ -43,7 +43,7 @@ def _team(c: Client, team: str | None) -> str:
 def costs(team: str | None, since: str | None, until: str | None, group_by: str | None, as_json: bool,
           as_csv: bool) -> None:
     """A team's spend from the ledger: paid, on-demand equivalent, savings, waste, kWh and kg CO2e."""
-    c = team_client()
+    c = reader_client(team)
     if as_csv:
         click.echo(call(c.costs_csv, _team(c, team), since, until, group_by), nl=False)
         return
@@ -121,17 +121,19 @@ def budget_show(team: str | None, as_json: bool) -> None:
 @budget.command("set")
 @click.argument("team")
 @click.argument("amount", type=click.FloatRange(min=0, min_open=True))
-@click.option("--period", type=click.Choice(["day", "week", "month"]), default="month", show_default=True)
+@click.option("--period", type=click.Choice(["day", "week", "month"]), default=None,
+              help="default: the budget's own period, month for a new budget")
 @click.option("--hard-cap", "hard_cap", type=click.Choice(["hold_new", "stop_running"]), default=None,
               help="over budget: hold new jobs (default), or also stop running ones")
 def budget_set(team: str, amount: float, period: str, hard_cap: str | None) -> None:
     """Set a team's budget (SPOTBROKER_ADMIN_TOKEN); other settings are kept."""
     c = admin_client()
     try:
-        body = {k: v for k, v in call(c.budget, team).items() if k in ("rules", "recoveries", "hard_cap_action")}
+        body = {k: v for k, v in call(c.budget, team).items()
+                if k in ("period", "rules", "recoveries", "hard_cap_action")}
     except click.ClickException:
         body = {}
-    body.update(amount=amount, period=period)
+    body.update(amount=amount, period=period or body.get("period") or "month")
     if hard_cap:
         body["hard_cap_action"] = hard_cap
     out = call(c.set_budget, team, body)

@@ -45,6 +45,12 @@ def test_costs_prints_the_ledger_as_the_api_answers_it(api, env, factory):
     r = spotbroker("costs", "--team", "ml", "--since", since, "--json",
                    env={**env, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN})
     assert r.returncode == 0 and json.loads(r.stdout)["total"]["cost"] == pytest.approx(12.0)
+    # both tokens exported (cv's and the admin's): another team is read with the admin's (was: refused)
+    cv = {**env, "SPOTBROKER_TOKEN": team_token(api, "cv2", ADMIN_TOKEN), "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN}
+    r = spotbroker("costs", "--team", "ml", "--since", since, "--json", env=cv)
+    assert r.returncode == 0 and json.loads(r.stdout)["total"]["cost"] == pytest.approx(12.0), r.stderr
+    r = spotbroker("alerts", "--team", "ml", "--json", env=cv)
+    assert r.returncode == 0 and json.loads(r.stdout) == [], r.stderr
     for args, words in ((("--team", "cv"), "its own team"), (("--since", "yesterday"), "since")):
         r = spotbroker("costs", *args, env=mine)
         assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
@@ -66,8 +72,8 @@ def test_budget_set_and_show(api, env):
     assert (shown["amount"], shown["period"], shown["hard_cap_action"]) == (5000, "week", "stop_running")
     assert shown == api.get("/v1/teams/ml/budget", headers={"Authorization": f"Bearer {token}"}).json()
 
-    r = spotbroker("budget", "set", "ml", "8000", env=admin)                  # the hard cap is kept
-    assert r.returncode == 0 and "$8000.00 per month, over it: stop_running" in r.stdout
+    r = spotbroker("budget", "set", "ml", "8000", env=admin)                  # the period and hard cap are kept
+    assert r.returncode == 0 and "$8000.00 per week, over it: stop_running" in r.stdout  # (was: per month)
     r = spotbroker("budget", "set", "ml", "1", env=mine)                      # a team's token: refused
     assert r.returncode == 1 and "admin" in r.stderr and "Traceback" not in r.stderr
     assert json.loads(spotbroker("budget", "show", "ml", "--json", env=admin).stdout)["amount"] == 8000
@@ -75,10 +81,10 @@ def test_budget_set_and_show(api, env):
     assert r.returncode == 0, r.stderr
     head, row = [line for line in r.stdout.splitlines() if "BUDGET $" in line or "8000.00" in line]
     assert "SPENT $" in head and "REMAINING $" in head
-    assert [cell.strip() for cell in row.split("│")[1:4]] == ["ml", "8000.00", "month"]
+    assert [cell.strip() for cell in row.split("│")[1:4]] == ["ml", "8000.00", "week"]
     assert "stop_running" in row
     both = {**mine, "SPOTBROKER_ADMIN_TOKEN": ADMIN_TOKEN}                   # both exported: admin's is sent
-    r = spotbroker("budget", "set", "ml", "9000", env=both)
+    r = spotbroker("budget", "set", "ml", "9000", "--period", "month", env=both)
     assert r.returncode == 0 and "$9000.00 per month" in r.stdout, r.stderr
     r = spotbroker("budget", "show", "--json", env=both)                     # a team command: the team's own
     assert r.returncode == 0 and json.loads(r.stdout)["team"] == "ml"
