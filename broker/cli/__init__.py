@@ -7,6 +7,7 @@ each command starts fast.
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
@@ -75,4 +76,13 @@ def cli() -> None:
 
 
 def main() -> None:
-    cli()
+    try:
+        cli()
+    except Exception as exc:  # a bad SPOTBROKER_* variable: named, without a traceback
+        from spotbroker.broker.settings import explain
+
+        message = explain(exc)
+        if message is None:
+            raise
+        click.echo(f"Error: {message}", err=True)
+        sys.exit(2)

@@ -81,6 +81,15 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
     from spotbroker.api.app import create_app
 
     settings = get_settings()
+    if settings.kubernetes_places:  # read before "serving on": a bad file is a message, not a failed start-up
+        from pathlib import Path
+
+        from spotbroker.broker.placement.kubernetes import PlacesFileError, load
+
+        try:
+            load(Path(settings.kubernetes_places))
+        except PlacesFileError as exc:
+            raise click.ClickException(str(exc)) from None
     host = host or settings.host
     port = port if port is not None else settings.port
     settings = settings.model_copy(update={"host": host, "port": port})

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 
 from conftest import ADMIN_TOKEN
 from sqlalchemy import select
+from support.brokerproc import broker_env
 from support.cli import cells, spotbroker
 from support.helpers import team_token
 
@@ -120,3 +121,23 @@ def test_teams_create_goes_through_the_broker_named_by_spotbroker_url(api, env):
                                                               if k != "SPOTBROKER_ADMIN_TOKEN"})
     assert r.returncode == 0 and json.loads(r.stdout)["team"] == "local", r.stderr
     assert "this host's database" in r.stderr and "SPOTBROKER_ADMIN_TOKEN" in r.stderr, r.stderr
+
+
+def test_a_bad_setting_is_named_by_its_variable_without_a_traceback(tmp_path):
+    """A SPOTBROKER_* value of the wrong form was a traceback naming a Python
+    field (`placement_interval`), and a bad Kubernetes places file failed
+    `serve` after it said it was serving."""
+    base = broker_env(SPOTBROKER_DATA_DIR=str(tmp_path / "data"))
+    for name, value, says in (("SPOTBROKER_PLACEMENT_INTERVAL", "abc", "valid number"),
+                              ("SPOTBROKER_LAUNCHER", "bogus", "'local' or 'skypilot'"),
+                              ("SPOTBROKER_EGRESS_USD_PER_GB", "notjson", "JSON"),
+                              ("SPOTBROKER_ENCRYPTION_KEYS", "short", "32 random characters")):
+        r = spotbroker("db", "current", env={**base, name: value})
+        assert r.returncode == 2 and f"Error: {name}: " in r.stderr and says in r.stderr, r.stderr
+        # (and not the value: it may be a secret)
+        assert "Traceback" not in r.stderr and value not in r.stderr.replace(name, ""), r.stderr
+    places = tmp_path / "places.yaml"
+    places.write_text("places:\n  - {name: x}\n")
+    r = spotbroker("serve", "--port", "0", env={**base, "SPOTBROKER_KUBERNETES_PLACES": str(places)})
+    assert r.returncode == 1 and "SPOTBROKER_KUBERNETES_PLACES" in r.stderr and "clusters" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "serving on" not in r.stderr, r.stderr
