@@ -40,6 +40,7 @@ from spotbroker.broker.checkpoints import coldtier
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs import reasons
 from spotbroker.broker.jobs.preflight import wanted as preflight_wanted
+from spotbroker.broker.jobs.resources import KUBERNETES, Infra
 from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import (
@@ -280,6 +281,10 @@ class Reconciler:
             choice = self.placer.choose(session, job, spec, now)
             if choice is None:
                 why = why_none_fits(session, spec)  # (the reason's first word stays for scripts)
+                if why is None and any(want.infra and Infra(want.infra).cloud == KUBERNETES[0]
+                                       for want in spec.resources.alternatives()):
+                    why = (self.placer.kubernetes.why_unfit(spec) if self.placer.kubernetes is not None else
+                           "no Kubernetes place is configured (SPOTBROKER_KUBERNETES_PLACES)")
                 transition(session, job, J.FAILED, reason="no_feasible_offer" + (f": {why}" if why else ""),
                            data={"resources": spec.resources.model_dump(exclude_none=True)}, clock=self.clock)
                 return None, ()

@@ -210,6 +210,18 @@ class KubernetesPlaces:
 
     # --- which clusters fit, and which have room ------------------------------------------
 
+    def why_unfit(self, spec: JobSpec) -> str:
+        """Why no cluster fits a job's sets, as far as their nodes' GPUs tell."""
+        words = []
+        for want in spec.resources.alternatives():
+            if want.accelerator is not None:
+                name, count = accelerator_name(want.accelerator[0]) or want.accelerator[0], want.accelerator[1]
+                most = max((n.gpus_per_node for c in self.clusters for n in c.nodes if n.accelerator == name),
+                           default=0)
+                if most < count:
+                    words.append(f"no Kubernetes node has {count:g} {name}" + (f" (at most {most})" if most else ""))
+        return "; ".join(dict.fromkeys(words)) or "no Kubernetes place fits"
+
     def candidates(self, session: Session, job: Job, spec: JobSpec) -> list[Candidate]:
         """Every (cluster, resource set) that fits the job, whatever is free."""
         team = session.get(Team, job.team_id).name if self._restricted else None

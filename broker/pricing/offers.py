@@ -120,6 +120,17 @@ def why_unfit(session: Session, want: ResourceSet) -> str | None:
         where += clauses
         if not any_fits(session, where):
             return words
+    cap = want.max_price_per_hour
+    if cap is not None and not any(any_fits(session, priced(where, want, spot=spot, ondemand=not spot))
+                                   for spot in (True, False)):
+        least = session.scalar(select(func.min(func.coalesce(PriceOffer.spot_price, PriceOffer.ondemand_price)))
+                               .where(*where))
+        cheapest_is = f" (the cheapest: ${least:.2f}/h)" if least is not None else ""
+        if want.accelerator is not None:
+            what = f"no offer of {want.accelerator[1]:g} {normalise.accelerator_name(want.accelerator[0])} per node"
+        else:
+            what = f"no {want.instance_type} offer" if want.instance_type else "no CPU machine"
+        return f"{what} costs at most ${cap:g}/h{cheapest_is}"
     return None
 
 

@@ -199,6 +199,10 @@ def test_no_feasible_offer_fails_with_a_reason(env):
     job_id = submit(factory, team, run="true", resources={"accelerators": "NOSUCHGPU:3"})
     job = run_until(reconciler(factory, settings), factory, job_id, {"FAILED"})
     assert job.reason == "no_feasible_offer: no offer has NOSUCHGPU" and attempts(factory, job_id) == []
+    # on Kubernetes alone, with no cluster configured (was a bare no_feasible_offer)
+    job_id = submit(factory, team, run="true", resources={"accelerators": "H100:8", "infra": "k8s"})
+    job = run_until(reconciler(factory, settings), factory, job_id, {"FAILED"})
+    assert job.reason == "no_feasible_offer: no Kubernetes place is configured (SPOTBROKER_KUBERNETES_PLACES)"
 
 
 def test_handle_survives_in_the_database(env):

@@ -193,7 +193,8 @@ def test_infra_k8s_runs_only_on_the_clusters_and_waits_while_they_are_full(facto
     # a job no cluster can ever fit (more GPUs per node than a node has) fails as an unfit job does
     too_big = submit(factory, teams["ml"], resources={"accelerators": "H100:16", "infra": "k8s"})
     rec.pass_once()
-    assert (job_of(factory, too_big).state, job_of(factory, too_big).reason) == ("FAILED", "no_feasible_offer")
+    assert (job_of(factory, too_big).state, job_of(factory, too_big).reason) == (
+        "FAILED", "no_feasible_offer: no Kubernetes node has 16 H100 (at most 8)")  # (was a bare no_feasible_offer)
 
 
 def test_a_cluster_that_refused_counts_as_full_for_an_interval(factory, env):
