@@ -11,6 +11,7 @@ whose state it uses.
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -106,8 +107,10 @@ class NoticePath:
         if self.control_dir is None:
             return f"the agent could not set up its control channel ({self.control_error})"
         pids = self._library_pids()
-        if not pids:
-            return "the trainer does not use the checkpoint library"
+        if not pids:  # (the library announces itself once the trainer makes its Checkpointer, after its imports)
+            age = time.monotonic() - self._trainer_started_s
+            return (f"the trainer does not use the checkpoint library, or had not started it yet "
+                    f"({age:.0f} s after the trainer started)")
         if not request_flush(self.control_dir, pids, deadline, notice.kind):
             return f"the library's processes {pids} are gone"
         log.info("asked the library (pids %s) to flush by %s", pids, deadline.isoformat())

@@ -120,6 +120,7 @@ class Supervisor(NoticePath, StopPath):
         self.metrics = MetricsFolder(self.outbox, config.metrics_interval)
         self.tail = EventTail(self.control_dir / EVENTS_FILE if self.control_dir else None)
         self.proc: subprocess.Popen[bytes] | None = None
+        self._trainer_started_s = 0.0  # monotonic
         self.client: BrokerClient | None = None
         self.credentials: CredentialsKeeper | None = None  # the attempt's storage credentials, if launched with any
         self.watchers: Watchers | None = None
@@ -195,6 +196,7 @@ class Supervisor(NoticePath, StopPath):
             stderr=subprocess.STDOUT, start_new_session=True,  # its own group: signals reach all its processes
             preexec_fn=terminate_with(os.getpid()),
         )
+        self._trainer_started_s = time.monotonic()
         log.info("trainer started, pid %d, control dir %s", self.proc.pid, self.control_dir)
 
     def _start_threads(self) -> None:
