@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import shlex
 import signal
 import subprocess
