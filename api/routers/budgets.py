@@ -18,7 +18,7 @@ from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.routers.costs import Caller, TeamName, may_read
 from spotbroker.broker import auth
 from spotbroker.broker.money import budgets
-from spotbroker.broker.money.alerts import RULES, Condition
+from spotbroker.broker.money.alerts import RULES, Condition, as_read
 from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.store.models import Team
 from spotbroker.broker.store.moneymodels import Alert
@@ -156,8 +156,7 @@ def _alert_out(a: Alert, team: str, now: datetime, live: Condition | None) -> Al
         resolved_at=a.resolved_at, as_of=now, clear_since=a.clear_since,
         fired_summary=history[0].get("summary", a.summary) if history else a.summary,
         history=[AlertEvent.model_validate(e) for e in history])
-    if live is not None:
-        out.severity, out.summary, out.value = live.severity, live.summary, live.value
+    out.severity, out.summary, out.value, out.as_of = as_read(a, live, now)
     return out
 
 

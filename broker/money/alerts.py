@@ -212,6 +212,20 @@ def live(session: Session, open_alerts: list[Alert], now: datetime) -> dict[int,
     return {a.id: holding.get((a.team_id, key_of(a.rule))) for a in open_alerts}
 
 
+def as_read(alert: Alert, live: Condition | None, now: datetime) -> tuple[str, str, float | None, datetime]:
+    """(severity, summary, value, when read) of an alert as a reader sees it:
+    an open one's condition read now; one open that no longer holds (it
+    waits out its hold, or the money loop has not looked since) says so,
+    with the figures it last had and their time, not as if read now."""
+    if live is not None:
+        return live.severity, live.summary, live.value, now
+    if alert.open_key is None:
+        return alert.severity, alert.summary, alert.value, now
+    last = (alert.history or [{}])[-1].get("at")
+    when = datetime.fromisoformat(last) if last else alert.fired_at
+    return (alert.severity, f"no longer holds; at {when:%H:%M} UTC it read: {alert.summary}", alert.value, when)
+
+
 def _event(kind: str, c: Condition | Alert, now: datetime) -> dict:
     return {"at": now.isoformat(), "kind": kind, "rule": c.rule, "severity": c.severity, "summary": c.summary,
             "value": c.value}

@@ -166,8 +166,9 @@ def _alerts(session: Session, team_id: int, tails: list[views.Unwritten], jobs: 
             link, text = "#attempts", "the running jobs"
         else:
             link, text = "#budget", "the budget"
-        out.append(AlertLine(id=a.id, rule=a.rule, severity=c.severity if c else a.severity,
-                             summary=c.summary if c else a.summary, advice=alerts.READER_ADVICE.get(key, ""),
+        severity, summary, _, _ = alerts.as_read(a, c, now)
+        out.append(AlertLine(id=a.id, rule=a.rule, severity=severity, summary=summary,
+                             advice=alerts.READER_ADVICE.get(key, ""),
                              link=link, link_text=text, fired_at=a.fired_at, clear_since=a.clear_since))
     return out
 

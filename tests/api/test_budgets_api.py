@@ -140,3 +140,10 @@ def test_an_open_alerts_figures_are_read_now_and_its_history_kept(api, team_head
     assert [e["kind"] for e in forecast["history"]] == ["fire"] and "$5.00/h" in forecast["history"][0]["summary"]
     assert forecast["value"] > forecast["history"][0]["value"] and forecast["state"] == "open"  # 25 $/h, not 5
     assert datetime.fromisoformat(forecast["as_of"]) >= now
+    # the budget raised: still open (a rate's alert waits out its hold), no longer holding, and said so with
+    # the time of its figures (they were answered as read now: "1819.6x" when the burn was 0.1x)
+    assert api.put("/v1/teams/a/budget", json={"amount": 100_000, "period": period}, headers=ADMIN).status_code == 200
+    (forecast,) = [x for x in api.get("/v1/alerts", headers=a).json()["alerts"] if x["rule"] == "forecast"]
+    fired = datetime.fromisoformat(forecast["history"][-1]["at"])
+    assert forecast["state"] == "open" and datetime.fromisoformat(forecast["as_of"]) == fired, forecast
+    assert forecast["summary"] == f"no longer holds; at {fired:%H:%M} UTC it read: {forecast['fired_summary']}"
