@@ -136,10 +136,15 @@ def _line_in(data: bytes, field: str) -> int | None:
 
 
 def _says_use_spot(res: Any) -> bool:
+    """Whether the file says spot or on-demand for every cloud it may run in
+    (a Kubernetes alternative has no spot: it need not say)."""
     if not isinstance(res, dict):
         return False
     alts = [a for k in ("any_of", "ordered") for a in (res.get(k) or []) if isinstance(a, dict)]
-    return "use_spot" in res or (bool(alts) and all("use_spot" in a for a in alts))
+    on_kubernetes = [a for a in alts if str(a.get("infra", res.get("infra", ""))).split("/")[0].lower()
+                     in ("k8s", "kubernetes")]
+    clouds = [a for a in alts if a not in on_kubernetes]
+    return "use_spot" in res or (bool(alts) and all("use_spot" in a for a in clouds))
 
 
 def _upload_local(c: Client, doc: dict[str, Any], base: Path,

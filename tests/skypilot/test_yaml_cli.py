@@ -23,6 +23,10 @@ def submit(task: Path, tmp_path: Path, url: str = "http://127.0.0.1:9", token: s
     ("run: x\nresources: {accelerators: A10G:1, use_spot: true}\n", False),
     ("run: x\nresources: {any_of: [{accelerators: L4, use_spot: true}, {accelerators: T4, use_spot: false}]}\n",
      False),
+    # a Kubernetes alternative has no spot: the cloud one says (examples/skypilot/kubernetes_first.yaml; was told)
+    ("run: x\nresources: {ordered: [{infra: k8s/lab-a, accelerators: H100:8}, {accelerators: H100:8, "
+     "use_spot: true}]}\n", False),
+    ("run: x\nresources: {ordered: [{infra: k8s, accelerators: H100:8}, {accelerators: H100:8}]}\n", True),
 ])
 def test_a_file_without_use_spot_is_said_to_run_on_demand_once(tmp_path, text, says):
     task = tmp_path / "task.yaml"
