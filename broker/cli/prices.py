@@ -90,13 +90,14 @@ def _print_offers(body: dict[str, Any], as_json: bool) -> None:
         else:
             age = _age(o["age_seconds"]) + (" stale" if o["stale"] else "")
         table.add_row(o["cloud"], o["region"], o["zone"] or o["zone_id"] or "-", o["instance_type"],
-                      f"{o['accelerator']}:{o['accelerator_count']:g}", f"{o['vcpus'] or 0:g}",
+                      f"{o['accelerator']}:{o['accelerator_count']:g}" if o["accelerator"] else "-",
+                      f"{o['vcpus'] or 0:g}",
                       f"{o['memory_gib'] or 0:g}", _money(o["spot_price"]), _money(o["on_demand_price"]), saving,
                       age, o["source"], risk)
     console().print(table)
     if body["offers"] and all(o["risk"] is None for o in body["offers"]):
         click.echo("(RISK: no interruption figures for these offers; they come from the live sources "
-                   "aws-advisor and azure-eviction, see docs/prices.md)")
+                   "aws-advisor and azure (its eviction rates), see docs/prices.md)")
     if body.get("next_cursor"):
         click.echo("(more: raise --limit, or page with the API's cursor)")
 
