@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -113,20 +114,46 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
     sys.exit(0 if ended["state"] == "SUCCEEDED" else 1)
 
 
+# A broker restarted (a rolling update, another replica behind the same
+# address taking over) ends its streams: how long a follower keeps trying.
+RECONNECT_FOR_S = 300.0
+
+
 def follow(c: Client, job_id: int, tail: int | None = None, node: int | None = None, err: bool = False) -> dict:
     """Print the job's output across its attempts until it ends (the server
     says what happens between them); the ended job. A stream that ends
-    before the job (the broker went away) is an error that says so."""
-    try:
-        for chunk in c.follow_logs(job_id, tail, node):
-            click.echo(chunk, nl=False, err=err)
-    except ApiError as exc:
-        raise click.ClickException(str(exc)) from None
-    job = call(c.job, job_id)
-    if job["state"] not in _ENDED:
-        raise click.ClickException(f"the broker ended the stream before job {job_id} ended ({job['state']}): "
-                                   f"spotbroker logs {job_id} -f follows it again")
-    return job
+    before the job (its broker went away) is followed again, from the
+    newest output on, for up to RECONNECT_FOR_S: what was printed meanwhile
+    may be missing, and a line on stderr says so."""
+    lost_at: float | None = None
+    while True:
+        try:
+            for chunk in c.follow_logs(job_id, tail, node):
+                click.echo(chunk, nl=False, err=err)
+                lost_at = None
+            lost = "the broker ended the stream"
+        except ApiError as exc:
+            if exc.status:  # the broker answered (not found, no token...): nothing to follow again
+                raise click.ClickException(str(exc)) from None
+            lost = str(exc)
+        try:
+            job = c.job(job_id)
+        except ApiError as exc:
+            if exc.status:
+                raise click.ClickException(str(exc)) from None
+            job = None
+        if job is not None and job["state"] in _ENDED:
+            return job
+        if lost_at is None:
+            lost_at = time.monotonic()
+            click.echo(f"\u2014 {lost} before job {job_id} ended; following it again, from its newest output "
+                       f"(what it printed meanwhile: spotbroker logs {job_id}) \u2014", err=True)
+        elif time.monotonic() - lost_at > RECONNECT_FOR_S:
+            state = f" ({job['state']})" if job is not None else ""
+            raise click.ClickException(f"{lost} before job {job_id} ended{state}, and no broker answered for "
+                                       f"{RECONNECT_FOR_S:.0f} s: spotbroker logs {job_id} -f follows it again")
+        time.sleep(1.0)
+        tail = 0
 
 
 def _line_in(data: bytes, field: str) -> int | None:

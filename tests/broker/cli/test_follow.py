@@ -119,3 +119,45 @@ def test_submit_wait_follows_the_job_and_exits_with_its_end(api, env, tmp_path):
     r = submit(str(ok), "--wait", "--json")  # stdout: the ended job, as JSON; the output on stderr
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "SUCCEEDED"
     assert "hello from the job" in r.stderr
+
+
+def test_logs_f_and_submit_wait_outlive_a_broker_restart(tmp_path, data_dir):
+    """A rolling restart (the broker killed and started again on its address)
+    ended `logs -f` and `submit --wait` with exit 1 while the job went on to
+    succeed; they now follow it again and exit with its end."""
+    from support.brokerproc import BrokerProcess, broker_env
+    from support.helpers import stop_local_nodes
+
+    env = broker_env(SPOTBROKER_DATABASE_URL=f"sqlite:///{tmp_path / 'broker.db'}", SPOTBROKER_DATA_DIR=str(data_dir),
+                     SPOTBROKER_ADMIN_TOKEN=ADMIN_TOKEN, SPOTBROKER_RECONCILE_INTERVAL="0.2")
+    broker = BrokerProcess(env, tmp_path / "broker.log")
+    broker.start()
+    try:
+        wait_for(broker.ready, timeout=120, what="the broker to start")
+        import httpx
+
+        with httpx.Client(base_url=broker.url) as http:
+            token = team_token(http, "ml", ADMIN_TOKEN)
+        task = tmp_path / "count.yaml"
+        task.write_text("run: for i in $(seq 1 40); do echo line $i; sleep 0.25; done\n"
+                        "resources: {accelerators: T4:1}\n")
+        mine = {**env, "SPOTBROKER_URL": broker.url, "SPOTBROKER_TOKEN": token}
+        out = tmp_path / "waited.txt"
+        proc = follower(mine, out, "submit", str(task), "--wait")
+        try:
+            wait_for(lambda: "line 3\n" in out.read_text(), timeout=60, what="the job's output")
+        except AssertionError:
+            proc.kill()
+            raise AssertionError(proc.communicate()[1] + broker.output()[-2000:]) from None
+        broker.kill()
+        broker.start()
+        try:
+            _, err = proc.communicate(timeout=120)
+        finally:
+            proc.kill()
+        assert proc.returncode == 0, err + broker.output()[-2000:]
+        assert "following it again" in err and "Traceback" not in err, err
+        assert "line 40\n" in out.read_text() and line("job 1 SUCCEEDED") in out.read_text()
+    finally:
+        broker.stop()
+        stop_local_nodes(data_dir)
