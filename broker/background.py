@@ -1,6 +1,7 @@
 """Every background duty of a broker process, in one list.
 
-What runs beside the API in `serve`: the reconciler, the price tracker (a
+What runs beside the API in `serve`: this broker's row among the
+brokers on its database (broker/replicas.py), the reconciler, the price tracker (a
 thread per source), the money loop (accrual, alerts, the hard cap,
 notifications, the cold tier), with an Electricity Maps key the grids' live
 carbon intensity, SkyPilot's import ahead of the first task file, and, with
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from spotbroker.broker import replicas
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.energy import tracker as energy_tracker
 from spotbroker.broker.energy.settings import EnergySettings, energy_settings
@@ -97,6 +99,15 @@ def _one(target: Callable[[threading.Event], None], name: str) -> Callable[[thre
     return start
 
 
+def _registered(registration: replicas.Registration) -> Callable[[threading.Event], list[threading.Thread]]:
+    """This broker's row written at once, then kept fresh (and removed at the stop) by its thread."""
+    def start(stop: threading.Event) -> list[threading.Thread]:
+        registration.join()
+        return _one(registration.keep, "replica")(stop)
+
+    return start
+
+
 def duties(settings: Settings, factory: sessionmaker[Session], launchers: dict, reconciler: Reconciler, *,
            clock: Clock, keyring: Keyring, run_reconciler: bool = True) -> tuple[list[Duty], dict]:
     """The broker's duties, and the objects behind them that others call
@@ -104,7 +115,8 @@ def duties(settings: Settings, factory: sessionmaker[Session], launchers: dict, 
     SPOTBROKER_LAUNCHER=skypilot the SkyPilot launcher joins `launchers`
     here. `run_reconciler=False` leaves the reconciler to the caller (tests
     drive it pass by pass)."""
-    listed: list[Duty] = []
+    listed: list[Duty] = [Duty("replica", _registered(replicas.Registration(factory, replicas.Shared.of(settings),
+                                                                           clock)), join_s=5.0)]
     if run_reconciler:
         listed.append(Duty("reconciler", _one(reconciler.run_forever, "reconciler"), wake=reconciler.hint,
                            join_s=10.0))

@@ -367,6 +367,20 @@ class PriceListFile(Base):
     fetched_at: Mapped[datetime]
 
 
+class BrokerReplica(Base):
+    """A running broker and the settings brokers on one database must share
+    (broker/replicas.py): its row is kept fresh while it runs."""
+
+    __tablename__ = "broker_replicas"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)
+    host: Mapped[str] = mapped_column(String(255))
+    started_at: Mapped[datetime]
+    seen_at: Mapped[datetime]
+    checkpoint_root: Mapped[str] = mapped_column(Text)
+    advertise_url: Mapped[str | None] = mapped_column(Text)
+
+
 # The money tables register on the same metadata wherever the models are loaded.
 # The tables of metrics and early stops, likewise.
 from spotbroker.broker.store import metricmodels as _metric_models  # noqa: E402, F401

@@ -1,0 +1,103 @@
+"""Brokers on one database must share their checkpoint root (where nodes
+write checkpoints and fetch uploaded code, checked against it on every
+commit) and the address nodes report to. Each running broker keeps a row
+here with both, fresh while it runs; a broker starting with a live
+broker's differing is refused at its start, naming the setting and both
+values. Started apart, a second root made every checkpoint of the jobs it
+launched be refused by the others ("not this attempt's place") and their
+uploads unreachable; a second address left its nodes "vanished" when it
+stopped.
+
+The advertise address is compared only where one broker sets it: without
+it, each broker is its nodes' address (and says so at its start).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from sqlalchemy import delete, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from spotbroker.broker.clock import Clock
+from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.models import BrokerReplica
+
+log = logging.getLogger("spotbroker")
+
+BEAT_S = 15.0      # how often a running broker says it still runs
+STALE_S = 60.0     # a row not refreshed this long is a broker gone (killed, its host lost)
+
+
+@dataclass(frozen=True)
+class Shared:
+    """What brokers on one database must have alike."""
+
+    checkpoint_root: str
+    advertise_url: str | None
+
+    @classmethod
+    def of(cls, settings) -> Shared:
+        return cls(settings.checkpoint_uri.rstrip("/"),
+                   settings.advertise_url.rstrip("/") if settings.advertise_url else None)
+
+
+def disagreements(session: Session, me: Shared, now: datetime, exclude: str | None = None) -> list[str]:
+    """What a live broker has otherwise than `me`, a sentence each."""
+    said: list[str] = []
+    live = session.scalars(select(BrokerReplica).where(BrokerReplica.seen_at >= now - timedelta(seconds=STALE_S))
+                           .order_by(BrokerReplica.started_at))
+    for other in live:
+        if other.id == exclude:
+            continue
+        there = f"the broker on {other.host} (seen {(now - other.seen_at).total_seconds():.0f} s ago)"
+        if other.checkpoint_root != me.checkpoint_root:
+            said.append(f"SPOTBROKER_CHECKPOINT_ROOT is {me.checkpoint_root} here, {other.checkpoint_root} in "
+                        f"{there}")
+        if (me.advertise_url or other.advertise_url) and other.advertise_url != me.advertise_url:
+            said.append(f"SPOTBROKER_ADVERTISE_URL is {me.advertise_url or 'unset'} here, "
+                        f"{other.advertise_url or 'unset'} in {there}")
+    return list(dict.fromkeys(said))
+
+
+class Registration:
+    """This broker's row: written at its start, kept fresh, removed at its stop."""
+
+    def __init__(self, factory: sessionmaker[Session], me: Shared, clock: Clock) -> None:
+        self.factory, self.me, self.clock = factory, me, clock
+        self.id = f"{socket.gethostname()[:40]}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+    def join(self) -> None:
+        now = self.clock.now()
+        with transaction(self.factory) as session:
+            session.add(BrokerReplica(id=self.id, host=socket.gethostname()[:255], started_at=now, seen_at=now,
+                                      checkpoint_root=self.me.checkpoint_root, advertise_url=self.me.advertise_url))
+
+    def keep(self, stop: threading.Event) -> None:
+        """Refresh the row every BEAT_S until `stop`; then remove it."""
+        said: set[str] = set()
+        while not stop.wait(BEAT_S):
+            try:
+                with transaction(self.factory) as session:
+                    session.execute(update(BrokerReplica).where(BrokerReplica.id == self.id)
+                                    .values(seen_at=self.clock.now()))
+                    # two started at once, each before the other's row: said here, once each
+                    for line in disagreements(session, self.me, self.clock.now(), exclude=self.id):
+                        if line.split(" (seen")[0] not in said:
+                            said.add(line.split(" (seen")[0])
+                            log.error("brokers on this database disagree: %s (docs/deploy.md)", line)
+            except Exception:  # the database away a moment: the next beat tries again
+                log.exception("refreshing this broker's row failed")
+        self.leave()
+
+    def leave(self) -> None:
+        try:
+            with transaction(self.factory) as session:
+                session.execute(delete(BrokerReplica).where(BrokerReplica.id == self.id))
+        except Exception:  # it goes stale by itself
+            log.exception("removing this broker's row failed")
