@@ -26,7 +26,7 @@ RULES = [
 FLOORS = [
     ("clock", "ticker", "settings"),
     ("store",),
-    ("auth",),
+    ("auth", "replicas"),
     ("jobs",),
     ("pricing",),
     ("checkpoints",),

@@ -79,7 +79,7 @@ def main() -> None:
     try:
         cli()
     except Exception as exc:  # a bad SPOTBROKER_* variable: named, without a traceback
-        from spotbroker.broker.settings import explain
+        from spotbroker.broker.cli.badsettings import explain
 
         message = explain(exc)
         if message is None:

@@ -26,14 +26,15 @@ def _running(app) -> set[str]:
 def test_the_app_runs_the_listed_duties_and_stops_them_all(settings):
     before = _threads()
     app = create_app(settings)
-    assert _running(app) - before == {"reconciler", "prices-catalog", "money", "local-runs"}
+    assert _running(app) - before == {"replica", "reconciler", "prices-catalog", "money", "local-runs"}
     assert _threads() - before == set()
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
 def test_without_its_reconciler_the_app_runs_the_other_duties(settings):
     before = _threads()
-    assert _running(create_app(settings, run_reconciler=False)) - before == {"prices-catalog", "money", "local-runs"}
+    assert _running(create_app(settings, run_reconciler=False)) - before == {"replica", "prices-catalog", "money",
+                                                                              "local-runs"}
     assert _threads() - before == set()
 
 

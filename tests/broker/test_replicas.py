@@ -45,7 +45,8 @@ def test_a_live_broker_with_another_root_or_address_is_named_and_a_gone_one_is_n
     me = replicas.Shared("s3://ckpt/root", "https://broker.example")
     with factory() as s:
         said = replicas.disagreements(s, me, datetime.now(UTC), exclude="b-2-1")
-    assert said == ["SPOTBROKER_ADVERTISE_URL is https://broker.example here, unset in the broker on b-1 (seen 1 s ago)"]
+    assert said == ["SPOTBROKER_ADVERTISE_URL is https://broker.example here, unset in the broker on b-1 "
+                    "(seen 1 s ago)"]
 
 
 def test_a_running_broker_keeps_its_row_fresh_and_removes_it_at_its_stop(factory):
