@@ -50,11 +50,19 @@ def is_current(engine: Engine) -> bool:
     return current_revision(engine) == head_revision()
 
 
+# Every broker's migration on PostgreSQL holds this lock for its transaction:
+# replicas started at once (each with SPOTBROKER_MIGRATE_ON_START) migrate one
+# after the other, the later finding the schema current, instead of racing
+# to create the same tables (one failed with a UniqueViolation).
+MIGRATION_LOCK = 0x5B0B_0001
+
+
 def upgrade(engine: Engine, revision: str = "head", keyring: Keyring | None = None) -> None:
     """`keyring`: what seals the secrets already stored (migration 0009);
     default, the one the settings give (see `migration_keyring`)."""
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
+        _one_at_a_time(conn)
         cfg.attributes["connection"], cfg.attributes["keyring"] = conn, keyring
         command.upgrade(cfg, revision)
 
@@ -62,8 +70,14 @@ def upgrade(engine: Engine, revision: str = "head", keyring: Keyring | None = No
 def downgrade(engine: Engine, revision: str, keyring: Keyring | None = None) -> None:
     cfg = alembic_config(engine.url.render_as_string(hide_password=False))
     with engine.begin() as conn:
+        _one_at_a_time(conn)
         cfg.attributes["connection"], cfg.attributes["keyring"] = conn, keyring
         command.downgrade(cfg, revision)
+
+
+def _one_at_a_time(conn) -> None:
+    if conn.dialect.name == "postgresql":
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK})
 
 
 def migration_keyring(attributes: dict) -> Keyring:

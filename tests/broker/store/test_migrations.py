@@ -36,6 +36,36 @@ def test_upgrade_check_downgrade(empty_url):
     engine.dispose()
 
 
+def test_brokers_migrating_at_once_take_turns(pg_server):
+    """Replicas started together on PostgreSQL (SQLite is one broker's),
+    each migrating at its start: one failed with a UniqueViolation (both
+    created the same tables)."""
+    import threading
+
+    url = create_pg_database("spotbroker_migrate")
+    engines = [make_engine(url) for _ in range(3)]
+    failures: list[BaseException] = []
+
+    def migrate_one(engine) -> None:
+        try:
+            migrate.upgrade(engine)
+        except BaseException as exc:  # noqa: BLE001 (what failed is the assertion's message)
+            failures.append(exc)
+
+    threads = [threading.Thread(target=migrate_one, args=(e,)) for e in engines]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    try:
+        assert not failures, failures
+        assert all(migrate.is_current(e) for e in engines)
+    finally:
+        for e in engines:
+            e.dispose()
+        drop_pg_database(url)
+
+
 def test_upgrade_keeps_rows_written_by_the_first_schema(empty_url):
     """0001 -> head on a database with a team, a job and an attempt in it."""
     from sqlalchemy import text
