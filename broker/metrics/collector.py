@@ -35,6 +35,7 @@ appears only with its first event breaks `rate()` and `absent()` alerts.
 """
 from __future__ import annotations
 
+import logging
 import math
 import uuid
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ from datetime import datetime, timedelta
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 from sqlalchemy import case, func, or_, select
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -58,6 +60,9 @@ from spotbroker.broker.store.moneymodels import Budget, LedgerEntry
 FLUSH_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0)
 RECLAIMS = (str(EndReason.PREEMPTED), str(EndReason.VANISHED))
 LEASE = "metrics"
+DATABASE_UP = "1 while this broker reaches its database (the deployment's totals are read from it), else 0"
+
+log = logging.getLogger("spotbroker")
 SUMS = 8  # what LedgerTotals keeps per team: four sums of dollars, two of kWh, two of kg CO2e
 
 
@@ -255,16 +260,27 @@ class MoneyCollector(Collector):
         self.ledger = LedgerTotals()
 
     def collect(self) -> Iterator[Metric]:
+        """The deployment's totals, read now; with the database out of reach,
+        `spotbroker_database_up 0` and none of them (the process's own
+        metrics still come: a scrape then failed whole, with a 500)."""
         now = self.clock.now()
-        held, _ = leases.claim(self.factory, LEASE, self.owner, now, every_s=0, hold_s=self.hold_s)
+        try:
+            held, _ = leases.claim(self.factory, LEASE, self.owner, now, every_s=0, hold_s=self.hold_s)
+            out: list[Metric] = []
+            if held:
+                with self.factory() as session:
+                    names = dict(session.execute(select(Team.id, Team.name)).all())
+                    out = [*totals(self.ledger.read(session, now), names), *money(session, names, now),
+                           *jobs(session, names), *flushes(session, names), *placements(session, names),
+                           *ops.collect(session, now)]
+        except SQLAlchemyError as exc:
+            log.warning("metrics: the database is out of reach (%s): only this process's own are exported",
+                        type(exc).__name__)
+            yield GaugeMetricFamily("spotbroker_database_up", DATABASE_UP, value=0)
+            return
+        yield GaugeMetricFamily("spotbroker_database_up", DATABASE_UP, value=1)
         yield GaugeMetricFamily("spotbroker_metrics_exporter", "1 on the one broker that exports the deployment's "
                                 "totals (it holds the metrics lease), 0 on the others", value=1 if held else 0)
-        if not held:
-            return
-        with self.factory() as session:
-            names = dict(session.execute(select(Team.id, Team.name)).all())
-            out = [*totals(self.ledger.read(session, now), names), *money(session, names, now), *jobs(session, names),
-                   *flushes(session, names), *placements(session, names), *ops.collect(session, now)]
         yield from out
 
     def release(self) -> None:

@@ -195,3 +195,14 @@ def test_two_brokers_on_one_database_count_each_dollar_once(settings):
     finally:
         for stack in stacks:
             stack.close()
+
+
+def test_a_database_out_of_reach_is_said_and_the_scrape_still_answers(clock, tmp_path):
+    """The database cut from one broker made its /metrics a 500: the
+    process's own metrics went with the deployment's totals."""
+    from spotbroker.broker.store.db import make_engine, make_session_factory
+
+    nowhere = make_engine(f"sqlite:///{tmp_path / 'missing' / 'broker.db'}")  # a directory that is not there
+    (got,) = collect(MoneyCollector(make_session_factory(nowhere), clock))
+    assert got == {("spotbroker_database_up", ()): 0}
+    nowhere.dispose()
