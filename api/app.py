@@ -32,6 +32,7 @@ from spotbroker.broker.auth import TokenResolver
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
 from spotbroker.broker.jobs.logimport import import_disk_logs
 from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.uploads import receiving_dir
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.metrics.collector import MoneyCollector
 from spotbroker.broker.money.settings import get_money_settings
@@ -74,6 +75,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.settings, app.state.engine, app.state.session_factory = settings, engine, factory
         app.state.clock, app.state.reconciler, app.state.launchers = clock, reconciler, launchers
         app.state.keyring = keyring
+        app.state.receiving_dir = receiving_dir(settings)  # (what a killed broker was receiving is removed)
         k8s = reconciler.placer.kubernetes
         app.state.accelerators = KnownAccelerators(
             factory, also=(n.accelerator for c in (k8s.clusters if k8s else ()) for n in c.nodes))

@@ -63,7 +63,7 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
             raise _too_large()
         if over := uploads.over_quota(usage, int(declared)):  # before a byte is read: it costs no disk
             raise Problem(413, "Payload too large", over)
-    fd, name = tempfile.mkstemp(prefix="spotbroker-upload-", suffix=".tar.gz")
+    fd, name = tempfile.mkstemp(prefix="upload-", suffix=".tar.gz", dir=state.receiving_dir)
     path = FsPath(name)
     try:
         digest, received = hashlib.sha256(), 0

@@ -192,3 +192,24 @@ def workdir_error(settings: Settings, team: str, workdir: object) -> dict[str, s
     if size(settings, team, sha256) is None:
         return {"field": "workdir.upload", "message": f"your team has no upload {sha256} (PUT /v1/uploads/{sha256})"}
     return None
+
+
+def receiving_dir(settings: Settings) -> Path:
+    """Where this broker process writes uploads as they arrive: a directory
+    of its own under the data directory (brokers on one host may share it),
+    named by its pid and start time. Those of processes gone (a broker
+    killed mid-upload left its file in /tmp for good) are removed when the
+    next one makes its own."""
+    import shutil
+
+    from spotbroker.agent.proctree import start_time
+
+    root = settings.data_dir / "receiving"
+    root.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for old in root.iterdir():
+        pid, _, started = old.name.partition("-")
+        if not (pid.isdigit() and start_time(int(pid)) == started):
+            shutil.rmtree(old, ignore_errors=True)
+    mine = root / f"{os.getpid()}-{start_time(os.getpid())}"
+    mine.mkdir(exist_ok=True, mode=0o700)
+    return mine
