@@ -62,6 +62,11 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
                 text = None
             if text is not None:
                 yield line(text)
+            if nxt is not None and nxt.log_removed is not None:
+                yield line(narration.removed(nxt))  # (its output was streamed as nothing, unsaid)
+                unsaid, said, grace = None, None, False
+                streamed = unsaid = nxt.id
+                continue
             if nxt is not None:
                 unsaid, said, grace = None, None, False
                 at = first[1] if first and streamed is None else 0

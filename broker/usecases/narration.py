@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from spotbroker.broker.jobs import logs
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, TERMINAL_JOB_STATES, EndReason, JobState
-from spotbroker.broker.store.models import Checkpoint
+from spotbroker.broker.store.models import Checkpoint, Event
 from spotbroker.broker.usecases.jobs import get
 
 DASH = "\u2014"  # the em dash that sets a story line apart from the trainer's own output
@@ -32,6 +33,7 @@ class AttemptView:
     place: str
     use_spot: bool
     step: int | None  # the newest checkpoint the job had committed when (or since) this attempt ran
+    log_removed: int | None = None  # bytes of its output removed to keep the job's logs within their bound
 
     @property
     def ended(self) -> bool:
@@ -62,6 +64,8 @@ def view(session: Session, team_id: int, job_id: int) -> JobView:
     job = get(session, team_id, job_id)
     steps = dict(session.execute(select(Checkpoint.attempt_id, func.max(Checkpoint.step))
                                  .where(Checkpoint.job_id == job.id).group_by(Checkpoint.attempt_id)).all())
+    removed = {attempt_id: data.get("bytes") if isinstance(data, dict) else 0 for attempt_id, data in session.execute(
+        select(Event.attempt_id, Event.data).where(Event.job_id == job.id, Event.type == logs.REMOVED_EVENT))}
     newest: int | None = None
     attempts = []
     for a in job.attempts:  # oldest first: an attempt resumes from the newest step of any before it
@@ -69,7 +73,7 @@ def view(session: Session, team_id: int, job_id: int) -> JobView:
             newest = max(newest or 0, steps[a.id])
         place = " ".join(p for p in (a.cloud, a.zone or a.region or a.zone_id) if p)
         attempts.append(AttemptView(a.id, a.state, a.end_reason, a.reason, a.exit_code, a.num_nodes, place,
-                                    a.use_spot, newest))
+                                    a.use_spot, newest, removed.get(a.id)))
     return JobView(job.id, job.state, job.reason, tuple(attempts))
 
 
@@ -107,6 +111,12 @@ def next_on(before: AttemptView | None, a: AttemptView) -> str:
         return began(a)
     verb = "resuming" if before.step is not None else "restarting"
     return f"attempt {before.id} {ended(before)}, {verb} on {a.place} (attempt {a.id})"
+
+
+def removed(a: AttemptView) -> str:
+    """The line in place of an attempt's output that was removed."""
+    return (f"attempt {a.id}'s output ({a.log_removed} bytes) was removed to keep the job's logs within "
+            "SPOTBROKER_MAX_JOB_LOG_BYTES")
 
 
 def waiting(job: JobView) -> str:

@@ -193,6 +193,14 @@ def test_a_job_keeps_its_newest_ended_attempts_logs_within_its_bound(factory):
     assert [(a, d["bytes"]) for a, d in removed] == [(ids[0], 100_000), (ids[1], 150_000)]
     assert left == {(ids[2], 0), (ids[3], 0), (ids[4], 0), (foreign, 0)}
     assert whole(factory, ids[3]) == b"x" * 100_000
+    # a follower of the job says so where the output was (`logs -f` printed nothing for them)
+    from spotbroker.broker.usecases import narration
+
+    with factory() as s:
+        seen = narration.view(s, team, job)
+    assert [a.log_removed for a in seen.attempts] == [100_000, 150_000, None, None, None]
+    assert narration.removed(seen.attempts[0]) == (f"attempt {ids[0]}'s output (100000 bytes) was removed to keep "
+                                                   "the job's logs within SPOTBROKER_MAX_JOB_LOG_BYTES")
 
     with transaction(factory) as s:  # the 3rd's node said its last word: now it goes, the 4th stays
         s.add(Event(job_id=job, attempt_id=ids[2], type=protocol.TRAINER_EXITED, at=end, data={"exit_code": 143}))
