@@ -137,7 +137,8 @@ def _ranked(request: Request, q: PriceQuery, now: datetime):
         return ranked_prices(session, q, get_pricing_settings(), now)
 
 
-@router.get("/prices/history", response_model=HistoryOut, responses=responses(401, 422))
+@router.get("/prices/history", response_model=HistoryOut, responses=responses(
+    401, 404, 422, s404="No offer of that instance type there (the answer names the places that have one)"))
 async def price_history(
     request: Request,
     cloud: Annotated[str, Query(pattern="^(aws|gcp|azure)$")],
@@ -149,11 +150,16 @@ async def price_history(
     """One offer's price samples, oldest first (one each time a price changed)."""
     since = request.app.state.clock.now() - timedelta(days=days)
 
-    def read() -> list[store.Sample]:
+    def read() -> tuple[list[store.Sample] | None, list[str]]:
         with request.app.state.session_factory() as session:
-            return store.history(session, cloud, zone, instance_type, region=region, since=since)
+            rows = store.history(session, cloud, zone, instance_type, region=region, since=since)
+            return rows, [] if rows is not None else store.places_of(session, cloud, instance_type)
 
-    rows = await run_in_threadpool(read)
+    rows, places = await run_in_threadpool(read)
+    if rows is None:  # (an empty answer read as "the price never changed")
+        where = f"; it has one in: {', '.join(places)}" if places else "; it has none anywhere"
+        raise Problem(404, "Not found", f"{cloud} has no offer of {instance_type} in {zone}"
+                      f"{f' ({region})' if region else ''}{where}")
     return HistoryOut(cloud=cloud, zone=zone, instance_type=instance_type, samples=[
         SampleOut(observed_at=r.observed_at, spot_price=r.spot_price, on_demand_price=r.ondemand_price,
                   source=source_label(r.source)) for r in rows])

@@ -183,6 +183,14 @@ class Sample:
     source: str
 
 
+def places_of(session: Session, cloud: str, instance_type: str, limit: int = 20) -> list[str]:
+    """Where the cloud offers the instance type, as `zone` may name them
+    (the zone's name where known, else its id; a region-wide offer's region)."""
+    rows = session.execute(select(PriceOffer.zone, PriceOffer.zone_id, PriceOffer.region).distinct().where(
+        PriceOffer.cloud == cloud, PriceOffer.instance_type == instance_type).limit(limit))
+    return sorted({zone or zone_id or region for zone, zone_id, region in rows})
+
+
 def _find(session: Session, cloud: str, zone: str, instance_type: str, region: str | None):
     """The offer `zone` names: by its key's place (a zone id or zone), else
     by zone name, else as a region-wide offer; each step an indexed look-up."""
@@ -198,13 +206,14 @@ def _find(session: Session, cloud: str, zone: str, instance_type: str, region: s
 
 
 def history(session: Session, cloud: str, zone: str, instance_type: str, *, region: str | None = None,
-            since: datetime | None = None, limit: int = 10_000) -> list[Sample]:
-    """One offer's samples, oldest first; `zone` is a zone name, a zone id,
-    or the region for region-wide offers (Azure). The offer is found first,
-    so the samples are read by the history index's exact key."""
+            since: datetime | None = None, limit: int = 10_000) -> list[Sample] | None:
+    """One offer's samples, oldest first (None: no such offer); `zone` is a
+    zone name, a zone id, or the region for region-wide offers (Azure). The
+    offer is found first, so the samples are read by the history index's
+    exact key."""
     offer = _find(session, cloud, zone, instance_type, region)
     if offer is None:
-        return []
+        return None
     match = [Offer.cloud == cloud, Offer.instance_type == instance_type, Offer.region == offer.region]
     if offer.zone_id is not None:  # the key (samples from the snapshot have no zone name)
         match.append(Offer.zone_id == offer.zone_id)

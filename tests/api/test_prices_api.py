@@ -133,3 +133,17 @@ def test_a_cursor_out_of_range_is_a_422_not_a_500(api, team_headers, cursor):
     r = api.get("/v1/prices", params={"cursor": base64.urlsafe_b64encode(raw).decode().rstrip("=")},
                 headers=team_headers())
     assert r.status_code == 422 and "cursor" in r.text, r.text
+
+
+def test_the_history_of_an_offer_nobody_has_is_a_404_naming_where_it_is(api, team_headers):
+    """A zone with no such offer answered an empty series, read as "the price
+    never changed" (the snapshot knows zones by their ids alone)."""
+    h = team_headers()
+    r = api.get("/v1/prices/history", params={"cloud": "aws", "zone": "nope-zone", "instance_type": "p4d.24xlarge"},
+                headers=h)
+    assert r.status_code == 404, r.text
+    detail = r.json()["detail"]
+    assert detail.startswith("aws has no offer of p4d.24xlarge in nope-zone; it has one in: ") and "use1-az" in detail
+    r = api.get("/v1/prices/history", params={"cloud": "aws", "zone": "use1-az6", "instance_type": "no.such"},
+                headers=h)
+    assert r.status_code == 404 and r.json()["detail"].endswith("it has none anywhere"), r.text
