@@ -70,6 +70,10 @@ def prices(shape: str | None, cloud: str | None, region: str | None, on_demand: 
                 params[key] = value
         body = call(lambda: token_client()._request("GET", "/v1/prices", params=params).json())
         _print_offers(body, as_json)
+        if not body["offers"] and not as_json:
+            asked = ", ".join(f"{k} {v}" for k, v in params.items() if k not in ("spot", "limit"))
+            click.echo(f"(no offer matches {asked or 'these filters'}: `spotbroker prices` with fewer "
+                       "filters lists what there is)", err=True)
 
 
 def _print_offers(body: dict[str, Any], as_json: bool) -> None:
