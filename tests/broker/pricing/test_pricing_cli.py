@@ -47,6 +47,11 @@ def test_prices_lists_offers_and_history_from_the_broker(api, team_headers, sett
     assert r.returncode == 2 and "NAME:COUNT" in r.stderr and "Traceback" not in r.stderr
     r = spotbroker("--history", "--cloud", "aws", env=env)
     assert r.returncode == 2 and "--zone" in r.stderr
+    # nothing to show is said (an empty table and exit 0 were all), and a place without the offer is named
+    r = spotbroker("FOO:1", env=env)
+    assert r.returncode == 0 and "no offer matches accelerator FOO, count 1" in r.stderr, r.stderr
+    r = spotbroker("--history", "--cloud", "aws", "--zone", "nope-zone", "--instance-type", "p4d.24xlarge", env=env)
+    assert r.returncode == 1 and "no offer of p4d.24xlarge in nope-zone; it has one in: " in r.stderr, r.stderr
 
 
 def test_piped_into_a_file_the_table_keeps_every_column_whole(api, team_headers, settings):
