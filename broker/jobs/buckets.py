@@ -71,10 +71,22 @@ class StorageIn(BaseModel):
 def overlap_error(buckets: list[BucketIn], checkpoint_root: str) -> list[dict[str, str]]:
     """Entries that touch the broker's checkpoint root (every team's
     checkpoints, code and buckets are there: a team gets its own part of
-    it by itself), or that repeat one another, as field errors."""
+    it by itself), that lie in another storage than the root's (nodes get
+    credentials for the root's alone: a mount there was refused only at a
+    job's submission), or that repeat one another, as field errors."""
     root = f"{checkpoint_root.rstrip('/')}/"
+    scheme = root.split("://", 1)[0]
+    container = root.split("://", 1)[1].split("/", 1)[0]
     errors, seen = [], set()
     for i, bucket in enumerate(buckets):
+        if not bucket.uri.startswith(f"{scheme}://"):
+            errors.append({"field": f"buckets.{i}.uri", "message": (
+                f"{bucket.uri}: this broker's nodes get credentials for {scheme}:// storage only (its checkpoint "
+                f"root is {root})")})
+        elif scheme == "az" and bucket.uri.split("://", 1)[1].split("/", 1)[0] != container:
+            errors.append({"field": f"buckets.{i}.uri", "message": (
+                f"{bucket.uri}: on Azure, nodes get directory SAS tokens in the broker's container ({container}) "
+                "only")})
         if bucket.uri.startswith(root) or root.startswith(bucket.uri):
             errors.append({"field": f"buckets.{i}.uri", "message": (
                 f"{bucket.uri} overlaps the broker's checkpoint root {root}, which holds every team's "

@@ -65,6 +65,8 @@ def test_the_admin_sets_a_teams_buckets_the_team_reads_them_and_mounts_only_them
     ({"uri": "/etc"}, "buckets.0.uri"),
     ({"uri": "s3://data", "read_only": "maybe"}, "buckets.0.read_only"),
     ({"uri": "s3://data", "write": True}, "buckets.0.write"),
+    # another cloud than the root's: its nodes get no credentials there (was refused only at a job's submission)
+    ({"uri": "gs://data"}, "buckets.0.uri"),
 ])
 def test_a_bad_entry_is_a_422_naming_it_and_changes_nothing(api, team_headers, bucket, field):
     team_headers("a")
