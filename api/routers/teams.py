@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Request
 from sqlalchemy import select
 
 from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
-from spotbroker.api.errors import Problem, responses
+from spotbroker.api.errors import Problem, invalid, responses
 from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.routers.costs import Caller, may_read
 from spotbroker.api.schemas import PolicyOut, TeamCreate, TeamOut, TokenOut, TokensRevoked
@@ -100,6 +100,9 @@ def put_policy(request: Request, name: TeamName, body: policies.Policy, _: Admin
     that already runs is never stopped for a lowered limit, its next attempt
     is held with the reason."""
     state = request.app.state
+    if body.allowed_accelerators and (unknown := state.accelerators.unknown_names(body.allowed_accelerators,
+                                                                                  "allowed_accelerators")):
+        raise invalid(unknown)
     with transaction(state.session_factory) as session:
         team = _team(session, name)
         policies.put(session, team.id, body, clock=state.clock)

@@ -70,6 +70,12 @@ class KnownAccelerators:
                 errors.append({"field": "preflight.accelerators", "message": why})
         return errors
 
+    def unknown_names(self, names: list[str], field: str) -> list[dict[str, str]]:
+        """An error for each name no offer has (a team policy's allowlist:
+        a typo there allowed nothing, silently)."""
+        return [{"field": f"{field}.{i}", "message": why} for i, name in enumerate(names)
+                if (why := self._why_not(name, None)[1])]
+
     def _why_not(self, asked: str, count: float | None) -> tuple[bool, str | None]:
         """(whether the name is unknown, why no offer fits; None: one does)."""
         name = accelerator_name(asked) or asked

@@ -259,3 +259,14 @@ def test_a_limit_lowered_since_submission_holds_a_preflight_it_forbids(api, team
     done = wait_state(api, h, held["id"], TERMINAL, timeout=90)
     assert done["state"] == "SUCCEEDED", done
     assert [(a["preflight"], a["accelerator"]) for a in done["attempts"]] == [(True, "T4"), (False, "L4")]
+
+
+def test_an_allowlist_naming_an_accelerator_no_cloud_offers_is_refused(api, team_headers):
+    """`allowed_accelerators: [T4, H10]` was stored: the typo allowed nothing, silently."""
+    team_headers("a")
+    r = api.put("/v1/teams/a/policy", json={"allowed_accelerators": ["T4", "H10"]}, headers=ADMIN)
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["errors"]
+    assert err["field"] == "allowed_accelerators.1" and "did you mean A10, H100, V100?" in err["message"], err
+    assert api.get("/v1/teams/a/policy", headers=ADMIN).json().get("allowed_accelerators") is None  # nothing stored
+    set_policy(api, "a", allowed_accelerators=["t4", "A100-80GB"])
