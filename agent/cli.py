@@ -48,7 +48,7 @@ def agent() -> None:
                                  "(then closed): the local launcher's, kept out of the agent's own environment.")
 @click.option("--job-id", envvar=ENV_JOB_ID, show_envvar=True)
 @click.option("--attempt-id", envvar=ENV_ATTEMPT_ID, show_envvar=True)
-@click.option("--cloud", envvar=ENV_CLOUD, show_envvar=True, help="aws, gcp, azure or local (default: detect).")
+@click.option("--cloud", envvar=ENV_CLOUD, show_envvar=True, help="aws, gcp, azure, k8s or local (default: detect).")
 @click.option("--metadata-url", envvar=ENV_METADATA_URL, show_envvar=True,
               help="The metadata service to watch instead of the cloud's own (e.g. the simulator).")
 @click.option("--work-dir", envvar=ENV_WORK_DIR, show_envvar=True, type=click.Path(file_okay=False, path_type=Path),
