@@ -46,11 +46,14 @@ def ship(url: str, agent: dict[str, str], offset: int, chunk: bytes, node: int |
 
 
 def test_a_line_shipped_to_one_replica_is_served_and_followed_on_the_other(serve_process, data_dir, settings):
-    """Two replicas on one database, each with its own disk: a follower on B
-    sees within 1 s the line an agent shipped to A, and B's GET has it."""
+    """Two replicas on one database, each with its own disk (and the one
+    checkpoint root replicas share): a follower on B sees within 1 s the
+    line an agent shipped to A, and B's GET has it."""
+    root = (data_dir / "checkpoints").as_uri()
     with ExitStack() as stack:
-        a = stack.enter_context(serve_process())
-        b = stack.enter_context(serve_process(disk=data_dir.parent / "replica-b"))  # where a job's user can enter
+        a = stack.enter_context(serve_process(SPOTBROKER_CHECKPOINT_ROOT=root))
+        b = stack.enter_context(serve_process(disk=data_dir.parent / "replica-b",  # where a job's user can enter
+                                              SPOTBROKER_CHECKPOINT_ROOT=root))
         h = team(a.url, "ml")
         job_id, agent = running_job(a.url, h, settings)
         seen: dict[str, float] = {}
