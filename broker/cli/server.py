@@ -15,19 +15,15 @@ def get_settings():
     return load()
 
 
-def _replicas_agree(settings) -> None:
+def _replicas_agree(settings, engine) -> None:
     """Refused at the start: a live broker on this database with another
     checkpoint root or advertise address (broker/replicas.py)."""
     from spotbroker.broker import replicas
     from spotbroker.broker.clock import SYSTEM_CLOCK
     from spotbroker.broker.store.db import make_session_factory
 
-    engine = _engine()
-    try:
-        with make_session_factory(engine)() as session:
-            said = replicas.disagreements(session, replicas.Shared.of(settings), SYSTEM_CLOCK.now())
-    finally:
-        engine.dispose()
+    with make_session_factory(engine)() as session:
+        said = replicas.disagreements(session, replicas.Shared.of(settings), SYSTEM_CLOCK.now())
     if said:
         raise click.ClickException("brokers on one database must share these settings (docs/deploy.md): "
                                    + "; ".join(said))
@@ -111,8 +107,11 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
     host = host or settings.host
     port = port if port is not None else settings.port
     settings = settings.model_copy(update={"host": host, "port": port})
-    _ready_engine().dispose()
-    _replicas_agree(settings)
+    engine = _ready_engine()
+    try:
+        _replicas_agree(settings, engine)
+    finally:
+        engine.dispose()
     click.echo(f"spotbroker: serving on http://{host}:{port} (database: "
                f"{settings.sqlalchemy_url.split('@')[-1]}, data: {settings.data_dir}, workers: {workers})",
                err=True)

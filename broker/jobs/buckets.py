@@ -68,6 +68,20 @@ class StorageIn(BaseModel):
         "the whole list: it replaces what the team had"))]
 
 
+def outside_credentials(uri: str, checkpoint_root: str) -> str | None:
+    """Why nodes could not get credentials for `uri` (None: they can): the
+    broker mints them for its checkpoint root's storage alone, and on Azure
+    in its container alone (a directory SAS per mount)."""
+    scheme, _, rest = checkpoint_root.partition("://")
+    if not uri.startswith(f"{scheme.lower()}://"):
+        return (f"{uri!r}: this broker's nodes get credentials for {scheme.lower()}:// storage only (its storage "
+                f"is {checkpoint_root})")
+    container = rest.split("/", 1)[0]
+    if scheme.lower() == "az" and uri.split("://", 1)[1].split("/", 1)[0] != container:
+        return f"{uri!r}: on Azure, nodes get directory SAS tokens in the broker's container ({container}) only"
+    return None
+
+
 def overlap_error(buckets: list[BucketIn], checkpoint_root: str) -> list[dict[str, str]]:
     """Entries that touch the broker's checkpoint root (every team's
     checkpoints, code and buckets are there: a team gets its own part of
@@ -75,18 +89,10 @@ def overlap_error(buckets: list[BucketIn], checkpoint_root: str) -> list[dict[st
     credentials for the root's alone: a mount there was refused only at a
     job's submission), or that repeat one another, as field errors."""
     root = f"{checkpoint_root.rstrip('/')}/"
-    scheme = root.split("://", 1)[0]
-    container = root.split("://", 1)[1].split("/", 1)[0]
     errors, seen = [], set()
     for i, bucket in enumerate(buckets):
-        if not bucket.uri.startswith(f"{scheme}://"):
-            errors.append({"field": f"buckets.{i}.uri", "message": (
-                f"{bucket.uri}: this broker's nodes get credentials for {scheme}:// storage only (its checkpoint "
-                f"root is {root})")})
-        elif scheme == "az" and bucket.uri.split("://", 1)[1].split("/", 1)[0] != container:
-            errors.append({"field": f"buckets.{i}.uri", "message": (
-                f"{bucket.uri}: on Azure, nodes get directory SAS tokens in the broker's container ({container}) "
-                "only")})
+        if (why := outside_credentials(bucket.uri, checkpoint_root)) is not None:
+            errors.append({"field": f"buckets.{i}.uri", "message": why})
         if bucket.uri.startswith(root) or root.startswith(bucket.uri):
             errors.append({"field": f"buckets.{i}.uri", "message": (
                 f"{bucket.uri} overlaps the broker's checkpoint root {root}, which holds every team's "

@@ -23,7 +23,7 @@ from typing import Any
 
 from spotbroker.agent.mounts import Mount
 from spotbroker.broker.jobs import uploads
-from spotbroker.broker.jobs.buckets import Allowed, holding
+from spotbroker.broker.jobs.buckets import Allowed, holding, outside_credentials
 from spotbroker.broker.jobs.spec import JobSpec, StorageMount, UploadMount, WorkdirUpload
 from spotbroker.broker.settings import Settings
 
@@ -60,7 +60,6 @@ def _where(remote: str, source: Any) -> str:
 def mount_errors(settings: Settings, team: str, spec: JobSpec, allow: list[Allowed]) -> list[dict[str, Any]]:
     """Why the spec's file mounts cannot be used, as field errors (none: [])."""
     prefix = team_prefix(settings, team)
-    root_scheme = settings.checkpoint_uri.split("://", 1)[0].lower()
     errors = []
     for remote, source in spec.file_mounts.items():
         field = f"file_mounts.{remote}"
@@ -72,16 +71,8 @@ def mount_errors(settings: Settings, team: str, spec: JobSpec, allow: list[Allow
         if isinstance(source, StorageMount) and source.name is not None:
             continue  # a bucket by name lives in the team's storage (a `store` elsewhere: mount_warnings)
         uri = source.source if isinstance(source, StorageMount) else source
-        if not uri.startswith(f"{root_scheme}://"):
-            errors.append({"field": _where(remote, source), "message": (
-                f"{uri!r}: this broker's nodes get credentials for {root_scheme}:// storage only (its storage "
-                f"is {settings.checkpoint_uri})")})
-            continue
-        root_container = settings.checkpoint_uri.split("://", 1)[1].split("/", 1)[0]
-        if root_scheme == "az" and uri.split("://", 1)[1].split("/", 1)[0] != root_container:
-            errors.append({"field": _where(remote, source), "message": (
-                f"{uri!r}: on Azure, nodes get directory SAS tokens in the broker's container "
-                f"({root_container}) only")})
+        if (why := outside_credentials(uri, settings.checkpoint_uri)) is not None:
+            errors.append({"field": _where(remote, source), "message": why})
             continue
         if not uri.startswith(prefix) and holding(allow, uri) is None:
             listed = ", ".join(a.uri + (" (read only)" if a.read_only else "") for a in allow) or "none"
