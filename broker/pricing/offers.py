@@ -126,11 +126,7 @@ def why_unfit(session: Session, want: ResourceSet) -> str | None:
         least = session.scalar(select(func.min(func.coalesce(PriceOffer.spot_price, PriceOffer.ondemand_price)))
                                .where(*where))
         cheapest_is = f" (the cheapest: ${least:.2f}/h)" if least is not None else ""
-        if want.accelerator is not None:
-            what = f"no offer of {want.accelerator[1]:g} {normalise.accelerator_name(want.accelerator[0])} per node"
-        else:
-            what = f"no {want.instance_type} offer" if want.instance_type else "no CPU machine"
-        return f"{what} costs at most ${cap:g}/h{cheapest_is}"
+        return f"{_nothing(want)} costs at most ${cap:g}/h{cheapest_is}"
     return None
 
 
@@ -140,21 +136,26 @@ def why_none_fits(session: Session, spec: JobSpec) -> str | None:
     return "; ".join(dict.fromkeys(whys)) or None
 
 
+def _nothing(want: ResourceSet) -> str:
+    """What a set's unmet constraint is said of: `no offer of 8 A100 per node`."""
+    if want.accelerator is not None:
+        return f"no offer of {want.accelerator[1]:g} {normalise.accelerator_name(want.accelerator[0])} per node"
+    return "no offer" if want.instance_type is not None else "no CPU machine"
+
+
 def _fitting_steps(want: ResourceSet) -> list[tuple[str, list]] | None:
     """`fitting`'s clauses in named steps: what a user would be told lacks."""
     shape = want.accelerator
     if want.infra and Infra(want.infra).cloud == "local":
         return None
-    cpus = want.cpus
+    cpus, none = want.cpus, _nothing(want)
     if shape is not None:
         name = normalise.accelerator_name(shape[0])
-        none = f"no offer of {shape[1]:g} {name} per node"
         steps = [(f"no offer has {name}", [PriceOffer.accelerator == name, PriceOffer.listed.is_(True)]),
                  (f"no offer has {shape[1]:g} {name} per node", [PriceOffer.accelerator_count == shape[1]])]
     elif want.instance_type is not None:  # the type says what it carries
-        none, steps = "no offer", [("no offer is listed", [PriceOffer.listed.is_(True)])]
+        steps = [("no offer is listed", [PriceOffer.listed.is_(True)])]
     else:
-        none = "no CPU machine"
         steps = [("no CPU machine is offered", [PriceOffer.accelerator.is_(None), PriceOffer.accelerator_count == 0,
                                                  PriceOffer.listed.is_(True)])]
         if want.memory is None:
