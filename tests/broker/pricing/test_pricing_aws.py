@@ -1,16 +1,20 @@
 """AWS through boto3 over real HTTP: EC2 is moto's server (with realistic
 spot prices injected: moto's own are placeholders), the Pricing API, the
 placement scores and the Spot Instance Advisor feed are the local fake."""
+import fnmatch
+import functools
 from datetime import UTC, datetime, timedelta
 
 import boto3
 import pytest
 from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
+from moto.ec2.models.instance_types import INSTANCE_TYPES
 from moto.server import ThreadedMotoServer
 from sqlalchemy import select
 
-from spotbroker.broker.pricing.aws import AwsSource
+from spotbroker.broker.pricing.aws import LISTED_TYPES, AwsSource
 from spotbroker.broker.pricing.base import SourceUnavailable
+from spotbroker.broker.pricing.cpu_families import aws_cpu_type
 from spotbroker.broker.pricing.fakes import clouds as fakes
 from spotbroker.broker.pricing.fakes import data as fake_data
 from spotbroker.broker.pricing.offers import seed_from_catalog
@@ -61,7 +65,10 @@ def settings(moto_url, fake, **kw):
                            timeout=120, **kw)
 
 
+@functools.cache
 def session():
+    """One for the module: a session loads each service's model once, for all its clients
+    (a new session per test loaded EC2's again for each of the 17 regions' clients)."""
     return boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing")
 
 
@@ -91,6 +98,21 @@ def test_spot_on_demand_specs_and_risk_from_every_region(factory, moto_url, clou
     low = offers(factory, instance_type="g5.xlarge", zone_id="use1-az6")[0]
     high = offers(factory, instance_type="g5.xlarge", zone_id="use1-az4")[0]
     assert high.risk >= 0.2 and high.risk > low.risk
+
+
+def test_the_types_listed_are_every_nvidia_type_and_cpu_type_aws_has():
+    """The specs are asked for with a filter on the type's name (LISTED_TYPES):
+    it must let through every NVIDIA GPU type and every CPU type the source
+    prices, here among the 1,395 types of moto's copy of AWS's list."""
+    def listed(name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in LISTED_TYPES["Values"])
+
+    nvidia = {name for name, t in INSTANCE_TYPES.items()
+              if ((t.get("GpuInfo") or {}).get("Gpus") or [{}])[0].get("Manufacturer") == "NVIDIA"}
+    cpu = {name for name in INSTANCE_TYPES if aws_cpu_type(name)}
+    assert len(nvidia) > 50 and len(cpu) > 50
+    assert {name for name in nvidia | cpu if not listed(name)} == set()
+    assert sum(map(listed, INSTANCE_TYPES)) < len(INSTANCE_TYPES) / 5  # and it is a filter
 
 
 def test_the_catalogs_aws_rows_give_way_to_the_live_source(factory, moto_url, clouds):
