@@ -15,7 +15,7 @@ import click
 COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("spotbroker.broker.cli.server:serve", "Run the broker: REST API and reconciler."),
     "db": ("spotbroker.broker.cli.server:db", "Database schema (upgrade, ready, current), key rotation (reseal)."),
-    "teams": ("spotbroker.broker.cli.server:teams", "Teams: create, list, token rotate/revoke, policy."),
+    "teams": ("spotbroker.broker.cli.teams:teams", "Teams: create, list, token rotate/revoke, policy."),
     "submit": ("spotbroker.broker.cli.jobs:submit", "Submit a job from a JSON or YAML file."),
     "jobs": ("spotbroker.broker.cli.jobs:list_jobs", "List your team's jobs."),
     "job": ("spotbroker.broker.cli.jobs:show_job", "Show one job: attempts, cost, events."),

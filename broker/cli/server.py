@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import json
 
 import click
 
@@ -214,63 +213,3 @@ def reseal() -> None:
     if done.unreadable:
         raise click.ClickException("these do not open with this broker's keys and were left as they are:\n  "
                                    + "\n  ".join(done.unreadable))
-
-
-@click.group()
-def teams() -> None:
-    """Teams and their tokens: create (through the broker named by SPOTBROKER_URL
-    with SPOTBROKER_ADMIN_TOKEN, else on this host's broker database), list
-    and token rotate/revoke (through the broker, SPOTBROKER_ADMIN_TOKEN)."""
-
-
-@teams.command("create")
-@click.argument("name")
-@click.option("--json", "as_json", is_flag=True, help="print {team, token} as JSON")
-def teams_create(name: str, as_json: bool) -> None:
-    """Create a team; its token is printed alone on the last line. With
-    SPOTBROKER_URL and SPOTBROKER_ADMIN_TOKEN exported, through that broker;
-    otherwise in this host's broker database (the first team of a broker
-    that has no admin token yet)."""
-    from spotbroker.broker.cli.access import admin_client, variable
-
-    if variable("URL") and variable("ADMIN_TOKEN"):
-        from spotbroker.broker.cli.jobs import call
-
-        made = call(lambda: admin_client().create_team(name))
-        team_name, token = made["team"], made["token"]
-    else:
-        from spotbroker.broker import auth
-        from spotbroker.broker.store.db import make_session_factory, transaction
-
-        engine = _ready_engine()
-        try:
-            with transaction(make_session_factory(engine)) as session:
-                team, token = auth.create_team(session, name)
-        except ValueError as exc:
-            raise click.ClickException(str(exc)) from None
-        team_name = team.name
-        if variable("URL"):  # the shell names a broker that may keep its teams elsewhere: say where this went
-            click.echo(f"spotbroker: made in this host's database ({engine.url.render_as_string()}); if the "
-                       f"broker at {variable('URL')} uses another, export SPOTBROKER_ADMIN_TOKEN to make the "
-                       "team through it", err=True)
-    if as_json:
-        click.echo(json.dumps({"team": team_name, "token": token}))
-    else:
-        click.echo(f"created team {team_name}; its token (shown once):", err=True)
-        click.echo(token)
-
-
-def _add_http_commands() -> None:
-    # The team commands that go through a running broker (the admin's token, or a
-    # team's for its own): cli/teams.py, cli/storage.py and cli/policy.py.
-    from spotbroker.broker.cli.policy import policy
-    from spotbroker.broker.cli.storage import storage
-    from spotbroker.broker.cli.teams import teams_list, token
-
-    teams.add_command(policy)
-    teams.add_command(teams_list)
-    teams.add_command(token)
-    teams.add_command(storage)
-
-
-_add_http_commands()

@@ -1,7 +1,9 @@
-"""`teams list` and `teams token rotate|revoke`: the admin's team commands
-that go through a running broker (SPOTBROKER_URL, SPOTBROKER_ADMIN_TOKEN).
-`teams create` works on the broker's own database (cli/server.py), so the
-first team can exist before any token does."""
+"""The `teams` group. `teams list`, `teams token rotate|revoke` and the
+policy and storage commands go through a running broker (SPOTBROKER_URL,
+SPOTBROKER_ADMIN_TOKEN, or a team's token for its own); `teams create` may
+work on the broker's own database instead, so the first team can exist
+before any token does. Kept apart from cli/server.py, so that `serve`
+imports no HTTP client."""
 from __future__ import annotations
 
 import json
@@ -11,6 +13,49 @@ import click
 from spotbroker.broker.cli.access import admin_client
 from spotbroker.broker.cli.jobs import call
 from spotbroker.broker.cli.output import show, table, when
+
+
+@click.group()
+def teams() -> None:
+    """Teams and their tokens: create (through the broker named by SPOTBROKER_URL
+    with SPOTBROKER_ADMIN_TOKEN, else on this host's broker database), list
+    and token rotate/revoke (through the broker, SPOTBROKER_ADMIN_TOKEN)."""
+
+
+@teams.command("create")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True, help="print {team, token} as JSON")
+def teams_create(name: str, as_json: bool) -> None:
+    """Create a team; its token is printed alone on the last line. With
+    SPOTBROKER_URL and SPOTBROKER_ADMIN_TOKEN exported, through that broker;
+    otherwise in this host's broker database (the first team of a broker
+    that has no admin token yet)."""
+    from spotbroker.broker.cli.access import variable
+
+    if variable("URL") and variable("ADMIN_TOKEN"):
+        made = call(lambda: admin_client().create_team(name))
+        team_name, token = made["team"], made["token"]
+    else:
+        from spotbroker.broker import auth
+        from spotbroker.broker.cli.server import _ready_engine
+        from spotbroker.broker.store.db import make_session_factory, transaction
+
+        engine = _ready_engine()
+        try:
+            with transaction(make_session_factory(engine)) as session:
+                team, token = auth.create_team(session, name)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        team_name = team.name
+        if variable("URL"):  # the shell names a broker that may keep its teams elsewhere: say where this went
+            click.echo(f"spotbroker: made in this host's database ({engine.url.render_as_string()}); if the "
+                       f"broker at {variable('URL')} uses another, export SPOTBROKER_ADMIN_TOKEN to make the "
+                       "team through it", err=True)
+    if as_json:
+        click.echo(json.dumps({"team": team_name, "token": token}))
+    else:
+        click.echo(f"created team {team_name}; its token (shown once):", err=True)
+        click.echo(token)
 
 
 @click.command("list")
@@ -59,3 +104,14 @@ def token_revoke(team: str, as_json: bool) -> None:
         return
     click.echo(f"team {out['team']}: {out['revoked']} token(s) revoked; "
                f"it has no working token until 'spotbroker teams token rotate {out['team']}'")
+
+
+def _add_commands() -> None:
+    from spotbroker.broker.cli.policy import policy
+    from spotbroker.broker.cli.storage import storage
+
+    for command in (policy, teams_list, token, storage):
+        teams.add_command(command)
+
+
+_add_commands()

@@ -24,8 +24,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
-import numpy as np
+if TYPE_CHECKING:
+    import numpy as np
 
 PRICE_RESOLUTION = 0.01
 MAX_GRID = 300  # steps of the whole horizon at most; coarser steps beyond that
@@ -97,6 +99,7 @@ def solve(p: PlanInputs) -> Plan:
     Every term a state needs lies on diagonal n - 1 (one step of work, or one
     step of waiting: index s - 1) or n - h (a launch's overhead: index s - h),
     so each diagonal is a few vectorised slices of the ones before it."""
+    import numpy as np  # here, not at the top: a broker that never solves a plan (local jobs) starts without it
     W, S, h = p.w_max, p.s_max, p.h
     a, b, cs, co = p.a, p.b, p.spot_step, p.od_step
     N = W + S
