@@ -150,6 +150,13 @@ SPREAD = frozenset({
 })
 
 
+# The files that use SkyPilot's API server (support/skyenv.py's sky_aws): one
+# unit, so that one worker runs them all and starts the server once (a start
+# is about 30 s of CPU, the server's executors each importing SkyPilot).
+SKY_SERVER_FILES = frozenset({"skypilot/test_launch_moto.py", "skypilot/test_node_program.py",
+                              "skypilot/test_stack.py"})
+
+
 def _unit(nodeid: str) -> str:
     """What one xdist worker takes at once: the test's file, or in a SPREAD file the test."""
     name = nodeid.removeprefix("tests/")
@@ -169,6 +176,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     class SpreadScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             unit = _unit(nodeid)
+            if unit in SKY_SERVER_FILES:  # one unit: one worker starts SkyPilot's API server once for them
+                return "the files sharing a SkyPilot API server"
             return nodeid if "::" in unit else super()._split_scope(nodeid)
 
     return SpreadScheduling(config, log)

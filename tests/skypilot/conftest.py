@@ -1,2 +1,2 @@
 """Fixtures of the SkyPilot tests, found by name."""
-from support.skyenv import sky_aws  # noqa: F401  (real SkyPilot against moto's EC2)
+from support.skyenv import sky_aws, sky_world  # noqa: F401  (real SkyPilot against moto's EC2)

@@ -1,8 +1,7 @@
 """Real SkyPilot against moto's EC2: the environment the SkyPilot tests share.
 
-Test modules import the fixture by name (pytest puts tests/ on the path)::
-
-    from support.skyenv import sky_aws
+tests/skypilot/conftest.py imports the fixtures by name (`sky_aws` for a
+module, `sky_world` under it, one per worker).
 
 What it sets up (the recipe of ../shared/FIELD-NOTES.md, checked with
 skypilot 0.14.1 and moto 5.2.5):
@@ -18,10 +17,13 @@ skypilot 0.14.1 and moto 5.2.5):
 - an instance profile named as SkyPilot's `remote_identity` (SkyPilot's own
   role policy has no `Version`, which moto refuses), and an internet
   gateway with a default route in the default VPC (else SkyPilot finds only
-  private subnets).
+  private subnets);
+- SkyPilot's config allowing AWS only.
 
-Everything is undone at the end: `sky api stop`, moto stopped, the
-environment restored, the directory removed.
+The environment is in os.environ only while a module that uses it runs.
+The rest outlives the module, for the next one on the worker: the last
+(in the run's order) undoes it all: `sky api stop`, moto stopped, the
+directory removed.
 """
 from __future__ import annotations
 
@@ -165,6 +167,10 @@ def _environment(home: Path, endpoint: str) -> dict[str, str]:
     }
 
 
+# What entering the environment sets or removes (and leaving puts back).
+_SAVED = (*_environment(Path(), ""), "SKYPILOT_API_SERVER_ENDPOINT", "AWS_PROFILE", "AWS_SESSION_TOKEN")
+
+
 def _point_sky_at(home: Path) -> str | None:
     """If SkyPilot was imported before (by another test in this process: the
     API parses task files with it), what it read from the HOME of then is
@@ -199,46 +205,97 @@ def _reload_sky(catalog_dir: str) -> None:
         sys.modules["sky.utils.annotations"].clear_request_level_cache()
 
 
-@pytest.fixture(scope="module")
-def sky_aws() -> Iterator[SkyAws]:
-    with sky_environment() as env:
-        yield env
+class SkyWorld:
+    """moto, a HOME and SkyPilot's API server, made once and entered by each
+    test module that uses them. Entering puts the environment in os.environ
+    (and points an already imported SkyPilot at it); leaving restores both,
+    so the tests of other modules see nothing of it between. The API server
+    (started by the first SDK call, with the environment of then) outlives
+    each module: a start is about 30 s of CPU, its executor processes each
+    importing SkyPilot. `close` stops it, moto, and removes the HOME."""
 
+    def __init__(self) -> None:
+        self.aws: SkyAws | None = None
+        self._env: dict[str, str] = {}
 
-@contextmanager
-def sky_environment() -> Iterator[SkyAws]:
-    """What `sky_aws` gives a test module, for a script too (bench/stack_failover.py)."""
-    from moto.server import ThreadedMotoServer
+    def _make(self) -> SkyAws:
+        from moto.server import ThreadedMotoServer
 
-    home = Path(tempfile.mkdtemp(prefix="sky-home-"))
-    saved = {name: os.environ.get(name) for name in
-             [*_environment(home, ""), "SKYPILOT_API_SERVER_ENDPOINT", "AWS_PROFILE", "AWS_SESSION_TOKEN"]}
-    os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    place_catalog(home)
-    (home / ".sky" / "config.yaml").write_text(f"aws:\n  remote_identity: {PROFILE}\n")
-    for name in ("SKYPILOT_API_SERVER_ENDPOINT", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
-        os.environ.pop(name, None)
-    os.environ.update(_environment(home, endpoint))
-    catalog_before = _point_sky_at(home)
-    try:
+        home = Path(tempfile.mkdtemp(prefix="sky-home-"))
+        os.environ["MOTO_IAM_LOAD_MANAGED_POLICIES"] = "true"  # read by moto as it loads IAM
+        server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+        server.start()
+        host, port = server.get_host_and_port()
+        endpoint = f"http://{host}:{port}"
+        place_catalog(home)
+        # `sky check` of every cloud SkyPilot knows (azure-cli's import above all) takes
+        # a minute on a loaded machine: only AWS is here, as an operator would say it.
+        (home / ".sky" / "config.yaml").write_text(f"aws:\n  remote_identity: {PROFILE}\nallowed_clouds: [aws]\n")
+        self._env = _environment(home, endpoint)
         _prepare_aws(endpoint)
-        yield SkyAws(endpoint=endpoint, home=home, server=server)
-    finally:
-        try:
-            import sky
+        return SkyAws(endpoint=endpoint, home=home, server=server)
 
-            sky.api_stop()
+    @contextmanager
+    def entered(self) -> Iterator[SkyAws]:
+        saved = {name: os.environ.get(name) for name in _SAVED}
+        try:
+            if self.aws is None:
+                self.aws = self._make()
+            for name in ("SKYPILOT_API_SERVER_ENDPOINT", "AWS_PROFILE", "AWS_SESSION_TOKEN"):
+                os.environ.pop(name, None)
+            os.environ.update(self._env)
+            catalog_before = _point_sky_at(self.aws.home)
+            try:
+                yield self.aws
+            finally:
+                if catalog_before is not None:
+                    _reload_sky(catalog_before)
         finally:
-            server.stop()
             for name, value in saved.items():
                 if value is None:
                     os.environ.pop(name, None)
                 else:
                     os.environ[name] = value
-            if catalog_before is not None:
-                _reload_sky(catalog_before)
-            shutil.rmtree(home, ignore_errors=True)
+
+    def close(self) -> None:
+        if self.aws is None:
+            return
+        try:
+            with self.entered():
+                import sky
+
+                sky.api_stop()
+        finally:
+            self.aws.server.stop()
+            shutil.rmtree(self.aws.home, ignore_errors=True)
+            self.aws = None
+
+
+@pytest.fixture(scope="session")
+def sky_world() -> Iterator[SkyWorld]:
+    world = SkyWorld()
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="module")
+def sky_aws(sky_world: SkyWorld, request: pytest.FixtureRequest) -> Iterator[SkyAws]:
+    """The world of the worker, entered for the module. The suite's scheduler gives
+    the modules that use it to one worker (SKY_SERVER_FILES, tests/conftest.py),
+    and the last of them in the run's order stops it."""
+    with sky_world.entered() as aws:
+        yield aws
+    using = [item.module.__file__ for item in request.session.items if "sky_aws" in item.fixturenames]
+    if using and using[-1] == request.module.__file__:  # no module after this one needs it
+        sky_world.close()
+
+
+@contextmanager
+def sky_environment() -> Iterator[SkyAws]:
+    """What `sky_aws` gives a test module, for a script (bench/stack_failover.py)."""
+    world = SkyWorld()
+    try:
+        with world.entered() as aws:
+            yield aws
+    finally:
+        world.close()

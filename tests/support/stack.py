@@ -150,10 +150,7 @@ def stack(sky_aws: SkyAws, root: Path, replicas: int = 2) -> Iterator[Stack]:
         with transaction(factory) as s:
             _, token = auth.create_team(s, "ml")
         role = _node_role(sky_aws.endpoint)
-        # `sky check` of every cloud SkyPilot knows (azure-cli's import above all) takes
-        # a minute on a loaded machine: only AWS is here, as an operator would say it.
-        with (sky_aws.home / ".sky" / "config.yaml").open("a") as config:
-            config.write("allowed_clouds: [aws]\n")
+        # (only AWS is allowed in SkyPilot's config: skyenv.py)
         start_api_server()  # the one SkyPilot API server, its own process, shared by the replicas
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
         env.update(broker_env(url, role, f"http://127.0.0.1:{os.environ['SKYPILOT_API_SERVER_LOCAL_PORT']}"))
