@@ -52,8 +52,6 @@ from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-import httpx
-
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import kill_tree, start_time
 from spotbroker.broker.jobs.runs import RunState, RunStatus
@@ -237,6 +235,8 @@ class LocalLauncher:
         token_file = Path(handle["run_dir"]) / sim_token_file(node)
         headers = {"X-Sim-Token": token_file.read_text().strip()} if token_file.exists() else {}
         body = {} if self.notice_window is None else {"notice_seconds": self.notice_window}
+        import httpx  # here: a broker that never simulates a notice starts without it (and rich, pygments)
+
         try:
             r = httpx.post(f"{url}/_sim/preempt", json=body, headers=headers, timeout=5)
             r.raise_for_status()

@@ -30,7 +30,6 @@ from email.message import EmailMessage
 from urllib.parse import unquote, urlsplit
 
 import httpcore
-import httpx
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -106,9 +105,17 @@ class _CheckedAddresses(httpcore.SyncBackend):
         raise error
 
 
+def _tls():
+    """httpx's TLS context (certifi's roots), imported when a notification goes out:
+    a broker starts without httpx (and the rich and pygments it imports)."""
+    import httpx
+
+    return httpx.create_ssl_context()
+
+
 def _post_webhook(url: str, text: str, addresses: Sequence[str], timeout: float) -> bool:
     body = json.dumps({"text": text}).encode()  # Slack's shape: the message under "text", nothing else
-    with httpcore.ConnectionPool(ssl_context=httpx.create_ssl_context(),
+    with httpcore.ConnectionPool(ssl_context=_tls(),
                                  network_backend=_CheckedAddresses(addresses)) as pool:
         response = pool.request("POST", url, content=body, headers={
             "Content-Type": "application/json", "User-Agent": "spotbroker"},
@@ -132,7 +139,7 @@ class _SMTPS(smtplib.SMTP_SSL):
 
     def __init__(self, addresses: Sequence[str], host: str, port: int, timeout: float) -> None:
         self.addresses = addresses
-        super().__init__(host, port, timeout=timeout, context=httpx.create_ssl_context())
+        super().__init__(host, port, timeout=timeout, context=_tls())
 
     def _get_socket(self, host, port, timeout):
         return self.context.wrap_socket(_connect(self.addresses, port, timeout), server_hostname=self._host)
