@@ -10,7 +10,7 @@ import json
 
 import click
 
-from spotbroker.broker.cli.access import admin_client
+from spotbroker.broker.cli.access import admin_client, variable
 from spotbroker.broker.cli.jobs import call
 from spotbroker.broker.cli.output import show, table, when
 
@@ -30,8 +30,6 @@ def teams_create(name: str, as_json: bool) -> None:
     SPOTBROKER_URL and SPOTBROKER_ADMIN_TOKEN exported, through that broker;
     otherwise in this host's broker database (the first team of a broker
     that has no admin token yet)."""
-    from spotbroker.broker.cli.access import variable
-
     if variable("URL") and variable("ADMIN_TOKEN"):
         made = call(lambda: admin_client().create_team(name))
         team_name, token = made["team"], made["token"]

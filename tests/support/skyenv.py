@@ -156,10 +156,10 @@ def _prepare_aws(endpoint: str) -> None:
     ec2.create_route(RouteTableId=table["RouteTableId"], DestinationCidrBlock="0.0.0.0/0", GatewayId=gateway)
 
 
-def _environment(home: Path, endpoint: str) -> dict[str, str]:
+def _environment(home: Path, endpoint: str, api_port: str) -> dict[str, str]:
     return {
         "HOME": str(home), "SKY_RUNTIME_DIR": str(home),
-        "SKYPILOT_API_SERVER_LOCAL_PORT": str(free_port()),
+        "SKYPILOT_API_SERVER_LOCAL_PORT": api_port,
         "SKYPILOT_DISABLE_USAGE_COLLECTION": "1", "SKYPILOT_DEBUG": "0",
         "AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": REGION, "AWS_REGION": REGION,
@@ -168,7 +168,7 @@ def _environment(home: Path, endpoint: str) -> dict[str, str]:
 
 
 # What entering the environment sets or removes (and leaving puts back).
-_SAVED = (*_environment(Path(), ""), "SKYPILOT_API_SERVER_ENDPOINT", "AWS_PROFILE", "AWS_SESSION_TOKEN")
+_SAVED = (*_environment(Path(), "", ""), "SKYPILOT_API_SERVER_ENDPOINT", "AWS_PROFILE", "AWS_SESSION_TOKEN")
 
 
 def _point_sky_at(home: Path) -> str | None:
@@ -231,7 +231,7 @@ class SkyWorld:
         # `sky check` of every cloud SkyPilot knows (azure-cli's import above all) takes
         # a minute on a loaded machine: only AWS is here, as an operator would say it.
         (home / ".sky" / "config.yaml").write_text(f"aws:\n  remote_identity: {PROFILE}\nallowed_clouds: [aws]\n")
-        self._env = _environment(home, endpoint)
+        self._env = _environment(home, endpoint, str(free_port()))
         _prepare_aws(endpoint)
         return SkyAws(endpoint=endpoint, home=home, server=server)
 
