@@ -66,7 +66,7 @@ def decode_cursor(cursor: str) -> tuple[bool, float, int]:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
         stale, price, offer_id = json.loads(raw)
         stale, price, offer_id = bool(stale), float(price), int(offer_id)
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, OverflowError) as exc:  # (int(inf), float(10**400))
         raise BadCursor("not a cursor this API gave out; start again without it") from exc
     if not (math.isfinite(price) and 0 <= offer_id <= MAX_OFFER_ID):  # ids are BIGINT: a larger one is a 500 there
         raise BadCursor("not a cursor this API gave out; start again without it")

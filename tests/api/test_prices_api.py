@@ -127,12 +127,15 @@ def test_an_estimated_spot_price_says_so(api, team_headers, settings):
     assert [s["source"] for s in samples] == ["catalog", label]
 
 
-@pytest.mark.parametrize("cursor", [[0, 1, 10**23], [0, 1, -(10**23)], [0, 1, -1], [0, "NaN", 5], [0, 1e400, 5]])
-def test_a_cursor_out_of_range_is_a_422_not_a_500(api, team_headers, cursor):
-    raw = json.dumps(cursor).replace('"NaN"', "NaN").encode()
-    r = api.get("/v1/prices", params={"cursor": base64.urlsafe_b64encode(raw).decode().rstrip("=")},
-                headers=team_headers())
-    assert r.status_code == 422 and "cursor" in r.text, r.text
+def test_a_cursor_out_of_range_is_a_422_not_a_500(api, team_headers):
+    headers = team_headers()
+    # (an offer id of Infinity or a price of 10**400 raised OverflowError: a 500 and a traceback)
+    for cursor in ([0, 1, 10**23], [0, 1, -(10**23)], [0, 1, -1], [0, "NaN", 5], [0, 1e400, 5],
+                   [0, 1, "Infinity"], [0, 1, "-Infinity"], [0, 10**400, 5]):
+        raw = json.dumps(cursor).replace('"NaN"', "NaN").replace('"Infinity"', "Infinity").encode()
+        r = api.get("/v1/prices", params={"cursor": base64.urlsafe_b64encode(raw).decode().rstrip("=")},
+                    headers=headers)
+        assert r.status_code == 422 and "cursor" in r.text, (cursor, r.text)
 
 
 def test_the_history_of_an_offer_nobody_has_is_a_404_naming_where_it_is(api, team_headers):
