@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from spotbroker.api.guard import BodyTooLarge
+from spotbroker.api.guard import BodyTooLarge, BodyTooSlow
 from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError, meant_members, path_in
 
 PROBLEM = "application/problem+json"
@@ -143,6 +143,8 @@ def install(app: FastAPI) -> None:
         cause = exc.__cause__
         if isinstance(cause, BodyTooLarge):  # the rest of the body is unread: close after
             return problem_response(413, _TITLES[413], str(cause), headers={"Connection": "close"})
+        if isinstance(cause, BodyTooSlow):
+            return problem_response(408, _TITLES[408], str(cause), headers={"Connection": "close"})
         if isinstance(cause, SpecShapeError):  # a key given twice (api.jsonbody), nested too deeply
             p = invalid([{"field": cause.field, "message": cause.detail}])
             return problem_response(p.status, p.title, p.detail, p.errors)

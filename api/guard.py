@@ -3,6 +3,13 @@
 - A body larger than its route allows is refused with a 413 before it is
   read (from `Content-Length`), or as soon as it passes the limit (chunked),
   so a 10 MB body never sits in the server's memory.
+- A body must come whole within SPOTBROKER_BODY_TIMEOUT_SECONDS of its
+  request's head (an upload's stream is timed by its route, which keeps it on
+  disk): past it, 408 and closed.
+- A body sent to the API with no bearer token is dropped as it comes, and
+  the route is given an empty one: FastAPI reads and parses a route's body
+  before its dependencies (the token's check among them) run, so connections
+  with no token each held a megabyte of a body they stalled in.
 - A client that hangs up before its body is read is no error: nothing is
   answered, and the log says so in one line.
 - An exception no handler knows becomes a 500 problem document here, and is
@@ -12,6 +19,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 
@@ -32,13 +40,21 @@ def body_limit(path: str) -> int:
     return next((limit for prefix, limit in BODY_LIMITS.items() if path.startswith(prefix)), DEFAULT_BODY_LIMIT)
 
 
+# Routes that read their body as a stream and time it themselves (api/routers/uploads.py).
+STREAMED = "/v1/uploads/"
+
+
 class BodyTooLarge(Exception):
     pass
 
 
+class BodyTooSlow(Exception):
+    pass
+
+
 class Guard:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self, app: ASGIApp, body_timeout_s: float) -> None:
+        self.app, self.body_timeout_s = app, body_timeout_s
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -50,16 +66,39 @@ class Guard:
             await _send_problem(send, 413, "Payload too large", f"the body is at most {limit} bytes here",
                                 close=True)
             return
-        received, started = 0, False
+        received, started, body_done = 0, False, False
+        loop = asyncio.get_running_loop()
+        deadline = None if scope["path"].startswith(STREAMED) else loop.time() + self.body_timeout_s
 
         async def counted_receive() -> Message:
-            nonlocal received
-            message = await receive()
+            nonlocal received, body_done
+            if body_done or deadline is None:  # (after the body, a receive waits for the client to go)
+                message = await receive()
+            else:
+                try:
+                    message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    raise BodyTooSlow(f"the body did not come whole in {self.body_timeout_s:g} s") from None
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > limit:
                     raise BodyTooLarge(f"the body is at most {limit} bytes here")
+                body_done = not message.get("more_body", False)
             return message
+
+        # No token: the body is read and dropped as it comes, and the route gets an empty one.
+        dropping = scope["path"].startswith("/v1/") and _has_body(scope) and not _bearer(scope)
+
+        async def app_receive() -> Message:
+            nonlocal dropping
+            message = await counted_receive()
+            if not dropping:
+                return message
+            dropping = False
+            while message["type"] == "http.request" and message.get("more_body", False):
+                message = await counted_receive()
+            return {"type": "http.request", "body": b"", "more_body": False} \
+                if message["type"] == "http.request" else message
 
         async def watched_send(message: Message) -> None:
             nonlocal started
@@ -67,17 +106,35 @@ class Guard:
             await send(message)
 
         try:
-            await self.app(scope, counted_receive, watched_send)
+            await self.app(scope, app_receive, watched_send)
         except BodyTooLarge:
             if not started:
                 await _send_problem(send, 413, "Payload too large", f"the body is at most {limit} bytes here",
                                     close=True)
+        except BodyTooSlow as exc:
+            log.info("%s %s: %s", scope.get("method"), scope.get("path"), exc)
+            if not started:
+                await _send_problem(send, 408, "Request timeout", str(exc), close=True)
         except ClientDisconnect:  # nobody is left to answer, and nothing failed
             log.info("%s %s: the client hung up before its request was read", scope.get("method"), scope.get("path"))
         except Exception:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if not started:
                 await _send_problem(send, 500, "Internal error", "the server failed; see its log")
+
+
+def _has_body(scope: Scope) -> bool:
+    declared = _content_length(scope)
+    return bool(declared) or any(name == b"transfer-encoding" for name, _ in scope.get("headers", ()))
+
+
+def _bearer(scope: Scope) -> bool:
+    """Whether the request names a bearer token (which one is the routes' to judge)."""
+    for name, value in scope.get("headers", ()):
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return scheme.lower() == b"bearer" and bool(token.strip())
+    return False
 
 
 def _content_length(scope: Scope) -> int | None:

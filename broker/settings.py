@@ -40,6 +40,10 @@ class Settings(BaseSettings):
     # (api/headlimit.py): past it, 408 and closed, so that connections that
     # drip a head byte by byte cannot pile up.
     head_timeout_seconds: float = Field(30.0, gt=0, le=3600)
+    # The longest a request's body may take to come whole after its head
+    # (api/guard.py; an upload's stream is timed by its own route): past it,
+    # 408 and closed, so that stalled bodies cannot hold memory without end.
+    body_timeout_seconds: float = Field(60.0, gt=0, le=3600)
     # On SIGTERM, how long requests still in flight may take before they are
     # cut off (uvicorn's timeout_graceful_shutdown): a client trickling an
     # upload must not hold a rolling restart until the orchestrator's SIGKILL.

@@ -359,7 +359,7 @@ def test_an_unexpected_error_is_a_500_problem_on_a_connection_that_stays_open():
 
     app = FastAPI()
     errors.install(app)
-    app.add_middleware(Guard)
+    app.add_middleware(Guard, body_timeout_s=60)
 
     @app.get("/boom")
     def boom():
@@ -408,6 +408,6 @@ def test_a_client_that_hangs_up_mid_body_is_no_server_error(caplog):
 
     scope = {"type": "http", "method": "POST", "path": "/v1/jobs", "headers": [(b"content-length", b"1000")]}
     with caplog.at_level(logging.INFO, logger="spotbroker.api"):
-        asyncio.run(Guard(reads_its_body)(scope, receive, send))
+        asyncio.run(Guard(reads_its_body, body_timeout_s=60)(scope, receive, send))
     assert sent == []
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], caplog.text
