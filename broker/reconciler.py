@@ -32,6 +32,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from pydantic import ValidationError
 from sqlalchemy import and_, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
@@ -269,7 +270,14 @@ class Reconciler:
     def _place(self, session: Session, job: Job) -> tuple[Attempt | None, tuple[Placement, ...]]:
         """The job's first attempt on what the policy chose, and the placements to
         fail over to; (None, ()) when it is to wait, or cannot run at all."""
-        spec = spec_of(job)
+        try:
+            spec = spec_of(job)
+        except ValidationError as exc:  # stored before a rule was tightened: it will never read
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "spec"
+            transition(session, job, J.FAILED, clock=self.clock,
+                       reason=f"invalid_spec: {where}: {first['msg'].removeprefix('Value error, ')}")
+            return None, ()
         now = self.clock.now()
         if recovery.recoveries_exhausted(session, job, recovery.Bounds.from_settings(self.settings), self.clock):
             return None, ()

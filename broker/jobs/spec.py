@@ -153,6 +153,8 @@ class JobSpec(StrictModel):
     def _file_mounts(cls, value: Any) -> Any:
         if isinstance(value, dict):
             for remote in value:
+                if isinstance(remote, str) and remote.strip() != remote:  # (the model strips str keys after this)
+                    raise ValueError(f"{remote!r}: give the path without surrounding whitespace")
                 if not isinstance(remote, str) or not (remote.startswith("/") or remote.startswith("~/")):
                     raise ValueError(f"{remote!r}: a remote path is absolute or starts with ~/")
                 # `~/.` would be the home itself, `~//tmp` the host's /tmp: a node places mounts as root.

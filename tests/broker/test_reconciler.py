@@ -205,6 +205,19 @@ def test_no_feasible_offer_fails_with_a_reason(env):
     assert job.reason == "no_feasible_offer: no Kubernetes place is configured (SPOTBROKER_KUBERNETES_PLACES)"
 
 
+def test_a_stored_spec_that_no_longer_validates_fails_its_job_saying_why(env):
+    """A spec stored before a rule was tightened (here: a mount at the home
+    itself, which a padded path once got past): the job stayed PENDING, and
+    each pass logged a traceback."""
+    factory, settings, team = env
+    job_id = submit(factory, team, run="true")
+    with transaction(factory) as s:
+        s.get(Job, job_id).spec = {"run": "true", "file_mounts": {"~/": {"name": "bkt"}}}
+    job = run_until(reconciler(factory, settings), factory, job_id, {"FAILED"}, timeout=5)
+    assert job.reason.startswith("invalid_spec: file_mounts: ") and "'~/'" in job.reason, job.reason
+    assert attempts(factory, job_id) == []
+
+
 def test_handle_survives_in_the_database(env):
     factory, settings, team = env
     job_id = submit(factory, team, run="true")

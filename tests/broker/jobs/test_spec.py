@@ -75,6 +75,12 @@ def test_skypilot_accelerator_set_means_any_of():
     ({"//etc/cron.d/x": "s3://b/x"}, "give the path itself"),
     ({"~/b": {"name": "bkt"}, "~/b/sub/x": "s3://b/y"}, "lies inside '~/b'"),  # placed through a bucket's links
     ({f"/m{i}": "s3://b/a" for i in range(65)}, "at most 64"),
+    # (the strip of surrounding whitespace came after the check: "~/ " was stored as the home itself,
+    # which the spec then no longer read as valid, and the job stayed PENDING with a traceback a pass)
+    ({"~/ ": {"name": "bkt"}}, "without surrounding whitespace"),
+    ({"/ ": "s3://b/x"}, "without surrounding whitespace"),
+    ({"~/x\n": "s3://b/x"}, "without surrounding whitespace"),
+    ({"~/a": "s3://b/x", " ~/a": "s3://b/y"}, "without surrounding whitespace"),
 ])
 def test_a_mount_path_outside_its_base_nested_or_one_too_many_is_refused(mounts, says):
     with pytest.raises(ValidationError, match=says):
