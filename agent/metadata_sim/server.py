@@ -14,6 +14,10 @@ if TYPE_CHECKING:
 
 # Hung requests are released at the latest after this long, or when the fault is cleared.
 HANG_LIMIT_S = 600.0
+# The clouds' bodies are a few hundred bytes (an Azure event's acknowledgement, a
+# control call). The local launcher runs the simulator as root, on a port any job
+# on the host can find: a larger body is refused before it is read.
+MAX_BODY_BYTES = 64 * 1024
 
 
 @dataclass
@@ -50,13 +54,21 @@ class Handler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         split = urlsplit(self.path)
         query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
-        length = int(self.headers.get("Content-Length") or 0)
+        declared = self.headers.get("Content-Length") or "0"
+        length = int(declared) if declared.isascii() and declared.isdigit() else -1
+        if not 0 <= length <= MAX_BODY_BYTES:
+            self.close_connection = True  # (the body stays unread)
+            self._reply(Reply(413 if length > MAX_BODY_BYTES else 400, b"a body of 0 to %d bytes" % MAX_BODY_BYTES))
+            return
         body = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
         reply = self.server.sim.handle(self.command, split.path, query, headers, body)
         if reply is None:  # a hang: drop the connection unanswered
             self.close_connection = True
             return
+        self._reply(reply)
+
+    def _reply(self, reply: Reply) -> None:
         self.send_response(reply.status)
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(reply.body)))

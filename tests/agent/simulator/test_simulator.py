@@ -171,6 +171,26 @@ def test_azure_preempt_event_incarnation_and_acknowledgement(make_sim):
 # --- triggers, control endpoints, faults, command line ------------------------------
 
 
+def test_a_body_larger_than_any_protocol_sends_is_refused_unread(make_sim):
+    """The simulator runs as root beside the local launcher's nodes, on a port
+    any job on the host can find: it read a body of whatever length it was
+    told (300 MiB took it from 24 to 331 MB), and `Content-Length: -1` held a
+    thread until the client went."""
+    import socket
+    from urllib.parse import urlsplit
+
+    sim = make_sim("azure")
+    where = urlsplit(sim.url)
+    for declared, status in ((400_000_000, b"413"), (-1, b"400"), ("ten", b"400")):
+        with socket.create_connection((where.hostname, where.port), timeout=10) as s:
+            s.sendall(f"POST {EVENTS} HTTP/1.1\r\nHost: x\r\nMetadata: true\r\n"
+                      f"Content-Length: {declared}\r\n\r\n".encode() + b"x" * 1000)
+            answer = s.recv(65536)  # answered at once, the body unread
+        assert answer.startswith(b"HTTP/1.1 " + status), answer
+    with httpx.Client(base_url=sim.url, headers=AZURE) as client:  # and it still serves
+        assert client.get(EVENTS).status_code == 200
+
+
 def test_notice_after_a_delay_and_at_a_time(make_sim, wait):
     t0 = datetime.now(UTC)
     after = make_sim("gcp", notice_after=0.2)
