@@ -3,7 +3,6 @@ import base64
 import json
 from datetime import timedelta
 
-import pytest
 from conftest import ADMIN_TOKEN
 
 from spotbroker.broker.clock import SYSTEM_CLOCK

@@ -38,7 +38,8 @@ def test_a_body_with_no_token_is_not_read_and_one_that_stalls_is_cut_off(serve_p
         # No token: the body is not read as JSON (a 401, not a 422 about the JSON), and the
         # connection serves the next request.
         with connect() as s:
-            s.sendall(_post("/v1/teams", b'{"a":', 5) + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            then = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+            s.sendall(_post("/v1/teams", b'{"a":', 5) + then)
             answer = _answer(s)
         assert answer.startswith(b"HTTP/1.1 401 Unauthorized"), answer
         assert b"HTTP/1.1 200 OK" in answer
