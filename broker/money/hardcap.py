@@ -27,8 +27,11 @@ RECHECK = timedelta(seconds=60)
 
 def budget_hold(session: Session, job: Job, clock: Clock) -> str | None:
     """The reconciler's question before it places a job: does the team's
-    budget hold it? (A job with attempts behind it is a recovery.)"""
-    return budgets.hold_reason(session, job.team_id, bool(job.attempts), clock.now())
+    budget hold it? A job with attempts behind it is a recovery, unless the
+    cap itself stopped the last one: taken for a recovery, a stopped job was
+    released at once where recoveries are allowed, and stopped again."""
+    recovering = bool(job.attempts) and job.attempts[-1].end_reason != EndReason.CANCELLED
+    return budgets.hold_reason(session, job.team_id, recovering, clock.now())
 
 
 def release_held(session: Session, team_id: int, now: datetime) -> int:

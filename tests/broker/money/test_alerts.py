@@ -186,6 +186,23 @@ def test_over_budget_holds_new_jobs_and_stop_running_keeps_checkpoints(factory, 
         assert budgets.hold_reason(s, team, True, clock.now()) is None
 
 
+def test_a_job_the_cap_stopped_stays_held_while_over_even_where_recoveries_are_allowed(factory, world, clock):
+    """`recoveries: allow` (the default) lets a job the cloud reclaimed resume
+    over budget; a job the cap itself stopped was taken for such a recovery,
+    released a minute later and stopped again: a new paid launch a minute."""
+    team = world.team()
+    set_budget(factory, clock, team, amount=5.0, hard_cap_action="stop_running")
+    job = world.job(team)
+    world.attempt(job, price=10.0, spot=False)
+    clock.advance(minutes=40)
+    assert hardcap.stop_running(factory, clock) == 1
+    with factory() as s:
+        assert hardcap.budget_hold(s, s.get(Job, job), clock).startswith("over budget")
+    set_budget(factory, clock, team, amount=500.0)  # raised: it goes back
+    with factory() as s:
+        assert hardcap.budget_hold(s, s.get(Job, job), clock) is None
+
+
 def test_a_realistic_day_sends_one_notification_per_real_condition(factory, world, clock):
     """A $100 day, evaluated every 2 minutes on the injected clock: job A runs
     01:00-09:00 at $8/h and is preempted at 05:00 (its recovery starts at
