@@ -10,6 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field, ValidationError
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spotbroker.api.guard import BodyTooLarge, BodyTooSlow
@@ -126,6 +127,15 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(_: Request, exc: Problem) -> JSONResponse:
         return problem_response(exc.status, exc.title, exc.detail, exc.errors, exc.headers)
+
+    @app.exception_handler(OperationalError)
+    async def _database_unreachable(request: Request, exc: OperationalError) -> JSONResponse:
+        # (no connection to be had, one dropped mid-request, SQLite busy past its timeout): the
+        # client may try again; one line in the log, not a traceback a request while it lasts
+        log.warning("%s %s: the database did not answer: %s", request.method, request.url.path,
+                    str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__)
+        return problem_response(503, _TITLES[503], "the database did not answer; try again shortly",
+                                headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)
     async def _request_invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -67,6 +67,7 @@ from spotbroker.broker.store import sealing
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
 from spotbroker.broker.teampolicy import limits
+from spotbroker.broker.ticker import Failures
 
 log = logging.getLogger(__name__)
 
@@ -112,13 +113,15 @@ class Reconciler:
         self._wake.set()
 
     def run_forever(self, stop: threading.Event) -> None:
+        failures = Failures(log, "reconciler pass")
         while not stop.is_set():
             started = time.monotonic()
             try:
                 stats = self.pass_once()
                 busy = stats.stepped > 0 or stats.changed > 0
+                failures.succeeded()
             except Exception:  # a pass must never kill the loop; the next one retries
-                log.exception("reconciler pass failed")
+                failures.failed()
                 self.started_at, busy = self.clock.now(), False  # (see __init__)
             if not busy:
                 self._wake.wait(self.settings.reconcile_interval)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import BrokerReplica
+from spotbroker.broker.ticker import Failures
 
 log = logging.getLogger("spotbroker")
 
@@ -81,6 +82,7 @@ class Registration:
     def keep(self, stop: threading.Event) -> None:
         """Refresh the row every BEAT_S until `stop`; then remove it."""
         said: set[str] = set()
+        failures = Failures(log, "refreshing this broker's row")
         while not stop.wait(BEAT_S):
             try:
                 with transaction(self.factory) as session:
@@ -91,8 +93,9 @@ class Registration:
                         if line.split(" (seen")[0] not in said:
                             said.add(line.split(" (seen")[0])
                             log.error("brokers on this database disagree: %s (docs/deploy.md)", line)
+                failures.succeeded()
             except Exception:  # the database away a moment: the next beat tries again
-                log.exception("refreshing this broker's row failed")
+                failures.failed()
         self.leave()
 
     def leave(self) -> None:

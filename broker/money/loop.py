@@ -21,7 +21,7 @@ from spotbroker.broker.money.accrual import Accruer
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.sealing import Keyring
-from spotbroker.broker.ticker import run_every
+from spotbroker.broker.ticker import Failures, run_every
 
 log = logging.getLogger("spotbroker.money")
 LEASE = "alerts"
@@ -45,6 +45,7 @@ class MoneyLoop:
         self.owner = self.accruer.owner
         self.on_stopped = on_stopped     # jobs were stopped: the reconciler should release them now
         self._wake = threading.Event()
+        self._failures = {name: Failures(log, f"money: {name}") for name in ("pass_once", "alert_pass", "archive_pass")}
 
     def alert_pass(self, *, force: bool = False) -> AlertPass | None:
         """Evaluate, stop, deliver, if due and this broker gets the lease."""
@@ -82,10 +83,12 @@ class MoneyLoop:
 
     def tick(self) -> None:
         for duty in (self.accruer.pass_once, self.alert_pass, self.archive_pass):
+            failures = self._failures[duty.__name__]
             try:
                 duty()
+                failures.succeeded()
             except Exception:  # a duty must never end the loop; its next turn carries on
-                log.exception("money: %s failed", getattr(duty, "__name__", duty))
+                failures.failed()
 
     def hint(self) -> None:
         self._wake.set()

@@ -65,8 +65,10 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     kwargs.setdefault("pool_size", 10)
     kwargs.setdefault("max_overflow", 20)
-    # A ping per checkout would cost a round trip per transaction; recycle
-    # connections instead, and let a dead one fail once and be replaced.
+    # A connection is pinged as it is taken from the pool: after a failover or a
+    # restart of the server every pooled connection is dead, and each one was
+    # a request's 500 (or a reconciler step's failure) before it was replaced.
+    kwargs.setdefault("pool_pre_ping", True)
     kwargs.setdefault("pool_recycle", 1800)
     return create_engine(url, **kwargs)
 
