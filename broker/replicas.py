@@ -1,18 +1,22 @@
 """Brokers on one database must share their checkpoint root (where nodes
 write checkpoints and fetch uploaded code, checked against it on every
-commit) and the address nodes report to. Each running broker keeps a row
-here with both, fresh while it runs; a broker starting with a live
-broker's differing is refused at its start, naming the setting and both
-values. Started apart, a second root made every checkpoint of the jobs it
-launched be refused by the others ("not this attempt's place") and their
-uploads unreachable; a second address left its nodes "vanished" when it
-stopped.
+commit), the address nodes report to, and their signing key (agent
+tokens, dashboard sessions, sealed secrets). Each running broker keeps a
+row here with the first two and a digest of the key, fresh while it runs;
+a broker starting with a live broker's differing is refused at its start,
+naming the setting (and both values, but for the key). Started apart, a
+second root made every checkpoint of the jobs it launched be refused by
+the others ("not this attempt's place") and their uploads unreachable; a
+second address left its nodes "vanished" when it stopped; a second key
+kept jobs with secrets HELD on the broker that could not open them.
 
 The advertise address is compared only where one broker sets it: without
 it, each broker is its nodes' address (and says so at its start).
 """
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import socket
@@ -41,11 +45,18 @@ class Shared:
 
     checkpoint_root: str
     advertise_url: str | None
+    signing_key_check: str | None = None
 
     @classmethod
     def of(cls, settings) -> Shared:
         return cls(settings.checkpoint_uri.rstrip("/"),
-                   settings.advertise_url.rstrip("/") if settings.advertise_url else None)
+                   settings.advertise_url.rstrip("/") if settings.advertise_url else None,
+                   key_check(settings.signing_key()))
+
+
+def key_check(key: bytes) -> str:
+    """What tells two signing keys apart and gives neither away (kept in the database)."""
+    return hmac.new(key, b"spotbroker: brokers on one database sign with one key", hashlib.sha256).hexdigest()[:32]
 
 
 def disagreements(session: Session, me: Shared, now: datetime, exclude: str | None = None) -> list[str]:
@@ -63,6 +74,10 @@ def disagreements(session: Session, me: Shared, now: datetime, exclude: str | No
         if (me.advertise_url or other.advertise_url) and other.advertise_url != me.advertise_url:
             said.append(f"SPOTBROKER_ADVERTISE_URL is {me.advertise_url or 'unset'} here, "
                         f"{other.advertise_url or 'unset'} in {there}")
+        if me.signing_key_check and other.signing_key_check and other.signing_key_check != me.signing_key_check:
+            said.append(f"SPOTBROKER_SECRET_KEY differs here from {there}: the agent tokens, dashboard sessions and "
+                        "secrets one signs or seals are refused by the other (unset, each broker makes its own "
+                        "in its data directory: give them all the one key)")
     return list(dict.fromkeys(said))
 
 
@@ -77,7 +92,8 @@ class Registration:
         now = self.clock.now()
         with transaction(self.factory) as session:
             session.add(BrokerReplica(id=self.id, host=socket.gethostname()[:255], started_at=now, seen_at=now,
-                                      checkpoint_root=self.me.checkpoint_root, advertise_url=self.me.advertise_url))
+                                      checkpoint_root=self.me.checkpoint_root, advertise_url=self.me.advertise_url,
+                                      signing_key_check=self.me.signing_key_check))
 
     def keep(self, stop: threading.Event) -> None:
         """Refresh the row every BEAT_S until `stop`; then remove it."""

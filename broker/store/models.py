@@ -379,6 +379,7 @@ class BrokerReplica(Base):
     seen_at: Mapped[datetime]
     checkpoint_root: Mapped[str] = mapped_column(Text)
     advertise_url: Mapped[str | None] = mapped_column(Text)
+    signing_key_check: Mapped[str | None] = mapped_column(String(64))  # replicas.key_check (None: an older broker)
 
 
 # The money tables register on the same metadata wherever the models are loaded.

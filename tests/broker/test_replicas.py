@@ -19,11 +19,12 @@ from spotbroker.broker.store.db import make_engine, make_session_factory, transa
 from spotbroker.broker.store.models import BrokerReplica
 
 
-def running(factory, root: str, advertise: str | None = None, seen_ago_s: float = 1.0, host: str = "b-1") -> None:
+def running(factory, root: str, advertise: str | None = None, seen_ago_s: float = 1.0, host: str = "b-1",
+            key_check: str | None = None) -> None:
     seen = datetime.now(UTC) - timedelta(seconds=seen_ago_s)
     with transaction(factory) as s:
         s.add(BrokerReplica(id=f"{host}-1", host=host, started_at=seen, seen_at=seen, checkpoint_root=root,
-                            advertise_url=advertise))
+                            advertise_url=advertise, signing_key_check=key_check))
 
 
 def test_a_live_broker_with_another_root_or_address_is_named_and_a_gone_one_is_not(factory):
@@ -50,7 +51,7 @@ def test_a_live_broker_with_another_root_or_address_is_named_and_a_gone_one_is_n
 
 
 def test_a_running_broker_keeps_its_row_fresh_and_removes_it_at_its_stop(factory):
-    settings = SimpleNamespace(checkpoint_uri="s3://ckpt/root/", advertise_url=None)
+    settings = SimpleNamespace(checkpoint_uri="s3://ckpt/root/", advertise_url=None, signing_key=lambda: b"key")
     registration = replicas.Registration(factory, replicas.Shared.of(settings), SYSTEM_CLOCK)
     registration.join()
     stop = threading.Event()
@@ -59,6 +60,7 @@ def test_a_running_broker_keeps_its_row_fresh_and_removes_it_at_its_stop(factory
     with factory() as s:
         row = s.get(BrokerReplica, registration.id)
         assert (row.checkpoint_root, row.advertise_url) == ("s3://ckpt/root", None)
+        assert row.signing_key_check == replicas.key_check(b"key") and b"key" not in row.signing_key_check.encode()
     stop.set()
     keeper.join(10)
     with factory() as s:
@@ -76,3 +78,22 @@ def test_serve_is_refused_beside_a_live_broker_with_another_checkpoint_root(tmp_
     assert r.returncode == 1 and "Traceback" not in r.stderr and "serving on" not in r.stderr, r.stderr
     assert "SPOTBROKER_CHECKPOINT_ROOT is file://" in r.stderr and "s3://team-bucket/ckpt in the broker on " \
         "broker-a" in r.stderr, r.stderr
+
+
+def test_serve_is_refused_beside_a_live_broker_with_another_secret_key(tmp_path):
+    """A replica started without the others' SPOTBROKER_SECRET_KEY made its
+    own, silently: the agent tokens, dashboard sessions and sealed secrets of
+    one broker were refused by the other (jobs with secrets stayed HELD)."""
+    url = f"sqlite:///{tmp_path / 'broker.db'}"
+    engine = make_engine(url)
+    migrate.upgrade(engine)
+    factory = make_session_factory(engine)
+    running(factory, "s3://ckpt/root", host="broker-a", key_check=replicas.key_check(b"the others' key"))
+    running(factory, "s3://ckpt/root", host="broker-old")  # an older broker's row, with no digest: not compared
+    engine.dispose()
+    env = broker_env(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(tmp_path / "data"),
+                     SPOTBROKER_CHECKPOINT_ROOT="s3://ckpt/root", SPOTBROKER_SECRET_KEY="a key of its own")
+    r = spotbroker("serve", "--port", "0", env=env)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "serving on" not in r.stderr, r.stderr
+    assert "SPOTBROKER_SECRET_KEY differs here from the broker on broker-a" in r.stderr, r.stderr
+    assert "broker-old" not in r.stderr and "a key of its own" not in r.stderr
