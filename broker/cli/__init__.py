@@ -79,8 +79,15 @@ def main() -> None:
     try:
         cli()
     except Exception as exc:  # a bad SPOTBROKER_* variable: named, without a traceback
+        from sqlalchemy.exc import OperationalError
+
         from spotbroker.broker.cli.badsettings import explain
 
+        if isinstance(exc, OperationalError):  # the database out of reach: a line, not 135 of traceback
+            said = str(exc.orig).strip().splitlines()
+            click.echo(f"Error: the database does not answer (SPOTBROKER_DATABASE_URL): "
+                       f"{said[0] if said else type(exc.orig).__name__}", err=True)
+            sys.exit(1)
         message = explain(exc)
         if message is None:
             raise

@@ -141,3 +141,15 @@ def test_a_bad_setting_is_named_by_its_variable_without_a_traceback(tmp_path):
     r = spotbroker("serve", "--port", "0", env={**base, "SPOTBROKER_KUBERNETES_PLACES": str(places)})
     assert r.returncode == 1 and "SPOTBROKER_KUBERNETES_PLACES" in r.stderr and "clusters" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "serving on" not in r.stderr, r.stderr
+
+
+def test_a_database_out_of_reach_is_one_line_not_a_traceback(tmp_path):
+    """`serve`, `db current` and `db upgrade` at a database that does not
+    answer printed about 135 lines of traceback (`db ready` said it in one)."""
+    env = broker_env(SPOTBROKER_DATA_DIR=str(tmp_path / "data"),
+                     SPOTBROKER_DATABASE_URL="postgresql://postgres:the-password@127.0.0.1:1/nowhere")
+    for command in (("db", "current"), ("db", "upgrade"), ("serve", "--port", "0")):
+        r = spotbroker(*command, env=env)
+        assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.splitlines()) <= 3, r.stderr
+        assert "Error: the database does not answer (SPOTBROKER_DATABASE_URL): " in r.stderr, r.stderr
+        assert "the-password" not in r.stderr
