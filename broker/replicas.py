@@ -37,6 +37,7 @@ log = logging.getLogger("spotbroker")
 
 BEAT_S = 15.0      # how often a running broker says it still runs
 STALE_S = 60.0     # a row not refreshed this long is a broker gone (killed, its host lost)
+FORGET_S = 86400.0  # a gone broker's row is deleted by the next broker to start after this long
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ class Registration:
     def join(self) -> None:
         now = self.clock.now()
         with transaction(self.factory) as session:
+            # (a killed broker leaves its row: every restart of a crashing pod added one)
+            session.execute(delete(BrokerReplica).where(BrokerReplica.seen_at < now - timedelta(seconds=FORGET_S)))
             session.add(BrokerReplica(id=self.id, host=socket.gethostname()[:255], started_at=now, seen_at=now,
                                       checkpoint_root=self.me.checkpoint_root, advertise_url=self.me.advertise_url,
                                       signing_key_check=self.me.signing_key_check))

@@ -51,9 +51,13 @@ def test_a_live_broker_with_another_root_or_address_is_named_and_a_gone_one_is_n
 
 
 def test_a_running_broker_keeps_its_row_fresh_and_removes_it_at_its_stop(factory):
+    running(factory, "s3://ckpt/root", seen_ago_s=replicas.FORGET_S + 60, host="killed-yesterday")
+    running(factory, "s3://ckpt/root", seen_ago_s=replicas.STALE_S + 60, host="killed-just-now")
     settings = SimpleNamespace(checkpoint_uri="s3://ckpt/root/", advertise_url=None, signing_key=lambda: b"key")
     registration = replicas.Registration(factory, replicas.Shared.of(settings), SYSTEM_CLOCK)
     registration.join()
+    with factory() as s:  # a killed broker's row goes once it is a day old (they piled up, one a restart)
+        assert s.get(BrokerReplica, "killed-yesterday-1") is None and s.get(BrokerReplica, "killed-just-now-1")
     stop = threading.Event()
     keeper = threading.Thread(target=registration.keep, args=(stop,))
     keeper.start()
