@@ -96,6 +96,7 @@ class Reconciler:
         self.clock = clock
         self.owner = owner or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self._wake = threading.Event()
+        self._step_failures: dict[int, Failures] = {}  # jobs whose step fails pass after pass
         self.placer = Placer(settings, launchers)
         self.keyring = sealing.keyring(settings)  # a job whose secrets it cannot open is held
         self.launching = Launching(factory, launchers, settings, clock, self.placer, self._on_observed)
@@ -232,12 +233,14 @@ class Reconciler:
         try:
             self.step(job_id, observed)
             stats.stepped += 1
+            if job_id in self._step_failures:
+                self._step_failures.pop(job_id).succeeded()
         except StaleDataError:
             # Someone else (a cancel, another broker) changed the job first;
             # its lease is dropped below and the next pass looks again.
             stats.conflicts += 1
         except Exception as exc:
-            log.exception("step of job %d failed", job_id)
+            self._step_failures.setdefault(job_id, Failures(log, f"step of job {job_id}")).failed()
             stats.errors.append(f"job {job_id}: {exc}")
         finally:
             with transaction(self.factory) as session:

@@ -218,6 +218,27 @@ def test_a_stored_spec_that_no_longer_validates_fails_its_job_saying_why(env):
     assert attempts(factory, job_id) == []
 
 
+def test_a_step_failing_pass_after_pass_is_told_once_not_each_pass(env, monkeypatch, caplog):
+    """A job whose step raised logged a traceback every pass (every 2 s)."""
+    import logging
+
+    factory, settings, team = env
+    job_id = submit(factory, team, run="true")
+    rec = reconciler(factory, settings)
+
+    def broken(job, observed=None):
+        raise RuntimeError("a bug in one job's step")
+
+    monkeypatch.setattr(rec, "step", broken)
+    with caplog.at_level(logging.INFO, logger="spotbroker.broker.reconciler"):
+        for _ in range(5):
+            rec.pass_once()
+            with transaction(factory) as s:  # due again at once
+                s.get(Job, job_id).next_check_at = rec.clock.now() - timedelta(seconds=1)
+    tracebacks = [r for r in caplog.records if r.exc_info]
+    assert [r.getMessage() for r in tracebacks] == [f"step of job {job_id} failed"]
+
+
 def test_handle_survives_in_the_database(env):
     factory, settings, team = env
     job_id = submit(factory, team, run="true")
