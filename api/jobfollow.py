@@ -42,6 +42,7 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
         unsaid: int | None = None     # an attempt that ended, not yet said why
         said: tuple[str, str | None] | None = None
         grace = False
+        open_line = False             # the output sent last ended without a newline
         while not followers.closing:
             changed = watch.changed  # before the read: a change after it wakes us
             job = await anyio.to_thread.run_sync(read, limiter=followers.reads)
@@ -61,7 +62,9 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
             else:
                 text = None
             if text is not None:
-                yield line(text)
+                # a story line starts a line of its own, after output that left one open (a progress bar)
+                yield (b"\n" if open_line else b"") + line(text)
+                open_line = False
             if nxt is not None and nxt.log_removed is not None:
                 yield line(narration.removed(nxt))  # (its output was streamed as nothing, unsaid)
                 unsaid, said, grace = None, None, False
@@ -72,6 +75,8 @@ async def follow_job(followers: Followers, team_id: int, job_id: int, rank: int,
                 at = first[1] if first and streamed is None else 0
                 async with aclosing(followers.stream((nxt.id, rank), at)) as chunks:  # closed when we are
                     async for chunk in chunks:
+                        if chunk:
+                            open_line = not chunk.endswith(b"\n")
                         yield chunk
                 streamed = unsaid = nxt.id
                 continue

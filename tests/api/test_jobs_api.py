@@ -144,6 +144,15 @@ def test_follow_streams_the_job_until_it_ends_and_an_attempt_until_it_ends(api, 
                     headers=h) as r:
         assert "".join(r.iter_text()) == "line 1\nline 2\nline 3\n"
     assert api.get(f"/v1/jobs/{job_id}/logs", params={"tail": 1}, headers=h).text == "line 3\n"
+    # Output that ends without a newline (a progress bar's last state): the story line starts its own
+    # line, where it was glued to the output ("unterminated\u2014 job 21 SUCCEEDED \u2014").
+    open_id = api.post("/v1/jobs", json={"run": "printf 'first line\\nunterminated'"}, headers=h).json()["id"]
+    wait_for(lambda: api.get(f"/v1/jobs/{open_id}", headers=h).json()["attempts"], what="an attempt")
+    with api.stream("GET", f"/v1/jobs/{open_id}/logs", params={"follow": "true"}, headers=h) as r:
+        text = "".join(r.iter_text())
+    assert text.endswith(f"\u2014\nfirst line\nunterminated\n\u2014 job {open_id} SUCCEEDED \u2014\n"), text
+    with api.stream("GET", f"/v1/jobs/{open_id}/logs", params={"follow": "false"}, headers=h) as r:
+        assert "".join(r.iter_text()) == "first line\nunterminated"  # (the log itself as it was written)
 
 
 def test_following_a_job_shows_what_a_preempted_node_prints_after_its_attempt_ended(api, team_headers, settings):
