@@ -120,6 +120,18 @@ RECONNECT_FOR_S = 300.0
 
 
 def follow(c: Client, job_id: int, tail: int | None = None, node: int | None = None, err: bool = False) -> dict:
+    """`_follow`, and Ctrl-C: the job goes on, so the user is told how to follow
+    it again; exit status 130, as an interrupted command's (it was click's
+    "Aborted!" and 1, a failed job's status: a user might submit it again)."""
+    try:
+        return _follow(c, job_id, tail, node, err)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped following; job {job_id} goes on: spotbroker logs {job_id} -f follows it again, "
+                   f"spotbroker cancel {job_id} stops it", err=True)
+        sys.exit(130)
+
+
+def _follow(c: Client, job_id: int, tail: int | None, node: int | None, err: bool) -> dict:
     """Print the job's output across its attempts until it ends (the server
     says what happens between them); the ended job. A stream that ends
     before the job (its broker went away) is followed again, from the

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -119,6 +120,21 @@ def test_submit_wait_follows_the_job_and_exits_with_its_end(api, env, tmp_path):
     r = submit(str(ok), "--wait", "--json")  # stdout: the ended job, as JSON; the output on stderr
     assert r.returncode == 0 and json.loads(r.stdout)["state"] == "SUCCEEDED"
     assert "hello from the job" in r.stderr
+    # Ctrl-C while waiting: the job goes on, and the user is told so and how to follow it again
+    # (it printed "Aborted!" and exited 1, as a failed job does; a user might submit it twice).
+    long = tmp_path / "long.json"
+    long.write_text(json.dumps({"name": "long", "run": "echo started; sleep 60"}))
+    out = tmp_path / "long.out"
+    waiting = follower(env, out, "submit", str(long), "--wait")
+    wait_for(lambda: "started" in out.read_text(), what="the job's output")
+    job_id = int(re.search(r"submitted job (\d+)", out.read_text())[1])
+    waiting.send_signal(signal.SIGINT)
+    assert waiting.wait(30) == 130
+    said = waiting.stderr.read()
+    assert f"job {job_id} goes on" in said and f"spotbroker logs {job_id} -f" in said and "Traceback" not in said, said
+    h = {"Authorization": f"Bearer {env['SPOTBROKER_TOKEN']}"}
+    assert api.get(f"/v1/jobs/{job_id}", headers=h).json()["state"] == "RUNNING"
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
 
 
 def test_logs_f_and_submit_wait_outlive_a_broker_restart(tmp_path, data_dir):
