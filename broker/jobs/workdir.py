@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
-from spotbroker.agent.code import MAX_FILES_BYTES
+from spotbroker.agent.code import MAX_FILES_BYTES, MAX_MEMBERS
 
 # (bytes of the files read so far, of all of them): packing's progress, for a bar
 Progress = Callable[[int, int], None]
@@ -198,6 +198,10 @@ def collect(root: Path) -> list[_Entry]:
                         f"workdir {root} holds more than {MAX_FILES_BYTES // 2**20} MiB of files: leave out what the "
                         "job does not need (.skyignore, or .gitignore), or put data in a bucket")
                 entries.append(_Entry(rel, "file", size=st.st_size))
+            if len(entries) > MAX_MEMBERS:  # (each is a member of the archive, which nodes unpack to this bound)
+                raise WorkdirError(
+                    f"workdir {root} holds more than {MAX_MEMBERS} files and directories: leave out what the job "
+                    "does not need (.skyignore, or .gitignore), or put data in a bucket")
     entries.sort(key=lambda e: e.rel)
     return entries
 

@@ -77,6 +77,19 @@ def test_too_much_is_refused_naming_the_workdir(tmp_path, monkeypatch):
     (root / ".skyignore").write_text("b.bin\n")
     pack(root, io.BytesIO())
 
+    # Too many files: packed and uploaded whole, then refused by the broker as "body: more than 100000
+    # files", naming neither the workdir nor what to do. The bound is the one nodes unpack with.
+    from spotbroker.agent import code
+    from spotbroker.broker.jobs import workdir
+
+    assert workdir.MAX_MEMBERS == code.MAX_MEMBERS
+    monkeypatch.setattr("spotbroker.broker.jobs.workdir.MAX_MEMBERS", 10)
+    many = tree(tmp_path / "many", {f"f{i:02}.txt": "x" for i in range(11)})
+    with pytest.raises(WorkdirError, match=f"workdir {many} holds more than 10 files and directories: leave out"):
+        pack(many, io.BytesIO())
+    (many / ".skyignore").write_text("f0*\n")
+    pack(many, io.BytesIO())
+
 
 # --- the command, as a user runs it ----------------------------------------------
 
