@@ -32,6 +32,13 @@ def unlaunchable(job, spec: JobSpec, keyring, launchers: dict, settings) -> str 
     here = on_host(spec, settings.cpu_jobs_on_host)
     if not here and enabled_clouds(launchers) == frozenset():
         return NO_CLOUD  # (not FAILED no_feasible_offer: credentials may come)
+    return beyond_launchers(spec, launchers, settings)
+
+
+def beyond_launchers(spec: JobSpec, launchers: dict, settings) -> str | None:
+    """Why this broker's launchers, as configured, cannot run the job (until
+    the configuration changes), if they cannot: also said when it is submitted."""
+    here = on_host(spec, settings.cpu_jobs_on_host)
     if not here and not {"local", "skypilot"} & set(launchers):
         return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
                 "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "

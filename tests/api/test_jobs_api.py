@@ -43,6 +43,15 @@ def test_a_job_saying_infra_local_runs_on_the_brokers_host_at_no_price(api, team
     job = wait_state(api, h, r.json()["id"], TERMINAL)
     (attempt,) = job["attempts"]
     assert job["state"] == "SUCCEEDED" and (attempt["cloud"], attempt["price_per_hour"]) == ("local", 0)
+    assert r.json()["warnings"] == []
+    # More nodes than this broker's local launcher runs at once: accepted (the setting may change), and
+    # the answer says the job will wait for that (it said a plain PENDING, and `--wait` never returned).
+    r = api.post("/v1/jobs", json={"run": "echo here", "num_nodes": 9, "resources": {"infra": "local"}}, headers=h)
+    assert r.status_code == 201 and r.json()["warnings"] == [{
+        "field": "num_nodes", "line": None, "message": "the job will be HELD: it needs 9 nodes, and the local "
+        "launcher runs at most 8 at once (SPOTBROKER_LOCAL_MAX_RUNNING)"}], r.json()
+    assert wait_state(api, h, r.json()["id"], {"HELD"})["reason"].startswith("it needs 9 nodes")
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
 
 
 def test_gpu_job_is_placed_on_the_cheapest_spot_offer_and_simulated_here(api, team_headers):
