@@ -141,7 +141,10 @@ class LocalLauncher:
         run_dir = self.run_dir(request.attempt_id)
         node_dir = run_dir / f"node-{rank}"
         with_agent = self._with_agent(request, rank)
-        script = "\n".join(([f"( {request.setup}\n) || exit $?"] if request.setup else []) + [request.run])
+        # (setup's failure said in the output: one script, the exit code alone did not tell which failed)
+        setup = (f"( {request.setup}\n) || {{ status=$?; echo \"spotbroker: setup failed (exit code $status): run "
+                 "did not start\" >&2; exit $status; }")
+        script = "\n".join(([setup] if request.setup else []) + [request.run])
         command = ["bash", "-c", script]
         if with_agent:
             # Isolated (-I): the agent starts in the job's workdir with its

@@ -122,6 +122,20 @@ def test_terminate_ends_every_process_of_the_node_whatever_its_session(tmp_path)
     assert _wait_gone(worker) and _wait_gone(handle["nodes"][0]["pid"])
 
 
+def test_a_failed_setup_says_so_in_the_output_and_run_never_starts(tmp_path):
+    """`setup` and `run` make one script: a failed setup read as the run's
+    own "FAILED: exit code 1", with nothing to tell which had failed."""
+    launcher = LocalLauncher(tmp_path, 1)
+    handle = launcher.launch(replace(request(tmp_path, "echo the run ran"), setup="echo setting up; exit 3"))
+    deadline = time.monotonic() + 10
+    while launcher.status(handle).state == RunState.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert launcher.status(handle).exit_code == 3
+    out = (tmp_path / "runs" / "7" / "node-0.out").read_text()
+    assert "setting up\n" in out and "setup failed (exit code 3): run did not start" in out and "the run ran" not in out
+
+
 def test_what_a_finished_job_left_running_ends_with_its_node(tmp_path):
     """A daemon the job double-forked is re-parented to the node, not to init,
     and does not outlive the run."""
