@@ -42,7 +42,7 @@ from spotbroker.broker.recovery import attempts as recovery
 from spotbroker.broker.recovery.agent_channel import agent_token
 from spotbroker.broker.recovery.preflight import timeout_at as preflight_timeout_at
 from spotbroker.broker.settings import Settings
-from spotbroker.broker.store.db import transaction
+from spotbroker.broker.store.db import retrying, transaction
 from spotbroker.broker.store.models import Attempt, Event, Job
 
 log = logging.getLogger(__name__)
@@ -213,20 +213,23 @@ class Launching:
         return 0.0
 
     def _store_handle(self, job_id: int, attempt_id: int, handle: dict) -> None:
-        with transaction(self.factory) as session:
-            attempt = session.get(Attempt, attempt_id)
-            attempt.handle = handle
-            attempt.released = False  # whatever it holds now must be released when it ends
-            job = session.get(Job, job_id)
-            if (job.reason or "").startswith(RETRYING):
-                job.reason = None  # sent at last
-            if job.state in (J.LAUNCHING, J.RUNNING) or (job.state == J.PREEMPTING and not recovery.is_move(job)):
-                # The launch is recorded: nothing to redo, unless a deadline is watched.
-                job.next_check_at = self.deadline_check(job) if job.state != J.PREEMPTING else None
-            if attempt.state not in LIVE_ATTEMPT_STATES:
-                return  # cancelled meanwhile: the release phase stops it
-            status = self.launchers[attempt.launcher].status(handle)
-            self.on_observed(session, job, attempt_id, status)
+        # (retried: the nodes' first reports write the same rows, and a deadlock's victim lost the handle)
+        retrying(self.factory, lambda session: self._write_handle(session, job_id, attempt_id, handle))
+
+    def _write_handle(self, session: Session, job_id: int, attempt_id: int, handle: dict) -> None:
+        attempt = session.get(Attempt, attempt_id)
+        attempt.handle = handle
+        attempt.released = False  # whatever it holds now must be released when it ends
+        job = session.get(Job, job_id)
+        if (job.reason or "").startswith(RETRYING):
+            job.reason = None  # sent at last
+        if job.state in (J.LAUNCHING, J.RUNNING) or (job.state == J.PREEMPTING and not recovery.is_move(job)):
+            # The launch is recorded: nothing to redo, unless a deadline is watched.
+            job.next_check_at = self.deadline_check(job) if job.state != J.PREEMPTING else None
+        if attempt.state not in LIVE_ATTEMPT_STATES:
+            return  # cancelled meanwhile: the release phase stops it
+        status = self.launchers[attempt.launcher].status(handle)
+        self.on_observed(session, job, attempt_id, status)
 
     def _failover(self, job_id: int, attempt_id: int, why: str,
                   rest: tuple[Placement, ...]) -> tuple[int, tuple[Placement, ...]] | None:

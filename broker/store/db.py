@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import DateTime, MetaData, TypeDecorator, create_engine, event
 from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import DeclarativeBase, Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
@@ -143,7 +144,8 @@ CONFLICT_TRIES = 3
 def retrying(factory: sessionmaker[Session], work: Callable[[Session], T], tries: int = CONFLICT_TRIES) -> T:
     """`work` in a transaction, taken again from a fresh read when another
     writer (the reconciler, an agent's report, another broker) changed a
-    versioned row it writes meanwhile; StaleDataError after the last try."""
+    versioned row it writes meanwhile, or when PostgreSQL ended it to break
+    a deadlock with one; the error after the last try."""
     for tries_left in range(tries - 1, -1, -1):
         try:
             with transaction(factory) as session:
@@ -151,4 +153,10 @@ def retrying(factory: sessionmaker[Session], work: Callable[[Session], T], tries
         except StaleDataError:
             if not tries_left:
                 raise
+        except OperationalError as exc:
+            if not tries_left or getattr(exc.orig, "sqlstate", None) != DEADLOCK:
+                raise
     raise AssertionError("unreachable")
+
+
+DEADLOCK = "40P01"  # PostgreSQL's deadlock_detected: the victim's transaction is rolled back, to be tried again
