@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spotbroker.api.guard import BodyTooLarge, BodyTooSlow
 from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError, meant_members, path_in
+from spotbroker.broker.store.db import driver_said
 
 PROBLEM = "application/problem+json"
 log = logging.getLogger("spotbroker.api")
@@ -132,8 +133,7 @@ def install(app: FastAPI) -> None:
     async def _database_unreachable(request: Request, exc: OperationalError) -> JSONResponse:
         # (no connection to be had, one dropped mid-request, SQLite busy past its timeout): the
         # client may try again; one line in the log, not a traceback a request while it lasts
-        log.warning("%s %s: the database did not answer: %s", request.method, request.url.path,
-                    str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else type(exc.orig).__name__)
+        log.warning("%s %s: the database did not answer: %s", request.method, request.url.path, driver_said(exc))
         return problem_response(503, _TITLES[503], "the database did not answer; try again shortly",
                                 headers={"Retry-After": "5"})
 

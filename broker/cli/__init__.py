@@ -84,9 +84,9 @@ def main() -> None:
         from spotbroker.broker.cli.badsettings import explain
 
         if isinstance(exc, OperationalError):  # the database out of reach: a line, not 135 of traceback
-            said = str(exc.orig).strip().splitlines()
-            click.echo(f"Error: the database does not answer (SPOTBROKER_DATABASE_URL): "
-                       f"{said[0] if said else type(exc.orig).__name__}", err=True)
+            from spotbroker.broker.store.db import driver_said
+
+            click.echo(f"Error: the database does not answer (SPOTBROKER_DATABASE_URL): {driver_said(exc)}", err=True)
             sys.exit(1)
         message = explain(exc)
         if message is None:

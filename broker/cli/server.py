@@ -158,6 +158,7 @@ def ready() -> None:
     from sqlalchemy.exc import OperationalError
 
     from spotbroker.broker.store import migrate
+    from spotbroker.broker.store.db import driver_said
 
     settings = get_settings()
     engine = _engine()
@@ -176,7 +177,7 @@ def ready() -> None:
                        f"{migrate.head_revision()}: waiting for 'spotbroker db upgrade' (the "
                        "migration job)")
             except OperationalError as exc:  # not reachable yet; any other error is not waited out
-                why = f"the database does not answer: {str(exc.orig).strip().splitlines()[0]}"
+                why = f"the database does not answer: {driver_said(exc)}"
             if time.monotonic() >= deadline:
                 raise click.ClickException(f"{why} (gave up after SPOTBROKER_DB_WAIT_SECONDS="
                                            f"{settings.db_wait_seconds:g})")
