@@ -121,6 +121,10 @@ TRAINER_STARTED = "trainer_started"            # data: pid, library (bool)
 TRAINER_EXITED = "trainer_exited"              # data: exit_code
 # data: step (int), values ({name: finite float}). The library writes one per
 # report(); the agent folds those that come more often than every few seconds.
+# Under early_stop, data[EARLY_STOP] is the rule's standing, counted by the library
+# over every report (folding keeps the newest): {"best_step": int, "best_value":
+# float, "since": int (reports since the best that did not beat it), "met": bool
+# (since >= patience: the agent sends it at once)}. The broker fires on it.
 METRICS = "metrics"
 INTERVAL_ADOPTED = "checkpoint_interval_adopted"  # data: seconds (null: the trainer's own), code_seconds
 # data: reason. The agent could not set up the trainer's control directory:

@@ -5,10 +5,12 @@ against running to the end.
 
 Trains examples/early_stop.py's model (the e2e test's run) for --steps
 steps on the CPU, reporting val_loss every 10 steps, and replays those
-reports as the product would see them: folded by the agent to one per
-3 s at the GPU step time the run is given (--hours for all the steps),
-then judged by the broker's own rule (broker/recovery/earlystop.judge,
-examples/early_stop.yaml's: patience 3, min_delta 0.001, from step 200).
+reports as the product would see them: counted by the library's rule
+(agent/checkpoint/reports.py, examples/early_stop.yaml's: patience 3,
+min_delta 0.001, from step 200), folded by the agent to one per 3 s at the
+GPU step time the run is given (--hours for all the steps; a report that
+meets the rule goes at once), then judged by the broker
+(broker/recovery/earlystop.judge).
 Prints where it stops, the best step (whose checkpoint is kept) and its
 val_loss against the last step's, and for two shapes priced at the bundled
 catalog's cheapest AWS spot offer: GPU-hours and dollars to the end, to the
@@ -24,6 +26,8 @@ from pathlib import Path
 
 import torch
 
+from spotbroker.agent import protocol
+from spotbroker.agent.checkpoint.reports import Rule
 from spotbroker.agent.metricsfold import DEFAULT_INTERVAL
 from spotbroker.broker.jobs.stoprule import EarlyStopRule
 from spotbroker.broker.recovery.earlystop import judge
@@ -31,6 +35,7 @@ from spotbroker.broker.recovery.earlystop import judge
 REPO = Path(__file__).resolve().parents[1]
 CATALOG = REPO / "broker" / "pricing" / "catalog_data" / "aws_vms_gpu.csv"
 RULE = EarlyStopRule(metric="val_loss", mode="min", patience=3, min_delta=0.001, min_steps=200)
+LIBRARY_RULE = Rule.from_env(RULE.env_value())
 SHAPES = (("T4", 1), ("A100", 8))
 
 
@@ -54,12 +59,16 @@ def curve(steps: int, every: int) -> list[tuple[int, float]]:
     return reports
 
 
-def folded(reports: list[tuple[int, float]], step_seconds: float) -> list[tuple[int, float]]:
-    """What the agent forwards: a report within DEFAULT_INTERVAL s of the last sent waits, the newest wins."""
-    out, sent_at, held = [], -1e18, None
+def folded(reports: list[tuple[int, float]], step_seconds: float) -> list[dict]:
+    """What the agent forwards: each report with the library's standing; a report within
+    DEFAULT_INTERVAL s of the last sent waits (the newest wins) unless it is the first to meet the rule."""
+    out, sent_at, held, extra, met_sent = [], -1e18, None, {}, False
     for step, value in reports:
-        held = (step, value)
-        if step * step_seconds - sent_at >= DEFAULT_INTERVAL:
+        standing = LIBRARY_RULE.count(extra, step, value)
+        held = {"step": step, "values": {"val_loss": value},
+                **({protocol.EARLY_STOP: standing} if standing else {})}
+        if step * step_seconds - sent_at >= DEFAULT_INTERVAL or (standing and standing["met"] and not met_sent):
+            met_sent |= bool(standing and standing["met"])
             out.append(held)
             sent_at, held = step * step_seconds, None
     return out + ([held] if held else [])
@@ -82,7 +91,7 @@ def main() -> None:
     reports = curve(args.steps, 10)
     seen = folded(reports, args.hours * 3600 / args.steps)
     # The broker judges after each report it gets: the first prefix that fires is where it stops.
-    verdict = next((v for i in range(len(seen)) if (v := judge(seen[:i + 1], RULE))), None)
+    verdict = next((v for data in seen if (v := judge([(data, None)], RULE))), None)
     train_s = time.monotonic() - started
     if verdict is None:
         print(f"the rule did not fire within {args.steps} steps: nothing saved")

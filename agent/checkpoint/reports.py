@@ -2,18 +2,20 @@
 
 ``ckpt.report(step, val_loss=0.41)`` appends a ``metrics`` event for the
 agent, which forwards it to the broker (folding reports that come more
-often than every few seconds). The broker judges the job's ``early_stop``
-rule over the reports of every attempt and, when it fires, the agent writes
-``stop.json``: at the next step boundary the library checkpoints (reason
-``early_stop``) and ``ckpt.should_stop`` turns True.
+often than every few seconds).
 
-With ``early_stop`` on (``SPOTBROKER_EARLY_STOP``) the library also keeps
-the best weights: each report that improves the rule's metric (counted
-from ``min_steps``, as the broker counts) is checkpointed with reason
-``best``, unless the previous upload is still running (then the broker
-keeps the newest committed checkpoint at or after the best step). The best
-so far travels in ``ckpt.extra`` (``BEST_KEY``), so a resumed attempt does
-not take its first report for an improvement.
+With ``early_stop`` on (``SPOTBROKER_EARLY_STOP``) the library counts the
+rule over every report, since only it sees them all: the best report so far
+(from ``min_steps``) and how many came since that did not beat it by more
+than ``min_delta``. Each report carries that standing; the broker fires the
+rule on it once ``patience`` is reached, and the agent writes ``stop.json``:
+at the next step boundary the library checkpoints (reason ``early_stop``)
+and ``ckpt.should_stop`` turns True. Each report that improves the metric is
+checkpointed with reason ``best``, unless the previous upload is still
+running (then the broker keeps the newest committed checkpoint at or after
+the best step). The standing travels in ``ckpt.extra`` (``BEST_KEY``,
+``SINCE_KEY``), so a resumed attempt counts on from its checkpoint's step,
+as the run it repeats did.
 """
 from __future__ import annotations
 
@@ -35,7 +37,8 @@ log = logging.getLogger("spotbroker.checkpoint")
 
 METRIC_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_./-]{0,63}\Z")  # the broker's rule too
 MAX_METRICS = 32  # names in one report
-BEST_KEY = "spotbroker.best"  # in ckpt.extra: [step, value] of the best report so far
+BEST_KEY = "spotbroker.best"    # in ckpt.extra: [step, value] of the best report so far
+SINCE_KEY = "spotbroker.since"  # in ckpt.extra: [step, n]: the newest counted report, n since the best
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,7 @@ class Rule:
     mode: str = "min"
     min_delta: float = 0.0
     min_steps: int = 0
+    patience: int = 3
 
     @classmethod
     def from_env(cls, value: str | None) -> Rule | None:
@@ -54,7 +58,7 @@ class Rule:
         try:
             doc = json.loads(value)
             return cls(str(doc["metric"]), str(doc.get("mode", "min")), float(doc.get("min_delta", 0.0)),
-                       int(doc.get("min_steps", 0)))
+                       int(doc.get("min_steps", 0)), int(doc.get("patience", 3)))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("ignoring %s (%s): best checkpoints are off", protocol.ENV_EARLY_STOP, exc)
             return None
@@ -64,6 +68,24 @@ class Rule:
         if best is None:
             return True
         return value < best - self.min_delta if self.mode == "min" else value > best + self.min_delta
+
+    def count(self, extra: dict[str, Any], step: int, value: float) -> dict[str, Any] | None:
+        """Count one report of the metric into `extra` (BEST_KEY, SINCE_KEY); its
+        standing, or None for a report the rule does not count (before
+        min_steps, or a step not after the last counted)."""
+        best, seen = extra.get(BEST_KEY), extra.get(SINCE_KEY)
+        best = tuple(best) if isinstance(best, list | tuple) and len(best) == 2 else None
+        last, since = tuple(seen) if isinstance(seen, list | tuple) and len(seen) == 2 else (-1, 0)
+        if step < self.min_steps or step <= last:
+            return None
+        if self.improves(value, best[1] if best else None):
+            best, since = (step, value), 0
+            extra[BEST_KEY] = [step, value]
+        else:
+            since += 1
+        extra[SINCE_KEY] = [step, since]
+        return {"best_step": int(best[0]), "best_value": float(best[1]), "since": since,
+                "met": since >= self.patience}
 
 
 def clean_metrics(metrics: dict[str, Any]) -> dict[str, float]:
@@ -109,20 +131,19 @@ class Reports:
     def report(self, step: int, metrics: dict[str, Any]) -> bool:
         values = clean_metrics(metrics)
         if values and self.ckpt.ranks.writer:
-            self.ckpt._control.emit(protocol.METRICS, {"step": int(step), "values": values})
-            self._keep_if_best(step, values)
+            data: dict[str, Any] = {"step": int(step), "values": values}
+            rule = self.rule
+            standing = rule.count(self.ckpt.extra, int(step), values[rule.metric]) \
+                if rule is not None and rule.metric in values else None
+            if standing is not None:
+                data[protocol.EARLY_STOP] = standing
+            self.ckpt._control.emit(protocol.METRICS, data)
+            if standing is not None and standing["best_step"] == int(step):
+                self._keep_best(int(step))
         self.at_boundary(step)
         return not self.should_stop
 
-    def _keep_if_best(self, step: int, values: dict[str, float]) -> None:
-        rule = self.rule
-        if rule is None or rule.metric not in values or step < rule.min_steps:
-            return
-        best = self.ckpt.extra.get(BEST_KEY)
-        best_value = float(best[1]) if isinstance(best, list | tuple) and len(best) == 2 else None
-        if not rule.improves(values[rule.metric], best_value):
-            return
-        self.ckpt.extra[BEST_KEY] = [int(step), values[rule.metric]]
+    def _keep_best(self, step: int) -> None:
         uploader = self.ckpt._uploader
         if uploader is None or self.ckpt._ranked is not None:
             return

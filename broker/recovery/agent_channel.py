@@ -161,9 +161,10 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
         if not node and event.type in MEASURED_BY_AGENT and protocol.GPU_JOULES in event.data:
             footprint.record_report(session, attempt, event.data)
         moved |= _apply(session, job, attempt, event, clock, checkpoint_root)
-    reported = bool(reports) and metrics.record_many(session, job, attempt, reports, clock.now())
-    if reported and _is_current(job, attempt):
-        earlystop.after_metrics(session, job, attempt, clock)
+    if reports:
+        metrics.record_many(session, job, attempt, reports, clock.now())
+    if reports and _is_current(job, attempt):  # judged even when the points' bounds dropped them
+        earlystop.after_metrics(session, job, attempt, reports, clock)
     live = attempt.state in LIVE_ATTEMPT_STATES
     move = live and recovery.is_move(job)
     drain = move or (live and recovery.peers_drain(job, attempt))

@@ -11,8 +11,10 @@ its best weights are kept.
 
 The rule counts reports from `min_steps` on: the best so far, and how many
 came since that did not beat it by more than `min_delta`; `patience` of
-them fire it. A step reported by several attempts (a resumed run) counts
-once, as the newest report said it.
+them fire it. The trainer's library counts (it sees every report, where the
+agent folds them on their way here) and each report carries its standing
+(`agent/checkpoint/reports.py`); the broker fires on the newest. A resumed
+run counts on from its checkpoint, as the library keeps the count in it.
 
 The kept checkpoint is the newest one the library saved at a report that
 improved the metric (reason `best`); without one (the upload was busy, or
@@ -30,6 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
+from spotbroker.agent.metricsfold import standing
 from spotbroker.broker.checkpoints.uris import CheckpointUnverified, verify_and_keep
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import metrics
@@ -53,21 +56,16 @@ class Verdict:
     since: int     # reports since the best that did not beat it
 
 
-def judge(points: list[tuple[int, float]], rule: EarlyStopRule) -> Verdict | None:
-    """The rule over (step, value) points in step order: a verdict once it fires, else None."""
-    best: tuple[int, float] | None = None
-    since, last = 0, 0
-    for step, value in points:
-        if step < rule.min_steps:
-            continue
-        last = step
-        if rule.improves(value, best[1] if best else None):
-            best, since = (step, value), 0
-        else:
-            since += 1
-    if best is None or since < rule.patience:
-        return None
-    return Verdict(best[0], best[1], last, since)
+def judge(reports: list[tuple[dict[str, Any], datetime]], rule: EarlyStopRule) -> Verdict | None:
+    """The rule over a batch of `metrics` events (data, the agent's time): a
+    verdict once the newest standing the library counted reaches patience."""
+    for data, _ in reversed(reports):
+        counted = standing(data.get(protocol.EARLY_STOP))
+        if counted is not None and isinstance(data.get("step"), int):
+            if counted["since"] < rule.patience:
+                return None
+            return Verdict(counted["best_step"], counted["best_value"], data["step"], counted["since"])
+    return None
 
 
 def rule_of(job: Job) -> EarlyStopRule | None:
@@ -83,14 +81,15 @@ def pending(session: Session, job: Job) -> EarlyStop | None:
     return row if row is not None and row.finished_at is None else None
 
 
-def after_metrics(session: Session, job: Job, attempt: Attempt, clock: Clock) -> bool:
-    """Judge the rule after new reports of the job's running attempt; whether it fired now."""
+def after_metrics(session: Session, job: Job, attempt: Attempt, reports: list[tuple[dict[str, Any], datetime]],
+                  clock: Clock) -> bool:
+    """Judge the rule on new reports of the job's running attempt; whether it fired now."""
     rule = rule_of(job)
     if rule is None or job.state != JobState.RUNNING or attempt.state not in LIVE_ATTEMPT_STATES:
         return False
     if session.get(EarlyStop, job.id) is not None:
         return False
-    verdict = judge(metrics.curve(session, job.id, rule.metric), rule)
+    verdict = judge(reports, rule)
     if verdict is None:
         return False
     session.add(EarlyStop(job_id=job.id, attempt_id=attempt.id, metric=rule.metric, decided_at=clock.now(),

@@ -32,8 +32,9 @@ ckpt.close()
 class Agent:
     """`spotbroker agent run` over a real-library trainer, as a subprocess."""
 
-    def __init__(self, tmp: Path, broker_url: str, trainer: list[str], metrics_seconds: float) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+    def __init__(self, tmp: Path, broker_url: str, trainer: list[str], metrics_seconds: float,
+                 env: dict[str, str]) -> None:
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}, **env}
         env.update({"SPOTBROKER_AGENT_TOKEN": TOKEN, "SPOTBROKER_URL": broker_url, "SPOTBROKER_CLOUD": "local"})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "spotbroker.agent.cli", "run", "--heartbeat-seconds", "0.2",
@@ -50,8 +51,8 @@ class Agent:
 def agent(tmp_path):
     started: list[Agent] = []
 
-    def start(broker_url: str, trainer: list[str], metrics_seconds: float) -> Agent:
-        started.append(Agent(tmp_path, broker_url, trainer, metrics_seconds))
+    def start(broker_url: str, trainer: list[str], metrics_seconds: float, **env: str) -> Agent:
+        started.append(Agent(tmp_path, broker_url, trainer, metrics_seconds, env))
         return started[-1]
 
     yield start
@@ -73,6 +74,20 @@ def test_reports_more_often_than_the_interval_are_folded(agent, broker, tmp_path
     assert sorted(broker.events) == list(range(1, len(broker.events) + 1))
 
 
+def test_the_library_counts_the_rule_over_every_report_and_the_report_that_meets_it_goes_at_once(
+        agent, broker, tmp_path):
+    # loss falls to 0.02 at step 50 and stays: patience 3 is met at step 53, between two folds 30 s apart.
+    plateau = REPORTER.replace("loss=1.0 / step", "loss=1.0 / min(step, 50)")
+    trainer = [sys.executable, "-c", plateau, f"file://{tmp_path}/ckpt", "200", "0.01"]
+    rule = '{"metric": "loss", "mode": "min", "patience": 3, "min_delta": 0.0, "min_steps": 0}'
+    code, _, err = agent(broker.url, trainer, 30.0, SPOTBROKER_EARLY_STOP=rule).finish(timeout=60)
+    assert code == 0, err
+    points = [e["data"] for e in broker.ordered() if e["type"] == METRICS]
+    assert [p["step"] for p in points] == [1, 53, 200], points
+    assert points[1][EARLY_STOP] == {"best_step": 50, "best_value": 0.02, "since": 3, "met": True}
+    assert points[2][EARLY_STOP] == {"best_step": 50, "best_value": 0.02, "since": 150, "met": True}
+
+
 def test_the_brokers_stop_checkpoints_and_ends_the_trainers_loop(agent, broker, wait, tmp_path):
     trainer = [sys.executable, "-c", REPORTER, f"file://{tmp_path}/ckpt", "100000", "0.01"]
     process = agent(broker.url, trainer, 0.2)
@@ -89,8 +104,9 @@ def test_the_brokers_stop_checkpoints_and_ends_the_trainers_loop(agent, broker, 
 
 
 def test_a_number_no_float_holds_is_dropped_not_fatal():
-    from spotbroker.agent.metricsfold import clean
+    from spotbroker.agent.metricsfold import Report, clean
 
     # A hand-written events line (not the library's report()) may hold any JSON integer.
-    assert clean({"step": 1, "values": {"big": 10**400, "loss": 0.5, "nan": float("nan")}}) == (1, {"loss": 0.5})
+    big = {"big": 10**400, "loss": 0.5, "nan": float("nan")}
+    assert clean({"step": 1, "values": big}) == Report(1, {"loss": 0.5}, None)
     assert clean({"step": 1, "values": {"big": 10**400}}) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 
-from support.helpers import post, wait_state
+from support.helpers import counted, post, wait_state
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 
@@ -13,10 +13,12 @@ RULE = {"metric": "val_loss", "mode": "min", "patience": 2, "min_delta": 0.01, "
 T0 = datetime.now(UTC)
 
 
-def report(seq: int, step: int, seconds: float, **values: float) -> dict:
-    """A metrics event as the agent forwards it, at T0 + seconds (the agent's clock)."""
+def report(seq: int, step: int, seconds: float, run: dict | None = None, **values: float) -> dict:
+    """A metrics event as the agent forwards it, at T0 + seconds (the agent's clock);
+    with `run` (the library's state), counted under RULE as the library counts."""
     at = (T0 + timedelta(seconds=seconds)).isoformat()
-    return {"seq": seq, "type": "metrics", "at": at, "data": {"step": step, "values": values}}
+    data = {"step": step, "values": values}
+    return {"seq": seq, "type": "metrics", "at": at, "data": data if run is None else counted(RULE, run, data)}
 
 
 def started(api, h, settings, **spec) -> tuple[dict, str]:
@@ -29,11 +31,12 @@ def test_a_plateau_fires_the_rule_and_the_job_ends_early_stopped(api, team_heade
     h = team_headers()
     job, token = started(api, h, settings, early_stop=RULE)
     curve = [(5, 9.0), (10, 1.0), (20, 0.5), (30, 0.6)]  # step 5 is before min_steps
-    answer = post(api, token, *[report(100 + i, step, 5 * i, val_loss=v, acc=step / 100)
+    run: dict = {}
+    answer = post(api, token, *[report(100 + i, step, 5 * i, run, val_loss=v, acc=step / 100)
                                 for i, (step, v) in enumerate(curve)]).json()
     assert answer["stop"] is False  # one report since the best: patience is 2
     assert api.get(f"/v1/jobs/{job['id']}", headers=h).json()["early_stop"] is None
-    answer = post(api, token, report(110, 40, 50, val_loss=0.495)).json()  # not better by min_delta
+    answer = post(api, token, report(110, 40, 50, run, val_loss=0.495)).json()  # not better by min_delta
     assert answer["stop"] is True and answer["cancel"] is False
     fired = api.get(f"/v1/jobs/{job['id']}", headers=h).json()
     assert fired["state"] == "RUNNING"
@@ -114,8 +117,10 @@ def test_without_a_best_save_the_first_checkpoint_at_or_after_the_best_step_is_n
         return {"seq": seq, "type": "checkpoint_committed", "at": datetime.now(UTC).isoformat(), "data": {
             "step": step, "uri": f"{prefix}/step-{step:012d}", "bytes": 10, "seconds": 0.1, "reason": "periodic"}}
 
-    post(api, token, committed(100, 10), report(101, 10, 0, val_loss=1.0), report(102, 20, 5, val_loss=0.5),
-         committed(103, 30), committed(104, 60), report(105, 40, 10, val_loss=0.6), report(106, 50, 15, val_loss=0.7))
+    run: dict = {}
+    post(api, token, committed(100, 10), report(101, 10, 0, run, val_loss=1.0), report(102, 20, 5, run, val_loss=0.5),
+         committed(103, 30), committed(104, 60), report(105, 40, 10, run, val_loss=0.6),
+         report(106, 50, 15, run, val_loss=0.7))
     answer = post(api, token, {"seq": 107, "type": "no_flush", "at": datetime.now(UTC).isoformat(),
                                "data": {"reason": "no library", "early_stop": True}}).json()
     assert answer["cancel"] is True

@@ -55,8 +55,13 @@ def test_a_plateau_stops_early_keeps_the_best_weights_and_says_what_it_saved(api
 
     stop = job["early_stop"]
     assert stop["done"] and stop["stopped_step"] == stopped and stop["best_step"] >= RULE["min_steps"]
+    # The rule is judged on every report the trainer made (the agent folds a dozen into one on the way):
+    # one best, the library's, fired at the report `patience` after it, and the kept checkpoint is its.
+    best = library_best(reports)
+    steps = [step for step, _, _ in reports]
+    assert (stop["best_step"], stop["fired_at_step"]) == (best, steps[steps.index(best) + RULE["patience"]])
     kept = stop["checkpoint"]
-    assert kept["choice"] == "best" and kept["step"] == library_best(reports)
+    assert kept["choice"] == "best" and kept["step"] == best
     listed = {c["id"]: c for c in api.get(f"/v1/jobs/{job_id}/checkpoints", headers=h).json()["checkpoints"]}
     assert listed[kept["id"]]["keep"] and listed[kept["id"]]["reason"] == "best"
     # Money: an hour was estimated, a minute or so was run; the rest is saved at the price in force.

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import signal
 import tarfile
@@ -165,6 +166,18 @@ def processes(field: str) -> Iterator[tuple[int, list[bytes]]]:
 def ev(seq: int, event_type: str, **data) -> dict:
     """One agent event, as the agent sends it."""
     return {"seq": seq, "type": event_type, "at": datetime.now(UTC).isoformat(), "data": data}
+
+
+def counted(rule: dict, extra: dict, data: dict) -> dict:
+    """A metrics event's data as the trainer's library writes it under `rule`:
+    with the early-stop standing it counts over every report into `extra`
+    (the state a checkpoint carries; one dict per run)."""
+    from spotbroker.agent.checkpoint.reports import Rule
+
+    library = Rule.from_env(json.dumps(rule))
+    value = data["values"].get(library.metric)
+    standing = library.count(extra, data["step"], value) if value is not None else None
+    return {**data, **({"early_stop": standing} if standing else {})}
 
 
 def post(api, token: str, *events: dict):

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 
 from conftest import ADMIN_TOKEN
 from support.cli import spotbroker
-from support.helpers import post, team_token, wait_state
+from support.helpers import counted, post, team_token, wait_state
 
 from spotbroker.broker.recovery.agent_channel import agent_token
 
@@ -21,8 +21,9 @@ def test_metrics_prints_the_series_and_the_early_stop(api, env, settings):
     job = wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
     agent = agent_token(settings.signing_key(), job["attempts"][-1]["id"])
     t0 = datetime.now(UTC)
+    run: dict = {}
     post(api, agent, *[{"seq": 100 + i, "type": "metrics", "at": (t0 + timedelta(seconds=5 * i)).isoformat(),
-                        "data": {"step": 10 * (i + 1), "values": {"val_loss": v, "acc": 0.5}}}
+                        "data": counted(RULE, run, {"step": 10 * (i + 1), "values": {"val_loss": v, "acc": 0.5}})}
                        for i, v in enumerate([2.0, 1.0, 1.5])])
     mine = {**env, "SPOTBROKER_TOKEN": token}
 
