@@ -139,8 +139,19 @@ class Reconciler:
         self._release(ended, stats)
         for job_id in self._claim(changed):
             self._step_safely(job_id, changed.get(job_id), stats)
+        self._forget_ended_failures()
         self._probe(self.placer.take_probes(self.clock.now()))
         return stats
+
+    def _forget_ended_failures(self) -> None:
+        """A job whose step failed until it ended (a cancel) is no longer told of."""
+        if not self._step_failures:
+            return
+        with self.factory() as session:
+            live = set(session.scalars(select(Job.id).where(Job.id.in_(list(self._step_failures)),
+                                                            Job.state.in_([str(s) for s in LIVE_JOB_STATES]))))
+        for job_id in set(self._step_failures) - live:
+            del self._step_failures[job_id]
 
     # --- phase 1: observe ----------------------------------------------------------------
 

@@ -237,6 +237,12 @@ def test_a_step_failing_pass_after_pass_is_told_once_not_each_pass(env, monkeypa
                 s.get(Job, job_id).next_check_at = rec.clock.now() - timedelta(seconds=1)
     tracebacks = [r for r in caplog.records if r.exc_info]
     assert [r.getMessage() for r in tracebacks] == [f"step of job {job_id} failed"]
+    # Cancelled while failing: its count is forgotten (it was kept until the broker restarted).
+    assert job_id in rec._step_failures
+    with transaction(factory) as s:
+        s.get(Job, job_id).state = "CANCELLED"
+    rec.pass_once()
+    assert rec._step_failures == {}
 
 
 def test_handle_survives_in_the_database(env):
