@@ -190,9 +190,8 @@ async def submit_job(request: Request, team: CurrentTeam,
                         "differs from this one; a retry must send the same body, a new job a new key"}])
     if out.state == JobState.HELD:
         warnings = [*warnings, {"field": "state", "message": f"the job is HELD: {out.reason}"}]
-    elif why := host.beyond_launchers(spec, state.launchers, state.settings):  # (held by the reconciler's first look)
-        warnings = [*warnings, {"field": "num_nodes" if "nodes" in why else "resources",
-                                "message": f"the job will be HELD: {why}"}]
+    elif beyond := host.beyond_launchers(spec, state.launchers, state.settings):  # (held at the first look)
+        warnings = [*warnings, {"field": beyond[0], "message": f"the job will be HELD: {beyond[1]}"}]
     # Already a JobOut: send it as it is, without validating it a second time.
     answer = JobSubmitted.model_construct(**dict(out), warnings=[SubmitWarning(**w) for w in warnings])
     return Response(answer.model_dump_json(), status_code=201, media_type="application/json")

@@ -32,22 +32,24 @@ def unlaunchable(job, spec: JobSpec, keyring, launchers: dict, settings) -> str 
     here = on_host(spec, settings.cpu_jobs_on_host)
     if not here and enabled_clouds(launchers) == frozenset():
         return NO_CLOUD  # (not FAILED no_feasible_offer: credentials may come)
-    return beyond_launchers(spec, launchers, settings)
+    beyond = beyond_launchers(spec, launchers, settings)
+    return beyond[1] if beyond else None
 
 
-def beyond_launchers(spec: JobSpec, launchers: dict, settings) -> str | None:
-    """Why this broker's launchers, as configured, cannot run the job (until
-    the configuration changes), if they cannot: also said when it is submitted."""
+def beyond_launchers(spec: JobSpec, launchers: dict, settings) -> tuple[str, str] | None:
+    """(the spec's field, why) this broker's launchers, as configured, cannot
+    run the job (until the configuration changes), if they cannot: also said
+    when it is submitted."""
     here = on_host(spec, settings.cpu_jobs_on_host)
     if not here and not {"local", "skypilot"} & set(launchers):
-        return ("no launcher can run it: this broker runs no cloud launcher, and the local launcher is off "
-                "(it is on by default only when serving on loopback; SPOTBROKER_LOCAL_LAUNCHER=true runs "
-                "jobs on the broker's host)")
+        return "resources", ("no launcher can run it: this broker runs no cloud launcher, and the local launcher "
+                             "is off (it is on by default only when serving on loopback; "
+                             "SPOTBROKER_LOCAL_LAUNCHER=true runs jobs on the broker's host)")
     if here and "local" not in launchers:
-        return (f"no launcher can run it: {host_reason(spec)}, and the local "
-                "launcher is off (SPOTBROKER_LOCAL_LAUNCHER=true turns it on)")
+        return "resources", (f"no launcher can run it: {host_reason(spec)}, and the local "
+                             "launcher is off (SPOTBROKER_LOCAL_LAUNCHER=true turns it on)")
     local_only = "local" in launchers and ("skypilot" not in launchers or here)
     if local_only and spec.num_nodes > settings.local_max_running:
-        return (f"it needs {spec.num_nodes} nodes, and the local launcher runs at most "
-                f"{settings.local_max_running} at once (SPOTBROKER_LOCAL_MAX_RUNNING)")
+        return "num_nodes", (f"it needs {spec.num_nodes} nodes, and the local launcher runs at most "
+                             f"{settings.local_max_running} at once (SPOTBROKER_LOCAL_MAX_RUNNING)")
     return None
