@@ -86,9 +86,6 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
             with progress.waiting("submitting", shown):
                 job = c.submit(doc)
         else:
-            if not _says_use_spot(doc.get("resources")):
-                click.echo(f"{file}: no use_spot: runs on on-demand, as in SkyPilot (add `use_spot: true` "
-                           "under resources for spot)", err=True)
             import yaml
 
             rewritten = uploaded or flags.any() or filled
@@ -96,6 +93,9 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
                 job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode() if rewritten else data)
     except ApiError as exc:
         raise click.ClickException(f"{file}: {_located(exc, data if fmt == 'yaml' else None, flags)}") from None
+    if fmt == "yaml" and not _says_use_spot(doc.get("resources")):  # (only of a job it took)
+        click.echo(f"{file}: no use_spot: runs on on-demand, as in SkyPilot (add `use_spot: true` "
+                   "under resources for spot)", err=True)
     for warning in job.get("warnings") or []:
         line = _line_in(data, str(warning.get("field"))) if fmt == "yaml" else None
         click.echo(f"{file}{f':{line}' if line else ''}: warning: {warning.get('field')}: {warning.get('message')}",

@@ -1,5 +1,5 @@
 """`spotbroker submit task.yaml`: says once that a file without use_spot runs
-on-demand; uploads local file mount directories; names file, line and field
+on-demand (of a job the broker took); uploads local file mount directories; names file, line and field
 of what the broker refuses."""
 from __future__ import annotations
 
@@ -28,12 +28,26 @@ def submit(task: Path, tmp_path: Path, url: str = "http://127.0.0.1:9", token: s
      "use_spot: true}]}\n", False),
     ("run: x\nresources: {ordered: [{infra: k8s, accelerators: H100:8}, {accelerators: H100:8}]}\n", True),
 ])
-def test_a_file_without_use_spot_is_said_to_run_on_demand_once(tmp_path, text, says):
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_file_without_use_spot_is_said_to_run_on_demand_once(api, team_headers, tmp_path, text, says):
+    url, h = str(api.base_url), team_headers()
     task = tmp_path / "task.yaml"
-    task.write_text(text)
-    r = submit(task, tmp_path)
-    assert r.returncode == 1 and "cannot reach the broker" in r.stderr and "Traceback" not in r.stderr
+    task.write_text(text.replace("run: x", "run: 'true'"))
+    r = submit(task, tmp_path, url, h["Authorization"].removeprefix("Bearer "))
+    assert r.returncode == 0 and "submitted job" in r.stdout, r.stderr
     assert r.stderr.count("runs on on-demand") == (1 if says else 0), r.stderr
+    api.post(f"/v1/jobs/{r.stdout.split()[2]}/cancel", headers=h)
+
+
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_refused_file_is_not_said_to_run_anywhere(api, team_headers, tmp_path):
+    """The on-demand notice came before the broker's answer: a refused file was told where it would run."""
+    url, token = str(api.base_url), team_headers()["Authorization"].removeprefix("Bearer ")
+    task = tmp_path / "task.yaml"
+    task.write_text("run: x\nresources: {accelerators: A10G:1, disk_tier: fastest}\n")
+    r = submit(task, tmp_path, url, token)
+    assert r.returncode == 1 and "resources.disk_tier" in r.stderr and "Traceback" not in r.stderr
+    assert "on-demand" not in r.stderr, r.stderr
 
 
 def test_a_local_mount_that_is_no_directory_is_named(tmp_path):
