@@ -57,13 +57,12 @@ class Verdict:
 
 
 def judge(reports: list[tuple[dict[str, Any], datetime]], rule: EarlyStopRule) -> Verdict | None:
-    """The rule over a batch of `metrics` events (data, the agent's time): a
-    verdict once the newest standing the library counted reaches patience."""
-    for data, _ in reversed(reports):
+    """The rule over a batch of `metrics` events (data, the agent's time), in
+    order: a verdict at the first whose standing, as the library counted it,
+    reaches patience (a backlog may hold reports from after it)."""
+    for data, _ in reports:
         counted = standing(data.get(protocol.EARLY_STOP))
-        if counted is not None and isinstance(data.get("step"), int):
-            if counted["since"] < rule.patience:
-                return None
+        if counted is not None and isinstance(data.get("step"), int) and counted["since"] >= rule.patience:
             return Verdict(counted["best_step"], counted["best_value"], data["step"], counted["since"])
     return None
 

@@ -50,11 +50,12 @@ def test_a_resumed_run_counts_on_from_its_checkpoints_standing_and_a_repeated_st
     assert judged([(5, 0.7)], rule, resumed).best_step == 2
 
 
-def test_the_broker_judges_the_newest_standing_and_ignores_reports_without_one():
+def test_the_broker_fires_at_the_first_standing_that_meets_patience_and_ignores_reports_without_one():
     rule = EarlyStopRule(metric="loss", patience=3)
     met = {"best_step": 20, "best_value": 0.5, "since": 3, "met": True}
-    assert judge([({"step": 50, "values": {}, "early_stop": met}, None), ({"step": 60, "values": {}}, None)],
-                 rule).step == 50
+    improved = {"best_step": 60, "best_value": 0.4, "since": 0, "met": False}
+    assert judge([({"step": 50, "values": {}, "early_stop": met}, None), ({"step": 60, "values": {}}, None),
+                  ({"step": 60, "values": {}, "early_stop": improved}, None)], rule).step == 50  # a backlog
     assert judge([({"step": 50, "values": {}, "early_stop": {**met, "since": 2}}, None)], rule) is None
     assert judge([({"step": 50, "values": {}, "early_stop": {**met, "best_value": "nan"}}, None)], rule) is None
     assert judge([({"step": 60, "values": {"loss": 9.0}}, None)] * 10, rule) is None  # no standing: no count
