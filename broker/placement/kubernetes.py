@@ -48,7 +48,7 @@ from spotbroker.broker.jobs.resources import MAX_ACCELERATORS, MAX_PRICE_PER_HOU
 from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, EndReason
 from spotbroker.broker.placement.policy import Action
-from spotbroker.broker.pricing.normalise import accelerator_name
+from spotbroker.broker.pricing.normalise import accelerator_name, asked_accelerator
 from spotbroker.broker.pricing.offers import Placement
 from spotbroker.broker.store.models import Attempt, Job, Team
 
@@ -151,7 +151,7 @@ def fits(want: ResourceSet, cluster: Cluster) -> Placement | None:
     if want.accelerator is None or want.instance_type is not None:
         return None
     name, count = want.accelerator
-    name = accelerator_name(name) or name
+    name = asked_accelerator(name)
     if not float(count).is_integer() or count < 1:
         return None
     if CLOUD in resfields.clouds_refusing(want):  # a disk or network tier a pod cannot have
@@ -215,7 +215,7 @@ class KubernetesPlaces:
         words = []
         for want in spec.resources.alternatives():
             if want.accelerator is not None:
-                name, count = accelerator_name(want.accelerator[0]) or want.accelerator[0], want.accelerator[1]
+                name, count = asked_accelerator(want.accelerator[0]), want.accelerator[1]
                 most = max((n.gpus_per_node for c in self.clusters for n in c.nodes if n.accelerator == name),
                            default=0)
                 if most < count:
@@ -343,7 +343,7 @@ def _alternative_of(spec: JobSpec, p: Placement) -> int:
     alternatives = spec.resources.alternatives()
     for i, want in enumerate(alternatives):
         name, count = want.accelerator or (None, None)
-        if ((name is None or (accelerator_name(name) or name) == p.accelerator and count == p.accelerator_count)
+        if ((name is None or asked_accelerator(name) == p.accelerator and count == p.accelerator_count)
                 and want.instance_type in (None, p.instance_type)):
             return i
     return len(alternatives)  # (a place of no alternative: the clusters come first)

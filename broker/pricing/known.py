@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.jobs.resources import KUBERNETES, Infra, parse_accelerator
 from spotbroker.broker.jobs.spec import JobSpec
-from spotbroker.broker.pricing.normalise import accelerator_name
+from spotbroker.broker.pricing.normalise import asked_accelerator
 from spotbroker.broker.store.models import PriceOffer
 
 
@@ -78,7 +78,7 @@ class KnownAccelerators:
 
     def _why_not(self, asked: str, count: float | None) -> tuple[bool, str | None]:
         """(whether the name is unknown, why no offer fits; None: one does)."""
-        name = accelerator_name(asked) or asked
+        name = asked_accelerator(asked)
         if name in self._also:
             return False, None
         names = self._read(fresh=False)

@@ -23,7 +23,9 @@ log = logging.getLogger("spotbroker.pricing")
 _ALIASES: list[tuple[str, str]] = [
     (r"h100[- a-z0-9]*mega", "H100-MEGA"),
     (r"a100[- ]?80\s*gb", "A100-80GB"),
+    (r"a100[- ]?40\s*gb", "A100"),
     (r"v100[- ]?32\s*gb", "V100-32GB"),
+    (r"v100[- ]?16\s*gb", "V100"),
     (r"gh200", "GH200"),
     (r"h200", "H200"),
     (r"h100", "H100"),
@@ -54,6 +56,20 @@ def accelerator_name(raw: str | None) -> str | None:
     text = raw.lower().replace("nvidia", "").replace("tesla", "").replace("_", "-")
     for pattern, name in _ALIASES:
         if re.search(rf"(^|[^a-z0-9]){pattern}($|[^a-z0-9])", text):
+            return name
+    return raw.strip()
+
+
+@lru_cache(maxsize=4096)
+def asked_accelerator(raw: str) -> str:
+    """A name a job, a price query or a team's allowlist gives → the one name,
+    when the whole of it spells one (`a100`, `A100-80GB`, `nvidia-tesla-t4`);
+    else itself, which no offer has, so that it is refused naming the closest.
+    Not a search, as for the clouds' own spellings: `A100-80G` was read as
+    `A100` with a suffix ignored, and ran on 40 GB parts."""
+    text = raw.lower().replace("nvidia", "").replace("tesla", "").replace("_", "-").strip(" -")
+    for pattern, name in _ALIASES:
+        if re.fullmatch(pattern, text):
             return name
     return raw.strip()
 

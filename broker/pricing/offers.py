@@ -87,7 +87,7 @@ def current_offers(session: Session, accelerator: str, count: float) -> list[Pri
     order they were first listed (for inspection; placement reads `cheapest`)."""
     rows = session.scalars(
         select(PriceOffer)
-        .where(PriceOffer.accelerator == normalise.accelerator_name(accelerator),
+        .where(PriceOffer.accelerator == normalise.asked_accelerator(accelerator),
                PriceOffer.accelerator_count == count, PriceOffer.listed.is_(True)))
     return sorted(rows, key=lambda o: o.id)
 
@@ -139,7 +139,7 @@ def why_none_fits(session: Session, spec: JobSpec) -> str | None:
 def _nothing(want: ResourceSet) -> str:
     """What a set's unmet constraint is said of: `no offer of 8 A100 per node`."""
     if want.accelerator is not None:
-        return f"no offer of {want.accelerator[1]:g} {normalise.accelerator_name(want.accelerator[0])} per node"
+        return f"no offer of {want.accelerator[1]:g} {normalise.asked_accelerator(want.accelerator[0])} per node"
     return "no offer" if want.instance_type is not None else "no CPU machine"
 
 
@@ -150,7 +150,7 @@ def _fitting_steps(want: ResourceSet) -> list[tuple[str, list]] | None:
         return None
     cpus, none = want.cpus, _nothing(want)
     if shape is not None:
-        name = normalise.accelerator_name(shape[0])
+        name = normalise.asked_accelerator(shape[0])
         steps = [(f"no offer has {name}", [PriceOffer.accelerator == name, PriceOffer.listed.is_(True)]),
                  (f"no offer has {shape[1]:g} {name} per node", [PriceOffer.accelerator_count == shape[1]])]
     elif want.instance_type is not None:  # the type says what it carries

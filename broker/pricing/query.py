@@ -19,7 +19,7 @@ from sqlalchemy import and_, or_, select
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Session
 
-from spotbroker.broker.pricing.normalise import accelerator_name
+from spotbroker.broker.pricing.normalise import asked_accelerator
 from spotbroker.broker.pricing.settings import KNOWN_SOURCES, PricingSettings
 from spotbroker.broker.store.models import PriceOffer
 
@@ -90,7 +90,7 @@ def _filters(q: PriceQuery, price):
         where.append(PriceOffer.region == q.region)
     if q.accelerator:
         # Names are stored normalised, so an exact match can use the shape index.
-        where.append(PriceOffer.accelerator == accelerator_name(q.accelerator))
+        where.append(PriceOffer.accelerator == asked_accelerator(q.accelerator))
     if q.count is not None:
         where.append(PriceOffer.accelerator_count == q.count)
     if q.max_price is not None:

@@ -81,8 +81,8 @@ class Policy(_Strict):
         """Whether a job may run on this accelerator (a CPU place, None, always may)."""
         if self.allowed_accelerators is None or accelerator is None:
             return True
-        wanted = normalise.accelerator_name(accelerator).lower()
-        return any(normalise.accelerator_name(a).lower() == wanted for a in self.allowed_accelerators)
+        wanted = normalise.asked_accelerator(accelerator).lower()
+        return any(normalise.asked_accelerator(a).lower() == wanted for a in self.allowed_accelerators)
 
     def spec_defaults(self) -> dict[str, Any]:
         return {key: value for key in SPEC_DEFAULTS

@@ -28,6 +28,7 @@ from spotbroker.broker.jobs.resources import Infra, ResourceSet
 from spotbroker.broker.jobs.spec import JobSpec, StorageMount, WorkdirUpload
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.skypilot.node import NodeProgram
+from spotbroker.broker.pricing.normalise import asked_accelerator
 from spotbroker.broker.pricing.offers import Placement
 
 if TYPE_CHECKING:
@@ -125,7 +126,8 @@ def _fits(want: ResourceSet, p: Placement) -> bool:
         return False  # a set for a CPU machine was not what a GPU offer was chosen for
     if want.accelerator is not None:
         name, count = want.accelerator
-        if (p.accelerator or "").lower() != name.lower() or float(p.accelerator_count) != float(count):
+        if (p.accelerator or "").lower() != asked_accelerator(name).lower() \
+                or float(p.accelerator_count) != float(count):
             return False
     if want.instance_type is not None and want.instance_type != p.instance_type:
         return False

@@ -40,6 +40,18 @@ def test_a_name_is_refused_only_when_offers_are_known_and_none_has_it(factory):
     assert [e["field"] for e in known.errors(flight)] == ["preflight.accelerators"]
 
 
+def test_a_name_is_one_only_as_a_whole_never_a_shorter_one_with_a_suffix_ignored(factory):
+    """`A100-80G` (a typo of A100-80GB) was read as `A100` and ran on 40 GB parts."""
+    with transaction(factory) as s:
+        s.add_all([offer("A100", 8), offer("A100-80GB", 8), offer("T4")])
+    known = KnownAccelerators(factory)
+    for typo in ("A100-80G:8", "A100-80:8", "A100_80G:8"):
+        (err,) = known.errors(spec(typo))
+        assert "did you mean" in err["message"] and "A100-80GB" in err["message"], err
+    for spelled in ("A100-80GB:8", "a100_80gb:8", "A100-40GB:8", "a100:8", "nvidia-tesla-t4:1"):
+        assert known.errors(spec(spelled)) == [], spelled
+
+
 def test_a_name_listed_after_the_last_read_is_accepted(factory):
     with transaction(factory) as s:
         s.add(offer("T4"))
