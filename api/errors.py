@@ -3,7 +3,6 @@ the reason, so a client can show the user what to fix."""
 from __future__ import annotations
 
 import logging
-import re
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,7 +13,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from spotbroker.api.guard import BodyTooLarge, BodyTooSlow
-from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError, meant_members, path_in
+from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError, field_errors
 from spotbroker.broker.store.db import driver_said
 
 PROBLEM = "application/problem+json"
@@ -80,40 +79,6 @@ def problem_response(status: int, title: str, detail: str, errors: list[dict[str
     if errors:
         body["errors"] = errors
     return JSONResponse(body, status_code=status, media_type=PROBLEM, headers=headers)
-
-
-def field_errors(errors: list[dict[str, Any]], drop_prefix: tuple[str, ...] = (),
-                 doc: Any = None) -> list[dict[str, Any]]:
-    """Pydantic errors as [{"field": "resources.accelerators", "message": ...}]
-    (one per field and message). With the document they are about, the
-    names pydantic gives the members of a union (`UploadMount`,
-    `constrained-str`, `dict[constrained-str,constrained-str]`) are left out
-    of the path: they are no field of it; and a value of none of a union's
-    types is one error ("Input should be a valid dictionary, or a valid
-    string"), not one per member."""
-    out: list[dict[str, Any]] = []
-    wrong_type: dict[str, dict[str, Any]] = {}
-    if doc is not None:
-        errors = meant_members(errors, doc)
-    for err in errors:
-        loc = [p for p in err.get("loc", ()) if p not in drop_prefix]
-        if doc is not None:
-            loc = path_in(loc, doc)
-        message = _INSTANCE_OF.sub("", str(err.get("msg", "invalid")).removeprefix("Value error, "))
-        item = {"field": ".".join(str(p) for p in loc) or "body", "message": message}
-        if str(err.get("type", "")).endswith("_type") and message.startswith(_SHOULD):
-            if (same := wrong_type.get(item["field"])) is not None:
-                if message.removeprefix(_SHOULD) not in same["message"]:
-                    same["message"] += ", or " + message.removeprefix(_SHOULD)
-                continue
-            wrong_type[item["field"]] = item
-        if item not in out:
-            out.append(item)
-    return out
-
-
-_SHOULD = "Input should be "
-_INSTANCE_OF = re.compile(r" or instance of \w+")  # a model's class name: none of the user's business
 
 
 def invalid(errors: list[dict[str, Any]]) -> Problem:

@@ -50,9 +50,9 @@ class StorageMount(_Strict):
     own storage (broker/jobs/mounts.py)."""
 
     source: str | None = None
-    name: Annotated[str, Field(pattern=BUCKET_NAME, description=(
+    name: Annotated[str, Field(description=(
         "a bucket of your team's: the broker keeps it at {root}/{team}/buckets/{name}/, the same for every job "
-        "of the team"))] | None = None
+        "of the team; 3-63 of a-z 0-9 . _ -, a letter or digit at each end"))] | None = None
     mode: Literal["MOUNT", "COPY", "MOUNT_CACHED"] = "MOUNT"
     # SkyPilot's: which cloud would hold the bucket, and whether it outlives the task. The
     # broker's storage holds a named bucket, for good: a different wish is refused.
@@ -63,6 +63,16 @@ class StorageMount(_Strict):
     @classmethod
     def _source(cls, value: str | None) -> str | None:
         return None if value is None else storage_uri(value)
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(BUCKET_NAME, value):
+            empty = " (empty: was it an env variable left unset? `spotbroker submit --env NAME=VALUE`)" \
+                if not value else ""
+            raise ValueError(f"bucket name {value!r}{empty}: 3-63 characters of a-z 0-9 . _ -, "
+                             "a letter or digit at each end (lower case)")
+        return value
 
     @field_validator("mode", mode="before")
     @classmethod

@@ -39,6 +39,12 @@ _RESOURCES = {
 }
 
 
+def named(key: str, in_resources: bool) -> bool:
+    """A field SkyPilot knows whose refusal says more than SkyPilot's schema
+    would of what it holds (`service` with a typo inside is still `service`)."""
+    return key in (_RESOURCES if in_resources else _TOP)
+
+
 def why(key: str, in_resources: bool) -> str:
     """The refusal of a field SkyPilot knows and spotbroker cannot honour."""
     way_out = (_RESOURCES if in_resources else _TOP).get(key)

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 _MERGE = "tag:yaml.org,2002:merge"
+_NULL = "tag:yaml.org,2002:null"
 # libyaml's parser where PyYAML was built with it (its wheels are): a 1 MB
 # task file composes in a third of the pure-Python parser's time, the same
 # nodes and constructors, so the same documents and errors with their lines.
@@ -23,16 +24,31 @@ class DuplicateKey(ValueError):
         self.field, self.first, self.line = field, first, line
 
 
+class SeveralDocuments(yaml.MarkedYAMLError):
+    """A file of more than one task: a pipeline or a job group."""
+
+
 def safe_load(text: str) -> Any:
     """`yaml.safe_load`, refusing a mapping that holds one key twice
-    (DuplicateKey). Merge keys (`<<: *base`) may be overridden, as YAML means."""
+    (DuplicateKey). Merge keys (`<<: *base`) may be overridden, as YAML means.
+    Empty documents (a `---` before or after the task) are passed over, as
+    SkyPilot passes them; a second task is refused (SeveralDocuments)."""
     loader = _LOADER(text)
     try:
-        node = loader.get_single_node()
-        if node is None:
+        nodes = []
+        while loader.check_node():
+            node = loader.get_node()
+            if node is not None and not (isinstance(node, yaml.ScalarNode) and node.tag == _NULL):
+                nodes.append(node)
+        if not nodes:
             return None
-        check_keys(node)
-        return loader.construct_document(node)
+        if len(nodes) > 1:
+            raise SeveralDocuments(problem=(
+                f"the file holds {len(nodes)} YAML documents (a pipeline or a job group, which `sky jobs launch` "
+                "runs): spotbroker runs one task per file; submit each task from a file of its own"),
+                problem_mark=nodes[1].start_mark)
+        check_keys(nodes[0])
+        return loader.construct_document(nodes[0])
     finally:
         loader.dispose()
 

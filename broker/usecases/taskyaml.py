@@ -30,7 +30,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from spotbroker.broker.jobs import alternatives, overrides, resfields, unhonoured
-from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, load_raw, meant_members, path_in
+from spotbroker.broker.jobs.specdoc import _accelerator_alternatives, field_errors, load_raw, meant_members
 from spotbroker.broker.jobs.unhonoured import HONOURED, HONOURED_RESOURCES, OURS  # noqa: F401
 
 _ALTERNATIVES = ("any_of", "ordered")
@@ -89,6 +89,11 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
     if res is not None:
         doc["resources"] = res
     workdir = doc.pop("workdir", None)
+    if isinstance(workdir, dict) and "upload" not in workdir:  # SkyPilot's git form: {url, ref}
+        raise TaskFileError([{"field": "workdir", "message": (
+            "a git repository as the workdir ({url, ref}) is not supported: check it out and give its "
+            "directory (`workdir: ./repo`, uploaded by `spotbroker submit`), or clone it in setup "
+            "(`git clone --branch REF URL .`)")}])
     uploads = _take_uploads(doc)
     task = _skypilot(doc, ours)
     _refuse_unhonoured(doc)
@@ -116,9 +121,11 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
 
 def _refuse_early(doc: dict[str, Any]) -> None:
     """What the broker refuses anyway, refused before SkyPilot reads the
-    file: counts over the spec's bounds (1 MB of labels took SkyPilot's
-    schema 7 s on a loaded machine, a task-file slot held all along), and
-    `infra: local`, which SkyPilot's schema answers with its regex."""
+    file: the fields it cannot honour that it names (SkyPilot's schema
+    answered a typo inside `service` as a top-level field), counts over the
+    spec's bounds (1 MB of labels took SkyPilot's schema 7 s on a loaded
+    machine, a task-file slot held all along), and `infra: local`, which
+    SkyPilot's schema answers with its regex."""
     from spotbroker.broker.jobs.execlimits import MAX_ENV_BYTES
     from spotbroker.broker.jobs.spec import MAX_FILE_MOUNTS
 
@@ -127,7 +134,10 @@ def _refuse_early(doc: dict[str, Any]) -> None:
     levels = [("resources", res)] if isinstance(res, dict) else []
     levels += [(f"resources.{k}.{i}", alt) for _, level in levels[:1] for k in _ALTERNATIVES
                if isinstance(level.get(k), list) for i, alt in enumerate(level[k]) if isinstance(alt, dict)]
+    errors += [{"field": key, "message": unhonoured.why(key, False)} for key in doc if unhonoured.named(key, False)]
     for where, level in levels:
+        errors += [{"field": f"{where}.{key}", "message": unhonoured.why(key, True)} for key in level
+                   if unhonoured.named(key, True)]
         if str(level.get("infra", "")).strip().lower() == "local":
             errors.append({"field": f"{where}.infra", "message": "`local` (the broker's own host) is for a JSON "
                            "spec; a task file names a cloud (aws, gcp, azure) or k8s, or leaves infra out"})
@@ -263,9 +273,8 @@ def _ours_named(doc: dict[str, Any], ours: dict[str, Any]) -> list[dict[str, Any
     try:
         JobSpec.model_validate(_accelerator_alternatives({**doc, **ours}))
     except ValidationError as exc:
-        return [{"field": ".".join(str(p) for p in path_in(list(err["loc"]), doc)),
-                 "message": str(err["msg"]).removeprefix("Value error, ")}
-                for err in meant_members(exc.errors(), doc) if err["type"] != "extra_forbidden" and err["loc"]]
+        return field_errors([err for err in meant_members(exc.errors(), doc)
+                             if err["type"] != "extra_forbidden" and err["loc"]], doc=doc)
     return []
 
 

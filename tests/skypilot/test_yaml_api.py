@@ -137,3 +137,32 @@ def test_importing_the_cli_does_not_import_skypilot():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          env={**os.environ}, check=True)
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("body, field, says, line", [
+    # a pipeline or a job group: one task per file (was: "but found another document")
+    (b"name: p\n---\nname: a\nrun: x\n---\nname: b\nrun: y\n", "body", "one task per file", 3),
+    # SkyPilot's git workdir (was: pydantic's "workdir.upload: Field required", "url: Extra inputs ...")
+    (b"run: x\nworkdir:\n  url: https://github.com/org/repo.git\n  ref: main\n", "workdir", "git clone", 2),
+    # a typo inside `service` (was: the top-level field `num_extra`, no line)
+    (b"run: x\nservice:\n  replica_policy:\n    num_extra: 0\n", "service", "sky serve up", 2),
+    # an env left empty names the bucket (was: a bare regex)
+    (b"envs: {B: ''}\nrun: x\nfile_mounts:\n  /d:\n    name: ${B}\n", "file_mounts./d.name", "bucket name ''", 5),
+    # (was: three errors naming UploadMount and StorageMount)
+    (b"run: x\nfile_mounts:\n  /data:\n", "file_mounts./data", "a valid dictionary, or a valid string", 3),
+])
+def test_a_task_file_the_broker_cannot_take_is_told_in_one_plain_message(api, team_headers, body, field, says, line):
+    r = post(api, team_headers(), body)
+    assert r.status_code == 422, r.text
+    (err,) = r.json()["errors"]
+    assert (err["field"], err.get("line")) == (field, line) and says in err["message"], err
+    assert "Mount" not in err["message"] and "pattern" not in err["message"], err
+
+
+def test_an_empty_document_before_or_after_the_task_is_passed_over_as_skypilot_does(api, team_headers):
+    h = team_headers()
+    task = b"run: 'true'\nresources: {use_spot: true}\n"
+    for body in (task + b"---\n", b"---\n" + task):
+        r = post(api, h, body)
+        assert r.status_code == 201, r.text
+        api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
