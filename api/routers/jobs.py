@@ -136,8 +136,10 @@ async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
             if err["field"] == "labels":
                 err["message"] = resfields.MISPLACED_LABELS
         raise invalid(_with_lines(errors, body, fmt)) from None
-    if errors := await run_in_threadpool(request.app.state.accelerators.errors, spec):
+    errors, passed_over = await run_in_threadpool(request.app.state.accelerators.judge, spec)
+    if errors:
         raise invalid(_with_lines(errors, body, fmt))
+    warnings = [*warnings, *_with_lines(passed_over, body, fmt)]
     if len(json.dumps(spec.stored())) > MAX_SPEC_BYTES:
         raise invalid([{"field": "body", "message": f"the stored spec would be over {MAX_SPEC_BYTES} bytes"}])
     return spec, warnings

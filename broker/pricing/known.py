@@ -38,10 +38,15 @@ class KnownAccelerators:
         self._lock = threading.Lock()
 
     def errors(self, spec: JobSpec) -> list[dict[str, str]]:
-        """An error for each accelerator name no offer has (in any resource
-        set, or the pre-flight), and for the counts no machine has when no
-        set of the job fits (a set that fits is where it runs: SkyPilot too
-        passes over the others)."""
+        return self.judge(spec)[0]
+
+    def judge(self, spec: JobSpec) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+        """(errors, warnings): an error for each accelerator no offer has
+        (a name, or a count per node) when no resource set of the job fits,
+        else a warning for each set passed over (a set that fits is where it
+        runs: SkyPilot too passes over the others; `{L4, L40}` runs on L4
+        where no cloud of the broker's sells L40); and an error for a
+        pre-flight accelerator no offer has (one machine, which must exist)."""
         asked: dict[str, tuple[str, float | None]] = {}  # field -> (accelerator name, count; None: any)
         res = spec.resources
         alts = res.any_of if res.any_of is not None else res.ordered
@@ -57,42 +62,43 @@ class KnownAccelerators:
             name, count = want.accelerator
             asked.setdefault(f"resources.{key}.{i}.accelerators" if own else "resources.accelerators",
                              (name, None if cloud == KUBERNETES[0] else count))  # a node takes any count
-        named, counted = [], []
+        unfit = []
         for field, (name, count) in asked.items():
-            unnamed, why = self._why_not(name, count)
+            why = self._why_not(name, count)
             fits = fits or why is None
             if why is not None:
-                (named if unnamed else counted).append({"field": field, "message": why})
-        errors = named + ([] if fits else counted)
-        if spec.preflight is not None and spec.preflight.accelerators:  # one machine, which must exist
-            _, why = self._why_not(*parse_accelerator(spec.preflight.accelerators))
+                unfit.append({"field": field, "message": why})
+        errors, warnings = ([], [{**w, "message": f"{w['message']}: passed over, the others are placed"}
+                                 for w in unfit]) if fits else (unfit, [])
+        if spec.preflight is not None and spec.preflight.accelerators:
+            why = self._why_not(*parse_accelerator(spec.preflight.accelerators))
             if why is not None:
                 errors.append({"field": "preflight.accelerators", "message": why})
-        return errors
+        return errors, warnings
 
     def unknown_names(self, names: list[str], field: str) -> list[dict[str, str]]:
         """An error for each name no offer has (a team policy's allowlist:
         a typo there allowed nothing, silently)."""
         return [{"field": f"{field}.{i}", "message": why} for i, name in enumerate(names)
-                if (why := self._why_not(name, None)[1])]
+                if (why := self._why_not(name, None))]
 
-    def _why_not(self, asked: str, count: float | None) -> tuple[bool, str | None]:
-        """(whether the name is unknown, why no offer fits; None: one does)."""
+    def _why_not(self, asked: str, count: float | None) -> str | None:
+        """Why no offer fits (None: one does)."""
         name = asked_accelerator(asked)
         if name in self._also:
-            return False, None
+            return None
         names = self._read(fresh=False)
         if names and not _has(names, name, count):
             names = self._read(fresh=True)
         if not names or _has(names, name, count):
-            return False, None
+            return None
         if name in names:
             offered = ", ".join(f"{c:g}" for c in sorted(names[name]))
-            return False, f"no machine offers {count:g} {name} per node (offered: {offered})"
+            return f"no machine offers {count:g} {name} per node (offered: {offered})"
         known = sorted(n for n in {*names, *self._also} if " " not in n)  # (a job cannot name `Radeon MI25`)
         close = difflib.get_close_matches(asked.upper(), [n.upper() for n in known], n=3, cutoff=0.5)
         hint = f"; did you mean {', '.join(n for n in known if n.upper() in close)}?" if close else ""
-        return True, f"no cloud offers an accelerator named {asked!r}{hint} (offered: {', '.join(known)})"
+        return f"no cloud offers an accelerator named {asked!r}{hint} (offered: {', '.join(known)})"
 
     def _read(self, fresh: bool) -> dict[str, frozenset[float]]:
         with self._lock:

@@ -70,8 +70,9 @@ BAD_SPECS = [
     (json.dumps({"run": "x", "estimated_hours": 1, "deadline": FAR}).encode(), JSON, "deadline", "365 days"),
     # a name no offer has: refused at once (it was accepted, then FAILED no_feasible_offer), with the close names
     (b'{"run": "x", "resources": {"accelerators": "H10:8"}}', JSON, "resources.accelerators", "did you mean"),
-    (b"run: x\nresources:\n  any_of:\n    - {accelerators: L4}\n    - {accelerators: Z9}\n", YAML,
-     "resources.any_of.1.accelerators", "'Z9'"),
+    # (beside a set that fits, it is passed over with a warning: tests/skypilot/test_yaml_api.py)
+    (b"run: x\nresources:\n  any_of:\n    - {accelerators: Z9}\n    - {accelerators: L4:3}\n", YAML,
+     "resources.any_of.0.accelerators", "'Z9'"),
     (b"run: x\nresources:\n  accelerators: T4:x\n", YAML, "resources.accelerators", "not a number"),
     # SkyPilot's Python error ("'int' object has no attribute 'strip'", as 'body'): the broker's own, by field
     (b"run: x\nresources:\n  image_id: {us-east-1: 5}\n", YAML, "resources.image_id", "valid string"),
@@ -144,12 +145,12 @@ def test_a_value_of_none_of_a_unions_types_is_one_error():
     (b"run: x\nfile_mounts:\n  /d: s3://elsewhere/data\n", "file_mounts./d", 3),     # the mount's check
     (b"run: x\nestimated_hours: 1\ndeadline: '2020-01-01T00:00:00Z'\n", "deadline", 3),  # the deadline's
     # a set read from a mapping of accelerators: the entry's own line (was the `resources:` line)
-    (b"run: x\nresources:\n  accelerators:\n    L4: 1\n    Z9: 1\n", "resources.any_of.1.accelerators", 5),
+    (b"run: x\nresources:\n  accelerators:\n    Z8: 1\n    Z9: 1\n", "resources.any_of.1.accelerators", 5),
 ])
 def test_a_task_files_later_checks_name_the_line_too(api, team_headers, body, field, line):
     r = api.post("/v1/jobs", content=body, headers={**team_headers(), "Content-Type": YAML})
-    (err,) = assert_problem(r, 422)["errors"]
-    assert (err["field"], err.get("line")) == (field, line), err  # (these had no line)
+    lines = {err["field"]: err.get("line") for err in assert_problem(r, 422)["errors"]}
+    assert lines[field] == line, lines  # (these had no line)
 
 
 def test_a_number_of_too_many_digits_is_told_without_pythons_advice(api, team_headers):

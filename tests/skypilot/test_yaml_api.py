@@ -166,3 +166,16 @@ def test_an_empty_document_before_or_after_the_task_is_passed_over_as_skypilot_d
         r = post(api, h, body)
         assert r.status_code == 201, r.text
         api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+
+
+def test_a_set_of_accelerators_passes_over_those_no_cloud_sells(api, team_headers):
+    """`{L4, A40}` (llm/gemma/serve.yaml's kind) was refused whole for A40: SkyPilot runs it on L4."""
+    h = team_headers()
+    r = post(api, h, b"run: 'true'\nresources:\n  accelerators: {L4: 1, A40: 1}\n  use_spot: true\n")
+    assert r.status_code == 201, r.text
+    (warning,) = [w for w in r.json()["warnings"] if "A40" in w["message"]]
+    assert warning["field"] == "resources.any_of.1.accelerators" and "passed over" in warning["message"]
+    api.post(f"/v1/jobs/{r.json()['id']}/cancel", headers=h)
+    r = post(api, h, b"run: 'true'\nresources:\n  accelerators: {L40: 1, A40: 1}\n")
+    assert r.status_code == 422 and {e["field"] for e in r.json()["errors"]} == {
+        "resources.any_of.0.accelerators", "resources.any_of.1.accelerators"}, r.text

@@ -65,12 +65,18 @@ def test_a_name_listed_after_the_last_read_is_accepted(factory):
         s.execute(delete(PriceOffer))
         s.add(offer("T4"))
     known._read_at -= 3600
-    (err,) = known.errors(JobSpec.model_validate({"run": "x", "resources": {
+    # A set no offer has, beside one that fits, is passed over with a warning, as SkyPilot passes it over.
+    errors, (warning,) = known.judge(JobSpec.model_validate({"run": "x", "resources": {
         "accelerators": "T4:1", "any_of": [{"cpus": "4"}, {"accelerators": "L40S:1"}]}}))
-    assert err["field"] == "resources.any_of.1.accelerators", err
-    (err,) = known.errors(JobSpec.model_validate({"run": "x", "resources": {
+    assert errors == [] and warning["field"] == "resources.any_of.1.accelerators", warning
+    assert warning["message"].endswith("passed over, the others are placed"), warning
+    errors, (warning,) = known.judge(JobSpec.model_validate({"run": "x", "resources": {
         "accelerators": "L40S:1", "any_of": [{"cpus": "4"}, {"accelerators": "T4:1"}]}}))
-    assert err["field"] == "resources.accelerators", err  # where it is written, not the alternative it fills
+    assert warning["field"] == "resources.accelerators", warning  # where it is written, not the alternative it fills
+    errors, warnings = known.judge(JobSpec.model_validate({"run": "x", "resources": {"any_of": [
+        {"accelerators": "L40S:1"}, {"accelerators": "T4:2"}]}}))  # nothing fits: each is an error
+    assert [e["field"] for e in errors] == ["resources.any_of.0.accelerators", "resources.any_of.1.accelerators"]
+    assert warnings == []
 
 
 def test_a_count_per_node_no_machine_has_is_refused_with_the_counts_offered(factory):
