@@ -15,6 +15,7 @@ where loading every fitting offer cost a tenth of a second.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -99,6 +100,9 @@ CPU_DEFAULT_CPUS = "8+"
 CPU_DEFAULT_GIB_PER_VCPU = 4.0
 
 
+AWS_ZONE_NAME = re.compile(r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")  # us-east-1a (an ID: use1-az1)
+
+
 def fitting(want: ResourceSet) -> list | None:
     """The WHERE clauses of the current offers that fit a resource set (its
     shape or instance type, infra, image regions, cpus and memory; not its
@@ -175,9 +179,17 @@ def _fitting_steps(want: ResourceSet) -> list[tuple[str, list]] | None:
             place.append(PriceOffer.cloud == infra.cloud)
         if infra.region:
             place.append(PriceOffer.region == infra.region)
+        words = f"{none} is in {want.infra}"
         if infra.zone:
-            place.append(or_(PriceOffer.zone == infra.zone, PriceOffer.zone_id == infra.zone))
-        steps.append((f"{none} is in {want.infra}", place))
+            # An AWS zone name is this account's: offers from the live AWS prices carry it beside the
+            # zone's ID; the bundled catalog's (and SkyPilot's) name zones by ID only.
+            named = select(PriceOffer.zone_id).where(PriceOffer.zone == infra.zone, PriceOffer.zone_id.is_not(None))
+            place.append(or_(PriceOffer.zone == infra.zone, PriceOffer.zone_id == infra.zone,
+                             PriceOffer.zone_id.in_(named)))
+            if infra.cloud in (None, "aws") and AWS_ZONE_NAME.match(infra.zone):
+                words += (" (AWS zone names are known from this account's live AWS prices; without them "
+                          "offers name AWS zones by ID: name the zone's ID, such as use1-az1, or the region only)")
+        steps.append((words, place))
     if refusing := resfields.clouds_refusing(want):  # a disk or network tier those places cannot give
         steps.append((f"{none} gives its disk or network tier ({', '.join(refusing)} cannot)",
                       [PriceOffer.cloud.not_in(refusing)]))

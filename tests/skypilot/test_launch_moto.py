@@ -224,6 +224,14 @@ def test_a_zone_id_placement_lands_in_that_zone(sky_aws: SkyAws, launcher) -> No
                       accelerator="T4", accelerator_count=1, use_spot=True, price_per_hour=0.2)
     zone = {z["ZoneId"]: z["ZoneName"] for z in sky_aws.ec2().describe_availability_zones()["AvailabilityZones"]}
     assert zone["use1-az2"] == "us-east-1c"
+    # A job that names the zone as SkyPilot does: its resource set is found by the name (it was
+    # judged before the ID was named, and refused as fitting none of the job's sets).
+    from spotbroker.broker.jobs.spec import JobSpec
+
+    named = JobSpec.model_validate({"run": "x", "resources": {"infra": "aws/us-east-1/us-east-1c",
+                                                              "accelerators": "T4:1", "use_spot": True}})
+    (resources,) = launcher.task(replace(request(8, by_id), spec=named)).resources
+    assert (resources.zone, resources.instance_type) == ("us-east-1c", "g4dn.xlarge")
     handle = launcher.launch(request(8, by_id))
     (instance,) = wait_for(sky_aws.instances, 90, "the instance in moto")
     assert instance["Placement"]["AvailabilityZone"] == "us-east-1c"

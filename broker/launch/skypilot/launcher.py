@@ -149,13 +149,14 @@ class SkyPilotLauncher:
         chosen resource set's disk, image, cpus and memory."""
         program = node_program(request, str(self.wheelhouse), credentials=request.storage_env,
                                user_secrets=request.secrets, max_log_bytes=self.max_log_bytes)
-        keep = {}
-        if request.spec is not None:
-            keep = kept_resources(chosen_alternative(request.spec, request.placement), request.placement)
         placement = request.placement
         if placement.zone is None and placement.zone_id is not None:
-            # SkyPilot takes zone names only; an account's id -> name mapping is its own
+            # SkyPilot takes zone names only; an account's id -> name mapping is its own (and a job
+            # that names the zone, `us-east-1b`, names it so: its resource set is found by the name)
             placement = replace(placement, zone=self._zones.name_of(placement))
+        keep = {}
+        if request.spec is not None:
+            keep = kept_resources(chosen_alternative(request.spec, placement), placement)
         resources = pinned_resources(self.sky, placement, **keep)
         return node_task(request.spec, program, resources, request.num_nodes, f"attempt-{request.attempt_id}",
                          request.mounts)

@@ -52,6 +52,25 @@ def test_infra_cpus_and_price_cap_filter(session):
     assert zone and {p.zone_id for p in zone} == {"use1-az2"}
 
 
+def test_an_aws_zone_by_name_is_the_zone_the_live_prices_name_so(factory, session):
+    """`infra: aws/us-east-1/us-east-1b` (SkyPilot's form) fitted no offer: the
+    catalog names AWS zones by ID. The live AWS prices name this account's
+    zones beside their IDs; every offer in that zone fits, the catalog's too."""
+    from sqlalchemy import update
+
+    from spotbroker.broker.store.models import PriceOffer
+
+    told = why_none_fits(session, spec(accelerators="T4:1", infra="aws/us-east-1/us-east-1b"))
+    assert "AWS zone names are known from this account's live AWS prices" in told and "use1-az1" in told, told
+    with transaction(factory) as s:  # as the live source writes a row: its zone's name and ID
+        s.execute(update(PriceOffer).where(PriceOffer.zone_id == "use1-az2", PriceOffer.instance_type == "g4dn.xlarge")
+                  .values(zone="us-east-1b"))
+    session.rollback()  # a new snapshot: the update above is seen
+    named = rank_offers(session, spec(accelerators="T4:1", infra="aws/us-east-1/us-east-1b"), limit=100)
+    assert {p.zone_id for p in named} == {"use1-az2"} and {p.instance_type for p in named} > {"g4dn.xlarge"}
+    assert rank_offers(session, spec(accelerators="T4:1", infra="aws/*/us-east-1b"), limit=100)
+
+
 def test_any_of_competes_and_ordered_prefers_the_first(session):
     anyof = rank_offers(session, spec(any_of=[{"accelerators": "H100:8"}, {"accelerators": "T4:1"}]))
     assert anyof[0].accelerator == "T4"
