@@ -15,7 +15,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.broker.clock import Clock
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState, EndReason, JobState, transition
+from spotbroker.broker.jobs.states import (
+    LIVE_ATTEMPT_STATES,
+    RECLAIMED,
+    AttemptState,
+    EndReason,
+    JobState,
+    transition,
+)
 from spotbroker.broker.money import budgets
 from spotbroker.broker.store.db import transaction
 from spotbroker.broker.store.models import Job
@@ -25,12 +32,20 @@ log = logging.getLogger("spotbroker.money")
 RECHECK = timedelta(seconds=60)
 
 
+# Launches that never ran: passed over to the attempt before them.
+_NEVER_RAN = frozenset({EndReason.LAUNCH_ERROR, EndReason.NO_CAPACITY})
+
+
 def budget_hold(session: Session, job: Job, clock: Clock) -> str | None:
     """The reconciler's question before it places a job: does the team's
-    budget hold it? A job with attempts behind it is a recovery, unless the
-    cap itself stopped the last one: taken for a recovery, a stopped job was
-    released at once where recoveries are allowed, and stopped again."""
-    recovering = bool(job.attempts) and job.attempts[-1].end_reason != EndReason.CANCELLED
+    budget hold it? Only a recovery is let through where the budget allows
+    recoveries: a job whose last run the cloud took back (or the broker
+    moved), its failed launches since passed over. A restart after a failed
+    exit, the GPU launch after a pre-flight and a job the cap itself stopped
+    are new launches (each was let through over budget: `hold_new` launched
+    an 8-GPU run after its pre-flight)."""
+    ran = [a.end_reason for a in job.attempts if a.end_reason not in _NEVER_RAN]
+    recovering = bool(ran) and (ran[-1] in RECLAIMED or ran[-1] == EndReason.MOVED)
     return budgets.hold_reason(session, job.team_id, recovering, clock.now())
 
 

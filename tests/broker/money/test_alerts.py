@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from sqlalchemy import select
 from support.world import KEYRING, T0
 
@@ -201,6 +202,24 @@ def test_a_job_the_cap_stopped_stays_held_while_over_even_where_recoveries_are_a
     set_budget(factory, clock, team, amount=500.0)  # raised: it goes back
     with factory() as s:
         assert hardcap.budget_hold(s, s.get(Job, job), clock) is None
+
+
+@pytest.mark.parametrize("ends, recovery", [
+    (["preempted"], True), (["vanished", "no_capacity", "launch_error"], True), (["moved"], True),
+    (["failed"], False),       # a restart after a failed exit (max_restarts): launched over budget before
+    (["succeeded"], False),    # the GPU launch after a passed pre-flight: an 8-GPU run launched over budget
+    (["preempted", "failed"], False), (["cancelled"], False)])
+def test_only_a_run_the_cloud_took_back_or_the_broker_moved_recovers_over_budget(factory, world, clock, ends,
+                                                                                 recovery):
+    team = world.team()
+    set_budget(factory, clock, team, amount=5.0)  # hold_new, recoveries: allow
+    job = world.job(team)
+    for reason in ends:
+        world.attempt(job, price=10.0, spot=False, end=clock.now() + timedelta(minutes=40), end_reason=reason)
+    clock.advance(minutes=41)
+    with factory() as s:
+        held = hardcap.budget_hold(s, s.get(Job, job), clock)
+    assert (held is None) == recovery, held
 
 
 def test_a_realistic_day_sends_one_notification_per_real_condition(factory, world, clock):
