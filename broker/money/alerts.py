@@ -33,17 +33,22 @@ late, with no per-attempt query for it.
 """
 from __future__ import annotations
 
+import logging
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from sqlalchemy import case, func, or_, select, true
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES
 from spotbroker.broker.money import budgets
+from spotbroker.broker.store.db import driver_said
 from spotbroker.broker.store.models import Attempt, Job, Team
 from spotbroker.broker.store.moneymodels import Alert, AlertSilence, Budget, LedgerCursor, LedgerEntry, Notification
 
+log = logging.getLogger("spotbroker.money")
 WINDOWS = {"5m": timedelta(minutes=5), "30m": timedelta(minutes=30), "1h": timedelta(hours=1),
            "6h": timedelta(hours=6)}
 FAST, SLOW = 14.4, 6.0
@@ -232,7 +237,11 @@ def _event(kind: str, c: Condition | Alert, now: datetime) -> dict:
 
 
 def evaluate(session: Session, now: datetime, hold: timedelta = timedelta(minutes=15)) -> tuple[int, int]:
-    """Open, escalate and resolve alerts for every budget; (opened, resolved)."""
+    """Open, escalate and resolve alerts for every budget; (opened, resolved).
+    Each budget in a savepoint of its own: one that fails (a database error
+    while queuing its notifications) is told and left for the next pass,
+    and never stops the other teams' alerts (it stopped them all, with the
+    hard cap's stops and every delivery, pass after pass)."""
     spend = gather(session, now)
     names = {r.id: r.name for r in session.execute(select(Team.id, Team.name).join(Budget, Budget.team_id == Team.id))}
     open_ = {}
@@ -243,44 +252,78 @@ def evaluate(session: Session, now: datetime, hold: timedelta = timedelta(minute
         open_[(alert.team_id, key_of(alert.rule))] = alert
     silenced = {(s.team_id, s.rule) for s in session.scalars(select(AlertSilence).where(AlertSilence.until > now))}
     opened = resolved = 0
-    for budget in session.scalars(select(Budget)):
+    for budget in session.scalars(select(Budget)).all():
         team = names[budget.team_id]
-        holding = {key_of(c.rule): c for c in conditions(budget, spend[budget.team_id], now, team)}
+        mine = {key: alert for (t, key), alert in open_.items() if t == budget.team_id}
         quiet = {rule for (t, rule) in silenced if t == budget.team_id}
-        capped = "hard_cap" in holding   # the cap's own message says the budget is spent
-        for key, c in holding.items():
-            alert = open_.get((budget.team_id, key))
-            if alert is None:
-                alert = Alert(team_id=budget.team_id, rule=c.rule, open_key=f"{budget.team_id}:{key}",
-                              severity=c.severity, summary=c.summary, advice=c.advice, value=c.value,
-                              threshold=c.threshold, fired_at=now, history=[_event("fire", c, now)])
-                session.add(alert)
-                session.flush()
-                if not (capped and key == "spend" and c.threshold >= budget.amount):
-                    _queue(session, budget, alert, team, "fire", quiet, now)
-                opened += 1
-                continue
-            if alert.clear_since is not None:
-                alert.clear_since = None
-            if key == "spend" and c.rule != alert.rule and c.threshold > (alert.threshold or 0):
-                alert.rule, alert.severity, alert.threshold = c.rule, c.severity, c.threshold
-                alert.summary, alert.value = c.summary, c.value
-                alert.history = [*(alert.history or []), _event("escalate", c, now)]
-                if not (capped and c.threshold >= budget.amount):
-                    _queue(session, budget, alert, team, f"escalate_{c.rule[6:]}"[:16], quiet, now)
-        for (t, key), alert in open_.items():
-            if t != budget.team_id or key in holding:
-                continue
-            if key in RATE_RULES and hold > timedelta(0):
-                if alert.clear_since is None:
-                    alert.clear_since = now
-                if now - alert.clear_since < hold:
-                    continue
-            alert.open_key, alert.resolved_at, alert.clear_since = None, now, None
-            alert.history = [*(alert.history or []), {"at": now.isoformat(), "kind": "resolve"}]
-            _queue(session, budget, alert, team, "resolve", quiet, now)
-            resolved += 1
+        try:
+            with session.begin_nested():
+                o, r = _evaluate_budget(session, budget, team, spend[budget.team_id], mine, quiet, now, hold)
+        except SQLAlchemyError as exc:
+            log.error("money: team %s's alerts were not evaluated this pass (the other teams' were): %s",
+                      team, driver_said(exc))
+            continue
+        opened, resolved = opened + o, resolved + r
     return opened, resolved
+
+
+def _evaluate_budget(session: Session, budget: Budget, team: str, spend: Spend, open_: dict[str, Alert],
+                     quiet: set[str], now: datetime, hold: timedelta) -> tuple[int, int]:
+    """One budget's alerts: `open_` by key_of(rule). A spend alert opened
+    under another amount is resolved first, so that each threshold of the
+    budget in force is told once (a raised budget compared its thresholds
+    with the old one's dollars: a lower step told as an escalation, a
+    crossing of the new 80 % never told, or told twice)."""
+    holding = {key_of(c.rule): c for c in conditions(budget, spend, now, team)}
+    capped = "hard_cap" in holding   # the cap's own message says the budget is spent
+    opened = resolved = 0
+    spent = open_.get("spend")
+    if spent is not None and not math.isclose(spent.threshold or 0.0, budget.amount * _percent(spent.rule) / 100):
+        _resolve(session, budget, spent, team, quiet, now)
+        del open_["spend"]
+        resolved += 1
+    for key, c in holding.items():
+        alert = open_.get(key)
+        if alert is None:
+            alert = Alert(team_id=budget.team_id, rule=c.rule, open_key=f"{budget.team_id}:{key}",
+                          severity=c.severity, summary=c.summary, advice=c.advice, value=c.value,
+                          threshold=c.threshold, fired_at=now, history=[_event("fire", c, now)])
+            session.add(alert)
+            session.flush()
+            if not (capped and key == "spend" and c.threshold >= budget.amount):
+                _queue(session, budget, alert, team, "fire", quiet, now)
+            opened += 1
+            continue
+        if alert.clear_since is not None:
+            alert.clear_since = None
+        if key == "spend" and _percent(c.rule) > _percent(alert.rule):
+            alert.rule, alert.severity, alert.threshold = c.rule, c.severity, c.threshold
+            alert.summary, alert.value = c.summary, c.value
+            alert.history = [*(alert.history or []), _event("escalate", c, now)]
+            if not (capped and c.threshold >= budget.amount):
+                _queue(session, budget, alert, team, f"escalate_{c.rule[6:]}"[:16], quiet, now)
+    for key, alert in open_.items():
+        if key in holding:
+            continue
+        if key in RATE_RULES and hold > timedelta(0):
+            if alert.clear_since is None:
+                alert.clear_since = now
+            if now - alert.clear_since < hold:
+                continue
+        _resolve(session, budget, alert, team, quiet, now)
+        resolved += 1
+    return opened, resolved
+
+
+def _percent(rule: str) -> float:
+    """A spend rule's threshold, in percent of the budget (`spend_80`: 80)."""
+    return float(rule.removeprefix("spend_"))
+
+
+def _resolve(session: Session, budget: Budget, alert: Alert, team: str, quiet: set[str], now: datetime) -> None:
+    alert.open_key, alert.resolved_at, alert.clear_since = None, now, None
+    alert.history = [*(alert.history or []), {"at": now.isoformat(), "kind": "resolve"}]
+    _queue(session, budget, alert, team, "resolve", quiet, now)
 
 
 def _queue(session: Session, budget: Budget, alert: Alert, team: str, kind: str, quiet: set[str],

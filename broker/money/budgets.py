@@ -97,7 +97,20 @@ class BudgetIn(BaseModel):
     recoveries: Literal["allow", "hold"] = Field("allow", description="over budget: recover preempted jobs, or hold")
     rules: Rules = Field(default_factory=Rules)
     targets: list[Target] | None = Field(None, max_length=10, description=(
-        "notification targets (write-only); omitted: the ones already set are kept, [] clears them"))
+        "notification targets (write-only), each with a name of its own; omitted: the ones already set are "
+        "kept, [] clears them"))
+
+    @field_validator("targets")
+    @classmethod
+    def _names_once(cls, targets: list[Target] | None) -> list[Target] | None:
+        """A notification is kept per target name: two of one name broke every team's alert pass."""
+        seen: set[str] = set()
+        for i, target in enumerate(targets or []):
+            if target.name in seen:
+                raise ValueError(f"targets.{i}.name: {target.name!r} is given twice: each target needs a name "
+                                 "of its own")
+            seen.add(target.name)
+        return targets
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,8 @@ class MoneyLoop:
         self.owner = self.accruer.owner
         self.on_stopped = on_stopped     # jobs were stopped: the reconciler should release them now
         self._wake = threading.Event()
-        self._failures = {name: Failures(log, f"money: {name}") for name in ("pass_once", "alert_pass", "archive_pass")}
+        self._failures = {name: Failures(log, f"money: {name}")
+                          for name in ("pass_once", "alert_pass", "evaluate", "archive_pass")}
 
     def alert_pass(self, *, force: bool = False) -> AlertPass | None:
         """Evaluate, stop, deliver, if due and this broker gets the lease."""
@@ -57,9 +58,13 @@ class MoneyLoop:
             return None
         try:
             result = AlertPass()
-            with transaction(self.factory) as session:
-                result.opened, result.resolved = alerts.evaluate(
-                    session, now, timedelta(seconds=self.settings.alert_resolve_seconds))
+            try:  # (each budget is its own savepoint; this is what all share: the spend, the open alerts)
+                with transaction(self.factory) as session:
+                    result.opened, result.resolved = alerts.evaluate(
+                        session, now, timedelta(seconds=self.settings.alert_resolve_seconds))
+                self._failures["evaluate"].succeeded()
+            except Exception:  # the caps are still kept and what was queued still goes
+                self._failures["evaluate"].failed()
             result.stopped = hardcap.stop_running(self.factory, self.clock)
             if result.stopped and self.on_stopped:
                 self.on_stopped()

@@ -204,6 +204,57 @@ def test_a_job_the_cap_stopped_stays_held_while_over_even_where_recoveries_are_a
         assert hardcap.budget_hold(s, s.get(Job, job), clock) is None
 
 
+SPEND_ONLY = {"fast_burn": False, "slow_burn": False, "forecast": False, "committed_hours": 0.001}
+
+
+def spend_sent(factory) -> list[tuple[str, str]]:
+    with factory() as s:
+        return [(k, t.split(": ")[-1]) for k, t in s.execute(
+            select(Notification.kind, Notification.title).join(Alert, Alert.id == Notification.alert_id)
+            .where(Alert.rule.like("spend_%")).order_by(Notification.id))]
+
+
+def test_a_budget_changed_mid_period_tells_each_threshold_of_the_new_amount_once(factory, world, clock):
+    """A spend alert's threshold was compared in the old budget's dollars: a
+    raise told a lower step as "(escalated)", then a second `escalate_80`
+    broke the unique key and stopped every team's alert pass."""
+    team = world.team()
+    set_budget(factory, clock, team, amount=24.0, rules=SPEND_ONLY)
+    world.attempt(world.job(team), price=12.0, spot=False)
+    clock.advance(minutes=100)                                      # $20 of $24: 83 %
+    evaluate(factory, clock)
+    set_budget(factory, clock, team, amount=30.0, rules=SPEND_ONLY)  # 67 %: the 80 % of $24 is not of $30
+    evaluate(factory, clock)
+    clock.advance(minutes=25)                                       # $25 of $30: 83 %
+    evaluate(factory, clock)
+    evaluate(factory, clock)
+    assert spend_sent(factory) == [("fire", "spend 80"), ("resolve", "spend 80"), ("fire", "spend 50"),
+                                   ("escalate_80", "spend 80% (escalated)")]
+
+
+def test_one_teams_failing_alerts_leave_the_others_theirs(factory, world, clock):
+    """A budget stored with two targets of one name (before the API refused it)
+    failed every pass on the notifications' unique key, and no team was alerted."""
+    from sqlalchemy import update
+
+    from spotbroker.broker.store.moneymodels import Budget
+
+    broken, fine = world.team("broken"), world.team("fine")
+    for team in (broken, fine):
+        set_budget(factory, clock, team, amount=24.0, rules=SPEND_ONLY, targets=[HOOK, {**HOOK, "name": "two"}])
+        world.attempt(world.job(team), price=12.0, spot=False)
+    with transaction(factory) as s:
+        targets = s.get(Budget, broken).targets
+        s.execute(update(Budget).where(Budget.team_id == broken).values(targets=[targets[0], targets[0]]))
+    clock.advance(minutes=70)
+    evaluate(factory, clock)
+    with factory() as s:
+        alerted = set(s.scalars(select(Alert.team_id).where(Alert.open_key.is_not(None))))
+    assert alerted == {fine}
+    with pytest.raises(ValueError, match=r"targets.1.name: 'ops' is given twice"):
+        budgets.BudgetIn.model_validate({"amount": 1, "targets": [HOOK, HOOK]})
+
+
 @pytest.mark.parametrize("ends, recovery", [
     (["preempted"], True), (["vanished", "no_capacity", "launch_error"], True), (["moved"], True),
     (["failed"], False),       # a restart after a failed exit (max_restarts): launched over budget before
