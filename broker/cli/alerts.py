@@ -10,7 +10,7 @@ import click
 
 from spotbroker.broker.cli.access import admin_client, reader_client
 from spotbroker.broker.cli.jobs import call
-from spotbroker.broker.cli.output import show, table, when
+from spotbroker.broker.cli.output import FiniteFloat, show, table, when
 
 _TEAM = click.option("--team", default=None, help="the team (default: the token's own; the admin's: every team)")
 
@@ -49,11 +49,14 @@ def _print_silences(found: list[dict[str, Any]], as_json: bool) -> None:
 
 
 @click.group(invoke_without_command=True)
+@_TEAM
+@click.option("--expired", is_flag=True, help="also those whose time is over")
+@click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def silences(ctx: click.Context) -> None:
-    """Silences on budget alerts: list (the default), add, expire."""
+def silences(ctx: click.Context, team: str | None, expired: bool, as_json: bool) -> None:
+    """Silences on budget alerts: list (the default, with its options), add, expire."""
     if ctx.invoked_subcommand is None:
-        ctx.invoke(silences_list)
+        ctx.invoke(silences_list, team=team, expired=expired, as_json=as_json)
 
 
 @silences.command("list")
@@ -72,7 +75,7 @@ def silences_list(team: str | None = None, expired: bool = False, as_json: bool 
 @silences.command("add")
 @click.argument("team")
 @click.argument("rule")
-@click.option("--minutes", type=click.FloatRange(0, 60 * 24 * 90, min_open=True), required=True,
+@click.option("--minutes", type=FiniteFloat(0, 60 * 24 * 90, min_open=True), required=True,
               help="how long nothing is sent for RULE")
 @click.option("--json", "as_json", is_flag=True)
 def silences_add(team: str, rule: str, minutes: float, as_json: bool) -> None:

@@ -10,7 +10,7 @@ import click
 from spotbroker.broker.cli.access import admin_client, reader_client, team_client
 from spotbroker.broker.cli.client import Client
 from spotbroker.broker.cli.jobs import call
-from spotbroker.broker.cli.output import show, table, when
+from spotbroker.broker.cli.output import FiniteFloat, show, table, when
 
 GROUPS = ("day", "job", "cloud", "gpu", "zone")
 
@@ -120,7 +120,7 @@ def budget_show(team: str | None, as_json: bool) -> None:
 
 @budget.command("set")
 @click.argument("team")
-@click.argument("amount", type=click.FloatRange(min=0, min_open=True))
+@click.argument("amount", type=FiniteFloat(min=0, min_open=True))
 @click.option("--period", type=click.Choice(["day", "week", "month"]), default=None,
               help="default: the budget's own period, month for a new budget")
 @click.option("--hard-cap", "hard_cap", type=click.Choice(["hold_new", "stop_running"]), default=None,

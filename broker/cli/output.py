@@ -7,9 +7,12 @@ keep their natural width, one row per line.
 """
 from __future__ import annotations
 
+import math
 import os
 import re
 import sys
+
+import click
 
 # C0 (but newline and tab), DEL and C1: in a terminal each may start a
 # sequence that moves the cursor, rewrites lines or sets the window title.
@@ -51,3 +54,17 @@ def safe_markup(text: str) -> str:
     from rich.markup import escape
 
     return escape(printable(text))
+
+
+class FiniteFloat(click.FloatRange):
+    """A float range that refuses nan and inf: every comparison with nan is
+    false, so a range let it through, and the JSON it went into could not be
+    written (a traceback)."""
+
+    name = "finite float"
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return number

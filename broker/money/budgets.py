@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, field_validator
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.clock import SYSTEM_CLOCK, Clock
@@ -90,7 +90,8 @@ class Target(BaseModel):
 
 class BudgetIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    amount: float = Field(ge=0.01, le=1e9, description="dollars per period (at least a cent)")
+    amount: StrictFloat = Field(ge=0.01, le=1e9, allow_inf_nan=False,
+                                description="dollars per period (at least a cent)")  # (`true` was $1)
     period: Literal["day", "week", "month"] = "month"
     hard_cap_action: Literal["hold_new", "stop_running"] = Field("hold_new", description=(
         "over budget: hold new jobs, or also stop running ones (checkpoints kept)"))

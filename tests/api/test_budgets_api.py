@@ -3,6 +3,7 @@ secrets), the team reads it redacted and cannot change it; over budget a
 new job is HELD with the reason, and raising the budget releases it."""
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 from conftest import ADMIN_TOKEN
@@ -26,6 +27,14 @@ def test_admin_sets_a_budget_the_team_reads_it_redacted_and_cannot_change_it(api
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "targets.0.url"
     bad = api.put("/v1/teams/a/budget", json={"amount": -1}, headers=ADMIN)
     assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "amount"
+    for amount, says in ((True, "valid number"), ("NaN", "finite")):  # `true` was a $1 budget
+        bad = api.put("/v1/teams/a/budget", content=f'{{"amount": {json.dumps(amount)}}}'.replace('"NaN"', "NaN"),
+                      headers={**ADMIN, "Content-Type": "application/json"})
+        (err,) = bad.json()["errors"]
+        assert bad.status_code == 422 and err["field"] == "amount" and says in err["message"], bad.text
+    twice = {**body["targets"][0]}
+    bad = api.put("/v1/teams/a/budget", json={**body, "targets": [twice, twice]}, headers=ADMIN)
+    assert bad.status_code == 422 and "given twice" in bad.json()["errors"][0]["message"], bad.text
     assert api.put("/v1/teams/nobody/budget", json=body, headers=ADMIN).status_code == 404
     r = api.put("/v1/teams/a/budget", json=body, headers=ADMIN)
     assert r.status_code == 200 and SECRET not in r.text and "very-secret" not in r.text

@@ -102,6 +102,10 @@ def test_alerts_and_silences(api, env, factory):
     assert json.loads(spotbroker("silences", "list", "--json", env=mine).stdout) == []
     listed = json.loads(spotbroker("silences", "list", "--expired", "--json", env=mine).stdout)
     assert [s["id"] for s in listed] == [silence["id"]]
+    r = spotbroker("silences", "--team", "ml", "--expired", "--json", env=admin)  # as docs/money.md writes it
+    assert r.returncode == 0 and [s["id"] for s in json.loads(r.stdout)] == [silence["id"]], r.stderr
+    r = spotbroker("silences", "add", "ml", "fast_burn", "--minutes", "nan", env=admin)
+    assert r.returncode == 2 and "not a finite number" in r.stderr and "Traceback" not in r.stderr
 
 
 def test_teams_create_goes_through_the_broker_named_by_spotbroker_url(api, env):

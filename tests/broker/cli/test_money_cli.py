@@ -88,7 +88,7 @@ def test_budget_set_and_show(api, env):
     assert r.returncode == 0 and "$9000.00 per month" in r.stdout, r.stderr
     r = spotbroker("budget", "show", "--json", env=both)                     # a team command: the team's own
     assert r.returncode == 0 and json.loads(r.stdout)["team"] == "ml"
-    for bad in ("0", "-5", "lots"):
+    for bad in ("0", "-5", "lots", "nan", "inf"):  # (nan and inf were a traceback)
         r = spotbroker("budget", "set", "ml", bad, env=admin)
         assert r.returncode == 2 and "AMOUNT" in r.stderr and "Traceback" not in r.stderr
     r = spotbroker("budget", "show", "nobody", env=admin)
