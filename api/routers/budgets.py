@@ -164,7 +164,7 @@ class SilenceIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     team: str = Field(pattern=r"^[a-z0-9][a-z0-9_-]{0,63}$")
     rule: str = Field(description=f"one of {', '.join(RULES)} (spend_N: every threshold), spend_50 etc., or *",
-                      pattern=r"^(\*|fast_burn|slow_burn|forecast|committed|hard_cap|spend_N|spend_[0-9.]{1,8})$")
+                      pattern=r"^(\*|fast_burn|slow_burn|forecast|committed|hard_cap|spend_N|spend_[0-9]{1,4}(\.[0-9]{1,3})?)$")
     minutes: float = Field(gt=0, le=60 * 24 * 90)
 
 
