@@ -58,9 +58,13 @@ def _labels(value: Any) -> Any:
         if len(text) > MAX_LABEL_VALUE or not all(c.isprintable() and not c.isspace() for c in text):
             raise ValueError(f"{key}: a label's value is at most {MAX_LABEL_VALUE} characters, without spaces "
                              "(SkyPilot gives it to the instances as a tag)")
+        if text == NO_LABEL:
+            raise ValueError(f"{key}: {NO_LABEL} is how costs name the jobs without the label: give another value")
         out[key] = text
     return out
 
+
+NO_LABEL = "(none)"  # the costs' group of the jobs that do not carry a label (no job's value)
 
 # A job's labels are SkyPilot's `resources.labels`; SkyPilot has no top-level key.
 MISPLACED_LABELS = ("labels go under resources, where SkyPilot reads them: resources: {labels: {project: NAME}} "

@@ -16,13 +16,13 @@ from datetime import datetime
 from sqlalchemy import Date, and_, cast, func, literal, null, or_, select, union_all
 from sqlalchemy.orm import Session
 
+from spotbroker.broker.jobs.resfields import NO_LABEL
 from spotbroker.broker.money import ledger
 from spotbroker.broker.store.models import Attempt, Job, JobLabel
 from spotbroker.broker.store.moneymodels import LedgerCursor, LedgerEntry
 
 GROUPS = ("day", "job", "cloud", "gpu", "zone")
 LABEL = "label:"        # group_by=label:KEY groups by the value of a job's label KEY
-NO_LABEL = "(none)"     # the group of jobs that do not carry the label
 
 
 def label_key(group_by: str | None) -> str | None:

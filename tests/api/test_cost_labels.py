@@ -93,6 +93,7 @@ def test_top_level_labels_are_refused_saying_where_they_go(agent_endpoint, teams
     ({"project": {"a": 1}}, "a string"),
     ({"project": "x" * 256}, "at most 255"),
     ({"k" * 128: "x"}, "at most 127"),
+    ({"project": "(none)"}, "without the label"),  # it was counted with the jobs that carry no such label
 ])
 def test_a_bad_label_is_a_422_naming_the_field_in_json_and_in_a_task_file(agent_endpoint, teams, labels, words):
     api = agent_endpoint
