@@ -31,7 +31,8 @@ from spotbroker.broker.auth import ADMIN, Principal
 from spotbroker.broker.store.models import ApiToken, Team
 from spotbroker.broker.store.moneymodels import DashboardSession
 
-# last_seen_at is written when it is older than this (idle is exact to it).
+# last_seen_at is written when it is older than this, or than half the idle
+# time where that is shorter (a 30 s idle ended sessions in use: a touch a minute).
 TOUCH = timedelta(seconds=60)
 
 
@@ -86,7 +87,7 @@ def resolve(session: Session, session_id: str, admin_token: str | None, now: dat
             principal = Principal(team_id=found[0], team_name=found[1]) if found else None
     if principal is None:
         session.delete(row)
-    elif now - row.last_seen_at >= TOUCH:
+    elif now - row.last_seen_at >= min(TOUCH, idle / 2):
         row.last_seen_at = now
     return principal
 

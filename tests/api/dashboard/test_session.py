@@ -140,6 +140,18 @@ def test_a_session_ends_when_idle_and_at_its_absolute_lifetime(site):
     assert not opens()
 
 
+def test_a_short_idle_time_keeps_a_session_in_use(factory):
+    """Below a minute (SPOTBROKER_MONEY_DASHBOARD_IDLE_SECONDS=6), a session
+    in use every 2 s ended 6 s after its login: its use was written once a minute."""
+    now = datetime(2026, 3, 2, tzinfo=UTC)
+    idle = timedelta(seconds=6)
+    with transaction(factory) as s:
+        session_id, who = sessions.open_session(s, "admin-one", "admin-one", now, timedelta(hours=8))
+    for step in range(1, 10):
+        with transaction(factory) as s:
+            assert sessions.resolve(s, session_id, "admin-one", now + timedelta(seconds=2 * step), idle) == who, step
+
+
 def test_a_changed_admin_token_ends_the_admins_sessions(factory):
     now = datetime(2026, 3, 2, tzinfo=UTC)
     with transaction(factory) as s:
