@@ -159,11 +159,13 @@ def retrying(factory: sessionmaker[Session], work: Callable[[Session], T], tries
     raise AssertionError("unreachable")
 
 
-def driver_said(exc: OperationalError) -> str:
+def driver_said(exc: Exception) -> str:
     """What the database driver said, its first line (the rest is SQLAlchemy's
-    statement and a link): for a log line or an error message."""
-    lines = str(exc.orig).strip().splitlines()
-    return lines[0] if lines else type(exc.orig).__name__
+    statement and a link): for a log line or an error message. (An error of
+    SQLAlchemy's own, with no driver's behind it, says its own first line.)"""
+    said = getattr(exc, "orig", None) or exc
+    lines = str(said).strip().splitlines()
+    return lines[0] if lines else type(said).__name__
 
 
 DEADLOCK = "40P01"  # PostgreSQL's deadlock_detected: the victim's transaction is rolled back, to be tried again
