@@ -10,7 +10,7 @@ up when it shuts down). Every replica says whether it is that one
 (`spotbroker_metrics_exporter`, 1 or 0). Scrape every pod, not the Service:
 a pod scraped less often than the lease's hold loses it to the next.
 
-Each scrape of the holder runs eleven aggregate statements (and one for the
+Each scrape of the holder runs twelve aggregate statements (and one for the
 team names), whatever the number of teams:
 
 - money (the ledger's written entries; accrual keeps them at most two
@@ -27,6 +27,8 @@ team names), whatever the number of teams:
   histogram per team;
 - placement decisions: one attempt per launch decision, by cloud and
   spot/on-demand, and the jobs waiting now (the policy chose to wait);
+- the alert outbox: notifications not delivered yet, and those a target
+  refused at least once;
 - the reconciler's lag and each price source's freshness
   (broker/metrics/ops.py).
 
@@ -54,7 +56,7 @@ from spotbroker.broker.jobs.states import EndReason, JobState
 from spotbroker.broker.metrics import ops
 from spotbroker.broker.money import budgets, leases
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, Team
-from spotbroker.broker.store.moneymodels import Budget, LedgerEntry
+from spotbroker.broker.store.moneymodels import Budget, LedgerEntry, Notification
 
 # Seconds a flush may take: a notice gives 120 s (AWS) or 30 s (GCP, Azure).
 FLUSH_BUCKETS = (1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 90.0, 120.0)
@@ -248,6 +250,24 @@ def placements(session: Session, names: dict[int, str]) -> Iterator[Metric]:
     yield from (launched, held)
 
 
+def notifications(session: Session, names: dict[int, str]) -> Iterator[Metric]:
+    """The alert outbox: what is not delivered yet, and of it what a target
+    refused at least once (retried with doubling delays; `last_error` says
+    why): without these a failing target showed only in the server's log."""
+    rows = {team_id: (unsent, failing) for team_id, unsent, failing in session.execute(
+        select(Notification.team_id, func.count(), func.count(case((Notification.tries > 0, 1))))
+        .where(Notification.sent_at.is_(None)).group_by(Notification.team_id))}
+    unsent = GaugeMetricFamily("spotbroker_notifications_unsent", "Alert notifications not delivered yet",
+                               labels=["team"])
+    failing = GaugeMetricFamily("spotbroker_notifications_failing", "Undelivered alert notifications whose "
+                                "target refused them at least once (retried)", labels=["team"])
+    for team_id, name in names.items():
+        waiting, refused = rows.get(team_id, (0, 0))
+        unsent.add_metric([name], waiting)
+        failing.add_metric([name], refused)
+    yield from (unsent, failing)
+
+
 class MoneyCollector(Collector):
     """The deployment's metrics, read from the database on each scrape by the
     replica that holds the `metrics` lease (`hold_s`: how long it keeps it
@@ -272,7 +292,7 @@ class MoneyCollector(Collector):
                     names = dict(session.execute(select(Team.id, Team.name)).all())
                     out = [*totals(self.ledger.read(session, now), names), *money(session, names, now),
                            *jobs(session, names), *flushes(session, names), *placements(session, names),
-                           *ops.collect(session, now)]
+                           *notifications(session, names), *ops.collect(session, now)]
         except SQLAlchemyError as exc:
             log.warning("metrics: the database is out of reach (%s): only this process's own are exported",
                         type(exc).__name__)

@@ -86,3 +86,25 @@ def test_energy_and_emissions_are_counters_per_team(factory, world, clock):
     assert got[("spotbroker_team_emissions_kg_co2e_total", (("team", "ml"),))] == pytest.approx(4.8)
     assert got[("spotbroker_team_energy_kwh_total", (("team", "cv"),))] == 0
     assert got[("spotbroker_team_energy_corrections_kwh_total", (("team", "ml"),))] == 0
+
+
+def test_undelivered_and_refused_notifications_are_exported_per_team(factory, world, clock):
+    """A target that refuses (a 500, a redirect) was seen only in the server's log."""
+    from spotbroker.broker.store.moneymodels import Alert, Notification
+
+    ml = world.team("ml")
+    world.team("cv")  # a team with nothing undelivered: its series say 0
+    with transaction(factory) as s:
+        alert = Alert(team_id=ml, rule="fast_burn", open_key=f"{ml}:fast_burn", severity="critical", summary="s",
+                      advice="a", value=1.0, threshold=1.0, fired_at=T0, history=[])
+        s.add(alert)
+        s.flush()
+        for target, tries, sent in (("ops", 0, None), ("pager", 3, None), ("mail", 1, T0)):
+            s.add(Notification(alert_id=alert.id, team_id=ml, target=target, kind="fire", title="t", body="b",
+                               tries=tries, next_try_at=T0, sent_at=sent, created_at=T0))
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MoneyCollector(factory, clock))
+    got = scrape(generate_latest(registry).decode())
+    assert got[("spotbroker_notifications_unsent", (("team", "ml"),))] == 2
+    assert got[("spotbroker_notifications_failing", (("team", "ml"),))] == 1
+    assert got[("spotbroker_notifications_failing", (("team", "cv"),))] == 0
