@@ -80,6 +80,14 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
         line = line_of(data.decode("utf-8", "replace"), field)
         return f"{file}:{line}" if line else str(file)
 
+    if fmt == "yaml" and isinstance(doc, dict):  # the broker's first checks, before anything is uploaded
+        from spotbroker.broker.usecases import taskyaml
+
+        try:
+            taskyaml.precheck(doc)
+        except taskyaml.TaskFileError as exc:
+            detail = f"invalid field(s): {', '.join(dict.fromkeys(e['field'] for e in exc.errors))}"
+            raise click.ClickException(f"{file}: {_listed(detail, exc.errors, data, flags)}") from None
     try:
         doc, uploaded = _upload_local(c, doc, base, at, shown)
         if fmt == "json":
@@ -224,11 +232,15 @@ def _located(exc: ApiError, text: bytes | None, flags) -> str:
     errors = exc.body.get("errors") or []
     if not errors or (text is None and not flags.any()):
         return str(exc)
+    return _listed(exc.body.get("detail") or str(exc.status), errors, text, flags)
+
+
+def _listed(detail: str, errors: list[dict], text: bytes | None, flags) -> str:
     from spotbroker.broker.jobs import overrides
     from spotbroker.broker.usecases.taskyaml import Lines
 
     where = Lines(text.decode("utf-8", "replace")) if text is not None else None
-    out, told = [exc.body.get("detail") or str(exc.status)], set()
+    out, told = [detail], set()
     for err in errors:
         field, message = str(err.get("field")), err.get("message")
         if (flag := overrides.flag_of(field, flags)) is not None:

@@ -80,10 +80,7 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
     """A task document (as loaded from YAML) -> a job spec document; what is
     dropped with a warning is added to `warnings`."""
     doc = overrides.fill_in_variables(copy.deepcopy(doc))  # its mounts' paths and names, as SkyPilot reads them
-    if "labels" in doc:  # before SkyPilot's "unsupported field": say where they go
-        raise TaskFileError([{"field": "labels", "message": resfields.MISPLACED_LABELS}])
-    _refuse_early(doc)
-    _refuse_unset(doc)
+    precheck(doc)
     ours = {k: doc.pop(k) for k in OURS if k in doc}
     res, prices = _take_prices(doc.get("resources"))
     if res is not None:
@@ -117,6 +114,17 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
         warnings.extend(dropped)
     out["resources"] = resources
     return out
+
+
+def precheck(doc: dict[str, Any]) -> None:
+    """What the broker refuses of a task file before SkyPilot's schema reads
+    it (TaskFileError); `spotbroker submit` runs it too, before it packs and
+    uploads the workdir (a file refused for an unset `--env` was uploaded
+    first)."""
+    if "labels" in doc:  # before SkyPilot's "unsupported field": say where they go
+        raise TaskFileError([{"field": "labels", "message": resfields.MISPLACED_LABELS}])
+    _refuse_early(doc)
+    _refuse_unset(doc)
 
 
 def _refuse_early(doc: dict[str, Any]) -> None:

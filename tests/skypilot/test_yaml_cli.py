@@ -65,3 +65,15 @@ def test_the_refusal_names_file_line_and_field(api, team_headers, tmp_path):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert f"{task}:" in r.stderr and "line 5: resources.acceleratorz" in r.stderr
     assert "did you mean 'accelerators'?" in r.stderr
+
+
+def test_what_the_broker_refuses_first_is_told_before_the_workdir_is_packed(tmp_path):
+    """A file refused for an unset `--env` had its workdir packed and uploaded first."""
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('hi')\n")
+    task = tmp_path / "task.yaml"
+    task.write_text("workdir: ./code\nenvs:\n  HF_TOKEN:\nrun: python train.py\n")
+    r = submit(task, tmp_path)  # (no broker at that address: nothing may be sent)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "line 3: envs.HF_TOKEN: give its value: `spotbroker submit --env HF_TOKEN=VALUE FILE`" in r.stderr
+    assert "uploading" not in r.stderr and "cannot reach the broker" not in r.stderr, r.stderr
