@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
-from spotbroker.agent.metricsfold import finite
+from spotbroker.agent.metricsfold import finite, is_count
 from spotbroker.broker.jobs.stoprule import METRIC_NAME
 from spotbroker.broker.store.metricmodels import MetricPoint
 from spotbroker.broker.store.models import Attempt, Event, Job
@@ -27,7 +27,6 @@ from spotbroker.broker.store.models import Attempt, Event, Job
 MAX_NAMES = 32
 MAX_POINTS_PER_ATTEMPT = 10_000
 FOLD_SECONDS = 2.0
-MAX_STEP = 2**63 - 1
 DROPPED = "metrics_dropped"  # the broker's event: points an attempt sent past the bounds
 _NAME = re.compile(METRIC_NAME)
 
@@ -55,7 +54,7 @@ def record_many(session: Session, job: Job, attempt: Attempt, reports: list[tupl
     dropped: list[str] = []
     for data, at in reports:
         step, values = data.get("step"), data.get("values")
-        if not _is_step(step) or not isinstance(values, dict):
+        if not is_count(step) or not isinstance(values, dict):
             dropped.append("a report without an integer step and a values mapping")
             continue
         points = {k: float(v) for k, v in values.items() if isinstance(k, str) and _NAME.fullmatch(k) and finite(v)}
@@ -112,10 +111,6 @@ def curve(session: Session, job_id: int, name: str) -> list[tuple[int, float]]:
     for step, value in rows:
         by_step[step] = value
     return sorted(by_step.items())
-
-
-def _is_step(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_STEP
 
 
 def _dropped(session: Session, job: Job, attempt: Attempt, whys: list[str], now: datetime) -> None:

@@ -53,7 +53,7 @@ def accelerator_name(raw: str | None) -> str | None:
     (the catalog) → the one name; a name not in the table stays as it is."""
     if not raw or not raw.strip():
         return None
-    text = raw.lower().replace("nvidia", "").replace("tesla", "").replace("_", "-")
+    text = _plain(raw)
     for pattern, name in _ALIASES:
         if re.search(rf"(^|[^a-z0-9]){pattern}($|[^a-z0-9])", text):
             return name
@@ -67,11 +67,16 @@ def asked_accelerator(raw: str) -> str:
     else itself, which no offer has, so that it is refused naming the closest.
     Not a search, as for the clouds' own spellings: `A100-80G` was read as
     `A100` with a suffix ignored, and ran on 40 GB parts."""
-    text = raw.lower().replace("nvidia", "").replace("tesla", "").replace("_", "-").strip(" -")
+    text = _plain(raw).strip(" -")
     for pattern, name in _ALIASES:
         if re.fullmatch(pattern, text):
             return name
     return raw.strip()
+
+
+def _plain(raw: str) -> str:
+    """A spelling with the vendor's words left out: `NVIDIA Tesla_T4` -> ` -t4`."""
+    return raw.lower().replace("nvidia", "").replace("tesla", "").replace("_", "-")
 
 
 def is_cpu(row: OfferRow) -> bool:
