@@ -32,7 +32,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
-from spotbroker.agent.metricsfold import standing
+from spotbroker.agent.metricsfold import is_count, standing
 from spotbroker.broker.checkpoints.uris import CheckpointUnverified, verify_and_keep
 from spotbroker.broker.clock import Clock
 from spotbroker.broker.jobs import metrics
@@ -62,7 +62,7 @@ def judge(reports: list[tuple[dict[str, Any], datetime]], rule: EarlyStopRule) -
     reaches patience (a backlog may hold reports from after it)."""
     for data, _ in reports:
         counted = standing(data.get(protocol.EARLY_STOP))
-        if counted is not None and isinstance(data.get("step"), int) and counted["since"] >= rule.patience:
+        if counted is not None and is_count(data.get("step")) and counted["since"] >= rule.patience:
             return Verdict(counted["best_step"], counted["best_value"], data["step"], counted["since"])
     return None
 

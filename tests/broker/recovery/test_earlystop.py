@@ -59,3 +59,5 @@ def test_the_broker_fires_at_the_first_standing_that_meets_patience_and_ignores_
     assert judge([({"step": 50, "values": {}, "early_stop": {**met, "since": 2}}, None)], rule) is None
     assert judge([({"step": 50, "values": {}, "early_stop": {**met, "best_value": "nan"}}, None)], rule) is None
     assert judge([({"step": 60, "values": {"loss": 9.0}}, None)] * 10, rule) is None  # no standing: no count
+    for step in (2**70, -1, True):  # a step no column holds (an agent may send any JSON)
+        assert judge([({"step": step, "values": {}, "early_stop": met}, None)], rule) is None
