@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import random
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -156,6 +158,9 @@ def retrying(factory: sessionmaker[Session], work: Callable[[Session], T], tries
         except OperationalError as exc:
             if not tries_left or getattr(exc.orig, "sqlstate", None) != DEADLOCK:
                 raise
+            # The winner waits to be woken for the row the victim held; a victim that
+            # tries again at once can take that row first and deadlock with it again.
+            time.sleep(random.uniform(0.02, 0.1))
     raise AssertionError("unreachable")
 
 

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import select
 
 from spotbroker.broker import auth
-from spotbroker.broker.store.db import retrying, transaction
+from spotbroker.broker.store.db import CONFLICT_TRIES, retrying, transaction
 from spotbroker.broker.store.models import Team
 
 
@@ -41,4 +41,6 @@ def test_the_victim_of_a_deadlock_is_tried_again(factory):
     for t in threads:
         t.join(30)
     assert results == {"first": "first", "second": "second"}  # both done: the victim tried again
-    assert sorted(tries.values()) == [1, 2]
+    # The victim's second try may still meet the winner (PostgreSQL does not queue a fresh
+    # transaction behind the one it is waking for a row), so both may be tried twice.
+    assert max(tries.values()) >= 2 and max(tries.values()) <= CONFLICT_TRIES
