@@ -60,6 +60,7 @@ from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers, secure_data
 from spotbroker.broker.launch.local_claims import claim_node
 from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
 from spotbroker.broker.launch.local_rendezvous import rendezvous_env
+from spotbroker.broker.pricing import gcp_n1
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -198,7 +199,8 @@ class LocalLauncher:
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * request.num_nodes),
             "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",
             protocol.ENV_CLOUD: p.cloud, protocol.ENV_REGION: p.region or "",
-            protocol.ENV_ZONE: p.zone or p.zone_id or "", protocol.ENV_INSTANCE_TYPE: p.instance_type or "",
+            protocol.ENV_ZONE: p.zone or p.zone_id or "",
+            protocol.ENV_INSTANCE_TYPE: gcp_n1.machine_type(p.instance_type or ""),
             **request.extra_env,
             **request.storage_env,  # the node's own credentials, scoped to the job (none for a file:// root)
         }

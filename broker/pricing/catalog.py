@@ -17,7 +17,10 @@ from functools import lru_cache
 from importlib import resources
 from typing import TextIO
 
+from spotbroker.broker.pricing import gcp_n1
+
 SOURCE = "catalog"
+GCP_N1_HOSTS = "gcp_vms_n1.csv"  # the N1 sizes GCP's T4, V100, P100 and P4 attach to
 
 
 @dataclass(frozen=True)
@@ -105,19 +108,23 @@ def _sum_prices(host: dict[str, str], addon: dict[str, str], column: str) -> flo
     return None if host_price is None or gpu_price is None else round(host_price + gpu_price, 6)
 
 
-def gcp_rows(f: TextIO) -> Iterator[OfferRow]:
-    hosts, gpus = [], {}
+def gcp_rows(f: TextIO, n1_hosts: TextIO | None = None) -> Iterator[OfferRow]:
+    """GPU machines: each host type that comes with its GPUs, and each N1
+    size with the GPUs it may carry (`gcp_n1`), priced with the GPUs' add-on
+    rows of the zone."""
+    machines, gpus = [], {}
     for r in csv.DictReader(f):
         if r["InstanceType"]:
-            hosts.append(r)
+            if shape := gcp_host_gpu(r["InstanceType"]):
+                machines.append((r, *shape, r["InstanceType"]))
         else:
             key = (r["AcceleratorName"], float(r["AcceleratorCount"]), r["AvailabilityZone"])
             gpus[key] = r
-    for h in hosts:
-        shape = gcp_host_gpu(h["InstanceType"])
-        if shape is None:
-            continue
-        gpu_name, count = shape
+    for r in csv.DictReader(n1_hosts) if n1_hosts is not None else ():
+        machines += [(r, gpu, count, gcp_n1.offer_type(r["InstanceType"], gpu, count))
+                     for gpu in gcp_n1.SIZES for count in gcp_n1.shapes(gpu)
+                     if gcp_n1.fits(gpu, count, float(r["vCPUs"]), float(r["MemoryGiB"]))]
+    for h, gpu_name, count, instance_type in machines:
         addon = gpus.get((gpu_name, float(count), h["AvailabilityZone"]))
         if addon is None:
             continue
@@ -127,7 +134,7 @@ def gcp_rows(f: TextIO) -> Iterator[OfferRow]:
             continue
         yield OfferRow(
             cloud="gcp", region=h["Region"], zone=h["AvailabilityZone"], zone_id=None,
-            instance_type=h["InstanceType"], accelerator=gpu_name, accelerator_count=float(count),
+            instance_type=instance_type, accelerator=gpu_name, accelerator_count=float(count),
             vcpus=_num(h["vCPUs"]), memory_gib=_num(h["MemoryGiB"]),
             spot_price=_capped(spot, ondemand), ondemand_price=ondemand,
         )
@@ -209,8 +216,9 @@ def _snapshot() -> tuple[OfferRow, ...]:
     for cloud in ("aws", "gcp", "azure"):
         with _open(f"{cloud}_vms_cpu.csv") as f:
             rows.extend(cpu_rows(cloud, f))
-    for name, parse in (("aws_vms_gpu.csv", aws_rows), ("gcp_vms_gpu.csv", gcp_rows),
-                        ("azure_vms_gpu.csv", azure_rows)):
+    for name, parse in (("aws_vms_gpu.csv", aws_rows), ("azure_vms_gpu.csv", azure_rows)):
         with _open(name) as f:
             rows.extend(parse(f))
+    with _open("gcp_vms_gpu.csv") as f, _open(GCP_N1_HOSTS) as n1:
+        rows.extend(gcp_rows(f, n1))
     return tuple(rows)

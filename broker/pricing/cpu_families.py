@@ -17,7 +17,7 @@ GCP_SKU_SERIES = {"n2": "N2", "n4": "N4"}
 # (GCP bills a GPU machine as its cores, its RAM and its GPUs).
 GCP_SERIES = {"a2-highgpu": "A2", "a2-megagpu": "A2 Mega", "a2-ultragpu": "A2 Ultra", "a3-highgpu": "A3",
               "a3-edgegpu": "A3 Edge", "a3-megagpu": "A3 Mega", "a3-ultragpu": "A3 Ultra", "a4-highgpu": "A4",
-              "g2-standard": "G2"}
+              "g2-standard": "G2", "n1": "N1 Predefined"}  # n1: the host GCP's T4/V100/P100/P4 attach to (gcp_n1)
 # Azure: Dsv5 (4 GiB per vCPU), Dlsv5 (2 GiB) and Fsv2 (compute, 2 GiB).
 _AZURE_TYPE = re.compile(r"Standard_(?:D(?P<d>\d+)(?P<low>l?)s_v5|F(?P<f>\d+)s_v2)")
 

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from spotbroker.broker.pricing import catalog
+from spotbroker.broker.pricing import catalog, gcp_n1
 from spotbroker.broker.pricing.base import SourceAnswer, SourceUnavailable
 from spotbroker.broker.pricing.catalog import OfferRow
 from spotbroker.broker.pricing.cpu_families import GCP_SERIES, GCP_SKU_SERIES, gcp_family
@@ -45,13 +45,14 @@ class Machine:
 
 
 def snapshot_machines() -> list[Machine]:
-    """GPU machine types per zone, from the bundled snapshot's host rows,
-    and its CPU machine types."""
+    """GPU machine types per zone, from the bundled snapshot's host rows
+    (the N1 sizes with the GPUs they carry where the zone has them), and its
+    CPU machine types."""
     import csv
 
     machines = [Machine(r.instance_type, gcp_family(r.instance_type), r.region, r.zone or "", r.vcpus or 0.0,
-                        r.memory_gib or 0.0, None, 0) for r in catalog.snapshot_rows()
-                if r.cloud == "gcp" and r.accelerator is None]
+                        r.memory_gib or 0.0, r.accelerator, int(r.accelerator_count)) for r in catalog.snapshot_rows()
+                if r.cloud == "gcp" and (r.accelerator is None or gcp_n1.is_host(r.instance_type))]
     with catalog._open("gcp_vms_gpu.csv") as f:
         for r in csv.DictReader(f):
             shape = catalog.gcp_host_gpu(r["InstanceType"]) if r["InstanceType"] else None

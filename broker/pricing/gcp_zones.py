@@ -2,7 +2,8 @@
 (`google-cloud-compute`): the machine types with built-in GPUs per zone
 (`machineTypes.aggregatedList`, each with its `accelerators`, vCPUs and
 memory), kept where the zone lists that GPU among its accelerator types
-(`acceleratorTypes.aggregatedList`), and the CPU families' types per zone.
+(`acceleratorTypes.aggregatedList`), the N1 types with each GPU of the zone
+they may carry (`gcp_n1`), and the CPU families' types per zone.
 
 Without it (no project configured, or the Compute API refused) the GCP
 source prices the bundled snapshot's machine types and zones.
@@ -10,9 +11,10 @@ source prices the bundled snapshot's machine types and zones.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
+from spotbroker.broker.pricing import gcp_n1
 from spotbroker.broker.pricing.base import SourceUnavailable
 from spotbroker.broker.pricing.cpu_families import GCP_FAMILIES, GCP_SERIES, gcp_cpu_type, gcp_family
 from spotbroker.broker.pricing.normalise import QualityReport, accelerator_name
@@ -47,12 +49,19 @@ class ComputeZones:
         # access cost more than the parsing over a few thousand machine types.
         offered = {(zone, t.name) for zone, scoped in self._pages(self.accelerator_types, None)
                    for t in type(scoped).pb(scoped).accelerator_types}
+        attachable: dict[str, list[str]] = {}
+        for zone, accelerator in sorted(offered):
+            if (name := accelerator_name(accelerator)) in gcp_n1.SIZES:
+                attachable.setdefault(zone, []).append(name)
         out = []
         for zone, scoped in self._pages(self.machine_types, NAME_FILTER):
             for m in type(scoped).pb(scoped).machine_types:
                 if not m.accelerators and gcp_cpu_type(m.name) and m.guest_cpus > 0:
                     out.append(Machine(m.name, gcp_family(m.name), zone.rsplit("-", 1)[0], zone, float(m.guest_cpus),
                                        round(m.memory_mb / 1024, 3), None, 0))
+                    continue
+                if gcp_n1.is_host(m.name) and m.guest_cpus > 0:
+                    out += _with_attached(m, zone, attachable.get(zone, ()))
                     continue
                 series = next((s for s in GCP_SERIES if m.name.startswith(s + "-")), None)
                 if series is None or not m.accelerators:
@@ -90,3 +99,13 @@ class ComputeZones:
             if first:
                 raise SourceUnavailable(f"GCP Compute API unavailable ({type(exc).__name__})") from exc
             raise
+
+
+def _with_attached(m: Any, zone: str, gpus: Iterable[str]) -> list:
+    """An N1 machine type with each GPU of the zone that it may carry (`gcp_n1`)."""
+    from spotbroker.broker.pricing.gcp import Machine
+
+    vcpus, gib = float(m.guest_cpus), round(m.memory_mb / 1024, 3)
+    return [Machine(gcp_n1.offer_type(m.name, name, count), gcp_n1.SERIES, zone.rsplit("-", 1)[0], zone,
+                    vcpus, gib, name, count)
+            for name in gpus for count in gcp_n1.shapes(name) if gcp_n1.fits(name, count, vcpus, gib)]

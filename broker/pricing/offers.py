@@ -166,9 +166,10 @@ def _fitting_steps(want: ResourceSet) -> list[tuple[str, list]] | None:
             steps.append(("no CPU machine has 4 GiB per vCPU",
                           [PriceOffer.memory_gib >= CPU_DEFAULT_GIB_PER_VCPU * PriceOffer.vcpus]))
             cpus = cpus or CPU_DEFAULT_CPUS
-    if want.instance_type is not None:
+    if want.instance_type is not None:  # an N1 type is its offers with GPUs too (gcp_n1)
         steps.append((f"{none} is instance type {want.instance_type}",
-                      [PriceOffer.instance_type == want.instance_type]))
+                      [or_(PriceOffer.instance_type == want.instance_type,
+                           PriceOffer.instance_type.startswith(want.instance_type + "+", autoescape=True))]))
     if want.image_regions is not None:  # an image per region: only those regions have the job's image
         steps.append((f"{none} is in the image's regions ({', '.join(sorted(want.image_regions))})",
                       [PriceOffer.region.in_(list(want.image_regions))]))

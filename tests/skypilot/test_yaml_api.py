@@ -103,8 +103,15 @@ def test_catalogs_are_placed_as_skypilots_own_and_left_alone_once_replaced(tmp_p
     # SkyPilot counts it as fetched (its md5 in .meta), so refetches it after its interval
     assert (tmp_path / ".meta/aws/vms.csv.md5").read_text() == hashlib.md5(data).hexdigest()
     assert catalogs.place_missing(tmp_path) == [] and catalogs.still_placed(tmp_path, "aws/vms.csv")
+    gcp = (tmp_path / "gcp/vms.csv").read_text()
+    assert gcp.count("InstanceType,") == 1 and "\nn1-highmem-8,8.0,52.0," in gcp  # the N1 hosts of T4, V100...
+    # a file an older broker placed (its rows since changed) is placed again; one replaced by hand is not
+    (tmp_path / "gcp/vms.csv").write_text(gcp.split("\nn1-")[0] + "\n")
+    catalogs._write(tmp_path / ".spotbroker/gcp/vms.csv.md5",
+                    hashlib.md5((tmp_path / "gcp/vms.csv").read_bytes()).hexdigest().encode())
+    assert catalogs.place_missing(tmp_path) == ["gcp/vms.csv"] and (tmp_path / "gcp/vms.csv").read_text() == gcp
     (tmp_path / "gcp/vms.csv").write_text("replaced by hand\n")
-    assert not catalogs.still_placed(tmp_path, "gcp/vms.csv")
+    assert not catalogs.still_placed(tmp_path, "gcp/vms.csv") and catalogs.place_missing(tmp_path) == []
 
     import requests
 

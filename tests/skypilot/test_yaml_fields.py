@@ -251,3 +251,15 @@ def test_placement_leaves_out_the_places_that_cannot_give_the_tier(tmp_path):
         {"run": "x", "resources": {"accelerators": "H100:1", **kw}}).resources.alternatives()[0]
     assert fits(want(), lab) and fits(want(disk_tier="best"), lab)
     assert fits(want(disk_tier="high"), lab) is None and fits(want(network_tier="best"), lab) is None
+
+
+def test_a_gpu_on_an_n1_machine_is_launched_as_the_machine_type_with_the_gpus():
+    """The offer `n1-highmem-8+T4:1` is the N1 type with a T4: SkyPilot gets both, apart."""
+    from spotbroker.broker.launch.skypilot.launcher import pinned_resources
+
+    spec = stored("resources: {infra: gcp/us-central1, accelerators: T4:1, instance_type: n1-highmem-8}\nrun: x\n")
+    where = Placement(cloud="gcp", region="us-central1", zone="us-central1-a", zone_id=None,
+                      instance_type="n1-highmem-8+T4:1", accelerator="T4", accelerator_count=1, use_spot=True,
+                      price_per_hour=0.3)
+    r = pinned_resources(sky, where, **kept_resources(chosen_alternative(spec, where), where))
+    assert (r.instance_type, r.accelerators, r.zone, r.use_spot) == ("n1-highmem-8", {"T4": 1}, "us-central1-a", True)

@@ -31,12 +31,12 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-# SkyPilot's catalog file -> the bundled file with its rows.
+# SkyPilot's catalog file -> the bundled files with its rows (one header: the files' columns are the same).
 BUNDLED = {
-    "aws/vms.csv": "aws_vms_gpu.csv",
-    "gcp/vms.csv": "gcp_vms_gpu.csv",
-    "azure/vms.csv": "azure_vms_gpu.csv",
-    "common/accelerators.csv": "common_accelerators.csv",
+    "aws/vms.csv": ("aws_vms_gpu.csv",),
+    "gcp/vms.csv": ("gcp_vms_gpu.csv", "gcp_vms_n1.csv"),  # N1: the host of GCP's T4, V100, P100 and P4
+    "azure/vms.csv": ("azure_vms_gpu.csv",),
+    "common/accelerators.csv": ("common_accelerators.csv",),
 }
 # Where the broker notes the md5 of each file it placed: a file whose md5
 # still matches is the broker's to refresh.
@@ -72,19 +72,27 @@ def _adopt(root: Path, name: str, data: bytes) -> None:
 
 
 def place_missing(root: Path | None = None) -> list[str]:
-    """Write the bundled rows where SkyPilot has no file; the names written."""
+    """Write the bundled rows where SkyPilot has no file, or where the file
+    is still as an older broker placed it and the rows have changed since;
+    the names written."""
     root = root or catalog_dir()
     placed = []
     for name, bundled in BUNDLED.items():
-        if (root / name).exists():
+        data = _bundled(bundled)
+        if (root / name).exists() and not (still_placed(root, name) and (root / name).read_bytes() != data):
             continue
-        data = resources.files("spotbroker.broker.pricing").joinpath("catalog_data", bundled).read_bytes()
         _adopt(root, name, data)
         _write(root / _MARKS / f"{name}.md5", _md5(data).encode())
         placed.append(name)
     if placed:
         log.info("placed SkyPilot catalog files from the bundled snapshot: %s", ", ".join(placed))
     return placed
+
+
+def _bundled(files: tuple[str, ...]) -> bytes:
+    """The bundled files as one catalog file: the first one's header, every file's rows."""
+    parts = [resources.files("spotbroker.broker.pricing").joinpath("catalog_data", f).read_bytes() for f in files]
+    return parts[0] + b"".join(part.split(b"\n", 1)[1] for part in parts[1:])
 
 
 def still_placed(root: Path, name: str) -> bool:

@@ -40,6 +40,7 @@ from spotbroker.broker.launch.skypilot.server import ServerWatch
 from spotbroker.broker.launch.skypilot.task import chosen_alternative, kept_resources, node_task
 from spotbroker.broker.launch.skypilot.zones import ZoneNames
 from spotbroker.broker.placement.placer import NO_CLOUD
+from spotbroker.broker.pricing import gcp_n1
 from spotbroker.broker.pricing.offers import Placement
 
 log = logging.getLogger(__name__)
@@ -277,5 +278,5 @@ def pinned_resources(sky, p: Placement, **keep: Any):
     if p.cloud in ("k8s", "kubernetes"):
         return sky.Resources(infra="k8s" + (f"/{p.region}" if p.region else ""), accelerators=accelerators, **keep)
     infra = "/".join(part for part in (p.cloud, p.region, p.zone) if part)
-    return sky.Resources(infra=infra, instance_type=p.instance_type, accelerators=accelerators,
-                         use_spot=p.use_spot, **keep)
+    return sky.Resources(infra=infra, instance_type=gcp_n1.machine_type(p.instance_type) if p.instance_type else None,
+                         accelerators=accelerators, use_spot=p.use_spot, **keep)

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from spotbroker.agent import protocol
 from spotbroker.agent.mounts import encode
 from spotbroker.broker.launch.base import LaunchRequest
+from spotbroker.broker.pricing import gcp_n1
 
 # On the node, under the SSH user's home (SkyPilot expands `~` in file_mounts targets).
 WHEELHOUSE = "~/.spotbroker/wheels"
@@ -101,7 +102,8 @@ def node_program(request: LaunchRequest, wheelhouse: str, credentials: dict[str,
     p = request.placement
     envs = {**request.envs,
             protocol.ENV_CLOUD: p.cloud, protocol.ENV_REGION: p.region or "",
-            protocol.ENV_ZONE: p.zone or p.zone_id or "", protocol.ENV_INSTANCE_TYPE: p.instance_type or ""}
+            protocol.ENV_ZONE: p.zone or p.zone_id or "",
+            protocol.ENV_INSTANCE_TYPE: gcp_n1.machine_type(p.instance_type or "")}
     secrets = dict(user_secrets or {})
     for name, value in request.extra_env.items():
         (secrets if name in SECRET_NAMES else envs)[name] = value

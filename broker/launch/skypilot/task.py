@@ -28,6 +28,7 @@ from spotbroker.broker.jobs.resources import Infra, ResourceSet
 from spotbroker.broker.jobs.spec import JobSpec, StorageMount, WorkdirUpload
 from spotbroker.broker.launch.base import LaunchError
 from spotbroker.broker.launch.skypilot.node import NodeProgram
+from spotbroker.broker.pricing import gcp_n1
 from spotbroker.broker.pricing.normalise import asked_accelerator
 from spotbroker.broker.pricing.offers import Placement
 
@@ -129,7 +130,7 @@ def _fits(want: ResourceSet, p: Placement) -> bool:
         if (p.accelerator or "").lower() != asked_accelerator(name).lower() \
                 or float(p.accelerator_count) != float(count):
             return False
-    if want.instance_type is not None and want.instance_type != p.instance_type:
+    if want.instance_type is not None and want.instance_type != gcp_n1.machine_type(p.instance_type or ""):
         return False
     if want.infra is not None:
         infra = Infra(want.infra)

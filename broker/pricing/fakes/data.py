@@ -128,7 +128,7 @@ def gcp_skus(scale: int = 1) -> list[dict[str, Any]]:
     """Billing Catalog SKUs whose sums give the snapshot's machine prices:
     per region, a core and a RAM SKU per series (the host price split half
     and half) and a per-GPU SKU, on-demand and Spot, among others (a disk)."""
-    rows = _raw("gcp_vms_gpu.csv") + _raw("gcp_vms_cpu.csv")
+    rows = _raw("gcp_vms_gpu.csv") + _raw("gcp_vms_cpu.csv") + _raw(catalog.GCP_N1_HOSTS)
     hosts: dict[tuple[str, str], dict[str, str]] = {}
     gpus: dict[tuple[str, str], tuple[float, str, str]] = {}
     for r in rows:
@@ -231,7 +231,7 @@ def _zone_copies(zone: str, region: str, scale: int) -> list[str]:
 
 
 def gcp_machine_types(scale: int = 1, project: str = "fake-project") -> list[tuple[str, dict[str, Any]]]:
-    """(zone, `machineTypes` entry) for every GPU and CPU machine type of the
+    """(zone, `machineTypes` entry) for every GPU, N1 and CPU machine type of the
     snapshot in each zone it lists, with a CPU machine type of a family no
     source lists (e2) in each zone beside them, as `machineTypes.aggregatedList`
     answers them."""
@@ -244,7 +244,7 @@ def gcp_machine_types(scale: int = 1, project: str = "fake-project") -> list[tup
             zones.add(zone)
             out.append((zone, _machine_type(n, r["InstanceType"], float(r["vCPUs"]), float(r["MemoryGiB"]), zone,
                                             project, (GCP_ACCELERATOR_TYPE[shape[0]], shape[1]))))
-    for n, r in enumerate(_raw("gcp_vms_cpu.csv")):
+    for n, r in enumerate(_raw("gcp_vms_cpu.csv") + _raw(catalog.GCP_N1_HOSTS)):
         for zone in _zone_copies(r["AvailabilityZone"], r["Region"], scale):
             zones.add(zone)
             out.append((zone, _machine_type(n, r["InstanceType"], float(r["vCPUs"]), float(r["MemoryGiB"]), zone,

@@ -52,6 +52,18 @@ def test_infra_cpus_and_price_cap_filter(session):
     assert zone and {p.zone_id for p in zone} == {"use1-az2"}
 
 
+def test_a_t4_on_gcp_is_an_n1_machine_with_one(session):
+    """`infra: gcp` with a T4 ended `no_feasible_offer`: GCP attaches T4s to N1
+    machines, and the snapshot had no N1 host to price one with. A SkyPilot
+    task naming the N1 type (`instance_type: n1-highmem-8`) gets that size."""
+    best = rank_offers(session, spec(accelerators="T4:1", infra="gcp"))[0]
+    assert (best.cloud, best.accelerator, best.accelerator_count) == ("gcp", "T4", 1)
+    assert best.instance_type == "n1-highmem-4+T4:1"  # the size SkyPilot gives a task naming no cpus
+    named = rank_offers(session, spec(accelerators="T4:1", infra="gcp", instance_type="n1-highmem-8"), limit=100)
+    assert named and {p.instance_type for p in named} == {"n1-highmem-8+T4:1"}
+    assert why_none_fits(session, spec(accelerators="V100:8", infra="gcp/us-central1")) is None
+
+
 def test_an_aws_zone_by_name_is_the_zone_the_live_prices_name_so(factory, session):
     """`infra: aws/us-east-1/us-east-1b` (SkyPilot's form) fitted no offer: the
     catalog names AWS zones by ID. The live AWS prices name this account's

@@ -47,7 +47,8 @@ def offers(factory, **where):
 
 def test_a_machine_is_priced_as_cores_plus_ram_plus_gpus(factory, clouds):
     result = refresh(factory, clouds)
-    assert clouds.requests.count("GET /v1/services/6F81-5844-456A/skus") == 8  # every page, by nextPageToken
+    pages = -(-len(clouds.gcp_skus) // clouds.page_size)
+    assert pages > 1 and clouds.requests.count("GET /v1/services/6F81-5844-456A/skus") == pages  # by nextPageToken
     assert result.new > 600
     (a2,) = offers(factory, instance_type="a2-highgpu-8g", zone="asia-northeast1-a")
     assert (a2.spot_price, a2.ondemand_price) == (13.18824, 21.23111)
@@ -102,3 +103,11 @@ def test_unreachable_catalog_is_unavailable_quickly():
     with pytest.raises(SourceUnavailable, match="GCP billing catalog unreachable"):
         src.fetch()
     assert time.monotonic() - started < 10
+
+
+def test_a_gpu_on_an_n1_machine_is_priced_as_its_cores_ram_and_gpus(factory, clouds):
+    refresh(factory, clouds)
+    (t4,) = offers(factory, instance_type="n1-highmem-4+T4:1", zone="us-central1-a")
+    # the snapshot's n1-highmem-4 (0.23661 / 0.06466) and T4 (0.35 / 0.175) at the N1 and T4 SKUs
+    assert (t4.accelerator, t4.accelerator_count, t4.vcpus, t4.memory_gib, t4.source) == ("T4", 1, 4, 26, "gcp")
+    assert t4.ondemand_price == pytest.approx(0.58661, abs=1e-4) and t4.spot_price == pytest.approx(0.23966, abs=1e-4)

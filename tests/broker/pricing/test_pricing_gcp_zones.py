@@ -56,7 +56,11 @@ def test_zones_come_from_the_compute_api_every_page(factory, clouds):
         "GET /compute/v1/projects/my-project/aggregated/machineTypes") == -(-listed // 500)
     assert clouds.requests.count("GET /compute/v1/projects/my-project/aggregated/acceleratorTypes") == 1
     machines = src.zones.machines(QualityReport())
-    assert len(machines) == listed
+    # an N1 type is a machine per GPU of its zone it may carry (gcp_n1), the others one each
+    n1_types = sum(1 for _, m in clouds.gcp_machine_types if m["name"].startswith("n1-"))
+    assert n1_types and len([m for m in machines if "+" not in m.instance_type]) == listed - n1_types
+    t4 = next(m for m in machines if m.instance_type == "n1-highmem-4+T4:1" and m.zone == "us-central1-a")
+    assert (t4.vcpus, t4.memory_gib, t4.accelerator, t4.count, t4.series) == (4.0, 26.0, "T4", 1, "n1")
     a2 = next(m for m in machines if m.instance_type == "a2-highgpu-8g" and m.zone == "asia-northeast1-a")
     assert (a2.region, a2.vcpus, a2.memory_gib, a2.accelerator, a2.count, a2.series) == \
         ("asia-northeast1", 96.0, 680.0, "A100", 8, "a2-highgpu")
