@@ -1,5 +1,5 @@
-"""The CPU machines the live price sources list: general-purpose and
-compute families, the ones SkyPilot itself picks for a task without
+"""The CPU machines the live price sources list: general-purpose,
+memory-optimized and compute families, the ones SkyPilot itself picks for a task without
 accelerators (its catalogs' default families), so that a CPU job is priced
 and placed among the machines it would be launched on. The bundled snapshot
 carries a few sizes of these (catalog_data/*_vms_cpu.csv).
@@ -8,18 +8,19 @@ from __future__ import annotations
 
 import re
 
-AWS_FAMILIES = ("m5", "m6i", "m7i", "c5", "c6i", "c7i")
+AWS_FAMILIES = ("m5", "m6i", "m7i", "r5", "r6i", "r7i", "c5", "c6i", "c7i")
 # GCP prices a machine from its series' per-vCPU and per-GiB SKUs (gcp.py),
 # named in the SKUs' descriptions ("N2 Instance Core running in Americas").
-GCP_FAMILIES = ("n2-standard", "n2-highcpu", "n4-standard", "n4-highcpu")
+GCP_FAMILIES = ("n2-standard", "n2-highmem", "n2-highcpu", "n4-standard", "n4-highmem", "n4-highcpu")
 GCP_SKU_SERIES = {"n2": "N2", "n4": "N4"}
 # The series name in each Compute Engine SKU description, per machine family
 # (GCP bills a GPU machine as its cores, its RAM and its GPUs).
 GCP_SERIES = {"a2-highgpu": "A2", "a2-megagpu": "A2 Mega", "a2-ultragpu": "A2 Ultra", "a3-highgpu": "A3",
               "a3-edgegpu": "A3 Edge", "a3-megagpu": "A3 Mega", "a3-ultragpu": "A3 Ultra", "a4-highgpu": "A4",
               "g2-standard": "G2", "n1": "N1 Predefined"}  # n1: the host GCP's T4/V100/P100/P4 attach to (gcp_n1)
-# Azure: Dsv5 (4 GiB per vCPU), Dlsv5 (2 GiB) and Fsv2 (compute, 2 GiB).
-_AZURE_TYPE = re.compile(r"Standard_(?:D(?P<d>\d+)(?P<low>l?)s_v5|F(?P<f>\d+)s_v2)")
+# Azure: Dsv5 (4 GiB per vCPU), Dlsv5 (2 GiB), Esv5 (memory, 8 GiB) and Fsv2 (compute, 2 GiB).
+_AZURE_TYPE = re.compile(r"Standard_(?:D(?P<d>\d+)(?P<low>l?)s_v5|E(?P<e>\d+)s_v5|F(?P<f>\d+)s_v2)")
+_AZURE_GIB_PER_VCPU = {"d": 4.0, "low": 2.0, "e": 8.0, "f": 2.0}
 
 
 def aws_cpu_type(instance_type: str) -> bool:
@@ -50,5 +51,6 @@ def azure_cpu_shape(sku_name: str) -> tuple[float, float] | None:
     match = _AZURE_TYPE.fullmatch(sku_name)
     if match is None:
         return None
-    vcpus = float(match["d"] or match["f"])
-    return vcpus, vcpus * (4.0 if match["d"] and not match["low"] else 2.0)
+    family = "low" if match["low"] else next(name for name in ("d", "e", "f") if match[name])
+    vcpus = float(match["d"] or match["e"] or match["f"])
+    return vcpus, vcpus * _AZURE_GIB_PER_VCPU[family]

@@ -82,8 +82,10 @@ def test_a_cpu_job_gets_skypilots_default_shape_at_the_cheapest_place(session):
 
 
 def test_cpus_and_memory_select_among_cpu_types(session):
-    # 16 vCPUs at 4 GiB each (memory unsaid) is m5.4xlarge, never the 2 GiB/vCPU c6i.4xlarge
-    assert {p.instance_type for p in rank_offers(session, spec(infra="aws", cpus="16"), limit=100)} == {"m5.4xlarge"}
+    # 16 vCPUs at 4 GiB each (memory unsaid) is m5.4xlarge (or the 8 GiB/vCPU r6i.4xlarge, dearer),
+    # never the 2 GiB/vCPU c6i.4xlarge
+    ranked = rank_offers(session, spec(infra="aws", cpus="16"), limit=100)
+    assert {p.instance_type for p in ranked} == {"m5.4xlarge", "r6i.4xlarge"} and ranked[0].instance_type == "m5.4xlarge"
     # saying the memory lifts the ratio: the compute type is cheaper
     best = rank_offers(session, spec(infra="aws/us-east-2", cpus="16", memory="32+"))[0]
     assert (best.instance_type, best.region) == ("c6i.4xlarge", "us-east-2")
@@ -92,6 +94,15 @@ def test_cpus_and_memory_select_among_cpu_types(session):
     named = rank_offers(session, spec(infra="azure", instance_type="Standard_D4s_v5"), limit=100)
     assert {(p.cloud, p.instance_type) for p in named} == {("azure", "Standard_D4s_v5")}
     assert rank_offers(session, spec(cpus="1000")) == []  # no such machine: nothing, never the host
+
+
+def test_a_memory_heavy_cpu_task_gets_a_memory_optimized_machine(session):
+    """`cpus: 2, memory: 16` (8 GiB per vCPU) found no machine: only the
+    general-purpose and compute families were offered, not SkyPilot's
+    memory-optimized defaults."""
+    ranked = rank_offers(session, spec(cpus="2", memory="16"), limit=1000)
+    assert {(p.cloud, p.instance_type) for p in ranked} == {
+        ("aws", "r6i.large"), ("gcp", "n2-highmem-2"), ("azure", "Standard_E2s_v5")}
 
 
 def test_a_cpu_alternative_never_takes_a_gpu_offer(session):
