@@ -57,7 +57,7 @@ from spotbroker.broker.launch.launching import Launching
 from spotbroker.broker.money import hardcap
 from spotbroker.broker.placement.histories import record_probes
 from spotbroker.broker.placement.host import host_reason, on_host, unlaunchable
-from spotbroker.broker.placement.placer import Placer
+from spotbroker.broker.placement.placer import NOT_CHECKED, Placer
 from spotbroker.broker.placement.policy import Action
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT, Placement, why_none_fits
 from spotbroker.broker.recovery import attempts as recovery
@@ -300,7 +300,7 @@ class Reconciler:
             return None, ()
         if (hold := self._why_held(session, job, spec)) is not None:
             transition(session, job, J.HELD, reason=hold, clock=self.clock)
-            job.next_check_at = now + timedelta(seconds=self.settings.placement_interval)
+            job.next_check_at = now + timedelta(seconds=self._hold_wait(hold))
             return None, ()
         if not on_host(spec, self.settings.cpu_jobs_on_host):
             choice = self.placer.choose(session, job, spec, now)
@@ -351,13 +351,18 @@ class Reconciler:
                 or limits.team_hold(session, job, spec, self.settings.cpu_jobs_on_host)
                 or coldtier.resume_hold(session, job, self.clock.now()))
 
+    def _hold_wait(self, hold: str) -> float:
+        """Seconds until a held job is looked at again: soon where the hold ends
+        soon (a team's GPUs free up as its attempts end; SkyPilot's first check
+        answers within a minute of start-up), else the placement interval."""
+        soon = limits.HELD in hold or hold == NOT_CHECKED
+        return self.settings.reconcile_interval if soon else self.settings.placement_interval
+
     def _reconsider_hold(self, session: Session, job: Job) -> None:
         """A HELD job goes back to being placed once what held it is gone; it is
         looked at again every placement interval until then."""
         if (hold := self._why_held(session, job, spec_of(job))) is not None:
-            # a team's GPUs at once free up as its attempts end: looked at again soon
-            wait = self.settings.reconcile_interval if limits.HELD in hold else self.settings.placement_interval
-            job.next_check_at = self.clock.now() + timedelta(seconds=wait)
+            job.next_check_at = self.clock.now() + timedelta(seconds=self._hold_wait(hold))
             if hold != job.reason:  # (e.g. "8 running" becoming "6 running")
                 job.reason = hold
             return

@@ -25,13 +25,16 @@ def host_reason(spec: JobSpec) -> str:
 def unlaunchable(job, spec: JobSpec, keyring, launchers: dict, settings) -> str | None:
     """Why this broker cannot launch the job now (its launchers, its keys), if it cannot."""
     from spotbroker.broker.jobs import sealed
-    from spotbroker.broker.placement.placer import NO_CLOUD, enabled_clouds
+    from spotbroker.broker.placement.placer import NO_CLOUD, NOT_CHECKED, enabled_clouds
 
     if spec.secrets and (unreadable := sealed.problem(job, keyring)):
         return f"{unreadable}; a broker given the key that sealed them releases it"
     here = on_host(spec, settings.cpu_jobs_on_host)
-    if not here and enabled_clouds(launchers) == frozenset():
+    clouds = enabled_clouds(launchers)
+    if not here and clouds == frozenset():
         return NO_CLOUD  # (not FAILED no_feasible_offer: credentials may come)
+    if not here and clouds is None and hasattr(launchers.get("skypilot"), "enabled_clouds"):
+        return NOT_CHECKED  # a broker just started: placed now, it could pick a cloud SkyPilot refuses
     beyond = beyond_launchers(spec, launchers, settings)
     return beyond[1] if beyond else None
 

@@ -99,6 +99,10 @@ NO_CLOUD = ("SkyPilot's `sky check` enabled no cloud: give its API server a clou
             "checks again every SPOTBROKER_SKYPILOT_CHECK_INTERVAL and releases the job once one is enabled")
 
 
+NOT_CHECKED = ("waiting for SkyPilot's first `sky check` (which clouds it can launch on is not known yet): "
+               "placed once it answers")
+
+
 def enabled_clouds(launchers: dict) -> frozenset[str] | None:
     """The clouds the cloud launcher can reach (SkyPilot's `sky check`, as it
     last cached it), or None: no limit (the local launcher simulates every

@@ -4,6 +4,8 @@ answering `enabled_clouds` as SkyPilot's API server does); the real answer
 against moto's AWS is test_launch_moto.py's."""
 from __future__ import annotations
 
+from datetime import timedelta
+
 from sqlalchemy import select, update
 
 from spotbroker.broker import auth
@@ -140,6 +142,38 @@ def test_with_no_cloud_enabled_a_gpu_job_is_held_saying_so_and_released_once_one
         with factory() as s:
             job = s.get(Job, job_id)
             assert (job.state, job.reason) == ("PENDING", "nothing holds it now")
+    finally:
+        launcher.close()
+
+
+def test_a_job_submitted_before_the_first_check_waits_for_it(factory, settings, tmp_path):
+    """A broker just started placed a job before `sky check` had answered:
+    on a cloud SkyPilot then refused ("requires azure which is not
+    enabled"), again and again, until the job failed."""
+    from spotbroker.broker.placement.placer import NOT_CHECKED
+    from spotbroker.broker.reconciler import Reconciler
+
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    with transaction(factory) as s:
+        seed_from_catalog(s)
+        team, _ = auth.create_team(s, "ml")
+        job_id = jobs.submit(s, team.id, JobSpec.model_validate(
+            {"run": "true", "resources": {"accelerators": "T4:1"}})).id
+    sky = CheckedSky(["AWS"])
+    launcher = SkyPilotLauncher(tmp_path, prefix="sbclouds", sky=sky)
+    rec = Reconciler(factory, {"skypilot": launcher}, settings)
+    try:
+        rec.pass_once()
+        with factory() as s:
+            job = s.get(Job, job_id)
+            assert (job.state, job.reason, job.attempts) == ("HELD", NOT_CHECKED, [])
+            assert job.next_check_at <= Clock().now() + timedelta(seconds=settings.reconcile_interval + 1)
+            s.execute(update(Job).where(Job.id == job_id).values(next_check_at=Clock().now()))
+            s.commit()
+        launcher.refresh_clouds()  # the janitor's first check
+        rec.pass_once()
+        with factory() as s:
+            assert (s.get(Job, job_id).state, s.get(Job, job_id).reason) == ("PENDING", "nothing holds it now")
     finally:
         launcher.close()
 
