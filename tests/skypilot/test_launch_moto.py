@@ -245,6 +245,11 @@ def test_a_zone_id_placement_lands_in_that_zone(sky_aws: SkyAws, launcher) -> No
     not_in_catalog = Placement(**{**by_id.__dict__, "zone_id": None, "zone": "us-east-1z"})
     with pytest.raises(UnknownPlace, match="SkyPilot does not know the place .*Invalid zone 'us-east-1z'"):
         launcher.launch(request(9, not_in_catalog))
+    # an instance type SkyPilot's catalog lacks there (its catalog and the broker's prices are of
+    # different dates): the next place too, not the job failed as "SkyPilot refused the launch"
+    not_there = Placement(**{**by_id.__dict__, "instance_type": "g4dn.3xlarge"})
+    with pytest.raises(UnknownPlace, match=r"\(g4dn.3xlarge\): .*instance type"):
+        launcher.launch(request(9, not_there))
     assert issubclass(UnknownPlace, CapacityError) and not sky_aws.instances()
 
 

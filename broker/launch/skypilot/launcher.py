@@ -123,8 +123,8 @@ class SkyPilotLauncher:
             if server_unreachable(exc):
                 raise self.server.unavailable(exc) from None
             if _unknown_place(exc):  # not the job's fault: another place may launch
-                raise UnknownPlace(f"SkyPilot does not know the place {request.placement.place}: {one_line(exc)}") \
-                    from None
+                raise UnknownPlace(f"SkyPilot does not know the place {request.placement.place} "
+                                   f"({request.placement.instance_type}): {one_line(exc)}") from None
             raise LaunchError(f"SkyPilot refused the launch: {type(exc).__name__}: {exc}") from None
         self.server.answered()
         handle = {"cluster": cluster, "request_id": str(request_id), "submitted_at": time.time()}
@@ -205,7 +205,9 @@ class SkyPilotLauncher:
     def status(self, handle: Handle) -> RunStatus:
         cluster = handle["cluster"]
         seen = self.follower.seen(cluster)
-        if seen is None:  # a handle of an earlier broker process: follow it from now on
+        if seen is None or seen.request_id != handle.get("request_id"):
+            # a handle of an earlier broker process, or one another broker sent again after the
+            # request this one follows was lost (sending it a third time would double the launch)
             self.follower.watch(cluster, handle.get("request_id"))
             return RunStatus(RunState.PENDING)
         if seen.request in IN_FLIGHT:
@@ -254,8 +256,12 @@ def _broker_names(infra: str) -> tuple[str, ...]:
 
 
 def _unknown_place(exc: BaseException) -> bool:
-    """SkyPilot's catalog has no such region or zone (`validate_region_zone`'s ValueError)."""
-    return isinstance(exc, ValueError) and str(exc).startswith(("Invalid zone ", "Invalid region "))
+    """SkyPilot's catalog has no such region or zone (`validate_region_zone`'s
+    ValueError), or not the instance type there (its catalog's "No instance
+    type X found."): the broker's prices and SkyPilot's catalog are of
+    different dates, and another place may launch."""
+    return isinstance(exc, ValueError) and str(exc).startswith(
+        ("Invalid zone ", "Invalid region ", "No instance type ", "Invalid instance type "))
 
 
 def _run_status(cluster: str | None, job: str | None) -> RunStatus:
