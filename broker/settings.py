@@ -199,6 +199,24 @@ class Settings(BaseSettings):
         first, last = (int(n) for n in self.local_uid_range.split("-"))
         return range(first, last + 1)
 
+    @field_validator("database_url")
+    @classmethod
+    def _database(cls, value: str | None) -> str | None:
+        """PostgreSQL (psycopg 3) or SQLite: another scheme, or no URL at all, would end in a traceback later."""
+        if not value:
+            return None
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        try:
+            url = make_url(normalize_database_url(value))
+        except ArgumentError:
+            raise ValueError("not a database URL: postgresql://USER@HOST/DB or sqlite:////PATH") from None
+        if url.drivername not in ("postgresql+psycopg", "sqlite", "sqlite+pysqlite"):
+            raise ValueError(f"{url.drivername}: the broker runs on PostgreSQL (postgresql://USER@HOST/DB) "
+                             "or SQLite (sqlite:////PATH)")
+        return value
+
     @field_validator("local_uid_range")
     @classmethod
     def _uid_range(cls, value: str) -> str:

@@ -135,7 +135,9 @@ def test_a_bad_setting_is_named_by_its_variable_without_a_traceback(tmp_path):
     for name, value, says in (("SPOTBROKER_PLACEMENT_INTERVAL", "abc", "valid number"),
                               ("SPOTBROKER_LAUNCHER", "bogus", "'local' or 'skypilot'"),
                               ("SPOTBROKER_EGRESS_USD_PER_GB", "notjson", "JSON"),
-                              ("SPOTBROKER_ENCRYPTION_KEYS", "short", "32 random characters")):
+                              ("SPOTBROKER_ENCRYPTION_KEYS", "short", "32 random characters"),
+                              ("SPOTBROKER_DATABASE_URL", "garbage", "not a database URL"),
+                              ("SPOTBROKER_DATABASE_URL", "mysql://u:pw@h/db", "runs on PostgreSQL")):
         r = spotbroker("db", "current", env={**base, name: value})
         assert r.returncode == 2 and f"Error: {name}: " in r.stderr and says in r.stderr, r.stderr
         # (and not the value: it may be a secret)
