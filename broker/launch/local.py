@@ -177,7 +177,16 @@ class LocalLauncher:
                                     start_new_session=True, cwd=str(run_dir))
         with self._lock:
             self._children[proc.pid] = proc
-        return {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid), "marks_start": True}
+        node = {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid), "marks_start": True}
+        # Another broker on the database may see the run end and release it, and this one then never
+        # asks after it again: its exit is collected here (else a zombie until this broker restarts).
+        threading.Thread(target=self._collect, args=(proc,), name=f"node-{proc.pid}", daemon=True).start()
+        return node
+
+    def _collect(self, proc: subprocess.Popen[bytes]) -> None:
+        proc.wait()
+        with self._lock:
+            self._children.pop(proc.pid, None)
 
     def job_env(self, request: LaunchRequest, rank: int, node_dir: Path, with_agent: bool) -> dict[str, str]:
         """A job's whole environment, built here and never inherited: a defined

@@ -309,3 +309,23 @@ def test_the_nodes_of_an_attempt_meet_on_one_free_port_of_its_own(tmp_path):
         seen.append(int(port))
     assert launcher.job_env(req, 0, tmp_path, False)["MASTER_PORT"] == str(seen[0])  # kept for a relaunch
     assert "MASTER_PORT" not in launcher.job_env(replace(req, num_nodes=1, attempt_id=9), 0, tmp_path, False)
+
+
+def test_a_node_that_ended_is_no_zombie_even_if_this_broker_never_asks_after_it(tmp_path):
+    """With two brokers on one database, the other one may see the run end and
+    release it: the node stayed <defunct> under the broker that started it."""
+    launcher = LocalLauncher(tmp_path, 1)
+    pid = launcher.launch(request(tmp_path, "true"))["nodes"][0]["pid"]
+    deadline = time.monotonic() + 20
+    while _state(pid) != "gone":  # never status() or terminate(): only the other broker did
+        assert time.monotonic() < deadline, f"node {pid} is {_state(pid)}"
+        time.sleep(0.05)
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (Z: a zombie), "gone" once collected."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return "gone"
