@@ -68,7 +68,8 @@ def disagreements(session: Session, me: Shared, now: datetime, exclude: str | No
     for other in live:
         if other.id == exclude:
             continue
-        there = f"the broker on {other.host} (seen {(now - other.seen_at).total_seconds():.0f} s ago)"
+        # its id (host-pid-nonce) tells two brokers on one host apart
+        there = f"the broker {other.id} on {other.host} (seen {(now - other.seen_at).total_seconds():.0f} s ago)"
         if other.checkpoint_root != me.checkpoint_root:
             said.append(f"SPOTBROKER_CHECKPOINT_ROOT is {me.checkpoint_root} here, {other.checkpoint_root} in "
                         f"{there}")

@@ -37,16 +37,16 @@ def test_a_live_broker_with_another_root_or_address_is_named_and_a_gone_one_is_n
     with factory() as s:
         (said,) = replicas.disagreements(s, me, datetime.now(UTC))
     assert said.startswith("SPOTBROKER_CHECKPOINT_ROOT is s3://ckpt/root here, file:///data/b/checkpoints in "
-                           "the broker on b-2 (seen "), said
+                           "the broker b-2-1 on b-2 (seen "), said
     # the address nodes report to: compared where one broker sets it
     with factory() as s:
         assert replicas.disagreements(s, replicas.Shared("file:///data/b/checkpoints", None), datetime.now(UTC),
                                       exclude="b-2-1") == ["SPOTBROKER_CHECKPOINT_ROOT is file:///data/b/checkpoints "
-                                                           "here, s3://ckpt/root in the broker on b-1 (seen 1 s ago)"]
+                                                           "here, s3://ckpt/root in the broker b-1-1 on b-1 (seen 1 s ago)"]
     me = replicas.Shared("s3://ckpt/root", "https://broker.example")
     with factory() as s:
         said = replicas.disagreements(s, me, datetime.now(UTC), exclude="b-2-1")
-    assert said == ["SPOTBROKER_ADVERTISE_URL is https://broker.example here, unset in the broker on b-1 "
+    assert said == ["SPOTBROKER_ADVERTISE_URL is https://broker.example here, unset in the broker b-1-1 on b-1 "
                     "(seen 1 s ago)"]
 
 
@@ -80,7 +80,7 @@ def test_serve_is_refused_beside_a_live_broker_with_another_checkpoint_root(tmp_
     env = broker_env(SPOTBROKER_DATABASE_URL=url, SPOTBROKER_DATA_DIR=str(tmp_path / "data"))
     r = spotbroker("serve", "--port", "0", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "serving on" not in r.stderr, r.stderr
-    assert "SPOTBROKER_CHECKPOINT_ROOT is file://" in r.stderr and "s3://team-bucket/ckpt in the broker on " \
+    assert "SPOTBROKER_CHECKPOINT_ROOT is file://" in r.stderr and "s3://team-bucket/ckpt in the broker " \
         "broker-a" in r.stderr, r.stderr
 
 
@@ -99,5 +99,5 @@ def test_serve_is_refused_beside_a_live_broker_with_another_secret_key(tmp_path)
                      SPOTBROKER_CHECKPOINT_ROOT="s3://ckpt/root", SPOTBROKER_SECRET_KEY="a key of its own")
     r = spotbroker("serve", "--port", "0", env=env)
     assert r.returncode == 1 and "Traceback" not in r.stderr and "serving on" not in r.stderr, r.stderr
-    assert "SPOTBROKER_SECRET_KEY differs here from the broker on broker-a" in r.stderr, r.stderr
+    assert "SPOTBROKER_SECRET_KEY differs here from the broker broker-a-1 on broker-a" in r.stderr, r.stderr
     assert "broker-old" not in r.stderr and "a key of its own" not in r.stderr
