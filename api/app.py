@@ -109,7 +109,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
     app = FastAPI(title="spotbroker", version="0.1.0", lifespan=lifespan,
                   description="Run ML training on spot GPUs at the lowest expected cost.")
     errors.install(app)
-    app.add_middleware(Guard, body_timeout_s=settings.body_timeout_seconds)
+    app.add_middleware(Guard, body_timeout_s=settings.body_timeout_seconds,
+                       max_in_flight=settings.max_body_bytes_in_flight)
     app.state.metrics_registry = process_registry()
     app.add_middleware(RequestMetrics, registry=app.state.metrics_registry)  # outermost: every answer counts
     # The routers' own routes, not copies: `include_router` builds every route

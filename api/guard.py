@@ -10,6 +10,12 @@
   the route is given an empty one: FastAPI reads and parses a route's body
   before its dependencies (the token's check among them) run, so connections
   with no token each held a megabyte of a body they stalled in.
+- The bodies one process holds at once (being read, or read and not yet
+  answered) are bounded in all (SPOTBROKER_MAX_BODY_BYTES_IN_FLIGHT): past
+  it, 503 with Retry-After and closed. Any string passes for a bearer token
+  here (which token is the route's to judge), and the dashboard's login form
+  needs none, so a client with no valid token could otherwise hold a
+  megabyte per connection, as many connections as it opens.
 - A client that hangs up before its body is read is no error: nothing is
   answered, and the log says so in one line.
 - An exception no handler knows becomes a 500 problem document here, and is
@@ -33,7 +39,8 @@ log = logging.getLogger("spotbroker.api")
 DEFAULT_BODY_LIMIT = 1 << 20
 # Larger bodies allowed on some routes, by path prefix: the agent ships log
 # chunks of up to 4 MiB, and an upload route bounds its own archive as it streams.
-BODY_LIMITS = {"/v1/agent/logs": (4 << 20) + 1, "/v1/uploads/": MAX_ARCHIVE_BYTES + 1}
+BODY_LIMITS = {"/v1/agent/logs": (4 << 20) + 1, "/v1/uploads/": MAX_ARCHIVE_BYTES + 1,
+               "/dashboard/": 16 << 10}  # the dashboard posts small forms only (its login: a token)
 
 
 def body_limit(path: str) -> int:
@@ -53,8 +60,10 @@ class BodyTooSlow(Exception):
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, body_timeout_s: float) -> None:
-        self.app, self.body_timeout_s = app, body_timeout_s
+    def __init__(self, app: ASGIApp, body_timeout_s: float, max_in_flight: int = 64 << 20) -> None:
+        self.app, self.body_timeout_s, self.max_in_flight = app, body_timeout_s, max_in_flight
+        self.in_flight = 0  # bytes of the bodies held now (one event loop: no lock)
+        self._said_full = -60.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,7 +77,8 @@ class Guard:
             return
         received, started, body_done = 0, False, False
         loop = asyncio.get_running_loop()
-        deadline = None if scope["path"].startswith(STREAMED) else loop.time() + self.body_timeout_s
+        streamed = scope["path"].startswith(STREAMED)  # to disk, by its route: not held here
+        deadline = None if streamed else loop.time() + self.body_timeout_s
 
         async def counted_receive() -> Message:
             nonlocal received, body_done
@@ -100,6 +110,18 @@ class Guard:
             return {"type": "http.request", "body": b"", "more_body": False} \
                 if message["type"] == "http.request" else message
 
+        # What the body will hold, taken before it is read: its declared size, else the route's bound.
+        held = 0 if dropping or streamed or not _has_body(scope) else (declared if declared is not None else limit)
+        if held and self.in_flight + held > self.max_in_flight:
+            if loop.time() - self._said_full >= 60:  # said once a minute, not once per refused request
+                self._said_full = loop.time()
+                log.warning("request bodies refused (503): this server holds SPOTBROKER_MAX_BODY_BYTES_IN_FLIGHT "
+                            "(%d bytes) of them", self.max_in_flight)
+            await _send_problem(send, 503, "Service unavailable", "the server holds as many request bodies as it "
+                                "may now: try again shortly", close=True, retry_after=5)
+            return
+        self.in_flight += held
+
         async def watched_send(message: Message) -> None:
             nonlocal started
             started = started or message["type"] == "http.response.start"
@@ -121,6 +143,8 @@ class Guard:
             log.exception("unhandled error in %s %s", scope.get("method"), scope.get("path"))
             if not started:
                 await _send_problem(send, 500, "Internal error", "the server failed; see its log")
+        finally:
+            self.in_flight -= held
 
 
 def _has_body(scope: Scope) -> bool:
@@ -147,9 +171,12 @@ def _content_length(scope: Scope) -> int | None:
     return None
 
 
-async def _send_problem(send: Send, status: int, title: str, detail: str, close: bool = False) -> None:
+async def _send_problem(send: Send, status: int, title: str, detail: str, close: bool = False,
+                        retry_after: int | None = None) -> None:
     body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
     headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
     if close:  # the unread rest of the body would be taken for the next request
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -44,6 +44,9 @@ class Settings(BaseSettings):
     # (api/guard.py; an upload's stream is timed by its own route): past it,
     # 408 and closed, so that stalled bodies cannot hold memory without end.
     body_timeout_seconds: float = Field(60.0, gt=0, le=3600)
+    # Bytes of request bodies one server process holds at once (being read, or read and not yet
+    # answered; an upload streams to disk): past it, 503 and Retry-After (api/guard.py).
+    max_body_bytes_in_flight: int = Field(64 << 20, ge=8 << 20)
     # On SIGTERM, how long requests still in flight may take before they are
     # cut off (uvicorn's timeout_graceful_shutdown): a client trickling an
     # upload must not hold a rolling restart until the orchestrator's SIGKILL.
