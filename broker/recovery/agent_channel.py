@@ -73,6 +73,12 @@ SEQS_PER_SECOND = 10
 # otherwise store 64 KiB per event in the database and in every events read.
 KEPT_DATA = 4 << 10
 KEPT_STRING = 1 << 10  # past KEPT_DATA: each string cut to this many characters
+# The events a trainer reports (its control directory's events.jsonl is its own) that the
+# history stores per attempt; past it they still act (a checkpoint is still recorded) but are
+# not stored, and one EVENTS_DROPPED says so. A checkpoint every minute for 16 hours fits.
+TRAINER_TYPES = {protocol.CHECKPOINT_COMMITTED, protocol.RESUMED, protocol.NO_FLUSH, protocol.INTERVAL_ADOPTED}
+MAX_KEPT_EVENTS = 1_000
+EVENTS_DROPPED = "events_dropped"
 
 
 @dataclass(frozen=True)
@@ -151,7 +157,7 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
         if not node:
             attempt.agent_seq = event.seq
         accepted += 1
-        if event.type not in SILENT:
+        if event.type not in SILENT and _keep(session, job, attempt, event, clock):
             data = {**kept(event.data), "agent_at": event.at.isoformat(), **({NODE_SEQ: event.seq} if node else {})}
             session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(), data=data))
         if event.seq in uris:
@@ -173,6 +179,20 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
     return Outcome(accepted=accepted, last_seq=last, cancel=not live, drain=drain, moved=moved,
                    drain_until=job.next_check_at if move else None, checkpoint_interval_s=interval,
                    stop=live and earlystop.stop_wanted(session, job, attempt))
+
+
+def _keep(session: Session, job: Job, attempt: Attempt, event: AgentEvent, clock: Clock) -> bool:
+    """Whether the history stores the event: the agent's own always, the
+    trainer's up to MAX_KEPT_EVENTS an attempt (the first one past it stores
+    EVENTS_DROPPED instead, once)."""
+    if event.type not in TRAINER_TYPES:
+        return True
+    attempt.events_kept += 1
+    if attempt.events_kept == MAX_KEPT_EVENTS + 1:
+        session.add(Event(job_id=job.id, attempt_id=attempt.id, type=EVENTS_DROPPED, at=clock.now(), data={
+            "kept": MAX_KEPT_EVENTS, "reason": f"the trainer reported more than {MAX_KEPT_EVENTS} events in this "
+            "attempt: the later ones act (checkpoints are recorded) but are not stored"}))
+    return attempt.events_kept <= MAX_KEPT_EVENTS
 
 
 def kept(data: dict[str, Any]) -> dict[str, Any]:

@@ -191,6 +191,8 @@ class Attempt(Base):
     # event sequence number stored, and when it last spoke.
     agent_token_digest: Mapped[str | None] = mapped_column(String(64), unique=True)
     agent_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # The trainer's events stored for the attempt (bounded: recovery/agent_channel.py MAX_KEPT_EVENTS).
+    events_kept: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     last_heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

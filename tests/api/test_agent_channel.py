@@ -463,3 +463,26 @@ def test_a_padded_event_does_what_it_says_and_the_history_keeps_4_kib_of_it(api,
             if e["type"] == "no_flush"]
     assert kept == [{"reason": "no library", "agent_at": kept[0]["agent_at"]}]  # an ordinary event whole
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
+def test_a_trainer_flooding_its_events_is_stored_up_to_a_bound_and_still_acts(api, team_headers, settings,
+                                                                              monkeypatch):
+    """10,000 padded `resumed` an attempt, every restart, grew the database 40 MB an attempt
+    (at most 1,000 restarts): the history now keeps MAX_KEPT_EVENTS of the trainer's events an
+    attempt, says once that it drops the rest, and a checkpoint past the bound is still recorded."""
+    from spotbroker.broker.recovery import agent_channel
+
+    monkeypatch.setattr(agent_channel, "MAX_KEPT_EVENTS", 30)  # (the bound's size is not what is tested)
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    flood = [ev(AFTER_AGENT + i, "resumed", step=i, uri="x") for i in range(1, 41)]
+    assert sum(post(api, token, *flood[i:i + 10]).json()["accepted"] for i in range(0, 40, 10)) == 40
+    uri = f"{attempt_prefix(settings, job)}/step-000000000009"
+    assert post(api, token, committed(41, 9, uri)).json()["accepted"] == 1
+    assert [c["step"] for c in api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]] == [9]
+    events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    assert [e["type"] for e in events].count("resumed") == 30
+    (dropped,) = [e for e in events if e["type"] == "events_dropped"]
+    assert dropped["data"]["kept"] == 30 and "not stored" in dropped["data"]["reason"]
+    assert post(api, token, ev(AFTER_AGENT + 100, "heartbeat")).json()["accepted"] == 1  # the agent's own go on
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)

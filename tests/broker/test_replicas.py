@@ -40,9 +40,10 @@ def test_a_live_broker_with_another_root_or_address_is_named_and_a_gone_one_is_n
                            "the broker b-2-1 on b-2 (seen "), said
     # the address nodes report to: compared where one broker sets it
     with factory() as s:
-        assert replicas.disagreements(s, replicas.Shared("file:///data/b/checkpoints", None), datetime.now(UTC),
-                                      exclude="b-2-1") == ["SPOTBROKER_CHECKPOINT_ROOT is file:///data/b/checkpoints "
-                                                           "here, s3://ckpt/root in the broker b-1-1 on b-1 (seen 1 s ago)"]
+        said = replicas.disagreements(s, replicas.Shared("file:///data/b/checkpoints", None), datetime.now(UTC),
+                                      exclude="b-2-1")
+    assert said == ["SPOTBROKER_CHECKPOINT_ROOT is file:///data/b/checkpoints here, s3://ckpt/root in the broker "
+                    "b-1-1 on b-1 (seen 1 s ago)"]
     me = replicas.Shared("s3://ckpt/root", "https://broker.example")
     with factory() as s:
         said = replicas.disagreements(s, me, datetime.now(UTC), exclude="b-2-1")
