@@ -24,6 +24,8 @@ import json
 import logging
 import smtplib
 import socket
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
 from email.message import EmailMessage
@@ -77,12 +79,53 @@ def checked_addresses(host: str, port: int, allowed_networks: Iterable[str]) -> 
     return addresses
 
 
-def _connect(addresses: Sequence[str], port: int, timeout: float | None) -> socket.socket:
+class _Deadline:
+    """The whole of one send, bounded: each connection it opens is shut down
+    when its time is up. A read or a write has its own timeout, and a
+    receiver that answered a byte within each held the one money thread (every
+    team's alerts, hard-cap stops and accrual) as long as it liked."""
+
+    def __init__(self, seconds: float) -> None:
+        self._sockets: list[socket.socket] = []
+        self._expired = False
+        self._lock = threading.Lock()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+
+    def __enter__(self) -> _Deadline:
+        self._timer.start()
+        return self
+
+    def __exit__(self, *_) -> None:
+        self._timer.cancel()
+
+    def watch(self, sock: socket.socket) -> socket.socket:
+        with self._lock:
+            self._sockets.append(sock)
+            if self._expired:
+                _shut(sock)
+        return sock
+
+    def _expire(self) -> None:
+        with self._lock:
+            self._expired = True
+            for sock in self._sockets:
+                _shut(sock)
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)  # (a blocked read returns at once; close() would not wake it)
+    except OSError:
+        pass
+
+
+def _connect(addresses: Sequence[str], port: int, timeout: float | None, deadline: _Deadline) -> socket.socket:
     """A TCP connection to the first of the checked addresses that answers."""
     error: OSError = OSError("no address")
     for address in addresses:
         try:
-            return socket.create_connection((address, port), timeout)
+            return deadline.watch(socket.create_connection((address, port), timeout))
         except OSError as exc:
             error = exc
     raise error
@@ -92,16 +135,19 @@ class _CheckedAddresses(httpcore.SyncBackend):
     """httpcore's network backend, connecting to the checked addresses
     whatever the URL's name (httpcore still gives TLS that name to verify)."""
 
-    def __init__(self, addresses: Sequence[str]) -> None:
-        self.addresses = addresses
+    def __init__(self, addresses: Sequence[str], deadline: _Deadline) -> None:
+        self.addresses, self.deadline = addresses, deadline
 
     def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
         error: Exception = httpcore.ConnectError("no address")
         for address in self.addresses:
             try:
-                return super().connect_tcp(address, port, timeout, local_address, socket_options)
+                stream = super().connect_tcp(address, port, timeout, local_address, socket_options)
             except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
                 error = exc
+                continue
+            self.deadline.watch(stream.get_extra_info("socket"))
+            return stream
         raise error
 
 
@@ -113,39 +159,42 @@ def _tls():
     return httpx.create_ssl_context()
 
 
-def _post_webhook(url: str, text: str, addresses: Sequence[str], timeout: float) -> bool:
+def _post_webhook(url: str, text: str, addresses: Sequence[str], timeout: float, deadline: _Deadline) -> bool:
     body = json.dumps({"text": text}).encode()  # Slack's shape: the message under "text", nothing else
     with httpcore.ConnectionPool(ssl_context=_tls(),
-                                 network_backend=_CheckedAddresses(addresses)) as pool:
-        response = pool.request("POST", url, content=body, headers={
-            "Content-Type": "application/json", "User-Agent": "spotbroker"},
-            extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)})
-    return 200 <= response.status < 300
+                                 network_backend=_CheckedAddresses(addresses, deadline)) as pool, \
+            pool.stream("POST", url, content=body, headers={"Content-Type": "application/json",
+                                                              "User-Agent": "spotbroker"},
+                        extensions={"timeout": dict.fromkeys(("connect", "read", "write", "pool"), timeout)}) \
+            as response:
+        return 200 <= response.status < 300  # (its body is not read: only the status says anything)
 
 
 class _SMTP(smtplib.SMTP):
     """SMTP to the checked addresses (STARTTLS, if used, verifies the name)."""
 
-    def __init__(self, addresses: Sequence[str], host: str, port: int, timeout: float) -> None:
-        self.addresses = addresses
+    def __init__(self, addresses: Sequence[str], host: str, port: int, timeout: float, deadline: _Deadline) -> None:
+        self.addresses, self.deadline = addresses, deadline
         super().__init__(host, port, timeout=timeout)
 
     def _get_socket(self, host, port, timeout):
-        return _connect(self.addresses, port, timeout)
+        return _connect(self.addresses, port, timeout, self.deadline)
 
 
 class _SMTPS(smtplib.SMTP_SSL):
     """SMTP over TLS to the checked addresses; the certificate must name the host."""
 
-    def __init__(self, addresses: Sequence[str], host: str, port: int, timeout: float) -> None:
-        self.addresses = addresses
+    def __init__(self, addresses: Sequence[str], host: str, port: int, timeout: float, deadline: _Deadline) -> None:
+        self.addresses, self.deadline = addresses, deadline
         super().__init__(host, port, timeout=timeout, context=_tls())
 
     def _get_socket(self, host, port, timeout):
-        return self.context.wrap_socket(_connect(self.addresses, port, timeout), server_hostname=self._host)
+        return self.context.wrap_socket(_connect(self.addresses, port, timeout, self.deadline),
+                                        server_hostname=self._host)
 
 
-def _send_mail(target: budgets.Target, title: str, body: str, addresses: Sequence[str], timeout: float) -> bool:
+def _send_mail(target: budgets.Target, title: str, body: str, addresses: Sequence[str], timeout: float,
+               deadline: _Deadline) -> bool:
     u = urlsplit(target.smtp_url)
     # A server named by its address gives no mail domain: say "localhost".
     domain = u.hostname if any(c.isalpha() for c in u.hostname) else "localhost"
@@ -154,7 +203,7 @@ def _send_mail(target: budgets.Target, title: str, body: str, addresses: Sequenc
     message["To"] = ", ".join(target.to)
     message.set_content(body)
     smtp_class = _SMTPS if u.scheme == "smtps" else _SMTP
-    with smtp_class(addresses, u.hostname, u.port or (465 if u.scheme == "smtps" else 25), timeout) as smtp:
+    with smtp_class(addresses, u.hostname, u.port or (465 if u.scheme == "smtps" else 25), timeout, deadline) as smtp:
         if u.username:
             smtp.login(unquote(u.username), unquote(u.password or ""))
         smtp.send_message(message)
@@ -163,13 +212,18 @@ def _send_mail(target: budgets.Target, title: str, body: str, addresses: Sequenc
 
 def send(target: budgets.Target, title: str, body: str, timeout: float, allowed_networks: Iterable[str]) -> bool:
     """Send one message to the target, connecting only to addresses checked
-    now; Refused when its host may not be reached."""
+    now, in at most `timeout` seconds in all; Refused when its host may not
+    be reached."""
     u = urlsplit(target.url if target.kind == "webhook" else target.smtp_url)
     default_port = {"https": 443, "http": 80, "smtps": 465, "smtp": 25}[u.scheme]
     addresses = checked_addresses(target.host, u.port or default_port, allowed_networks)
-    if target.kind == "webhook":
-        return _post_webhook(target.url, f"*{title}*\n{body}", addresses, timeout)
-    return _send_mail(target, title, body, addresses, timeout)
+    with _Deadline(timeout) as deadline:
+        if target.kind == "webhook":
+            return _post_webhook(target.url, f"*{title}*\n{body}", addresses, timeout, deadline)
+        return _send_mail(target, title, body, addresses, timeout, deadline)
+
+
+PASS_SENDS = 3  # one pass of deliveries spends at most this many sends' timeouts
 
 
 def deliver(factory: sessionmaker[Session], settings: MoneySettings, now: datetime, limit: int = 200,
@@ -186,8 +240,10 @@ def deliver(factory: sessionmaker[Session], settings: MoneySettings, now: dateti
             select(Budget).where(Budget.team_id.in_({n.team_id for n in due})))} if due else {}
     if due and keyring is None:
         keyring = sealing.keyring(get_settings())
-    sent = 0
+    sent, started = 0, time.monotonic()
     for n in due:
+        if time.monotonic() - started > PASS_SENDS * settings.notify_timeout:
+            break  # slow receivers: the rest go out next pass (this thread stops and accrues too)
         error = _send_one(n, stored.get(n.team_id, {}).get(n.target), keyring, settings, allowed_networks)
         _record(factory, settings, n, now, error)
         sent += error is None

@@ -286,3 +286,64 @@ def test_an_https_hook_is_reached_at_the_checked_address_and_its_certificate_mus
         assert result.sent == result.opened >= 1 and len(receiver.got) == result.opened
     else:
         assert result.sent == 0 and receiver.got == []
+
+
+class Drip:
+    """A receiver that takes the request, then answers one byte at a time, a
+    byte a second, for ever: within every read's own timeout."""
+
+    def __init__(self, first: bytes) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port, self.first, self.stop = self.sock.getsockname()[1], first, threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(0.2)
+            try:
+                conn.recv(65536)
+            except OSError:
+                pass
+            for byte in (self.first + b"X" * 100_000):
+                if self.stop.wait(1.0):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+
+
+@pytest.mark.parametrize("kind", ["webhook", "email"])
+def test_a_receiver_that_drips_its_answer_is_cut_off_at_the_send_timeout(kind):
+    """A byte a second, within each read's own timeout, held the money thread
+    (every team's alerts, hard-cap stops and accrual) for as long as the
+    receiver liked: 3 min 40 s in a probe, until it was killed."""
+    import time
+
+    from spotbroker.broker.money import notify
+
+    drip = Drip(b"HTTP/1.1 200 OK\r\n" if kind == "webhook" else b"220 mail.example ESMTP\r\n")
+    try:
+        target = budgets.Target.model_validate(
+            {"name": "slow", "kind": "webhook", "url": f"http://127.0.0.1:{drip.port}/hook"} if kind == "webhook"
+            else {"name": "slow", "kind": "email", "smtp_url": f"smtp://127.0.0.1:{drip.port}", "to": ["a@b.c"]})
+        started = time.monotonic()
+        try:
+            ok = notify.send(target, "title", "body", 3.0, ["127.0.0.0/8"])
+        except Exception:
+            ok = False
+        assert not ok and time.monotonic() - started < 6, time.monotonic() - started
+    finally:
+        drip.close()
