@@ -79,12 +79,18 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
         if digest.hexdigest() != sha256:
             raise invalid([{"field": "sha256", "message": (
                 f"the body ({received} bytes) hashes to {digest.hexdigest()}, not to the name it was sent under")}])
+        if await run_in_threadpool(uploads.size, state.settings, team.team_name, sha256) is not None:
+            return UploadOut(sha256=sha256, bytes=received)  # these very bytes, checked when first stored
         limiter = getattr(state, "upload_limiter", None)
         if limiter is None:  # made in the app's own event loop, which it belongs to
             limiter = state.upload_limiter = anyio.CapacityLimiter(ARCHIVE_CHECKS)
+            state.upload_team_slots = {}
+        # One check at a time per team: a team's big archives cannot take every slot from the others.
+        slot = state.upload_team_slots.setdefault(team.team_id, anyio.Lock())
         try:
-            await anyio.to_thread.run_sync(uploads.store, state.settings, state.session_factory, team.team_id,
-                                           team.team_name, sha256, path, state.clock, limiter=limiter)
+            async with slot:
+                await anyio.to_thread.run_sync(uploads.store, state.settings, state.session_factory, team.team_id,
+                                               team.team_name, sha256, path, state.clock, limiter=limiter)
         except uploads.UploadInvalid as exc:
             raise invalid([{"field": "body", "message": str(exc)}]) from None
         except uploads.QuotaExceeded as exc:

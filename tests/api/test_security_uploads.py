@@ -233,3 +233,19 @@ def test_an_upload_whose_body_stops_coming_is_given_up(api, team_headers, monkey
     finally:
         stalled.set()
     assert r.status_code == 408 and "1 s" in r.json()["detail"], r.text
+
+
+def test_an_archive_the_team_already_has_is_not_checked_again(api, team_headers, monkeypatch):
+    """Re-sending one archive of 99,000 empty files (5.3 s of check, two checks at
+    once for every team) held the check slots: another team's 2 KB upload waited 9-19 s."""
+    from spotbroker.broker.jobs import uploads
+
+    checked = []
+    real = uploads.store
+    monkeypatch.setattr(uploads, "store", lambda *a, **kw: checked.append(a[4]) or real(*a, **kw))
+    h = team_headers("ml")
+    archive = tgz(**{f"d/f{i}": b"" for i in range(200)})
+    assert [put(api, h, archive).status_code for _ in range(3)] == [201, 201, 201]
+    assert checked == [hashlib.sha256(archive).hexdigest()]  # the same bytes (their hash): checked once
+    other = team_headers("other")
+    assert put(api, other, archive).status_code == 201 and len(checked) == 2  # another team's: its own check
