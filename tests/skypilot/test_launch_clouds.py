@@ -106,16 +106,21 @@ def test_the_janitor_refreshes_the_clouds_on_each_sweep(factory, tmp_path):
     assert sky.asked == 2 and launcher.enabled_clouds() == frozenset({"aws", "azure"})
 
 
-def test_with_no_cloud_enabled_a_gpu_job_is_held_saying_so_and_released_once_one_is(factory, settings, tmp_path):
-    from spotbroker.broker.placement.placer import NO_CLOUD
-    from spotbroker.broker.reconciler import Reconciler
-
+def t4_job(factory, settings) -> int:
+    """The catalog's offers, a team and its job for one T4: the job's id."""
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     with transaction(factory) as s:
         seed_from_catalog(s)
         team, _ = auth.create_team(s, "ml")
-        job_id = jobs.submit(s, team.id, JobSpec.model_validate(
+        return jobs.submit(s, team.id, JobSpec.model_validate(
             {"run": "true", "resources": {"accelerators": "T4:1"}})).id
+
+
+def test_with_no_cloud_enabled_a_gpu_job_is_held_saying_so_and_released_once_one_is(factory, settings, tmp_path):
+    from spotbroker.broker.placement.placer import NO_CLOUD
+    from spotbroker.broker.reconciler import Reconciler
+
+    job_id = t4_job(factory, settings)
     sky = CheckedSky([])  # `sky check` found no credentials anywhere
     launcher = SkyPilotLauncher(tmp_path, prefix="sbclouds", sky=sky)
     rec = Reconciler(factory, {"skypilot": launcher}, settings)
@@ -153,12 +158,7 @@ def test_a_job_submitted_before_the_first_check_waits_for_it(factory, settings, 
     from spotbroker.broker.placement.placer import NOT_CHECKED
     from spotbroker.broker.reconciler import Reconciler
 
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    with transaction(factory) as s:
-        seed_from_catalog(s)
-        team, _ = auth.create_team(s, "ml")
-        job_id = jobs.submit(s, team.id, JobSpec.model_validate(
-            {"run": "true", "resources": {"accelerators": "T4:1"}})).id
+    job_id = t4_job(factory, settings)
     sky = CheckedSky(["AWS"])
     launcher = SkyPilotLauncher(tmp_path, prefix="sbclouds", sky=sky)
     rec = Reconciler(factory, {"skypilot": launcher}, settings)
