@@ -203,3 +203,28 @@ def test_the_cookie_is_secure_when_reached_over_https(settings):
         assert r.status_code == 303
         line = cookie_of(r).lower()
         assert "secure" in line and "httponly" in line and "samesite=strict" in line
+
+
+def test_a_token_keeps_a_bounded_number_of_logins_open(factory):
+    """A token's holder opened 3,000 dashboard sessions in 23 s, each a row kept
+    for the sessions' lifetime: now the oldest ends when one more opens."""
+    with transaction(factory) as s:
+        team, token = auth.create_team(s, "ml")
+    now = datetime(2026, 3, 2, tzinfo=UTC)
+    opened = []
+    for i in range(sessions.MAX_PER_TOKEN + 5):
+        with transaction(factory) as s:
+            opened.append(sessions.open_session(s, token, "admin-one", now + timedelta(seconds=i),
+                                                timedelta(hours=8))[0])
+        with transaction(factory) as s:  # the admin's are counted apart
+            sessions.open_session(s, "admin-one", "admin-one", now, timedelta(hours=8))
+    with factory() as s:
+        rows = s.scalar(select(func.count()).select_from(DashboardSession).where(
+            DashboardSession.api_token_id.is_not(None)))
+        admins = s.scalar(select(func.count()).select_from(DashboardSession).where(
+            DashboardSession.api_token_id.is_(None)))
+    assert (rows, admins) == (sessions.MAX_PER_TOKEN, sessions.MAX_PER_TOKEN)
+    at = now + timedelta(seconds=sessions.MAX_PER_TOKEN + 5)
+    with transaction(factory) as s:
+        assert sessions.resolve(s, opened[0], "admin-one", at, timedelta(hours=1)) is None  # the oldest: ended
+        assert sessions.resolve(s, opened[-1], "admin-one", at, timedelta(hours=1)).team_name == "ml"
