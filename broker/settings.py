@@ -34,7 +34,8 @@ class Settings(BaseSettings):
     # forwarded_allow_ips): comma-separated addresses or networks, "*" for any.
     # Behind a TLS-terminating ingress, name its addresses so that the client's
     # scheme (the dashboard cookie's Secure flag) and address come through; unset,
-    # only a proxy on this host (127.0.0.1) is believed.
+    # only a proxy on this host (127.0.0.1) is believed, and none where the local
+    # launcher runs jobs on this host (trusted_proxies).
     forwarded_allow_ips: str | None = None
     # The longest a connection may take to send a request's line and headers
     # (api/headlimit.py): past it, 408 and closed, so that connections that
@@ -300,6 +301,15 @@ class Settings(BaseSettings):
         if self.local_launcher is not None:
             return self.local_launcher
         return (host or self.host) in LOOPBACK_HOSTS
+
+    def trusted_proxies(self, host: str | None = None) -> str | list[str]:
+        """Whose X-Forwarded-For/-Proto uvicorn believes: as set; unset, a proxy
+        on this host (127.0.0.1), but no one where the local launcher runs
+        jobs here (every team's job connects from 127.0.0.1 too, and would
+        name the client's address and scheme: the cookie's Secure flag)."""
+        if self.forwarded_allow_ips is not None:
+            return self.forwarded_allow_ips
+        return [] if self.local_launcher_enabled(host) else "127.0.0.1"
 
 
 def normalize_database_url(url: str) -> str:

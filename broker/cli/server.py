@@ -121,13 +121,13 @@ def serve(host: str | None, port: int | None, workers: int, log_level: str) -> N
 
     if workers == 1:
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, http=BoundedHead,
-                    forwarded_allow_ips=settings.forwarded_allow_ips, log_config=logs,
+                    forwarded_allow_ips=settings.trusted_proxies(host), log_config=logs,
                     timeout_graceful_shutdown=settings.shutdown_grace_seconds)
         return
     # Worker processes build their own app from the environment.
     os.environ.update(SPOTBROKER_HOST=host, SPOTBROKER_PORT=str(port))
     uvicorn.run("spotbroker.api.app:create_app", factory=True, host=host, port=port, workers=workers,
-                log_level=log_level, http=BoundedHead, forwarded_allow_ips=settings.forwarded_allow_ips,
+                log_level=log_level, http=BoundedHead, forwarded_allow_ips=settings.trusted_proxies(host),
                 log_config=logs, timeout_graceful_shutdown=settings.shutdown_grace_seconds)
 
 

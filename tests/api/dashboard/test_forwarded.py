@@ -22,11 +22,13 @@ ADMIN = "admin-token-forwarded"
 def serve(tmp_path):
     started: list[subprocess.Popen] = []
 
-    def start(forwarded_allow_ips: str) -> str:
+    def start(forwarded_allow_ips: str | None, **more: str) -> str:
         port = free_port()
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
         env.update(SPOTBROKER_DATA_DIR=str(tmp_path / f"data-{port}"), SPOTBROKER_ADMIN_TOKEN=ADMIN,
-                   SPOTBROKER_FORWARDED_ALLOW_IPS=forwarded_allow_ips, SPOTBROKER_PRICES_SOURCES="catalog")
+                   SPOTBROKER_PRICES_SOURCES="catalog", **more)
+        if forwarded_allow_ips is not None:
+            env["SPOTBROKER_FORWARDED_ALLOW_IPS"] = forwarded_allow_ips
         proc = subprocess.Popen([str(Path(sys.executable).parent / "spotbroker"), "serve", "--host", "127.0.0.1",
                                  "--port", str(port), "--log-level", "warning"], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -77,3 +79,13 @@ def test_the_cookie_is_secure_exactly_when_a_trusted_proxy_says_https(serve):
 def test_an_untrusted_peer_cannot_claim_https(serve):
     url = serve("192.0.2.10")  # the ingress's address: this client (127.0.0.1) is not it
     assert "secure" not in flags(login_cookie(url, **{"X-Forwarded-Proto": "https"}))
+
+
+def test_unset_a_proxy_on_this_host_is_believed_unless_local_jobs_run_here(serve):
+    """Every team's local job connects from 127.0.0.1: with the local launcher
+    on, its X-Forwarded-For named any client address in the broker's log, and
+    its X-Forwarded-Proto the cookie's scheme."""
+    local = serve(None)  # on loopback the local launcher is on by default
+    assert "secure" not in flags(login_cookie(local, **{"X-Forwarded-Proto": "https"}))
+    cloud_only = serve(None, SPOTBROKER_LOCAL_LAUNCHER="false")
+    assert "secure" in flags(login_cookie(cloud_only, **{"X-Forwarded-Proto": "https"}))
