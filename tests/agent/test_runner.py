@@ -68,7 +68,8 @@ class Agent:
                    "--work-dir", work_dir, "--", *(trainer or [sys.executable, str(TRAINER)]), *trainer_args]
         self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp)
 
-    def finish(self, timeout: float = 20.0) -> tuple[int, str, str]:
+    def finish(self, timeout: float = 60.0) -> tuple[int, str, str]:  # a bound on a hang, not a measure:
+        # a whole suite on two cores once kept a preempted agent's flush and exit past 20 s
         out, err = self.proc.communicate(timeout=timeout)
         return self.proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
