@@ -13,7 +13,7 @@ _NULL = "tag:yaml.org,2002:null"
 # libyaml's parser where PyYAML was built with it (its wheels are): a 1 MB
 # task file composes in a third of the pure-Python parser's time, the same
 # nodes and constructors, so the same documents and errors with their lines.
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's, where PyYAML was built with it
 
 
 class DuplicateKey(ValueError):
@@ -33,7 +33,7 @@ def safe_load(text: str) -> Any:
     (DuplicateKey). Merge keys (`<<: *base`) may be overridden, as YAML means.
     Empty documents (a `---` before or after the task) are passed over, as
     SkyPilot passes them; a second task is refused (SeveralDocuments)."""
-    loader = _LOADER(text)
+    loader = LOADER(text)
     try:
         nodes = []
         while loader.check_node():
