@@ -85,6 +85,8 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
         app.state.batcher = SubmissionBatcher(factory, clock, on_written=reconciler.hint, keyring=keyring)
         app.state.tokens = TokenResolver(settings.admin_token.get_secret_value() if settings.admin_token else None)
         app.state.team_turns = TeamTurns(settings.max_requests_per_team)
+        # A team checks one archive and parses one task file at a time (each takes seconds of CPU).
+        app.state.upload_turns, app.state.parse_turns = TeamTurns(1), TeamTurns(1)
         app.state.followers = Followers(factory, per_team=settings.max_followers_per_team, clock=clock)
         restore_signals = on_shutdown_signal(app.state.followers)
         # Every thread beside the API, from one list (broker/background.py); routers start none.

@@ -51,7 +51,8 @@ _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-ya
 # the GIL (PyYAML, then SkyPilot's schema): a megabyte takes seconds of CPU,
 # and a team posting dozens at once would starve the event loop (every
 # team's requests, the agents' heartbeats). The others wait their turn
-# without a thread.
+# without a thread, and a team parses one file at a time (`parse_turns`):
+# four loops of a team's slow file held both places from the other teams.
 YAML_PARSES = 2
 _READ = responses(401, 403, 404, 422)
 # The most events one answer holds: a job's agent may write many, and an
@@ -70,12 +71,13 @@ def _get(session, team, job_id: int):
         raise _not_found(job_id) from None
 
 
-async def _parse_task(request: Request, body: bytes) -> tuple[dict, list[dict]]:
+async def _parse_task(request: Request, team_id: int, body: bytes) -> tuple[dict, list[dict]]:
     state = request.app.state
     limiter = getattr(state, "yaml_limiter", None)
     if limiter is None:  # made in the app's own event loop, which it belongs to
         limiter = state.yaml_limiter = anyio.CapacityLimiter(YAML_PARSES)
-    return await anyio.to_thread.run_sync(taskyaml.parse_warned, body, limiter=limiter)
+    async with state.parse_turns.turn(team_id):
+        return await anyio.to_thread.run_sync(taskyaml.parse_warned, body, limiter=limiter)
 
 
 async def _refused(request: Request, errors: list[dict]) -> Problem:
@@ -102,7 +104,7 @@ def _with_lines(errors: list[dict], body: bytes, fmt: str) -> list[dict]:
     return errors
 
 
-async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
+async def _read_spec(request: Request, team_id: int, policy) -> tuple[JobSpec, list[dict]]:
     """The submitted spec, the team `policy`'s defaults merged under it, and
     the warnings about what of it was dropped."""
     body = await request.body()
@@ -114,7 +116,7 @@ async def _read_spec(request: Request, policy) -> tuple[JobSpec, list[dict]]:
     try:
         # A task file is read by SkyPilot's own schema (seconds for the first
         # one a process reads: `import sky`), off the event loop.
-        doc, warnings = await _parse_task(request, body) if fmt == "yaml" else (load_document(body, fmt), [])
+        doc, warnings = await _parse_task(request, team_id, body) if fmt == "yaml" else (load_document(body, fmt), [])
     except SpecShapeError as exc:
         err = {"field": exc.field, "message": exc.detail}
         if exc.line:  # a duplicate key: where the second one is
@@ -163,7 +165,7 @@ async def submit_job(request: Request, team: CurrentTeam,
     defaults and refuses a job that breaks one of its limits."""
     state = request.app.state
     known = await run_in_threadpool(intake.team_of, state.session_factory, team.team_id, state.clock.now())
-    spec, warnings = await _read_spec(request, known.policy)
+    spec, warnings = await _read_spec(request, team.team_id, known.policy)
     if problems := spec.per_attempt_errors() + execlimits.size_errors(spec):
         raise await _refused(request, problems)
     problem = spec.deadline_error(state.clock.now(), state.settings.restart_overhead_seconds

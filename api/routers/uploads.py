@@ -84,13 +84,8 @@ async def put_upload(request: Request, sha256: Sha256, team: CurrentTeam) -> Upl
         limiter = getattr(state, "upload_limiter", None)
         if limiter is None:  # made in the app's own event loop, which it belongs to
             limiter = state.upload_limiter = anyio.CapacityLimiter(ARCHIVE_CHECKS)
-        # One check at a time per team: a team's big archives cannot take every slot from the others.
-        slots = getattr(state, "upload_team_slots", None)
-        if slots is None:
-            slots = state.upload_team_slots = {}
-        slot = slots.setdefault(team.team_id, anyio.Lock())
-        try:
-            async with slot:
+        try:  # one check at a time per team: a team's big archives cannot take every slot from the others
+            async with state.upload_turns.turn(team.team_id):
                 await anyio.to_thread.run_sync(uploads.store, state.settings, state.session_factory, team.team_id,
                                                team.team_name, sha256, path, state.clock, limiter=limiter)
         except uploads.UploadInvalid as exc:

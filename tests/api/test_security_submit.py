@@ -60,3 +60,39 @@ def test_an_environment_or_command_no_node_could_start_is_refused_naming_the_fie
     # At the bounds, a job is taken.
     fits = {"run": "true", "setup": "#" * MAX_COMMAND_BYTES, "envs": {"A": "x" * (MAX_ENV_BYTES - 4)}}
     assert api.post("/v1/jobs", json=fits, headers=h).status_code == 201
+
+
+def test_a_team_parses_one_task_file_at_a_time_so_another_teams_file_is_not_kept_waiting(
+        api, team_headers, monkeypatch):
+    """Four loops of one team's slow task file (a megabyte of `envs:` keys)
+    held both places and kept another team's file waiting 5-12 s: a team's
+    files now wait for each other, not for the places."""
+    ml = {**team_headers("ml"), "Content-Type": "application/yaml"}
+    cv = {**team_headers("cv"), "Content-Type": "application/yaml"}
+    real, lock = taskyaml.parse_warned, threading.Lock()
+    cv_parsed, stalled = threading.Event(), []
+    now: dict[str, int] = {}
+    peak: dict[str, int] = {}
+
+    def slow_parse(data: bytes):
+        team = "cv" if b"name: cv" in data else "ml"
+        with lock:
+            now[team] = now.get(team, 0) + 1
+            peak[team] = max(peak.get(team, 0), now[team])
+        if team == "ml" and not cv_parsed.wait(10):  # ml's parse holds its place until cv's is done
+            stalled.append(data)
+        with lock:
+            now[team] -= 1
+        if team == "cv":
+            cv_parsed.set()
+        return real(data)
+
+    monkeypatch.setattr(taskyaml, "parse_warned", slow_parse)
+    with ThreadPoolExecutor(5) as pool:
+        mls = [pool.submit(api.post, "/v1/jobs", content=f"name: ml{i}\nrun: 'true'\n", headers=ml) for i in range(4)]
+        time.sleep(0.5)  # ml's files are in first
+        answer = api.post("/v1/jobs", content="name: cv\nrun: 'true'\n", headers=cv)
+        assert answer.status_code == 201, answer.text
+        assert [f.result().status_code for f in mls] == [201] * 4
+    assert not stalled, "another team's task file waited behind this team's"
+    assert peak == {"ml": 1, "cv": 1}
