@@ -39,6 +39,7 @@ def start_broker(db_url: str, data_dir: Path, workers: int, first: bool = True) 
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(SPOTBROKER_DATABASE_URL=db_url, SPOTBROKER_DATA_DIR=str(data_dir),
                SPOTBROKER_LOCAL_MAX_RUNNING="0", SPOTBROKER_ADMIN_TOKEN="bench-admin",
+               SPOTBROKER_MAX_UNFINISHED_JOBS_PER_TEAM="100000000",  # counted at each submission, never reached
                SPOTBROKER_SECRET_KEY="bench-signing-key-shared-by-the-replicas",
                SPOTBROKER_PRICES_SOURCES="catalog")  # no network
     cli = [sys.executable, "-m", "spotbroker.broker.cli"]

@@ -141,6 +141,10 @@ class Settings(BaseSettings):
     # turn (api/deps.py), so that one team's flood leaves threads and database
     # connections to the others and to the agents.
     max_requests_per_team: int = Field(16, ge=1)
+    # Jobs a team may have unfinished (pending, held, running...) at once; a
+    # submission past it is refused (429). 3,000 of one team's pending jobs
+    # kept the reconciler 80 s behind for every team. 0: no bound.
+    max_unfinished_jobs_per_team: int = Field(1000, ge=0)
     # Import SkyPilot (seconds of CPU, ~100 MB) in the background once the
     # server has started, so that the first task file is not kept waiting
     # for it: it made a fresh broker's first `spotbroker submit` take 5-6 s.

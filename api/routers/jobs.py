@@ -147,7 +147,9 @@ async def _read_spec(request: Request, team_id: int, policy) -> tuple[JobSpec, l
     return spec, warnings
 
 
-@router.post("", status_code=201, response_model=JobSubmitted, responses=responses(401, 403, 413, 415, 422),
+@router.post("", status_code=201, response_model=JobSubmitted, responses=responses(
+                 401, 403, 413, 415, 422, 429, s429="The team has as many unfinished jobs as it may have at once "
+                 "(SPOTBROKER_MAX_UNFINISHED_JOBS_PER_TEAM)"),
              openapi_extra={"requestBody": {"required": True, "content": {
                  "application/json": {"schema": {"$ref": "#/components/schemas/JobSpec"}},
                  "application/yaml": {"schema": {"$ref": "#/components/schemas/JobSpec"}}}}})
@@ -164,7 +166,10 @@ async def submit_job(request: Request, team: CurrentTeam,
     GPUs at once). The team's policy (`PUT /v1/teams/{team}/policy`) adds its
     defaults and refuses a job that breaks one of its limits."""
     state = request.app.state
-    known = await run_in_threadpool(intake.team_of, state.session_factory, team.team_id, state.clock.now())
+    known = await run_in_threadpool(intake.team_of, state.session_factory, team.team_id, state.clock.now(),
+                                    state.settings.max_unfinished_jobs_per_team, idempotency_key)
+    if known.full:  # before the spec is read: a full team's flood costs no parse
+        raise Problem(429, "Too many requests", known.full)
     spec, warnings = await _read_spec(request, team.team_id, known.policy)
     if problems := spec.per_attempt_errors() + execlimits.size_errors(spec):
         raise await _refused(request, problems)

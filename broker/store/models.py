@@ -104,6 +104,7 @@ class Job(Base):
         UniqueConstraint("team_id", "idempotency_key", name="uq_jobs_team_id_idempotency_key"),
         Index("ix_jobs_team_id_id", "team_id", "id"),
         Index("ix_jobs_due", "state", "next_check_at"),
+        Index("ix_jobs_team_id_state", "team_id", "state"),  # a team's unfinished jobs, counted at each submission
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -8,10 +8,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.jobs.spec import JobSpec
+from spotbroker.broker.jobs.states import LIVE_JOB_STATES
 from spotbroker.broker.money import budgets
+from spotbroker.broker.store.models import Job
 from spotbroker.broker.teampolicy import limits
 from spotbroker.broker.teampolicy import policy as policies
 
@@ -23,11 +26,34 @@ class Team:
 
     policy: policies.Policy
     budget_hold: str | None  # over budget: the job is HELD from the start
+    full: str | None         # the team has as many unfinished jobs as it may: the submission is refused
 
 
-def team_of(factory: sessionmaker[Session], team_id: int, now: datetime) -> Team:
+def team_of(factory: sessionmaker[Session], team_id: int, now: datetime, max_unfinished: int = 0,
+            idempotency_key: str | None = None) -> Team:
     with factory() as session:
-        return Team(policies.get(session, team_id), budgets.hold_reason(session, team_id, False, now))
+        return Team(policies.get(session, team_id), budgets.hold_reason(session, team_id, False, now),
+                    _full(session, team_id, max_unfinished, idempotency_key))
+
+
+# Built once (a submission is the API's hot path); the index on (team_id, state) answers it.
+_UNFINISHED = (select(func.count()).select_from(Job)
+               .where(Job.team_id == bindparam("team"), Job.state.in_([str(s) for s in LIVE_JOB_STATES])))
+
+
+def _full(session: Session, team_id: int, max_unfinished: int, key: str | None) -> str | None:
+    """Why the team may submit no more jobs now, if it may not (a retry of a
+    submission that made its job is answered with that job, not refused)."""
+    if not max_unfinished:
+        return None
+    count = session.scalar(_UNFINISHED, {"team": team_id})
+    if count < max_unfinished:
+        return None
+    if key is not None and session.scalar(select(Job.id).where(Job.team_id == team_id, Job.idempotency_key == key)):
+        return None
+    return (f"the team has {count} unfinished jobs, as many as a team may have at once "
+            f"(SPOTBROKER_MAX_UNFINISHED_JOBS_PER_TEAM={max_unfinished}): submit again once some have ended, "
+            "or cancel some")
 
 
 def with_defaults(doc: Any, policy: policies.Policy) -> Any:

@@ -96,3 +96,29 @@ def test_a_team_parses_one_task_file_at_a_time_so_another_teams_file_is_not_kept
         assert [f.result().status_code for f in mls] == [201] * 4
     assert not stalled, "another team's task file waited behind this team's"
     assert peak == {"ml": 1, "cv": 1}
+
+
+def test_a_team_has_at_most_so_many_unfinished_jobs(api, settings, team_headers):
+    """3,000 of one team's pending jobs kept the reconciler 80 s behind for
+    every team: past SPOTBROKER_MAX_UNFINISHED_JOBS_PER_TEAM a submission is
+    refused (429) before its spec is read, and nothing is stored."""
+    settings.max_unfinished_jobs_per_team = 2
+    ml, cv = team_headers("ml"), team_headers("cv")
+    waits = {"run": "true", "num_nodes": 9}  # HELD: the local launcher runs 8 nodes at once
+    first = api.post("/v1/jobs", json=waits, headers={**ml, "Idempotency-Key": "first"})
+    assert first.status_code == 201, first.text
+    assert api.post("/v1/jobs", json=waits, headers=ml).status_code == 201
+    refused = api.post("/v1/jobs", json=waits, headers=ml)
+    assert refused.status_code == 429, refused.text
+    assert "2 unfinished jobs" in refused.json()["detail"]
+    assert "SPOTBROKER_MAX_UNFINISHED_JOBS_PER_TEAM" in refused.json()["detail"]
+    yaml = {**ml, "Content-Type": "application/yaml"}
+    assert api.post("/v1/jobs", content="run: 'true'\n", headers=yaml).status_code == 429
+    assert len(api.get("/v1/jobs", headers=ml).json()["jobs"]) == 2  # nothing stored
+    # A retry of a submission that made its job gets that job.
+    again = api.post("/v1/jobs", json=waits, headers={**ml, "Idempotency-Key": "first"})
+    assert again.status_code == 201 and again.json()["id"] == first.json()["id"], again.text
+    # Another team is not counted against; an ended job frees its place.
+    assert api.post("/v1/jobs", json=waits, headers=cv).status_code == 201
+    assert api.post(f"/v1/jobs/{first.json()['id']}/cancel", headers=ml).status_code == 200
+    assert api.post("/v1/jobs", json=waits, headers=ml).status_code == 201
