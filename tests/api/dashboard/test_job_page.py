@@ -57,6 +57,11 @@ def test_the_job_page_draws_each_metric_and_says_what_the_early_stop_saved(site,
     assert site.client.get(f"/dashboard/jobs/{job}", headers=site.bearer("vision")).status_code == 404
     assert site.client.get(f"/dashboard/jobs/{job}", headers=ADMIN).status_code == 200
     assert site.client.get("/dashboard/jobs/999999", headers=site.bearer("ml")).status_code == 404
+    # An id is ASCII digits: `1_0` is not job 10, nor `+1` job 1.
+    odd = [f"{str(job)[:1]}_{str(job)[1:]}" if job > 9 else f"0_{job}", f"+{job}", f"%20{job}", "abc", "1e3"]
+    for spelled in odd:
+        answer = site.client.get(f"/dashboard/jobs/{spelled}", headers=site.bearer("ml"))
+        assert answer.status_code == 404 and "<html" in answer.text.lower(), (spelled, answer.status_code)
     assert site.client.get(f"/dashboard/jobs/{job}", follow_redirects=False).status_code == 303  # log in first
 
 
