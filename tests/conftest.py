@@ -61,8 +61,9 @@ for name, value in TEST_DEFAULTS.items():
 # Every process the suite starts carries this mark in its environment (the
 # jobs' own processes excepted: their environment is the launcher's
 # allow-list, and their node ends them): what still carries it once the
-# session is over was left behind.
-SESSION_MARK = "SPOTBROKER_TEST_SESSION"
+# session is over was left behind. (Not a SPOTBROKER_ name: those are the
+# broker's settings, which its local nodes do not inherit.)
+SESSION_MARK = "PYTEST_SPOTBROKER_SESSION"
 LEFTOVER_GRACE = 15.0
 
 

@@ -67,6 +67,15 @@ log = logging.getLogger(__name__)
 
 SIMULATED_CLOUDS = ("aws", "gcp", "azure")
 
+
+def node_env() -> dict[str, str]:
+    """A node's environment (and its metadata simulator's): the broker's, but
+    its own settings (`SPOTBROKER_*`: the admin token, the database's URL,
+    the signing key), which a node has no use for. The job's is built apart
+    (`job_env`), never inherited."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
+
+
 def job_python_default() -> str:
     """The jobs' interpreter unless told: the one `make install` recorded in
     this environment (see scripts/ensure-job-user), else the broker's own."""
@@ -174,7 +183,7 @@ class LocalLauncher:
         with os.fdopen(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as sink, _sigterm_held():
             proc = subprocess.Popen([sys.executable, "-m", "spotbroker.broker.launch.local_node", str(spec_file)],
                                     stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT,
-                                    start_new_session=True, cwd=str(run_dir))
+                                    start_new_session=True, cwd=str(run_dir), env=node_env())
         with self._lock:
             self._children[proc.pid] = proc
         node = {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid), "marks_start": True}

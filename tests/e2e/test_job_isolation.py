@@ -14,6 +14,7 @@ from conftest import ADMIN_TOKEN
 from support.helpers import wait_for, wait_state
 from support.ports import free_port
 
+from spotbroker.agent import protocol
 from spotbroker.broker.launch.local import SYSTEM_PATH, job_python_default
 from spotbroker.broker.recovery.agent_channel import agent_token
 
@@ -72,6 +73,46 @@ def test_a_job_that_prints_its_environment_sees_nothing_of_the_brokers(broker_en
     assert env["HOME"].startswith(str(settings.data_dir / "runs")) and env["LANG"] == "C.UTF-8"
     if ROOT:  # the team's own uid, which needs no passwd entry: USER names it
         assert env["USER"] == env["LOGNAME"] == "spotbroker-b" and "user=root" not in out
+
+
+def test_a_node_and_its_metadata_simulator_carry_none_of_the_brokers_settings(broker_env, api, team_headers,
+                                                                             settings):
+    """They run as the broker's user and inherited its environment: the admin
+    token, the database's URL and the signing key sat in two more processes
+    per node, for nothing."""
+    h = team_headers("b")
+    job_id = api.post("/v1/jobs", json={"name": "sleeper", "run": "sleep 30"}, headers=h).json()["id"]
+    wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+
+    def ours() -> dict[str, bytes]:
+        found = {}
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+                if b"spotbroker.broker.launch.local_node" in argv and str(settings.data_dir).encode() in argv[-2]:
+                    found[pid] = Path(f"/proc/{pid}/environ").read_bytes()
+                    found.update({child: Path(f"/proc/{child}/environ").read_bytes() for child in _children(pid)
+                                  if b"spotbroker.agent.metadata_sim" in Path(f"/proc/{child}/cmdline").read_bytes()})
+            except OSError:  # gone meanwhile
+                continue
+        return found
+
+    seen = wait_for(lambda: (lambda f: f if len(f) >= 2 else None)(ours()), timeout=30)  # the node, its simulator
+    for pid, environ in seen.items():
+        names = {line.split(b"=", 1)[0].decode() for line in environ.split(b"\0") if b"=" in line}
+        # (the simulator takes orders with the node's own token, no broker's)
+        assert not {n for n in names if n.startswith("SPOTBROKER_")} - {protocol.ENV_SIM_CONTROL_TOKEN}, (pid, names)
+        for name, value in BROKER_SECRETS.items():
+            if name.startswith("SPOTBROKER_"):
+                assert value.encode() not in environ, (pid, name)
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+
+
+def _children(pid: str) -> list[str]:
+    out = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        out += Path(f"/proc/{pid}/task/{task}/children").read_text().split()
+    return out
 
 
 def test_the_admin_token_cannot_be_read_and_used_by_another_teams_job(broker_env, api, team_headers):
