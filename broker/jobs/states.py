@@ -57,6 +57,14 @@ class EndReason(StrEnum):
 RECLAIMED = frozenset({EndReason.PREEMPTED, EndReason.VANISHED})
 
 
+def team_could_cause(end_reason: str | None, preemption_requested: bool) -> bool:
+    """A reclaim its own team could have caused: a notice it asked for
+    (`simulate-preemption`), or a node gone without one (a job can end its own
+    node, or silence its agent). It is evidence for that team's placement and
+    checkpoint interval only: another team's would let a tenant steer it."""
+    return end_reason == EndReason.VANISHED or (end_reason == EndReason.PREEMPTED and preemption_requested)
+
+
 J = JobState
 JOB_TRANSITIONS: dict[JobState, frozenset[JobState]] = {
     # FAILED from PENDING/RECOVERING: no offer can ever fit the job.

@@ -13,12 +13,12 @@ from datetime import datetime, timedelta
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, EndReason
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, EndReason, team_could_cause
 from spotbroker.broker.placement.policy import Event, ZoneHistory
 from spotbroker.broker.placement.policy.fading import FadingHistory
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import Attempt, Offer, SpotProbe
+from spotbroker.broker.store.models import Attempt, Job, Offer, SpotProbe
 
 log = logging.getLogger("spotbroker.broker.reconciler")  # where a failed probe was always told
 
@@ -37,11 +37,48 @@ def offer_key(o: Offer) -> str:
 
 
 def load_histories(session: Session, now: datetime, settings: Settings) -> dict[str, ZoneHistory]:
-    """Every place's spot history, unfaded (`load_place_histories`)."""
-    return {key: h.full for key, h in load_place_histories(session, now, settings).items()}
+    """Every place's spot history as every team sees it, unfaded (`load_place_histories`)."""
+    return {key: h.full for key, h in load_place_histories(session, now, settings).shared.items()}
 
 
-def load_place_histories(session: Session, now: datetime, settings: Settings) -> dict[str, FadingHistory]:
+Run = tuple[float, float, bool, int]  # (start, end, reclaimed, its team's id if only that team's reclaim, else 0)
+
+
+class PlaceHistories:
+    """Each place's history for a pass: `shared` as every team sees it, and a
+    team's own (`of`) where it had reclaims it could have caused itself
+    (`states.team_could_cause`): they count for it, not for the others."""
+
+    def __init__(self, settings: Settings, now: datetime, runs: dict[str, list[Run]],
+                 points: dict[str, list[tuple[float, Event]]]) -> None:
+        self._settings, self._now, self._runs, self._points = settings, now, runs, points
+        self.shared = {key: self._replayed(key, None) for key in runs.keys() | points.keys()}
+        self._owned = {(team, key) for key, rs in runs.items() for *_, team in rs if team}
+        self._own: dict[tuple[int, str], FadingHistory] = {}
+
+    def _replayed(self, key: str, team: int | None) -> FadingHistory:
+        history = place_history(self._settings, self._now)
+        runs = [(start, end, reclaimed or by == team) for start, end, reclaimed, by in self._runs.get(key, [])]
+        for at, rank, event in _samples(runs, self._points.get(key, [])):
+            history.record(event, at, seen_since_last=rank == 1)
+        return history
+
+    def of(self, team: int, key: str) -> FadingHistory:
+        """The place's history as `team` sees it (made for the pass if missing)."""
+        if (team, key) in self._owned:
+            if (team, key) not in self._own:
+                self._own[team, key] = self._replayed(key, team)
+            return self._own[team, key]
+        return self.shared.setdefault(key, place_history(self._settings, self._now))
+
+    def record(self, key: str, event: Event, at: float) -> None:
+        """What the pass learns of a place, in every team's view of it."""
+        for history in [self.shared.get(key), *(h for (_, k), h in self._own.items() if k == key)]:
+            if history is not None:
+                history.record(event, at)
+
+
+def load_place_histories(session: Session, now: datetime, settings: Settings) -> PlaceHistories:
     """Every place's spot history from the attempts table and the probes,
     each job reading what came before its start faded
     (`placement_memory_half_life_hours`; `policy/fading.py`).
@@ -50,16 +87,19 @@ def load_place_histories(session: Session, now: datetime, settings: Settings) ->
     the union of their runs is "up", and a refusal, a probe or another
     instance's reclaim inside it says nothing more. A stretch of that union
     ends in a reclaim when the run that ends it was reclaimed (or, still
-    live, has had a preemption notice). Outside the union, refusals and
-    probes are the samples. Everything comes from the database, so a broker
-    restarted at any point reads what a live one would.
+    live, has had a preemption notice); a reclaim its team could have caused
+    ends it for that team only. Outside the union, refusals and probes are
+    the samples. Everything comes from the database, so a broker restarted
+    at any point reads what a live one would.
     """
     since = now - timedelta(days=settings.placement_history_days)
     rows = session.execute(
         select(Attempt.cloud, Attempt.region, Attempt.zone, Attempt.zone_id, Attempt.instance_type,
-               Attempt.state, Attempt.end_reason, Attempt.started_at, Attempt.ended_at)
+               Attempt.state, Attempt.end_reason, Attempt.started_at, Attempt.ended_at,
+               Attempt.preemption_requested, Job.team_id)
+        .join(Job, Job.id == Attempt.job_id)
         .where(Attempt.use_spot.is_(True), or_(Attempt.ended_at.is_(None), Attempt.ended_at >= since))).all()
-    runs: dict[str, list[tuple[float, float, bool]]] = defaultdict(list)  # (start, end, reclaimed)
+    runs: dict[str, list[Run]] = defaultdict(list)
     points: dict[str, list[tuple[float, Event]]] = defaultdict(list)
     for r in rows:
         key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
@@ -69,7 +109,9 @@ def load_place_histories(session: Session, now: datetime, settings: Settings) ->
             # a live attempt already ending PREEMPTED has had its notice: the zone is
             # being reclaimed now, for every job placed before its flush ends it
             reclaimed = r.end_reason in RECLAIMED
-            runs[key].append((r.started_at.timestamp(), end.timestamp(), reclaimed))
+            own = reclaimed and team_could_cause(r.end_reason, r.preemption_requested)
+            runs[key].append((r.started_at.timestamp(), end.timestamp(), reclaimed and not own,
+                              r.team_id if own else 0))
         elif r.end_reason == EndReason.NO_CAPACITY and r.ended_at is not None:
             points[key].append((r.ended_at.timestamp(), Event.CAPACITY_FAILURE))
     probes = session.execute(
@@ -78,12 +120,7 @@ def load_place_histories(session: Session, now: datetime, settings: Settings) ->
     for r in probes:
         key = zone_key(r.cloud, r.region, r.zone, r.zone_id, r.instance_type)
         points[key].append((r.at.timestamp(), Event.PROBE_OK if r.available else Event.PROBE_FAILED))
-    histories = {}
-    for key in runs.keys() | points.keys():
-        history = histories[key] = place_history(settings, now)
-        for at, rank, event in _samples(runs.get(key, []), points.get(key, [])):
-            history.record(event, at, seen_since_last=rank == 1)
-    return histories
+    return PlaceHistories(settings, now, runs, points)
 
 
 def place_history(settings: Settings, now: datetime) -> FadingHistory:

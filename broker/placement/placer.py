@@ -45,6 +45,7 @@ from spotbroker.broker.jobs.spec import JobSpec
 from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, AttemptState
 from spotbroker.broker.placement import carbon
 from spotbroker.broker.placement.histories import (  # noqa: F401
+    PlaceHistories,
     attempt_key,
     load_histories,
     load_place_histories,
@@ -64,7 +65,6 @@ from spotbroker.broker.placement.policy import (
     ZoneState,
 )
 from spotbroker.broker.placement.policy.egress import EgressPrices
-from spotbroker.broker.placement.policy.fading import FadingHistory
 from spotbroker.broker.pricing.offers import OFFER_COLUMNS, Placement, cheapest, groups_of, placement_of, priced
 from spotbroker.broker.settings import Settings
 from spotbroker.broker.store.models import Attempt, Checkpoint, Job, PriceOffer
@@ -130,7 +130,7 @@ class Placer:
         self._launchers = launchers if launchers is not None else {}
         self._clouds: frozenset[str] | None = None
         self._egress = egress_prices(settings)
-        self._histories: dict[str, FadingHistory] | None = None
+        self._histories: PlaceHistories | None = None
         self._probes: dict[str, Placement] = {}
         # per pass, by the job's resources: jobs of one shape share their offers
         self._offers: dict[str, tuple[list, dict, list]] = {}
@@ -151,7 +151,8 @@ class Placer:
         join into spells (`ZoneHistory.join_within_s`)."""
         recent = now.timestamp() - 0.5 * self.settings.placement_interval
         due = [p for key, p in self._probes.items()
-               if (h := (self._histories or {}).get(key)) is None or (h.full.last_sample_s or -1e18) < recent]
+               if (h := (self._histories.shared if self._histories else {}).get(key)) is None
+               or (h.full.last_sample_s or -1e18) < recent]
         self._probes = {}
         return due
 
@@ -292,9 +293,7 @@ class Placer:
     def capacity_error(self, attempt: Attempt, at: datetime) -> None:
         """A launch refused for capacity: the jobs placed later in this pass know it."""
         if self._histories is not None and attempt.use_spot:
-            history = self._histories.get(attempt_key(attempt))
-            if history is not None:
-                history.record(Event.CAPACITY_FAILURE, at.timestamp())
+            self._histories.record(attempt_key(attempt), Event.CAPACITY_FAILURE, at.timestamp())
 
     def _observe(self, session: Session, job: Job, spec: JobSpec, shape: str, now: datetime,
                  zones: dict[str, tuple], running: Attempt | None, carbon_price: float = 0.0) -> Observation:
@@ -332,8 +331,6 @@ class Placer:
 
         def state(key: str, region: str, spot_price: float, od_price: float, risk: float | None = None,
                   kg: float = 0.0) -> ZoneState:
-            # one history per place for the pass: what is learnt during it reaches every job
-            self._histories.setdefault(key, place_history(self.settings, now))
             extra = carbon.surcharge(carbon_price, kg)
             return ZoneState(key, region, spot_price + extra, od_price + extra, NO_HISTORY, risk)
 
@@ -352,8 +349,9 @@ class Placer:
             else:  # its offer is gone from the catalog: judge it as it was bought, never as on-demand
                 kg = (running.power_kw or 0.0) * (running.grid_g_per_kwh or 0.0) / 1000
                 states.append(state(current.zone, running.region or "*", running.price_per_hour, math.inf, kg=kg))
-        return tuple(replace(z, history=self._histories[z.zone].as_of(start_s)) for z in states)
-        return tuple(states)
+        # one history per place for the pass (a team's own where it caused reclaims): what is learnt
+        # during the pass reaches every job
+        return tuple(replace(z, history=self._histories.of(job.team_id, z.zone).as_of(start_s)) for z in states)
 
 
 def _placement(zones: dict[str, tuple], offer) -> Placement | None:

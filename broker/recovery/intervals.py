@@ -8,7 +8,8 @@ in, where
 
 * the zone's MTBF comes from every team's spot attempts there in the last
   `placement_history_days` (their running time, and how many were
-  reclaimed: `preempted` or `vanished`, never a move), on a prior from the
+  reclaimed: `preempted` or `vanished`, never a move; a reclaim a team could
+  have caused, counted for that team only), on a prior from the
   bundled traces scaled by the zone's published risk (the offer's `risk`);
 * C is the job's measured checkpoint cost: the median time of its newest
   periodic checkpoints, from the step boundary to the commit (the stall plus
@@ -33,7 +34,7 @@ from sqlalchemy.orm import Session
 
 from spotbroker.agent import protocol
 from spotbroker.broker.jobs.checkpointspec import AUTO, CODE
-from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED
+from spotbroker.broker.jobs.states import LIVE_ATTEMPT_STATES, RECLAIMED, team_could_cause
 from spotbroker.broker.recovery import interval as fit
 from spotbroker.broker.store.models import Attempt, Checkpoint, Event, Job, PriceOffer
 
@@ -49,17 +50,21 @@ def zone_name(a: Attempt) -> str:
     return f"{a.cloud}/{a.region or '*'}/{a.zone or a.zone_id or '*'}/{a.instance_type or '*'}"
 
 
-def zone_record(session: Session, attempt: Attempt, now: datetime, history_days: float) -> fit.ZoneRecord:
-    """Every team's spot instances of the attempt's zone and type, recent or running."""
+def zone_record(session: Session, attempt: Attempt, now: datetime, history_days: float,
+                team_id: int | None = None) -> fit.ZoneRecord:
+    """Every team's spot instances of the attempt's zone and type, recent or
+    running; a reclaim a team could have caused counts for `team_id`'s only."""
     since = now - timedelta(days=history_days)
     place = _same(Attempt.zone, attempt.zone) if attempt.zone else \
         (Attempt.zone.is_(None) & _same(Attempt.zone_id, attempt.zone_id))
-    rows = session.execute(select(Attempt.started_at, Attempt.ended_at, Attempt.end_reason).where(
+    rows = session.execute(select(Attempt.started_at, Attempt.ended_at, Attempt.end_reason,
+                                  Attempt.preemption_requested, Job.team_id).join(Job, Job.id == Attempt.job_id).where(
         Attempt.use_spot.is_(True), Attempt.cloud == attempt.cloud, _same(Attempt.region, attempt.region), place,
         _same(Attempt.instance_type, attempt.instance_type), Attempt.started_at.is_not(None),
         or_(Attempt.ended_at.is_(None), Attempt.ended_at >= since))).all()
     exposure = sum(max(0.0, ((r.ended_at or now) - r.started_at).total_seconds()) for r in rows)
-    reclaims = sum(1 for r in rows if r.ended_at is not None and r.end_reason in RECLAIMED)
+    reclaims = sum(1 for r in rows if r.ended_at is not None and r.end_reason in RECLAIMED
+                   and (r.team_id == team_id or not team_could_cause(r.end_reason, r.preemption_requested)))
     risk = session.scalar(select(PriceOffer.risk).where(
         PriceOffer.cloud == attempt.cloud, PriceOffer.region == (attempt.region or ""),
         PriceOffer.place == (attempt.zone or attempt.zone_id or ""),
@@ -96,7 +101,7 @@ def fitted(session: Session, job: Job, attempt: Attempt, now: datetime, history_
         return {"seconds": fit.MAX_INTERVAL_S, "mode": mode, "zone": zone_name(attempt), "zone_mtbf_s": None,
                 "cost_s": round(used, 3), "cost_measured": cost is not None,
                 "why": "on-demand: not reclaimed, so the longest interval (bounded)"}
-    record = zone_record(session, attempt, now, history_days)
+    record = zone_record(session, attempt, now, history_days, job.team_id)
     mtbf = fit.mtbf_s(record)
     seconds = fit.young_daly(used, mtbf)
     bound = " (bounded)" if seconds in (fit.MIN_INTERVAL_S, fit.MAX_INTERVAL_S) else ""

@@ -194,6 +194,9 @@ class Attempt(Base):
     agent_seq: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     # The trainer's events stored for the attempt (bounded: recovery/agent_channel.py MAX_KEPT_EVENTS).
     events_kept: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Its team asked for its preemption (`simulate-preemption`): a reclaim the
+    # team caused, which steers no other team's placement (placement/histories.py).
+    preemption_requested: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     last_heartbeat_at: Mapped[datetime | None]
     created_at: Mapped[datetime]
     updated_at: Mapped[datetime]

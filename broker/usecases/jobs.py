@@ -7,7 +7,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select, tuple_
+from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.broker.checkpoints import records
@@ -227,8 +227,14 @@ def simulate_preemption(session: Session, team_id: int, job_id: int, launchers: 
     if attempt.cloud == "k8s":
         raise NotPreemptible("the attempt runs on a Kubernetes place, which no cloud reclaims: there is no "
                              "preemption notice to simulate")
+    # Marked before the notice can be read: a reclaim the team asked for steers no other team (histories.py).
+    mark = update(Attempt).where(Attempt.id == attempt.id)
+    session.execute(mark.values(preemption_requested=True))
+    session.commit()
     try:
         simulate(attempt.handle)
     except LaunchError as exc:
+        session.execute(mark.values(preemption_requested=False))
+        session.commit()
         raise NotPreemptible(str(exc)) from None
     return job

@@ -74,7 +74,7 @@ def test_a_job_stored_before_cannot_set_them_at_launch_either(factory, settings)
     assert request.extra_env[protocol.ENV_RESUME_FROM] == "" and other not in request.extra_env.values()
 
 
-def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, team_headers, settings):
+def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, team_headers, settings, factory):
     """Another team's job on the same host finds a node's metadata simulator
     by its port (listening sockets are in the world-readable /proc/net/tcp)
     and orders a preemption notice: refused. The broker's own
@@ -102,6 +102,11 @@ def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, te
                          for e in api.get(f"/v1/jobs/{job_id}/events", headers=h).json()["events"]),
              timeout=30, what="the broker's own notice to reach the job")
     api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+    # A reclaim the team asked for: marked so, it steers no other team's placement (placement/histories.py).
+    from spotbroker.broker.store.models import Attempt
+
+    with factory() as s:
+        assert s.get(Attempt, job["attempts"][-1]["id"]).preemption_requested
 
 
 @pytest.mark.parametrize("route", ["events", "prices", "dashboard"])

@@ -299,3 +299,44 @@ def test_work_done_counts_productive_time_up_to_checkpoints_made_before_each_att
         done = _work_done(s, s.get(Job, job_id), now, settings.restart_overhead_seconds)
     expected = (timedelta(hours=2) - d) + (timedelta(hours=1) - d)
     assert done == pytest.approx(expected.total_seconds(), abs=1)
+
+
+@pytest.mark.parametrize("caused", ["asked for", "vanished"])
+def test_a_reclaim_a_team_could_cause_steers_its_own_jobs_only(factory, settings, team, caused):
+    """A tenant's simulate-preemption, or a node its own job ended (gone
+    without a notice), fed the shared history: fifteen such reclaims steered
+    every team away from a place (and shortened their checkpoint intervals).
+    They count for the team that could have caused them; a reclaim the
+    cloud announced still counts for everyone."""
+    from spotbroker.broker.recovery import intervals
+
+    spec = JobSpec.model_validate({"run": "x", "resources": T4})
+    with transaction(factory) as s:
+        other, _ = auth.create_team(s, "vision")
+        other = other.id
+    mine, theirs = submit(factory, team, resources=T4), submit(factory, other, resources=T4)
+    now = Clock().now()
+    with transaction(factory) as s:
+        cheapest = rank_offers(s, spec, limit=1)[0]
+        for i in range(15):
+            start = now - timedelta(hours=16 - i)
+            a = add_attempt(s, mine, cheapest, state="PREEMPTED", started=start, ended=start + timedelta(minutes=5),
+                            end=EndReason.PREEMPTED if caused == "asked for" else EndReason.VANISHED)
+            a.preemption_requested = caused == "asked for"
+        probe = add_attempt(s, theirs, cheapest, state="RUNNING", started=now - timedelta(minutes=1))
+        shared = load_histories(s, now, settings)[attempt_key(probe)]
+        assert shared.preemptions == 0
+        assert intervals.zone_record(s, probe, now, settings.placement_history_days, other).reclaims == 0
+        assert intervals.zone_record(s, probe, now, settings.placement_history_days, team).reclaims == 15
+        s.delete(probe)
+    with factory() as s:
+        placer = Placer(settings)
+        steered, free = (placer.choose(s, s.get(Job, j), spec, now) for j in (mine, theirs))
+    assert steered.placements[0].place != cheapest.place
+    assert free.placements[0].place == cheapest.place
+    # The same reclaims announced by the cloud count for every team.
+    with transaction(factory) as s:
+        s.execute(update(Attempt).where(Attempt.job_id == mine).values(end_reason=EndReason.PREEMPTED,
+                                                                        preemption_requested=False))
+    with factory() as s:
+        assert Placer(settings).choose(s, s.get(Job, theirs), spec, now).placements[0].place != cheapest.place
