@@ -69,7 +69,10 @@ class PlaceHistories:
             if (team, key) not in self._own:
                 self._own[team, key] = self._replayed(key, team)
             return self._own[team, key]
-        return self.shared.setdefault(key, place_history(self._settings, self._now))
+        history = self.shared.get(key)
+        if history is None:
+            history = self.shared[key] = place_history(self._settings, self._now)
+        return history
 
     def record(self, key: str, event: Event, at: float) -> None:
         """What the pass learns of a place, in every team's view of it."""
