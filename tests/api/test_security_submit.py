@@ -7,6 +7,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from support.teamgate import OtherTeamFirst
+
 from spotbroker.broker.usecases import taskyaml
 
 YAML_PARSES = 2  # spotbroker.api.routers.jobs.YAML_PARSES
@@ -69,33 +71,16 @@ def test_a_team_parses_one_task_file_at_a_time_so_another_teams_file_is_not_kept
     files now wait for each other, not for the places."""
     ml = {**team_headers("ml"), "Content-Type": "application/yaml"}
     cv = {**team_headers("cv"), "Content-Type": "application/yaml"}
-    real, lock = taskyaml.parse_warned, threading.Lock()
-    cv_parsed, stalled = threading.Event(), []
-    now: dict[str, int] = {}
-    peak: dict[str, int] = {}
-
-    def slow_parse(data: bytes):
-        team = "cv" if b"name: cv" in data else "ml"
-        with lock:
-            now[team] = now.get(team, 0) + 1
-            peak[team] = max(peak.get(team, 0), now[team])
-        if team == "ml" and not cv_parsed.wait(10):  # ml's parse holds its place until cv's is done
-            stalled.append(data)
-        with lock:
-            now[team] -= 1
-        if team == "cv":
-            cv_parsed.set()
-        return real(data)
-
-    monkeypatch.setattr(taskyaml, "parse_warned", slow_parse)
+    gate = OtherTeamFirst(taskyaml.parse_warned, lambda data: "cv" if b"name: cv" in data else "ml")
+    monkeypatch.setattr(taskyaml, "parse_warned", gate)
     with ThreadPoolExecutor(5) as pool:
         mls = [pool.submit(api.post, "/v1/jobs", content=f"name: ml{i}\nrun: 'true'\n", headers=ml) for i in range(4)]
         time.sleep(0.5)  # ml's files are in first
         answer = api.post("/v1/jobs", content="name: cv\nrun: 'true'\n", headers=cv)
         assert answer.status_code == 201, answer.text
         assert [f.result().status_code for f in mls] == [201] * 4
-    assert not stalled, "another team's task file waited behind this team's"
-    assert peak == {"ml": 1, "cv": 1}
+    assert not gate.stalled, "another team's task file waited behind this team's"
+    assert gate.peak == {"ml": 1, "cv": 1}
 
 
 def test_a_team_has_at_most_so_many_unfinished_jobs(api, settings, team_headers):

@@ -254,35 +254,20 @@ def test_an_archive_the_team_already_has_is_not_checked_again(api, team_headers,
 def test_a_team_checks_one_archive_at_a_time_so_another_teams_is_not_kept_waiting(api, team_headers, monkeypatch):
     """One team's big archives took both check places from every other team:
     a team's checks now wait for each other, not for the places."""
-    import threading
     import time
     from concurrent.futures import ThreadPoolExecutor
+
+    from support.teamgate import OtherTeamFirst
 
     from spotbroker.broker.jobs import uploads
 
     ml, cv = team_headers("ml"), team_headers("cv")
-    real, lock = uploads.store, threading.Lock()
-    cv_checked, stalled = threading.Event(), []
-    now: dict[str, int] = {}
-    peak: dict[str, int] = {}
-
-    def slow_store(settings, factory, team_id, team_name, *args, **kwargs):
-        with lock:
-            now[team_name] = now.get(team_name, 0) + 1
-            peak[team_name] = max(peak.get(team_name, 0), now[team_name])
-        if team_name == "ml" and not cv_checked.wait(10):  # ml's check holds its place until cv's is done
-            stalled.append(team_name)
-        with lock:
-            now[team_name] -= 1
-        if team_name == "cv":
-            cv_checked.set()
-        return real(settings, factory, team_id, team_name, *args, **kwargs)
-
-    monkeypatch.setattr(uploads, "store", slow_store)
+    gate = OtherTeamFirst(uploads.store, lambda settings, factory, team_id, team_name, *rest, **kw: team_name)
+    monkeypatch.setattr(uploads, "store", gate)
     with ThreadPoolExecutor(4) as pool:
         mls = [pool.submit(put, api, ml, tgz(**{f"m{i}.txt": b"m" * 10})) for i in range(3)]
         time.sleep(0.5)  # ml's archives are in first
         assert put(api, cv, tgz(**{"c.txt": b"c"})).status_code == 201
         assert [f.result().status_code for f in mls] == [201] * 3
-    assert not stalled, "another team's archive waited behind this team's"
-    assert peak == {"ml": 1, "cv": 1}
+    assert not gate.stalled, "another team's archive waited behind this team's"
+    assert gate.peak == {"ml": 1, "cv": 1}
