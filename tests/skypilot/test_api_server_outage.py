@@ -129,3 +129,37 @@ def _request() -> LaunchRequest:
                       accelerator="T4", accelerator_count=1, use_spot=True, price_per_hour=0.2)
     return LaunchRequest(attempt_id=999, job_id=1, team="t", run="python train.py", setup=None, envs={},
                          num_nodes=1, placement=where)
+
+
+def test_a_local_server_the_broker_started_is_collected_once_it_ends():
+    """SkyPilot's start leaves its server a child of the broker that nothing
+    waits for: after `sky api stop` it stayed a zombie of the broker. The
+    janitor's next probe collects it; another thread's child is left alone."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from spotbroker.broker.launch.skypilot.server import ServerWatch
+
+    def state(pid: int) -> str | None:
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return None
+
+    class Sky:  # SkyPilot's start as it is: a Popen it does not keep (its server's module in the command)
+        def api_start(self):
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)", "sky.server.server"])
+
+    watch = ServerWatch(Sky())
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1)"])  # not the server
+    watch.start_local()
+    [server] = watch.started
+    deadline = time.monotonic() + 20
+    while state(server) != "Z" and time.monotonic() < deadline:  # the stop: it ends, and nobody waits
+        time.sleep(0.05)
+    assert state(server) == "Z"
+    watch.reap()
+    assert state(server) is None and not watch.started
+    assert bystander.wait(10) == 0  # its own Popen collects it

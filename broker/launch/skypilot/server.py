@@ -10,8 +10,10 @@ check) for the launch path, the reconciler's reason and `/readyz`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from spotbroker.broker.launch.base import LauncherUnavailable
@@ -32,6 +34,7 @@ class ServerWatch:
         self.down_since: float | None = None
         self.detail: str | None = None
         self.wanted = threading.Event()  # a launch met no server: probe before the next interval
+        self.started: set[int] = set()  # the local servers this process started (reaped once they end)
 
     @property
     def seen(self) -> bool:
@@ -80,6 +83,7 @@ class ServerWatch:
         """Ask the server whether it is up, starting a local one first if it
         is not (SkyPilot's own start: seconds, waited for); raises
         LauncherUnavailable if it does not answer."""
+        self.reap()
         try:
             self.healthy_now()
         except LauncherUnavailable:
@@ -87,13 +91,33 @@ class ServerWatch:
                 raise
             try:
                 _forget_last_health()
-                self.sky.api_start()
+                self.start_local()
             except Exception as exc:
                 raise self.unavailable(exc) from None
             self.healthy_now()
         finally:
             self.wanted.clear()  # (set by its own failed look too: the next probe is a launch's or an interval's)
         self.answered()
+
+    def start_local(self) -> None:
+        """SkyPilot's own start of a local server, which leaves the server a
+        child of this process that nothing waits for: after `sky api stop` it
+        stayed a zombie of the broker. Its pid is kept, for `reap`."""
+        before = _children()
+        try:
+            self.sky.api_start()
+        finally:  # (only its server: another thread's children are their own Popen's to wait for)
+            self.started |= {pid for pid in _children() - before if _is_sky_server(pid)}
+
+    def reap(self) -> None:
+        """Collect the exit of each local server this process started that has ended."""
+        for pid in list(self.started):
+            try:
+                ended = os.waitpid(pid, os.WNOHANG)[0] == pid
+            except ChildProcessError:  # collected already (subprocess does, at its next start)
+                ended = True
+            if ended:
+                self.started.discard(pid)
 
     def wait_until_up(self, stop: threading.Event, longest_s: float = 30.0) -> bool:
         """Probe until the server answers or `stop`, backing off to `longest_s`; whether it answered."""
@@ -122,3 +146,21 @@ def _forget_last_health() -> None:
     from sky.server import common
 
     common.get_api_server_status_response.cache_clear()
+
+
+def _children() -> set[int]:
+    """This process's children (any thread's), as Linux lists them."""
+    found: set[int] = set()
+    try:
+        for task in Path("/proc/self/task").iterdir():
+            found.update(int(pid) for pid in (task / "children").read_text().split())
+    except OSError:
+        pass
+    return found
+
+
+def _is_sky_server(pid: int) -> bool:
+    try:
+        return b"sky.server.server" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
