@@ -49,6 +49,8 @@ ENV_CODE_URI = "SPOTBROKER_CODE_URI"
 ENV_CODE_SHA256 = "SPOTBROKER_CODE_SHA256"
 # The job's file mounts as resolved by the broker (agent/mounts.py: `encode`), placed before `setup`.
 ENV_MOUNTS = "SPOTBROKER_MOUNTS"
+# Where a local node places an absolute mount path `/P` (it has no file system of its own to give a job).
+ENV_MOUNT_ROOT = "SPOTBROKER_MOUNT_ROOT"
 # Seconds between a notice without a deadline (GCP, a drain) and the hard stop, when the launcher
 # knows better than the agent's default (the local launcher's simulated GCP window).
 ENV_NOTICE_WINDOW = "SPOTBROKER_NOTICE_WINDOW"
@@ -81,7 +83,7 @@ PER_ATTEMPT_ENV = frozenset({
     ENV_CHECKPOINT_URI, ENV_CHECKPOINT_ROOT, ENV_RESUME_FROM, ENV_CONTROL_DIR, ENV_EARLY_STOP,
     ENV_REGION, ENV_ZONE, ENV_INSTANCE_TYPE, ENV_CODE_URI, ENV_CODE_SHA256,
     ENV_STORAGE_CREDENTIALS, ENV_STORAGE_CREDENTIALS_FILE, ENV_PREFLIGHT, ENV_PREFLIGHT_STEPS,
-    ENV_MOUNTS, ENV_NOTICE_WINDOW, ENV_SIM_CONTROL_TOKEN})
+    ENV_MOUNTS, ENV_MOUNT_ROOT, ENV_NOTICE_WINDOW, ENV_SIM_CONTROL_TOKEN})
 
 # --- Trainer <-> agent, through files in the control directory.
 # Each process of the library announces itself at start in its own

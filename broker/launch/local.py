@@ -223,7 +223,7 @@ class LocalLauncher:
             **request.storage_env,  # the node's own credentials, scoped to the job (none for a file:// root)
         }
         if request.mounts:  # no file system of its own to give a job: absolute mount paths are under this
-            env["SPOTBROKER_MOUNT_ROOT"] = str(node_dir / "fs")
+            env[protocol.ENV_MOUNT_ROOT] = str(node_dir / "fs")
         env.pop(protocol.ENV_AGENT_TOKEN, None)  # in no process's environment, which its uid could read
         if with_agent and p.cloud in SIMULATED_CLOUDS and self.notice_window is not None:
             env[protocol.ENV_NOTICE_WINDOW] = f"{self.notice_window:g}"  # GCP publishes no deadline
