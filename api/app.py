@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from spotbroker.api import errors
 from spotbroker.api.batching import SubmissionBatcher
 from spotbroker.api.dashboard import routes as dashboard
-from spotbroker.api.deps import TeamTurns
+from spotbroker.api.deps import TeamTurns, body_holder
 from spotbroker.api.following import Followers, on_shutdown_signal
 from spotbroker.api.guard import Guard
 from spotbroker.api.http_metrics import RequestMetrics, process_registry
@@ -112,7 +112,7 @@ def create_app(settings: Settings | None = None, *, clock: Clock = SYSTEM_CLOCK,
                   description="Run ML training on spot GPUs at the lowest expected cost.")
     errors.install(app)
     app.add_middleware(Guard, body_timeout_s=settings.body_timeout_seconds,
-                       max_in_flight=settings.max_body_bytes_in_flight)
+                       max_in_flight=settings.max_body_bytes_in_flight, identify=body_holder(app))
     app.state.metrics_registry = process_registry()
     app.add_middleware(RequestMetrics, registry=app.state.metrics_registry)  # outermost: every answer counts
     # The routers' own routes, not copies: `include_router` builds every route

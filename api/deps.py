@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Annotated
 
@@ -12,6 +12,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BeforeValidator
 from sqlalchemy.orm import Session
+from starlette.types import Scope
 
 from spotbroker.api.errors import Problem
 from spotbroker.broker.auth import Principal
@@ -67,6 +68,39 @@ async def get_principal(request: Request,
     return principal
 
 
+def body_holder(app) -> Callable[[Scope], Awaitable[str | None]]:
+    """Who holds a request's body in api/guard.py's accounts, asked before a
+    byte of it is read: the token's team (the admin's: one holder), or on the
+    agent channel the token's attempt; None for a token that names no one."""
+    from spotbroker.api.guard import bearer_token
+    from spotbroker.broker.recovery import agent_channel
+
+    async def identify(scope: Scope) -> str | None:
+        state, token = app.state, bearer_token(scope) or ""
+        if scope["path"].startswith(AGENT_PATHS):
+            def attempt() -> int | None:
+                with state.session_factory() as session:
+                    found = agent_channel.attempt_for_token(session, token)
+                    return found.id if found is not None else None
+
+            attempt_id = await run_in_threadpool(attempt) if token.startswith(agent_channel.AGENT_TOKEN_PREFIX) \
+                else None
+            return None if attempt_id is None else f"attempt:{attempt_id}"
+        known, principal = state.tokens.cached(token)
+        if not known:
+            def team() -> Principal | None:
+                with state.session_factory() as session:
+                    return state.tokens.resolve(session, token)
+
+            principal = await run_in_threadpool(team)
+        if principal is None:
+            return None
+        return "admin" if principal.is_admin else f"team:{principal.team_id}"
+
+    return identify
+
+
+AGENT_PATHS = "/v1/agent/"
 ADMIN_TURNS = -1  # the admin's requests share one team's number of turns
 
 

@@ -11,11 +11,15 @@
   before its dependencies (the token's check among them) run, so connections
   with no token each held a megabyte of a body they stalled in.
 - The bodies one process holds at once (being read, or read and not yet
-  answered) are bounded in all (SPOTBROKER_MAX_BODY_BYTES_IN_FLIGHT): past
-  it, 503 with Retry-After and closed. Any string passes for a bearer token
-  here (which token is the route's to judge), and the dashboard's login form
-  needs none, so a client with no valid token could otherwise hold a
-  megabyte per connection, as many connections as it opens.
+  answered) are bounded in all (SPOTBROKER_MAX_BODY_BYTES_IN_FLIGHT), and
+  by holder: a team (the admin counts as one), an attempt's agent, or the
+  requests with no token (the dashboard's forms) each hold at most a
+  quarter of it (the anonymous ones `ANONYMOUS_SHARE`), though always one
+  body at a time. Past either, 503 with Retry-After and closed. The holder
+  is known before a byte of the body is read (`identify`): a token that
+  names no one is answered 401 at once, so a body sent with any string for
+  a token holds nothing (64 such heads that stalled once took the whole
+  budget, and every team's and agent's posts got 503s).
 - A client that hangs up before its body is read is no error: nothing is
   answered, and the log says so in one line.
 - An exception no handler knows becomes a 500 problem document here, and is
@@ -28,6 +32,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -50,6 +56,11 @@ def body_limit(path: str) -> int:
 # Routes that read their body as a stream and time it themselves (api/routers/uploads.py).
 STREAMED = "/v1/uploads/"
 
+ANONYMOUS = "anonymous"       # the holder of bodies sent with no bearer token (the dashboard's forms)
+ANONYMOUS_SHARE = 1 << 20     # 64 logins' forms at once
+# scope -> who holds its body: a holder's name, ANONYMOUS with no token, None for a token that names no one
+Identify = Callable[[Scope], Awaitable[str | None]]
+
 
 class BodyTooLarge(Exception):
     pass
@@ -60,10 +71,19 @@ class BodyTooSlow(Exception):
 
 
 class Guard:
-    def __init__(self, app: ASGIApp, body_timeout_s: float, max_in_flight: int = 64 << 20) -> None:
+    def __init__(self, app: ASGIApp, body_timeout_s: float, max_in_flight: int = 64 << 20,
+                 identify: Identify | None = None) -> None:
         self.app, self.body_timeout_s, self.max_in_flight = app, body_timeout_s, max_in_flight
+        self.identify = identify
         self.in_flight = 0  # bytes of the bodies held now (one event loop: no lock)
+        self.held_by: Counter[str] = Counter()
         self._said_full = -60.0
+
+    def _room(self, holder: str, size: int) -> bool:
+        """Whether `holder` may hold one more body of `size` bytes now."""
+        share = ANONYMOUS_SHARE if holder == ANONYMOUS else self.max_in_flight // 4
+        mine = self.held_by[holder]
+        return self.in_flight + size <= self.max_in_flight and (not mine or mine + size <= share)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -112,15 +132,23 @@ class Guard:
 
         # What the body will hold, taken before it is read: its declared size, else the route's bound.
         held = 0 if dropping or streamed or not _has_body(scope) else (declared if declared is not None else limit)
-        if held and self.in_flight + held > self.max_in_flight:
+        holder = ANONYMOUS
+        if held and self.identify is not None and _bearer(scope):
+            holder = await self.identify(scope)
+            if holder is None:  # the route would say the same: nothing of the body is read
+                await _send_problem(send, 401, "Unauthorized", "unknown or revoked token", close=True,
+                                    headers=[(b"www-authenticate", b"Bearer")])
+                return
+        if held and not self._room(holder, held):
             if loop.time() - self._said_full >= 60:  # said once a minute, not once per refused request
                 self._said_full = loop.time()
                 log.warning("request bodies refused (503): this server holds SPOTBROKER_MAX_BODY_BYTES_IN_FLIGHT "
-                            "(%d bytes) of them", self.max_in_flight)
+                            "(%d bytes) of them, a quarter at most for one team or agent", self.max_in_flight)
             await _send_problem(send, 503, "Service unavailable", "the server holds as many request bodies as it "
                                 "may now: try again shortly", close=True, retry_after=5)
             return
         self.in_flight += held
+        self.held_by[holder] += held
 
         async def watched_send(message: Message) -> None:
             nonlocal started
@@ -145,6 +173,9 @@ class Guard:
                 await _send_problem(send, 500, "Internal error", "the server failed; see its log")
         finally:
             self.in_flight -= held
+            self.held_by[holder] -= held
+            if not self.held_by[holder]:
+                del self.held_by[holder]
 
 
 def _has_body(scope: Scope) -> bool:
@@ -153,12 +184,18 @@ def _has_body(scope: Scope) -> bool:
 
 
 def _bearer(scope: Scope) -> bool:
-    """Whether the request names a bearer token (which one is the routes' to judge)."""
+    """Whether the request names a bearer token."""
+    return bool(bearer_token(scope))
+
+
+def bearer_token(scope: Scope) -> str | None:
+    """The request's bearer token, if it sends one."""
     for name, value in scope.get("headers", ()):
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
-            return scheme.lower() == b"bearer" and bool(token.strip())
-    return False
+            token = token.strip()
+            return token.decode("latin-1") if scheme.lower() == b"bearer" and token else None
+    return None
 
 
 def _content_length(scope: Scope) -> int | None:
@@ -172,9 +209,10 @@ def _content_length(scope: Scope) -> int | None:
 
 
 async def _send_problem(send: Send, status: int, title: str, detail: str, close: bool = False,
-                        retry_after: int | None = None) -> None:
+                        retry_after: int | None = None, headers: list[tuple[bytes, bytes]] | None = None) -> None:
     body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
-    headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode())]
+    headers = [(b"content-type", b"application/problem+json"), (b"content-length", str(len(body)).encode()),
+               *(headers or [])]
     if retry_after is not None:
         headers.append((b"retry-after", str(retry_after).encode()))
     if close:  # the unread rest of the body would be taken for the next request

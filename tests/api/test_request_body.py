@@ -72,33 +72,54 @@ def test_a_body_with_no_token_is_not_read_and_one_that_stalls_is_cut_off(serve_p
 
 
 @pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
-def test_bodies_held_at_once_are_bounded_whatever_the_token_says(serve_process):
-    """Any string passed for a bearer token (the route judges which), and the
-    dashboard's login form needs none: 800 connections each stalling in a
-    megabyte of body took the broker from 371 MB to 1 GB, kept after they closed."""
+def test_bodies_held_at_once_are_bounded_and_a_token_that_names_no_one_holds_none(serve_process):
+    """800 connections each stalling in a megabyte of body took the broker
+    from 371 MB to 1 GB; then, bounded in all, 64 heads that stalled with any
+    string for a token took the whole budget, and every team's posts and every
+    agent's heartbeat got 503s (a running job was taken for vanished). A token
+    that names no one is now answered 401 on its head; a team holds at most a
+    quarter of the budget (one body always), the forms sent with no token
+    their own small share."""
     with serve_process(SPOTBROKER_BODY_TIMEOUT_SECONDS="5", SPOTBROKER_MAX_BODY_BYTES_IN_FLIGHT=str(8 << 20)) as server:
         where = urlsplit(server.url)
 
         def connect() -> socket.socket:
             return socket.create_connection((where.hostname, where.port), timeout=20)
 
-        stalled = []
-        for _ in range(8):  # 8 x 1,000,000 bytes: just under the 8 MiB
+        admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+        team = httpx.post(server.url + "/v1/teams", json={"name": "b"}, headers=admin).json()["token"]
+        # Heads with a token that names no one, far past the whole budget: each 401 at once, none held.
+        junk = []
+        for i in range(20):
             s = connect()
-            s.sendall(_post("/v1/teams", b"a" * 1_000_000, 1_000_001, token="not-a-token"))
+            path, token = ("/v1/teams", f"not-a-token-{i}") if i % 2 else ("/v1/agent/events", f"sba_not-{i}")
+            s.sendall(_post(path, b"", 1_000_001, token=token))
+            junk.append(s)
+        for s in junk:
+            answer = _answer(s)
+            s.close()
+            assert answer.startswith(b"HTTP/1.1 401") and b"www-authenticate: bearer" in answer.lower(), answer[:300]
+        # A team's own stalled bodies: at most a quarter of the budget (2 MiB), one body always.
+        stalled = []
+        for _ in range(2):
+            s = connect()
+            s.sendall(_post("/v1/jobs", b"a" * 1_000_000, 1_000_001, token=team))
             stalled.append(s)
         time.sleep(1)
-        with connect() as s:  # one more is refused at once, on its head: its body is never held
-            s.sendall(_post("/v1/teams", b"", 1_000_001, token="not-a-token"))
+        with connect() as s:  # its third is refused on its head: never held
+            s.sendall(_post("/v1/jobs", b"", 1_000_001, token=team))
             answer = _answer(s)
         assert answer.startswith(b"HTTP/1.1 503") and b"retry-after: 5" in answer.lower(), answer[:300]
-        assert httpx.get(server.url + "/healthz").status_code == 200  # requests without a body go on
+        # Another holder is served meanwhile, body and all.
+        made = httpx.post(server.url + "/v1/teams", json={"name": "after"}, headers=admin)
+        assert made.status_code == 201, made.text
+        assert httpx.get(server.url + "/healthz").status_code == 200
         for s in stalled:  # each is cut off at its time (408), which frees what it held
             assert _answer(s).startswith(b"HTTP/1.1 408")
             s.close()
-        made = httpx.post(server.url + "/v1/teams", json={"name": "after"},
-                          headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
-        assert made.status_code == 201, made.text
+        freed = httpx.post(server.url + "/v1/jobs", json={"run": "true", "num_nodes": 9},  # (held: never runs)
+                           headers={"Authorization": f"Bearer {team}"})
+        assert freed.status_code == 201, freed.text
         # the dashboard's forms are small: a login body is at most 16 KiB
         big = httpx.post(server.url + "/dashboard/login", content=b"token=" + b"a" * (32 << 10),
                          headers={"Content-Type": "application/x-www-form-urlencoded"})
