@@ -26,7 +26,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import Float, and_, cast, func, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from spotbroker.agent.checkpoint.coldtier import cold_tier, data_keys
@@ -164,7 +164,9 @@ def storage_summary(session: Session, team_id: int, settings: CheckpointSettings
               "Archive": settings.storage_price_azure_archive}
     out = StorageSummary()
     for cold, count, size in session.execute(
-            select(CheckpointTier.storage_class, func.count(), func.coalesce(func.sum(Checkpoint.bytes), 0))
+            # summed as floats: SQLite's integer sum() raises past 2**63 (a job's own reports add up to it)
+            select(CheckpointTier.storage_class, func.count(),
+                   func.coalesce(func.sum(cast(Checkpoint.bytes, Float)), 0))
             .join(Job, Job.id == Checkpoint.job_id)
             .outerjoin(CheckpointTier, CheckpointTier.checkpoint_id == Checkpoint.id)
             .where(Job.team_id == team_id).group_by(CheckpointTier.storage_class)):

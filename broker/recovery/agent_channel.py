@@ -60,6 +60,7 @@ SILENT = {protocol.HEARTBEAT, protocol.METRICS}
 MEASURED_BY_AGENT = {protocol.HEARTBEAT, protocol.TRAINER_EXITED}
 CHECKPOINT_REFUSED = "checkpoint_refused"  # the broker's event: a reported checkpoint it did not accept
 MAX_BIG = 2**63 - 1
+MAX_CHECKPOINT_BYTES = 2**50  # a pebibyte: no checkpoint is larger, and sums of them stay far from 2**63
 MAX_REASON = 16  # the checkpoints.reason column
 MAX_NODES = 4096
 NODE_SEQ = "node_seq"  # stored with the events of nodes above 0: their agent's own seq
@@ -305,8 +306,8 @@ def _check_committed(data: dict[str, Any]) -> tuple[str | None, str]:
         return "step", f"an integer from 0 to {MAX_STEP}"
     if "uri" not in data:
         return "uri", "the checkpoint's URI is required"
-    if size is not None and (not _is_int(size) or not 0 <= size <= MAX_BIG):
-        return "bytes", f"an integer from 0 to {MAX_BIG}"
+    if size is not None and (not _is_int(size) or not 0 <= size <= MAX_CHECKPOINT_BYTES):
+        return "bytes", f"an integer from 0 to {MAX_CHECKPOINT_BYTES}"
     if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, int | float)
                                 or not math.isfinite(seconds) or not 0 <= seconds <= 1e9):
         return "seconds", "a finite number of seconds, at least 0"

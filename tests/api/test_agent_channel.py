@@ -197,7 +197,8 @@ def test_odd_checkpoint_uris_are_refused_never_a_server_error(api, team_headers,
         assert r.status_code == 422, (uri, r.text)
         assert r.json()["errors"][0]["field"] in ("events.0.data.uri", "events.0.data"), uri  # data: the NUL
     for seq, (name, bad) in enumerate([("step", -1), ("step", 2**63), ("step", "7"), ("step", True),
-                                       ("bytes", 2**64), ("seconds", "x"), ("reason", "r" * 17)], start=100):
+                                       ("bytes", 2**64), ("bytes", 2**50 + 1), ("seconds", "x"), ("reason", "r" * 17)],
+                                      start=100):
         event = committed(seq, 7, f"{prefix}/step-000000000007")
         event["data"][name] = bad
         r = post(api, token, event)

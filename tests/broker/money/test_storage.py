@@ -81,3 +81,18 @@ def test_a_resume_from_a_cold_checkpoint_is_held_until_restored_and_never_handed
         tiers = s.scalars(select(CheckpointTier.checkpoint_id)).all()
     assert request.extra_env[protocol.ENV_RESUME_FROM] == newest
     assert len(tiers) == 1    # the older one stays cold: nothing asked for it
+
+
+def test_a_teams_storage_is_summed_past_what_sqlite_integers_hold(factory, world):
+    """A job's agent reported checkpoints of 2**63-1 bytes (allowed then):
+    SQLite's integer sum() raised 'integer overflow', and the team's dashboard
+    page answered 503 "the database did not answer" to the team and the admin."""
+    team = world.team()
+    job = world.job(team, state="SUCCEEDED")
+    attempt = world.attempt(job, start=T0 - 2 * DAY, end=T0 - 1 * DAY)
+    with transaction(factory) as s:  # rows stored before reports were bounded (MAX_CHECKPOINT_BYTES)
+        s.add_all(Checkpoint(job_id=job, attempt_id=attempt, step=i, uri=f"file:///data/c/step-{i}", bytes=2**63 - 1,
+                             keep=False, committed_at=T0 - DAY) for i in range(3))
+    with factory() as s:
+        summary = storage.storage_summary(s, team, settings())
+    assert summary.checkpoints == 3 and summary.bytes_by_class["STANDARD"] == pytest.approx(3 * (2**63 - 1))
