@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -83,10 +83,27 @@ def create_token(session: Session, team: Team, name: str = "default", clock: Clo
     return token
 
 
+# Revoked token rows a team keeps (the newest, marked): older ones are deleted, since a
+# team can rotate its own token at will (rotations added a row each, kept for ever).
+KEPT_REVOKED = 20
+
+
 def revoke_tokens(session: Session, team: Team, clock: Clock = SYSTEM_CLOCK) -> int:
-    """Revoke every working token of a team; how many. The rows stay, marked."""
+    """Revoke every working token of a team; how many. Their dashboard logins
+    end with them (each token kept 50 open, and a rotation made a fresh 50);
+    the rows stay, marked, but for the team's oldest revoked ones."""
+    from spotbroker.broker.store.moneymodels import DashboardSession
+
+    working = select(ApiToken.id).where(ApiToken.team_id == team.id, ApiToken.revoked_at.is_(None))
+    session.execute(delete(DashboardSession).where(DashboardSession.api_token_id.in_(working)))
     done = session.execute(update(ApiToken).where(ApiToken.team_id == team.id, ApiToken.revoked_at.is_(None))
                            .values(revoked_at=clock.now()))
+    older = select(ApiToken.id).where(ApiToken.team_id == team.id, ApiToken.revoked_at.is_not(None)).order_by(
+        ApiToken.revoked_at.desc(), ApiToken.id.desc()).offset(KEPT_REVOKED)
+    stale = list(session.scalars(older))
+    if stale:
+        session.execute(delete(DashboardSession).where(DashboardSession.api_token_id.in_(stale)))
+        session.execute(delete(ApiToken).where(ApiToken.id.in_(stale)))
     return done.rowcount
 
 

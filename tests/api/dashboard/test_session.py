@@ -17,7 +17,7 @@ from spotbroker.broker import auth
 from spotbroker.broker.auth import sessions
 from spotbroker.broker.money.settings import MoneySettings
 from spotbroker.broker.store.db import transaction
-from spotbroker.broker.store.models import ApiToken
+from spotbroker.broker.store.models import ApiToken, Team
 from spotbroker.broker.store.moneymodels import DashboardSession
 
 
@@ -228,3 +228,24 @@ def test_a_token_keeps_a_bounded_number_of_logins_open(factory):
     with transaction(factory) as s:
         assert sessions.resolve(s, opened[0], "admin-one", at, timedelta(hours=1)) is None  # the oldest: ended
         assert sessions.resolve(s, opened[-1], "admin-one", at, timedelta(hours=1)).team_name == "ml"
+
+
+def test_a_rotation_ends_the_old_tokens_logins_and_keeps_few_revoked_rows(factory):
+    """The bound was per token row: rotating its own token 20 times, 50 logins
+    each, left 1,000 session rows, and every rotation a token row kept for ever."""
+    with transaction(factory) as s:
+        team, token = auth.create_team(s, "ml")
+    now = datetime(2026, 3, 2, tzinfo=UTC)
+    for _ in range(auth.KEPT_REVOKED + 10):
+        for i in range(5):
+            with transaction(factory) as s:
+                sessions.open_session(s, token, None, now + timedelta(seconds=i), timedelta(hours=8))
+        with transaction(factory) as s:
+            token = auth.rotate_tokens(s, s.get(Team, team.id))
+    with factory() as s:
+        logins = s.scalar(select(func.count()).select_from(DashboardSession))
+        kept = s.scalar(select(func.count()).select_from(ApiToken).where(ApiToken.team_id == team.id))
+    assert logins == 0  # each rotation ended the old token's logins
+    assert kept == auth.KEPT_REVOKED + 1  # the newest revoked ones, and the working one
+    with transaction(factory) as s:
+        assert sessions.open_session(s, token, None, now, timedelta(hours=8)) is not None
