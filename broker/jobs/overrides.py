@@ -78,7 +78,7 @@ def flag_of(field: str, flags: LaunchFlags) -> str | None:
     it (an error about that field is the flag's, not a line of the file)."""
     parts = field.split(".")
     last = parts[-1]
-    in_resources = parts[0] == "resources" and (len(parts) == 2 or parts[1] in _ALTERNATIVES)
+    in_resources = parts[0] == "resources" and len(parts) > 1 and (len(parts) == 2 or parts[1] in _ALTERNATIVES)
     if field == "name" and flags.name is not None:
         return f"--name {flags.name}"
     if field == "num_nodes" and flags.num_nodes is not None:

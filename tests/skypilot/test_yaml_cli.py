@@ -67,6 +67,19 @@ def test_the_refusal_names_file_line_and_field(api, team_headers, tmp_path):
     assert "did you mean 'accelerators'?" in r.stderr
 
 
+@pytest.mark.parametrize("resources", ["T4:1", "[T4]", "{any_of: []}", "{accelerators: []}"])
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_refusal_of_resources_as_a_whole_names_file_line_and_field(api, team_headers, tmp_path, resources):
+    """The CLI crashed with a traceback (IndexError in overrides.flag_of) on
+    every refusal of the `resources` key itself, a common mistake."""
+    url, token = str(api.base_url), team_headers()["Authorization"].removeprefix("Bearer ")
+    task = tmp_path / "task.yaml"
+    task.write_text(f"name: t\nrun: x\nresources: {resources}\n")
+    r = submit(task, tmp_path, url, token)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert f"{task}:" in r.stderr and "line 3: resources" in r.stderr, r.stderr
+
+
 def test_what_the_broker_refuses_first_is_told_before_the_workdir_is_packed(tmp_path):
     """A file refused for an unset `--env` had its workdir packed and uploaded first."""
     (tmp_path / "code").mkdir()
