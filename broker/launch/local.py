@@ -216,6 +216,12 @@ class LocalLauncher:
             "SKYPILOT_NODE_RANK": str(rank), "SKYPILOT_NUM_NODES": str(request.num_nodes),
             "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * request.num_nodes),
             "SKYPILOT_NUM_GPUS_PER_NODE": f"{p.accelerator_count:g}",
+            # the job's, the same across its attempts (as a managed job's is in SkyPilot): recipes
+            # use it as torchrun's --rdzv_id and to name files in a shared /tmp
+            "SKYPILOT_TASK_ID": f"spotbroker-job-{request.job_id}",
+            "SKYPILOT_CLUSTER_INFO": json.dumps({
+                "cluster_name": f"spotbroker-{request.attempt_id}", "cloud": p.cloud, "region": p.region,
+                "zone": p.zone or p.zone_id, "num_nodes": request.num_nodes}),
             protocol.ENV_CLOUD: p.cloud, protocol.ENV_REGION: p.region or "",
             protocol.ENV_ZONE: p.zone or p.zone_id or "",
             protocol.ENV_INSTANCE_TYPE: gcp_n1.machine_type(p.instance_type or ""),

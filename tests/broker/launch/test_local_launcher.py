@@ -2,6 +2,7 @@
 between starting it and recording it."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -309,6 +310,27 @@ def test_the_nodes_of_an_attempt_meet_on_one_free_port_of_its_own(tmp_path):
         seen.append(int(port))
     assert launcher.job_env(req, 0, tmp_path, False)["MASTER_PORT"] == str(seen[0])  # kept for a relaunch
     assert "MASTER_PORT" not in launcher.job_env(replace(req, num_nodes=1, attempt_id=9), 0, tmp_path, False)
+
+
+def test_a_job_gets_skypilots_task_id_and_cluster_info_the_same_on_every_node_and_attempt(tmp_path):
+    """Upstream recipes pass `--rdzv_id $SKYPILOT_TASK_ID` to torchrun and name
+    files in a shared /tmp by it: it was empty on the local launcher (torchrun
+    then took the script's name for the id and had no script)."""
+    launcher = LocalLauncher(tmp_path, 2)
+    req = replace(request(tmp_path, f'printf %s "$SKYPILOT_TASK_ID" > {tmp_path}/id-$SKYPILOT_NODE_RANK-$A; '
+                                    f'printf %s "$SKYPILOT_CLUSTER_INFO" > {tmp_path}/info-$SKYPILOT_NODE_RANK-$A'),
+                  num_nodes=2)
+    for attempt_id in (7, 8):
+        handle = launcher.launch(replace(req, attempt_id=attempt_id, envs={"A": str(attempt_id)}))
+        deadline = time.monotonic() + 15
+        while launcher.status(handle).state == RunState.RUNNING:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert launcher.status(handle).state == RunState.SUCCEEDED
+    ids = {(tmp_path / f"id-{rank}-{a}").read_text() for rank in (0, 1) for a in (7, 8)}
+    assert ids == {f"spotbroker-job-{req.job_id}"}
+    info = json.loads((tmp_path / "info-1-8").read_text())
+    assert info["num_nodes"] == 2 and info["cloud"] == req.placement.cloud and info["cluster_name"]
 
 
 def test_a_node_that_ended_is_no_zombie_even_if_this_broker_never_asks_after_it(tmp_path):
