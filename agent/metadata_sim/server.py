@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
@@ -32,12 +33,35 @@ def json_reply(payload: Any, status: int = 200) -> Reply:
     return Reply(status, json.dumps(payload).encode(), "application/json; charset=utf-8")
 
 
+# Connections served at once (a thread each); past them a new one is closed at once. The
+# agents of a node use one or two; any job on the host can open more.
+MAX_CONNECTIONS = 64
+IDLE_TIMEOUT_S = 120.0  # a connection that sends nothing for this long is closed (a long poll waits in the server)
+
+
 class Server(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, address: tuple[str, int], sim: MetadataSimulator) -> None:
         self.sim = sim
+        self._slots = threading.BoundedSemaphore(MAX_CONNECTIONS)
         super().__init__(address, Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         # A client giving up on a slow or hung answer is part of the game, not an error.
@@ -49,6 +73,7 @@ class Server(ThreadingHTTPServer):
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the real services
     server_version = "MetadataSimulator"
+    timeout = IDLE_TIMEOUT_S
     server: Server
 
     def _serve(self) -> None:

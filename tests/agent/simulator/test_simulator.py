@@ -191,6 +191,41 @@ def test_a_body_larger_than_any_protocol_sends_is_refused_unread(make_sim):
         assert client.get(EVENTS).status_code == 200
 
 
+def test_what_any_job_can_send_keeps_the_simulator_bounded(make_sim):
+    """Any job on the host can reach a node's simulator (root's): 20,000
+    distinct paths grew its per-path count from 23 MB to 1.37 GB, kept as
+    long as the node; and every connection held a thread. Paths past a few
+    dozen are counted together; past MAX_CONNECTIONS a connection is closed."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from spotbroker.agent.metadata_sim import instance, server
+
+    sim = make_sim("aws")
+    where = urlsplit(sim.url)
+    with socket.create_connection((where.hostname, where.port), timeout=10) as s:
+        for i in range(300):  # pipelined on one keep-alive connection
+            s.sendall(f"GET /{i}-{'x' * 300 if i % 2 else ''} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
+        answers = b""
+        while answers.count(b"HTTP/1.1 ") < 300:
+            answers += s.recv(65536)
+    assert len(sim.hits) <= instance.MAX_COUNTED_PATHS + 1
+    assert sum(sim.hits.values()) == 300 and sim.hits[instance.OTHER_PATHS] >= 300 - instance.MAX_COUNTED_PATHS
+    held = [socket.create_connection((where.hostname, where.port), timeout=10)
+            for _ in range(server.MAX_CONNECTIONS)]
+    try:
+        time.sleep(0.5)  # each is being served (a thread each), idle
+        with socket.create_connection((where.hostname, where.port), timeout=10) as extra:
+            extra.sendall(b"GET /latest/meta-data/ HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert extra.recv(65536) == b""  # closed, unanswered
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(0.5)  # their threads see them closed
+    with httpx.Client(base_url=sim.url) as client:  # and it still serves once they are gone
+        assert _token(client)
+
+
 def test_notice_after_a_delay_and_at_a_time(make_sim, wait):
     t0 = datetime.now(UTC)
     after = make_sim("gcp", notice_after=0.2)
