@@ -24,6 +24,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from spotbroker.agent.codetree import Tree, TreeError
+
 # What a workdir may hold, unpacked (the client checks it before packing too),
 # and the most an archive of it may weigh (tar headers, incompressible files).
 MAX_FILES_BYTES = 256 * 1024 * 1024
@@ -87,6 +89,11 @@ def _check_member(member: tarfile.TarInfo, seen_files: set[str]) -> None:
         raise CodeError(f"{name[:100]!r}...: {name.count('/')} directories deep (at most {MAX_NAME_DEPTH})")
     if member.isfile() or member.isdir():
         return
+    if member.issym() or member.islnk():  # a target is a name too: bounded as names are
+        target = member.linkname
+        if len(target.encode(errors="surrogateescape")) > MAX_NAME_BYTES or target.count("/") >= MAX_NAME_DEPTH:
+            raise CodeError(f"{member.name!r}: a link to a name over {MAX_NAME_BYTES} bytes or {MAX_NAME_DEPTH} "
+                            "directories deep")
     if member.issym():
         if member.linkname.startswith("/") or _inside(posixpath.join(posixpath.dirname(name),
                                                                      member.linkname)) is None:
@@ -100,76 +107,6 @@ def _check_member(member: tarfile.TarInfo, seen_files: set[str]) -> None:
     raise CodeError(f"{member.name!r}: not a file, directory or link (a device, fifo or socket)")
 
 
-class _Tree:
-    """The tree an archive unpacks to, as names only: where each member
-    lands once the links the archive made before it are followed, as the
-    file system follows them. Links that each stay inside on their own can
-    lead out through one another (d -> ., d/e -> ..), and members can clash
-    (a file where a directory is): both are found here without writing a
-    file, so an upload is checked at the cost of reading it."""
-
-    def __init__(self) -> None:
-        self.links: dict[str, str] = {}  # where a link is (resolved parent / its name) -> its target as written
-        self.kinds: dict[str, str] = {}  # "d" or "f", by resolved path
-
-    def resolve(self, name: str, follow_last: bool = True) -> str | None:
-        """`name` with every link in it followed; None when it leads out or loops."""
-        if not self.links:  # no link yet: the name is where it lands (_inside kept it in the tree)
-            return "" if name in ("", ".") else posixpath.normpath(name)
-        parts: list[str] = []
-        pending = [p for p in name.split("/") if p not in ("", ".")]
-        hops = 0
-        while pending:
-            part = pending.pop(0)
-            if part == "..":
-                if not parts:
-                    return None
-                parts.pop()
-                continue
-            target = self.links.get("/".join([*parts, part]))
-            if target is not None and (pending or follow_last):
-                hops += 1
-                if hops > 40:  # the kernel's own bound (ELOOP)
-                    return None
-                pending[:0] = [p for p in target.split("/") if p not in ("", ".")]
-                continue
-            parts.append(part)
-        return "/".join(parts)
-
-    def add(self, member: tarfile.TarInfo) -> None:
-        name = posixpath.normpath(member.name)
-        parent = self.resolve(posixpath.dirname(name))
-        if parent is None:
-            raise CodeError(f"{member.name!r}: leads out of the working directory through a link")
-        prefix = ""
-        for part in parent.split("/") if parent and self.kinds.get(parent) != "d" else ():
-            prefix = f"{prefix}/{part}" if prefix else part  # each directory above is made, unless a file is there
-            if self.kinds.setdefault(prefix, "d") != "d":
-                raise CodeError(f"{member.name!r}: under {prefix!r}, which is a file")
-        if member.issym():
-            here = f"{parent}/{posixpath.basename(name)}" if parent else posixpath.basename(name)
-            if self.kinds.get(here) == "d":
-                raise CodeError(f"{member.name!r}: a link where the archive made a directory")
-            self.kinds.pop(here, None)
-            self.links[here] = member.linkname
-            if self.resolve(posixpath.join(posixpath.dirname(name), member.linkname)) is None:
-                raise CodeError(f"{member.name!r}: a link that leads out of the working directory through "
-                                f"another ({member.linkname!r})")
-            return
-        final = self.resolve(name)
-        if final is None or not final:
-            raise CodeError(f"{member.name!r}: leads out of the working directory through a link")
-        kind = "d" if member.isdir() else "f"
-        if kind == "d" and self.kinds.get(final) == "f":
-            return  # tar leaves the file as it is (what goes under it is refused below)
-        if self.kinds.get(final, kind) != kind or (member.islnk() and final in self.kinds):
-            raise CodeError(f"{member.name!r}: where the archive made a {'directory' if kind == 'f' else 'file'} "
-                            "already")
-        if member.islnk() and self.resolve(member.linkname) is None:
-            raise CodeError(f"{member.name!r}: a hard link that leads out through a link ({member.linkname!r})")
-        self.kinds[final] = kind
-
-
 def check_archive(path: Path) -> tuple[list[tarfile.TarInfo], int]:
     """The members of a workdir archive and their unpacked bytes; CodeError
     when it is not a gzipped tar, or when any member is unsafe or too much.
@@ -180,7 +117,7 @@ def check_archive(path: Path) -> tuple[list[tarfile.TarInfo], int]:
         raise CodeError(f"the archive is {size} bytes, over the limit of {MAX_ARCHIVE_BYTES}")
     members: list[tarfile.TarInfo] = []
     seen_files: set[str] = set()
-    tree = _Tree()
+    tree = Tree()
     total = 0
     try:
         with tarfile.open(path, "r:gz", tarinfo=_BoundedInfo) as tar:
@@ -199,6 +136,8 @@ def check_archive(path: Path) -> tuple[list[tarfile.TarInfo], int]:
                 if tar.offset > MAX_TAR_BYTES:  # headers (pax, long names) past what the files need
                     raise CodeError(f"the archive unpacks to more than {MAX_TAR_BYTES} bytes of tar")
                 tree.add(member)
+    except TreeError as exc:
+        raise CodeError(str(exc)) from None
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise CodeError(f"not a gzipped tar archive ({exc})") from None
     return members, total

@@ -230,3 +230,49 @@ def test_the_check_reads_the_archive_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(tarfile.TarFile, "makefile", refuse)
     members, total = check_archive(path)
     assert [m.name for m in members] == ["d", "d/a", "d/l"] and total == 4096
+
+
+def _deep(n: int, part: str = "c") -> str:
+    return "/".join([part] * n)
+
+
+@pytest.mark.parametrize("shape", ["targets thousands deep", "a chain of links", "many deep directories"])
+def test_an_archive_of_links_cannot_make_the_check_take_the_brokers_memory(tmp_path, shape):
+    """A 1,233-byte upload of 20 links to 3,000-component targets, a file
+    under each, took the broker from 288 MB to 599 MB (every directory above
+    each member was a string of its own), and a 1 KB chain of links 29.5 s of
+    CPU. Link targets are bounded as names are, and the tree is walked node by
+    node, as deep and as large as a node could unpack."""
+    import tracemalloc
+
+    if shape == "targets thousands deep":
+        members = [m for i in range(20) for m in (special(f"l{i}", tarfile.SYMTYPE, _deep(3000, f"c{i}")),
+                                                  file(f"l{i}/f"))]
+    elif shape == "a chain of links":  # each link leads 39 deeper through the one before it
+        members = [special("l0", tarfile.SYMTYPE, _deep(39))]
+        members += [special(f"l{i}", tarfile.SYMTYPE, f"l{i - 1}/" + _deep(39)) for i in range(1, 300)]
+        members.append(file("l299/f"))
+    else:  # 2,000 links, each to a directory 250 deep of its own, a file under each
+        members = [m for i in range(2000) for m in (special(f"l{i}", tarfile.SYMTYPE, _deep(250, f"d{i}")),
+                                                    file(f"l{i}/f"))]
+    path = archive(tmp_path, *members)
+    tracemalloc.start()
+    try:
+        with pytest.raises(CodeError, match="deep|more than"):
+            check_archive(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 128 << 20, peak
+
+
+def test_links_within_the_bounds_still_lead_where_they_lead(tmp_path):
+    deep = _deep(100)
+    path = archive(tmp_path, directory(deep), special("l", tarfile.SYMTYPE, deep), file("l/x"),
+                   special("m", tarfile.SYMTYPE, "l"), file("m/y"))
+    check_archive(path)
+    assert _unpacks(tmp_path, path)
+    assert (tmp_path / "real" / deep / "x").exists() and (tmp_path / "real" / deep / "y").exists()
+    with pytest.raises(CodeError, match="a file"):  # and a clash through them is still one
+        check_archive(archive(tmp_path, directory(deep), special("l", tarfile.SYMTYPE, deep), file("l/x"),
+                              special("m", tarfile.SYMTYPE, "l/x"), file("m/y")))
