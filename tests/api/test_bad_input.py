@@ -242,7 +242,9 @@ def test_ten_megabyte_bodies_are_refused_unread(api, team_headers, settings, pat
             yield b" " * (1 << 20)
         yield b"}"
 
-    assert_problem(api.post(path, content=chunks(), headers={**h, "Content-Type": JSON}), 413)
+    # (the admin's token names no attempt: on the agent channel it is answered 401 before the body)
+    unread = 401 if path.startswith("/v1/agent/") else 413
+    assert_problem(api.post(path, content=chunks(), headers={**h, "Content-Type": JSON}), unread)
     nothing_written(settings)
 
 
