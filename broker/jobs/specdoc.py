@@ -70,8 +70,13 @@ def load_raw(data: bytes, fmt: str = "auto") -> dict[str, Any]:
         except yamlkeys.DuplicateKey as exc:
             raise DuplicateKeyError(exc) from None
         except yaml.MarkedYAMLError as exc:
-            mark = exc.problem_mark
-            raise SpecSyntaxError(str(exc.problem or exc), mark.line + 1 if mark else None,
+            mark, problem = exc.problem_mark, str(exc.problem or exc)
+            if exc.context == "while scanning a simple key" and exc.context_mark is not None:
+                # PyYAML marks the line after one that holds no `key:` (past the file's end, for its last)
+                mark, problem = exc.context_mark, f"a line that is no `key: value` ({problem})"
+            elif mark is not None and text[mark.index:mark.index + 1] == "\t":
+                problem = f"a tab: YAML indents with spaces ({problem})"
+            raise SpecSyntaxError(problem, mark.line + 1 if mark else None,
                                   mark.column + 1 if mark else None) from None
         except yaml.YAMLError as exc:
             raise SpecSyntaxError(str(exc)) from None

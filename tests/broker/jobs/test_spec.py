@@ -59,6 +59,19 @@ def test_yaml_syntax_error_gives_the_line():
     assert info.value.line == 5 or info.value.line == 4
 
 
+@pytest.mark.parametrize("text, line, says", [
+    (b"name: x\nrun: |\n  echo\nenvs:\n  A: 1\n4\n", 6, "no `key: value`"),  # was line 7, past the end
+    (b"name: x\nfoo bar\nrun: y\n", 2, "no `key: value`"),                        # was line 3
+    (b"name: x\nenvs:\n\tA: 1\n", 3, "a tab: YAML indents with spaces"),
+])
+def test_a_yaml_mistake_is_told_at_its_own_line_and_in_words(text, line, says):
+    """PyYAML marks the line after one that holds no `key:` (line 34 of a
+    33-line file), and says of a tab only that it cannot start a token."""
+    with pytest.raises(SpecSyntaxError) as info:
+        load_document(text, "yaml")
+    assert info.value.line == line and says in str(info.value), (info.value.line, str(info.value))
+
+
 def test_non_utf8_is_a_clear_error():
     with pytest.raises(SpecSyntaxError, match="not UTF-8"):
         load_document(b'{"run": "\xff"}', "json")
