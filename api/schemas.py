@@ -221,3 +221,4 @@ class CheckpointOut(BaseModel):
 
 class CheckpointList(BaseModel):
     checkpoints: list[CheckpointOut]
+    next_cursor: str | None = Field(None, description="the next page's cursor; null on the last page")

@@ -54,6 +54,7 @@ _YAML_TYPES = ("application/yaml", "application/x-yaml", "text/yaml", "text/x-ya
 # without a thread, and a team parses one file at a time (`parse_turns`):
 # four loops of a team's slow file held both places from the other teams.
 YAML_PARSES = 2
+CHECKPOINTS_PAGE = 1000  # a job's checkpoints listed at once (a trainer can commit thousands an attempt)
 _READ = responses(401, 403, 404, 422)
 # The most events one answer holds: a job's agent may write many, and an
 # answer of all of them was once 72 MB (docs/security.md).
@@ -316,13 +317,21 @@ def cancel_job(request: Request, job_id: JobId, team: CurrentTeam) -> JobOut:
 
 
 @router.get("/{job_id}/checkpoints", response_model=CheckpointList, responses=_READ)
-def list_checkpoints(job_id: JobId, session: SessionDep, team: CurrentTeam) -> CheckpointList:
-    """Committed checkpoints (every attempt's), newest step first."""
+def list_checkpoints(job_id: JobId, session: SessionDep, team: CurrentTeam,
+                     cursor: Annotated[str | None, Query(pattern=r"^[0-9]{1,19}\.[0-9]{1,19}$",
+                                                         description="a page's next_cursor")] = None,
+                     limit: Annotated[int, Query(ge=1, le=CHECKPOINTS_PAGE)] = CHECKPOINTS_PAGE) -> CheckpointList:
+    """Committed checkpoints (every attempt's), newest step first, a page at a time."""
+    before = tuple(int(n) for n in cursor.split(".")) if cursor else None
+    if before is not None and max(before) > MAX_ID:
+        raise invalid([{"field": "cursor", "message": f"two whole numbers of at most {MAX_ID}"}])
     try:
-        found = jobs.checkpoints(session, team.team_id, job_id)
+        found = jobs.checkpoints(session, team.team_id, job_id, limit + 1, before)
     except jobs.JobNotFound:
         raise _not_found(job_id) from None
-    return CheckpointList(checkpoints=[_checkpoint_out(c) for c in found])
+    page = found[:limit]
+    more = f"{page[-1].step}.{page[-1].id}" if len(found) > limit else None
+    return CheckpointList(checkpoints=[_checkpoint_out(c) for c in page], next_cursor=more)
 
 
 @router.post("/{job_id}/checkpoints/{checkpoint_id}/keep", response_model=CheckpointOut, responses=responses(

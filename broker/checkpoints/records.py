@@ -3,7 +3,7 @@ channel records (broker/recovery/agent_channel.py) as each one is committed,
 the newest of them (what a new attempt resumes from), and `keep`."""
 from __future__ import annotations
 
-from sqlalchemy import select
+from sqlalchemy import and_, or_, select
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.checkpoints.uris import CheckpointUnverified, attempt_prefix, checkpoint_uri, verify_and_keep
@@ -20,10 +20,15 @@ class CheckpointNotFound(LookupError):
     pass
 
 
-def committed(session: Session, job_id: int) -> list[Checkpoint]:
-    """The job's committed checkpoints, newest step first."""
-    return list(session.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id)
-                                .order_by(Checkpoint.step.desc(), Checkpoint.id.desc())))
+def committed(session: Session, job_id: int, limit: int | None = None,
+              before: tuple[int, int] | None = None) -> list[Checkpoint]:
+    """The job's committed checkpoints, newest step first: at most `limit`,
+    those after (step, id) `before` in that order."""
+    query = select(Checkpoint).where(Checkpoint.job_id == job_id)
+    if before is not None:
+        step, id_ = before
+        query = query.where(or_(Checkpoint.step < step, and_(Checkpoint.step == step, Checkpoint.id < id_)))
+    return list(session.scalars(query.order_by(Checkpoint.step.desc(), Checkpoint.id.desc()).limit(limit)))
 
 
 def keep(session: Session, job: Job, checkpoint_id: int, checkpoint_root: str) -> Checkpoint:

@@ -150,7 +150,14 @@ class Client:
         return self._request("POST", f"/v1/jobs/{job_id}/cancel").json()
 
     def checkpoints(self, job_id: int) -> list[dict[str, Any]]:
-        return self._request("GET", f"/v1/jobs/{job_id}/checkpoints").json()["checkpoints"]
+        found: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            page = self._request("GET", f"/v1/jobs/{job_id}/checkpoints",
+                                 params={"cursor": cursor} if cursor else None).json()
+            found += page["checkpoints"]
+            if not (cursor := page.get("next_cursor")):
+                return found
 
     def metrics(self, job_id: int) -> dict[str, Any]:
         return self._request("GET", f"/v1/jobs/{job_id}/metrics").json()

@@ -150,10 +150,11 @@ def cancel(session: Session, team_id: int, job_id: int, clock: Clock = SYSTEM_CL
     return job
 
 
-def checkpoints(session: Session, team_id: int, job_id: int) -> list[Checkpoint]:
-    """Committed checkpoints of the team's job, newest step first."""
+def checkpoints(session: Session, team_id: int, job_id: int, limit: int | None = None,
+                before: tuple[int, int] | None = None) -> list[Checkpoint]:
+    """Committed checkpoints of the team's job, newest step first (a page: records.committed)."""
     get(session, team_id, job_id)
-    return records.committed(session, job_id)
+    return records.committed(session, job_id, limit, before)
 
 
 def keep_checkpoint(session: Session, team_id: int, job_id: int, checkpoint_id: int,

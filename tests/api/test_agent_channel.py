@@ -230,6 +230,33 @@ def test_a_refused_checkpoint_refuses_its_batch_and_is_told_once(api, team_heade
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
 
 
+def test_an_attempts_checkpoint_rows_are_bounded_and_listed_in_pages(api, team_headers, settings, monkeypatch):
+    """A trainer reporting 200 checkpoints a second made 20,292 rows in
+    100 s, all answered in one 4.5 MB list: past MAX_CHECKPOINTS_PER_ATTEMPT
+    the attempt's oldest unkept rows are forgotten, and the list comes in
+    pages (newest step first)."""
+    from spotbroker.broker.recovery import agent_channel
+
+    monkeypatch.setattr(agent_channel, "MAX_CHECKPOINTS_PER_ATTEMPT", 5)
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    prefix = attempt_prefix(settings, job)
+    assert post(api, token, *[committed(i, i, f"{prefix}/step-{i:012d}") for i in range(1, 9)]).status_code == 200
+    listed = api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()
+    assert [c["step"] for c in listed["checkpoints"]] == [8, 7, 6, 5, 4] and listed["next_cursor"] is None
+    steps, cursor = [], None
+    while True:
+        page = api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h,
+                       params={"limit": 2, **({"cursor": cursor} if cursor else {})}).json()
+        steps += [c["step"] for c in page["checkpoints"]]
+        if not (cursor := page["next_cursor"]):
+            break
+    assert steps == [8, 7, 6, 5, 4]
+    bad = api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h, params={"cursor": "x"})
+    assert bad.status_code == 422 and bad.json()["errors"][0]["field"] == "cursor"
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
 def test_keep_marks_only_a_checkpoint_its_manifest_confirms(api, team_headers, settings, job_scratch):
     torch = pytest.importorskip("torch")
     from spotbroker.agent.checkpoint import Checkpointer
