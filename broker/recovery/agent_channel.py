@@ -169,6 +169,10 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
         if not node and event.type in MEASURED_BY_AGENT and protocol.GPU_JOULES in event.data:
             footprint.record_report(session, attempt, event.data)
         moved |= _apply(session, job, attempt, event, clock, checkpoint_root)
+    if accepted and attempt.state == A.RUNNING and _is_current(job, attempt):
+        # any word of its agent says the node is there: one delivering a backlog of a trainer's
+        # events holds its heartbeat behind them, and the node was taken for vanished
+        attempt.last_heartbeat_at = clock.now()
     if reports:
         metrics.record_many(session, job, attempt, reports, clock.now())
     if reports and _is_current(job, attempt):  # judged even when the points' bounds dropped them

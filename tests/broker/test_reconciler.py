@@ -297,6 +297,30 @@ def _deadline_job_running_on_spot(factory, settings, team, rec):
     return job_id, first
 
 
+def test_any_word_of_a_running_attempts_agent_says_its_node_is_there(env):
+    """An agent delivering a backlog of its trainer's events (thousands)
+    holds its heartbeat behind them: the broker took the node for vanished
+    and ran the job again, which wrote them again."""
+    from datetime import UTC, datetime
+
+    from spotbroker.broker.recovery import agent_channel
+
+    factory, settings, team = env
+    rec = reconciler(factory, settings, LocalLauncher(settings.data_dir, 1, agent=False))
+    job_id = submit(factory, team, run="sleep 60")
+    run_until(rec, factory, job_id, {"RUNNING"})
+    (first,) = attempts(factory, job_id)
+    long_ago = datetime.now(UTC) - timedelta(hours=1)
+    with transaction(factory) as s:
+        attempt = s.get(Attempt, first.id)
+        attempt.last_heartbeat_at = long_ago
+        backlog = [agent_channel.AgentEvent(i, "resumed", datetime.now(UTC), {"step": i}) for i in range(1, 101)]
+        assert agent_channel.record(s, attempt, backlog, settings.checkpoint_uri).accepted == 100
+    with factory() as s:
+        heard = s.get(Attempt, first.id).last_heartbeat_at
+    assert heard.replace(tzinfo=UTC) > long_ago.replace(tzinfo=UTC) + timedelta(minutes=59), heard
+
+
 def test_a_running_job_short_of_slack_is_drained_then_moved_to_on_demand(env):
     from datetime import UTC, datetime
 
