@@ -12,9 +12,12 @@ HONOURED_RESOURCES = frozenset({"accelerators", "any_of", "ordered", "use_spot",
                                 "zone", "cpus", "memory", "disk_size", "instance_type", "image_id",
                                 *resfields.PASSED})
 
+# Taken and dropped with a warning, as SkyPilot's `sky launch` drops them.
+IGNORED = {
+    "service": "ignored, as `sky launch` ignores it: the job runs its `run` (the server) until it ends or is "
+               "cancelled, on one place, with no endpoint or replicas; to serve, use `sky serve up`",
+}
 _TOP = {
-    "service": "spotbroker runs jobs to completion: serve a model with `sky serve up`, or start the server "
-               "in the job's run",
     "config": "SkyPilot's settings are the broker operator's (its ~/.sky/config.yaml): ask them, and drop config",
     "volumes": "give the data as a file mount of a storage URI (file_mounts: {/data: s3://BUCKET/PATH})",
     "volume_mounts": "give the data as a file mount of a storage URI (file_mounts: {/data: s3://BUCKET/PATH})",
@@ -41,7 +44,7 @@ _RESOURCES = {
 
 def named(key: str, in_resources: bool) -> bool:
     """A field SkyPilot knows whose refusal says more than SkyPilot's schema
-    would of what it holds (`service` with a typo inside is still `service`)."""
+    would of what it holds (`config` with a typo inside is still `config`)."""
     return key in (_RESOURCES if in_resources else _TOP)
 
 

@@ -81,6 +81,10 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
     dropped with a warning is added to `warnings`."""
     doc = overrides.fill_in_variables(copy.deepcopy(doc))  # its mounts' paths and names, as SkyPilot reads them
     precheck(doc)
+    for key in [k for k in unhonoured.IGNORED if k in doc]:  # (its contents unread: nothing of it is used)
+        doc.pop(key)
+        if warnings is not None:
+            warnings.append({"field": key, "message": unhonoured.IGNORED[key]})
     ours = {k: doc.pop(k) for k in OURS if k in doc}
     res, prices = _take_prices(doc.get("resources"))
     if res is not None:

@@ -31,7 +31,6 @@ def test_skypilots_own_message_names_the_field_and_line(api, team_headers):
 
 
 @pytest.mark.parametrize("body, field", [
-    (b"run: x\nservice: {readiness_probe: /}\n", "service"),
     (b"run: x\nresources: {job_recovery: FAILOVER}\n", "resources.job_recovery"),
     (b"run: x\nsecrets: {HF_TOKEN: null}\n", "secrets.HF_TOKEN"),
     (b"run: x\nsecrets: {HF_TOKEN: [a, b]}\n", "secrets.HF_TOKEN"),     # a list: its repr would be the value
@@ -151,8 +150,8 @@ def test_importing_the_cli_does_not_import_skypilot():
     (b"name: p\n---\nname: a\nrun: x\n---\nname: b\nrun: y\n", "body", "one task per file", 3),
     # SkyPilot's git workdir (was: pydantic's "workdir.upload: Field required", "url: Extra inputs ...")
     (b"run: x\nworkdir:\n  url: https://github.com/org/repo.git\n  ref: main\n", "workdir", "git clone", 2),
-    # a typo inside `service` (was: the top-level field `num_extra`, no line)
-    (b"run: x\nservice:\n  replica_policy:\n    num_extra: 0\n", "service", "sky serve up", 2),
+    # a typo inside `config` (the operator's): told as `config`
+    (b"run: x\nconfig:\n  kubernetes:\n    pod_confg: {}\n", "config", "operator", 2),
     # an env left empty names the bucket (was: a bare regex)
     (b"envs: {B: ''}\nrun: x\nfile_mounts:\n  /d:\n    name: ${B}\n", "file_mounts./d.name", "bucket name ''", 5),
     # (was: three errors naming UploadMount and StorageMount)
@@ -186,3 +185,14 @@ def test_a_set_of_accelerators_passes_over_those_no_cloud_sells(api, team_header
     r = post(api, h, b"run: 'true'\nresources:\n  accelerators: {L40: 1, A40: 1}\n")
     assert r.status_code == 422 and {e["field"] for e in r.json()["errors"]} == {
         "resources.any_of.0.accelerators", "resources.any_of.1.accelerators"}, r.text
+
+
+def test_a_service_section_is_dropped_with_a_warning_as_sky_launch_drops_it(api, team_headers):
+    """A serving recipe (llm/llama-3_1) says `sky launch` in its own usage:
+    SkyPilot runs it, ignoring `service` with a warning; it was refused."""
+    body = b"service:\n  readiness_probe: /v1/models\n  replicas: 2\nrun: vllm serve model\n"
+    r = post(api, team_headers(), body)
+    assert r.status_code == 201, r.text
+    [warned] = [w for w in r.json()["warnings"] if w["field"] == "service"]
+    assert warned["line"] == 1 and "sky serve up" in warned["message"] and "ignored" in warned["message"]
+    assert "service" not in r.json()["spec"]

@@ -124,7 +124,6 @@ def test_a_bad_value_is_refused_naming_the_field(resources, field, message):
 
 
 @pytest.mark.parametrize("doc, field, way_out", [
-    ({"run": "x", "service": {"readiness_probe": "/"}}, "service", "sky serve"),
     ({"run": "x", "resources": {"job_recovery": "FAILOVER"}}, "resources.job_recovery", "max_restarts"),
     ({"run": "x", "resources": {"autostop": 10}}, "resources.autostop", "drop autostop"),
     ({"run": "x", "resources": {"accelerators": "tpu-v4-8", "accelerator_args": {"tpu_vm": True}}},
