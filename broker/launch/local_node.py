@@ -53,6 +53,8 @@ from spotbroker.agent.code import CodeError
 from spotbroker.agent.logbound import BoundedWriter
 from spotbroker.broker.launch import local_mounts
 
+SKY_WORKDIR = "sky_workdir"  # SkyPilot's name for a task's working directory, in the node's home
+
 ERROR_EXIT = 125  # provisioning failed before the job's command ran
 
 
@@ -189,6 +191,12 @@ def provision(spec: NodeSpec) -> Path:
         local_mounts.place(spec.mounts, spec.env, node, owner, _give, _give_tree)
     except CodeError as exc:
         raise ProvisionError(str(exc)) from None
+    # Where SkyPilot puts a task's workdir: recipes `cd ~/sky_workdir`.
+    link = node / "home" / SKY_WORKDIR
+    if not link.exists() and not link.is_symlink():
+        link.symlink_to("../workdir")
+        if owner is not None:
+            os.lchown(link, *owner)
     _give(node, owner)
     return workdir
 

@@ -117,7 +117,9 @@ def test_the_node_installs_the_wheel_fetches_the_code_and_reports_to_the_broker(
     assert api.put(f"/v1/uploads/{sha}", content=archive, headers={**h, "Content-Type": "application/gzip"}
                    ).status_code == 201
     r = api.post("/v1/jobs", headers=h, json={
-        "run": "python train.py", "envs": {"EPOCHS": "3", "PYTHONPATH": "."}, "workdir": {"upload": sha},
+        # (~/sky_workdir: where SkyPilot puts a task's workdir, which recipes cd to)
+        "run": "cd ~/sky_workdir && python train.py", "envs": {"EPOCHS": "3", "PYTHONPATH": "."},
+        "workdir": {"upload": sha},
         "resources": {"accelerators": "T4:1"}})
     assert r.status_code in (200, 201, 202), r.text
     job_id = r.json()["id"]

@@ -85,6 +85,9 @@ def run_script(user_run: str, with_code: bool, max_log_bytes: int = 0) -> str:
     # Isolated (-I): the job's PYTHONPATH and modules are its trainer's, never
     # imported by the agent (a job's random.py on its PYTHONPATH failed it).
     lines += [
+        # where SkyPilot puts a task's workdir (recipes `cd ~/sky_workdir`), unless the image has one
+        '[ -d "$HOME/sky_workdir" ] && [ ! -L "$HOME/sky_workdir" ] || ln -sfn "$SB_NODE/workdir" "$HOME/sky_workdir" '
+        '|| true',
         'cd "$SB_NODE/workdir"',
         f"exec python -I -m spotbroker.agent.cli run --max-log-bytes {int(max_log_bytes)} "
         f'--work-dir "$SB_NODE/agent" -- bash -c {shlex.quote(user_run)}',

@@ -333,6 +333,18 @@ def test_a_job_gets_skypilots_task_id_and_cluster_info_the_same_on_every_node_an
     assert info["num_nodes"] == 2 and info["cloud"] == req.placement.cloud and info["cluster_name"]
 
 
+def test_a_job_finds_its_workdir_where_skypilot_puts_it(tmp_path):
+    """Recipes `cd ~/sky_workdir`, where SkyPilot puts a task's workdir: it was not there."""
+    launcher = LocalLauncher(tmp_path, 1)
+    handle = launcher.launch(request(tmp_path, f"cd ~/sky_workdir && pwd -P > {tmp_path}/where"))
+    deadline = time.monotonic() + 15
+    while launcher.status(handle).state == RunState.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    assert launcher.status(handle).state == RunState.SUCCEEDED
+    assert (tmp_path / "where").read_text().strip().endswith("/node-0/workdir")
+
+
 def test_a_node_that_ended_is_no_zombie_even_if_this_broker_never_asks_after_it(tmp_path):
     """With two brokers on one database, the other one may see the run end and
     release it: the node stayed <defunct> under the broker that started it."""
