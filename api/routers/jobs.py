@@ -353,17 +353,20 @@ def keep_checkpoint(request: Request, job_id: JobId, checkpoint_id: CheckpointId
 
 @router.post("/{job_id}/simulate-preemption", status_code=202, response_model=JobOut, responses=responses(
     401, 403, 404, 409, 422, s409="the job has no running attempt on the local launcher"))
-def simulate_preemption(request: Request, job_id: JobId, session: SessionDep, team: CurrentTeam) -> JobOut:
+def simulate_preemption(request: Request, job_id: JobId, team: CurrentTeam) -> JobOut:
     """Make the running attempt's simulated cloud send its preemption notice
     (local launcher only: a real cloud's notice cannot be forged)."""
     state = request.app.state
     try:
-        job = jobs.simulate_preemption(session, team.team_id, job_id, state.launchers)
+        # a write from the start: on SQLite a read transaction that then writes fails at once
+        # when another writer (the agent, the reconciler) came in between
+        with transaction(state.session_factory) as session:
+            job = jobs.simulate_preemption(session, team.team_id, job_id, state.launchers)
+            return JobOut.of(job, team.team_name, state.clock.now())
     except jobs.JobNotFound:
         raise _not_found(job_id) from None
     except jobs.NotPreemptible as exc:
         raise Problem(409, "Conflict", str(exc)) from None
-    return JobOut.of(job, team.team_name, state.clock.now())
 
 
 def _checkpoint_out(c) -> CheckpointOut:

@@ -218,7 +218,8 @@ class NotPreemptible(RuntimeError):
 def simulate_preemption(session: Session, team_id: int, job_id: int, launchers: Mapping[str, Launcher]) -> Job:
     """Make the job's running attempt's simulated cloud send its preemption
     notice: only a launcher that simulates a cloud (the local one) has
-    `simulate_preemption`; a real cloud's notice cannot be forged."""
+    `simulate_preemption`; a real cloud's notice cannot be forged. `session`
+    writes (db.transaction)."""
     job = get(session, team_id, job_id)
     attempt = current_attempt(job)
     launcher = launchers.get(attempt.launcher) if attempt else None
@@ -228,14 +229,11 @@ def simulate_preemption(session: Session, team_id: int, job_id: int, launchers: 
     if attempt.cloud == "k8s":
         raise NotPreemptible("the attempt runs on a Kubernetes place, which no cloud reclaims: there is no "
                              "preemption notice to simulate")
-    # Marked before the notice can be read: a reclaim the team asked for steers no other team (histories.py).
-    mark = update(Attempt).where(Attempt.id == attempt.id)
-    session.execute(mark.values(preemption_requested=True))
-    session.commit()
+    # A reclaim the team asked for steers no other team (histories.py): marked in the caller's
+    # transaction (a write one), which a failed send rolls back.
+    session.execute(update(Attempt).where(Attempt.id == attempt.id).values(preemption_requested=True))
     try:
         simulate(attempt.handle)
     except LaunchError as exc:
-        session.execute(mark.values(preemption_requested=False))
-        session.commit()
         raise NotPreemptible(str(exc)) from None
     return job

@@ -109,6 +109,43 @@ def test_a_local_nodes_simulated_cloud_takes_orders_from_the_broker_only(api, te
         assert s.get(Attempt, job["attempts"][-1]["id"]).preemption_requested
 
 
+@pytest.mark.parametrize("db_url", ["sqlite"], indirect=True)
+def test_a_simulated_preemption_is_taken_when_another_writer_comes_in_between(api, team_headers, settings):
+    """The request read the job, then marked its attempt: on SQLite a read
+    transaction that then writes fails at once when another writer (an
+    agent's report, the reconciler) committed in between, and the answer was
+    503 "the database did not answer" (two runs of the suite under load)."""
+    import sqlite3
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+    from support.helpers import wait_state
+
+    h = team_headers("a")
+    job_id = api.post("/v1/jobs", json={"run": "sleep 120"}, headers=h).json()["id"]
+    wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    path = settings.sqlalchemy_url.removeprefix("sqlite:///")
+
+    def another_writer(conn, cursor, statement, *args) -> None:
+        if statement.startswith("UPDATE attempts SET preemption_requested"):
+            other = sqlite3.connect(path, timeout=0.2)
+            try:  # (it waits for the lock when the request already holds it)
+                other.execute("UPDATE teams SET name = name WHERE id = 1")
+                other.commit()
+            except sqlite3.OperationalError:
+                pass
+            finally:
+                other.close()
+
+    event.listen(Engine, "before_cursor_execute", another_writer)
+    try:
+        answer = api.post(f"/v1/jobs/{job_id}/simulate-preemption", headers=h)
+    finally:
+        event.remove(Engine, "before_cursor_execute", another_writer)
+    assert answer.status_code == 202, answer.text
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
+
+
 @pytest.mark.parametrize("route", ["events", "prices", "dashboard"])
 def test_a_teams_flood_takes_at_most_its_turns_and_the_others_are_answered(api, team_headers, monkeypatch, route):
     """Team b sent hundreds of costly reads at once: they took every thread
