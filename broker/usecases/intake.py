@@ -51,7 +51,7 @@ def _full(session: Session, team_id: int, max_unfinished: int, key: str | None) 
         return None
     if key is not None and session.scalar(select(Job.id).where(Job.team_id == team_id, Job.idempotency_key == key)):
         return None
-    return (f"the team has {count} unfinished jobs, as many as a team may have at once "
+    return (f"the team has {count} unfinished job{'' if count == 1 else 's'}, as many as a team may have at once "
             f"(SPOTBROKER_MAX_UNFINISHED_JOBS_PER_TEAM={max_unfinished}): submit again once some have ended, "
             "or cancel some")
 
