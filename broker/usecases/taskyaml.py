@@ -98,6 +98,10 @@ def to_spec(doc: dict[str, Any], warnings: list[dict[str, Any]] | None = None) -
     uploads = _take_uploads(doc)
     task = _skypilot(doc, ours)
     _refuse_unhonoured(doc)
+    if doc.get("run") is None:  # SkyPilot's run is optional: a task of setup only readies a cluster
+        raise TaskFileError([{"field": "run", "message": (
+            "spotbroker runs a job to its end and then frees its nodes: give the command in `run` (a task of "
+            "setup only, which SkyPilot takes to ready a cluster for `sky exec`, leaves nothing to run)")}])
     out: dict[str, Any] = {**ours}
     for key in ("name", "run", "setup", "num_nodes"):
         if doc.get(key) is not None:

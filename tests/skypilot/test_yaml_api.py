@@ -150,6 +150,8 @@ def test_importing_the_cli_does_not_import_skypilot():
     (b"name: p\n---\nname: a\nrun: x\n---\nname: b\nrun: y\n", "body", "one task per file", 3),
     # SkyPilot's git workdir (was: pydantic's "workdir.upload: Field required", "url: Extra inputs ...")
     (b"run: x\nworkdir:\n  url: https://github.com/org/repo.git\n  ref: main\n", "workdir", "git clone", 2),
+    # a task of setup only, which SkyPilot takes (was: pydantic's "Field required")
+    (b"setup: |\n  echo only-setup\n", "run", "give the command in `run`", None),
     # a typo inside `config` (the operator's): told as `config`
     (b"run: x\nconfig:\n  kubernetes:\n    pod_confg: {}\n", "config", "operator", 2),
     # an env left empty names the bucket (was: a bare regex)
