@@ -134,7 +134,14 @@ class Guard:
         held = 0 if dropping or streamed or not _has_body(scope) else (declared if declared is not None else limit)
         holder = ANONYMOUS
         if held and self.identify is not None and _bearer(scope):
-            holder = await self.identify(scope)
+            try:
+                holder = await self.identify(scope)
+            except Exception as exc:  # (the database, asked who the token is): as a route answers it
+                log.warning("%s %s: the database did not answer: %s", scope.get("method"), scope.get("path"),
+                            str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
+                await _send_problem(send, 503, "Service unavailable", "the database did not answer; try again "
+                                    "shortly", close=True, retry_after=5)
+                return
             if holder is None:  # the route would say the same: nothing of the body is read
                 await _send_problem(send, 401, "Unauthorized", "unknown or revoked token", close=True,
                                     headers=[(b"www-authenticate", b"Bearer")])
