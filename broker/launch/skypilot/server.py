@@ -149,13 +149,17 @@ def _forget_last_health() -> None:
 
 
 def _children() -> set[int]:
-    """This process's children (any thread's), as Linux lists them."""
-    found: set[int] = set()
-    try:
-        for task in Path("/proc/self/task").iterdir():
-            found.update(int(pid) for pid in (task / "children").read_text().split())
-    except OSError:
-        pass
+    """This process's children, by each process's parent in /proc (a thread's
+    own `children` list is documented unreliable while they start and end)."""
+    me, found = os.getpid(), set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == me:
+                found.add(int(entry.name))
+        except (OSError, ValueError, IndexError):  # gone meanwhile
+            continue
     return found
 
 
