@@ -12,7 +12,7 @@ from pydantic import BaseModel, Field, ValidationError
 from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from spotbroker.api.guard import BodyTooLarge, BodyTooSlow
+from spotbroker.api.guard import DATABASE_DOWN, BodyTooLarge, BodyTooSlow
 from spotbroker.broker.jobs.specdoc import SpecShapeError, SpecSyntaxError, field_errors
 from spotbroker.broker.store.db import driver_said
 
@@ -99,7 +99,7 @@ def install(app: FastAPI) -> None:
         # (no connection to be had, one dropped mid-request, SQLite busy past its timeout): the
         # client may try again; one line in the log, not a traceback a request while it lasts
         log.warning("%s %s: the database did not answer: %s", request.method, request.url.path, driver_said(exc))
-        return problem_response(503, _TITLES[503], "the database did not answer; try again shortly",
+        return problem_response(503, _TITLES[503], DATABASE_DOWN,
                                 headers={"Retry-After": "5"})
 
     @app.exception_handler(RequestValidationError)

@@ -62,6 +62,9 @@ ANONYMOUS_SHARE = 1 << 20     # 64 logins' forms at once
 Identify = Callable[[Scope], Awaitable[str | None]]
 
 
+DATABASE_DOWN = "the database did not answer; try again shortly"  # a 503's detail (here and api/errors.py)
+
+
 class BodyTooLarge(Exception):
     pass
 
@@ -117,7 +120,7 @@ class Guard:
             return message
 
         # No token: the body is read and dropped as it comes, and the route gets an empty one.
-        dropping = scope["path"].startswith("/v1/") and _has_body(scope) and not _bearer(scope)
+        dropping = scope["path"].startswith("/v1/") and _has_body(scope) and not bearer_token(scope)
 
         async def app_receive() -> Message:
             nonlocal dropping
@@ -133,14 +136,13 @@ class Guard:
         # What the body will hold, taken before it is read: its declared size, else the route's bound.
         held = 0 if dropping or streamed or not _has_body(scope) else (declared if declared is not None else limit)
         holder = ANONYMOUS
-        if held and self.identify is not None and _bearer(scope):
+        if held and self.identify is not None and bearer_token(scope):
             try:
                 holder = await self.identify(scope)
             except Exception as exc:  # (the database, asked who the token is): as a route answers it
                 log.warning("%s %s: the database did not answer: %s", scope.get("method"), scope.get("path"),
                             str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__)
-                await _send_problem(send, 503, "Service unavailable", "the database did not answer; try again "
-                                    "shortly", close=True, retry_after=5)
+                await _send_problem(send, 503, "Service unavailable", DATABASE_DOWN, close=True, retry_after=5)
                 return
             if holder is None:  # the route would say the same: nothing of the body is read
                 await _send_problem(send, 401, "Unauthorized", "unknown or revoked token", close=True,
@@ -188,11 +190,6 @@ class Guard:
 def _has_body(scope: Scope) -> bool:
     declared = _content_length(scope)
     return bool(declared) or any(name == b"transfer-encoding" for name, _ in scope.get("headers", ()))
-
-
-def _bearer(scope: Scope) -> bool:
-    """Whether the request names a bearer token."""
-    return bool(bearer_token(scope))
 
 
 def bearer_token(scope: Scope) -> str | None:
