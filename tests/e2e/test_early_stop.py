@@ -28,13 +28,22 @@ def example():
     return module
 
 
-def library_best(reports: list[tuple[int, float, float]]) -> int:
-    """The last step the library saw improve by more than min_delta (from min_steps): its newest best save."""
-    best, at = None, None
+def library_rule(reports: list[tuple[int, float, float]]) -> tuple[int, int]:
+    """The rule run over the trainer's reports as the library judges them: the best (the last report
+    from min_steps that improved by more than min_delta: its newest best save) and the report at which
+    `patience` reports in a row had not improved. Reports after that one came while the stop was on its
+    way (more of them on a loaded machine) and judge nothing."""
+    best, at, since = None, None, 0
     for step, loss, _ in reports:
-        if step >= RULE["min_steps"] and (best is None or loss < best - RULE["min_delta"]):
-            best, at = loss, step
-    return at
+        if step < RULE["min_steps"]:
+            continue
+        if best is None or loss < best - RULE["min_delta"]:
+            best, at, since = loss, step, 0
+            continue
+        since += 1
+        if since >= RULE["patience"]:
+            return at, step
+    raise AssertionError(f"the rule never fired over {len(reports)} reports")
 
 
 def submit(api, h) -> int:
@@ -58,10 +67,10 @@ def test_a_plateau_stops_early_keeps_the_best_weights_and_says_what_it_saved(api
     assert stop["done"] and stop["stopped_step"] == stopped and stop["best_step"] >= RULE["min_steps"]
     # The rule is judged on every report the trainer made (the agent folds a dozen into one on the way):
     # one best, the library's, fired at the report `patience` after it, and the kept checkpoint is its.
-    # (The trainer reports every REPORT_EVERY steps; the fired step is counted, not looked up in the log,
-    # whose lines a loaded machine may interleave with the agent's.)
-    best = library_best(reports)
-    assert (stop["best_step"], stop["fired_at_step"]) == (best, best + REPORT_EVERY * RULE["patience"])
+    # The trainer goes on until the stop reaches it: a report in that time may beat the best and
+    # judges nothing (a loaded machine gave 790 against the rule's 750).
+    best, fired = library_rule(reports)
+    assert (stop["best_step"], stop["fired_at_step"]) == (best, fired) and fired <= stopped
     kept = stop["checkpoint"]
     assert kept["choice"] == "best" and kept["step"] == best
     listed = {c["id"]: c for c in api.get(f"/v1/jobs/{job_id}/checkpoints", headers=h).json()["checkpoints"]}
