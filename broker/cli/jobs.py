@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,9 @@ def submit(file: Path, as_json: bool, wait: bool, yes: bool, **launch: Any) -> N
     if fmt == "yaml" and isinstance(doc, dict):  # its local paths as SkyPilot reads them, ${VAR} filled in
         before, doc = doc, overrides.fill_in_variables(doc)
         filled = doc != before
-    base = Path.cwd() if str(file) == "-" else file.resolve().parent
+    # Relative local paths are read from the current directory, as `sky launch` reads them
+    # (SkyPilot's docs say so); the file's own directory only helps say what was meant.
+    base = Local(Path.cwd(), None if str(file) == "-" else file.resolve().parent)
     c = token_client()
     shown = progress.on_terminal(as_json)
 
@@ -194,23 +197,44 @@ def _says_use_spot(res: Any) -> bool:
     return "use_spot" in res or (bool(alts) and all("use_spot" in a for a in clouds))
 
 
-def _upload_local(c: Client, doc: dict[str, Any], base: Path,
+@dataclass(frozen=True)
+class Local:
+    """Where a task file's relative local paths are read: `cwd`, as
+    `sky launch` reads them. `file_dir`: the file's own directory (None:
+    stdin), named in the message when a path is missing there but not here."""
+    cwd: Path
+    file_dir: Path | None
+
+    def path(self, given: str, at: str, field: str) -> Path:
+        """`given` read from `cwd`; missing there but beside the file: said so."""
+        local = self.cwd / Path(given).expanduser()
+        beside = self.file_dir / Path(given).expanduser() if self.file_dir is not None else None
+        if local.exists() or beside is None or beside == local or not beside.exists():
+            return local
+        raise click.ClickException(
+            f"{at}: {field}: {local} does not exist; the task file's directory has {beside.name or beside}: "
+            f"relative paths are read from the current directory, as `sky launch` reads them (run from "
+            f"{self.file_dir}, or give the path from here)")
+
+
+def _upload_local(c: Client, doc: dict[str, Any], base: Local,
                   at: Callable[[str], str], shown: bool = False) -> tuple[dict[str, Any], bool]:
     """The document with its local directories (workdir, file mount sources:
-    paths relative to the file, as SkyPilot reads them) uploaded and named
-    by their sha256; and whether anything was. `at(field)`: its FILE:LINE.
-    `shown`: progress bars (on a terminal)."""
+    relative paths from the current directory, as SkyPilot reads them)
+    uploaded and named by their sha256; and whether anything was.
+    `at(field)`: its FILE:LINE. `shown`: progress bars (on a terminal)."""
     doc, uploaded = dict(doc), False
     if isinstance(doc.get("workdir"), str):
-        doc["workdir"] = {"upload": upload_workdir(c, base / Path(doc["workdir"]).expanduser(), at("workdir"),
-                                                   shown=shown)}
+        workdir = base.path(doc["workdir"], at("workdir"), "workdir")
+        doc["workdir"] = {"upload": upload_workdir(c, workdir, at("workdir"), shown=shown)}
         uploaded = True
     mounts = doc.get("file_mounts")
     if isinstance(mounts, dict):
         mounts = dict(mounts)
         for remote, source in mounts.items():
             if isinstance(source, str) and "://" not in source:
-                local, field = base / Path(source).expanduser(), f"file_mounts.{remote}"
+                field = f"file_mounts.{remote}"
+                local = base.path(source, at(field), field)
                 if local.is_file():  # one file (`~/.ssh/id_rsa: ~/.ssh/sky-key`): placed at the path itself
                     mounts[remote] = {"upload": upload_workdir(c, local, at(field), field, one_file=True,
                                                                shown=shown), "file": True}
@@ -255,8 +279,7 @@ def _listed(detail: str, errors: list[dict], text: bytes | None, flags) -> str:
 
 def upload_workdir(c: Client, workdir: Path, where: str, field: str = "workdir", one_file: bool = False,
                    shown: bool = False) -> str:
-    """Pack a workdir (a path relative to the job's file, as SkyPilot reads
-    it) and upload it, with progress bars when `shown`; its sha256, which
+    """Pack a workdir and upload it, with progress bars when `shown`; its sha256, which
     the job names. Problems with the directory are the user's to fix: a
     message naming it, the field (at `where` in the file), no traceback."""
     import tempfile

@@ -56,7 +56,7 @@ def submit_file(settings, h, task: Path) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(SPOTBROKER_URL=f"http://127.0.0.1:{settings.port}", SPOTBROKER_TOKEN=h["Authorization"].split()[1])
     return subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", str(task), "--json"],
-                          env=env, cwd="/", capture_output=True, text=True, timeout=120)
+                          env=env, cwd=task.parent, capture_output=True, text=True, timeout=120)
 
 
 def run_file(api, settings, h, task: Path) -> dict:

@@ -206,7 +206,7 @@ def submit_file(settings, h, task: Path) -> int:
     env.update(SPOTBROKER_URL=f"http://127.0.0.1:{settings.port}",
                SPOTBROKER_TOKEN=h["Authorization"].split()[1])
     done = subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", str(task), "--json"],
-                          env=env, cwd="/", capture_output=True, text=True, timeout=120)
+                          env=env, cwd=task.parent, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)["id"]
 

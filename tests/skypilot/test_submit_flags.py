@@ -29,7 +29,7 @@ def submit(args: list[str], tmp_path: Path, url: str = "http://127.0.0.1:9", tok
            extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(HOME=str(tmp_path / "home"), SPOTBROKER_TOKEN=token, SPOTBROKER_URL=url, **(extra_env or {}))
-    return subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", *args], env=env, cwd="/",
+    return subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", *args], env=env, cwd=tmp_path,
                           capture_output=True, text=True, timeout=60)
 
 

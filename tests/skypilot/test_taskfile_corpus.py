@@ -225,7 +225,7 @@ def test_the_corpus_through_the_cli_and_the_api(api, team_headers, monkeypatch):
     import click
 
     from spotbroker.broker.cli.client import ApiError, Client
-    from spotbroker.broker.cli.jobs import _upload_local
+    from spotbroker.broker.cli.jobs import Local, _upload_local
 
     monkeypatch.setenv("HOME", str(HOME))
     h = team_headers(TEAM)
@@ -244,7 +244,7 @@ def test_the_corpus_through_the_cli_and_the_api(api, team_headers, monkeypatch):
         if meta["flags"]:
             raw = apply(raw, launch_flags(meta["flags"]))
         try:
-            doc, _ = _upload_local(c, raw, path.parent, lambda field, path=path: str(path))
+            doc, _ = _upload_local(c, raw, Local(path.parent, path.parent), lambda field, path=path: str(path))
             job = c.submit_yaml(yaml.safe_dump(doc, sort_keys=False).encode())
         except click.ClickException as exc:  # a local path that is no directory: named by the CLI
             assert not meta["accepted"] and meta["field"] in exc.message, (name, exc.message)

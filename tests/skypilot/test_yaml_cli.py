@@ -15,7 +15,7 @@ def submit(task: Path, tmp_path: Path, url: str = "http://127.0.0.1:9", token: s
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(HOME=str(tmp_path / "home"), SPOTBROKER_TOKEN=token, SPOTBROKER_URL=url)
     return subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", str(task)], env=env,
-                          cwd="/", capture_output=True, text=True, timeout=60)
+                          cwd=task.parent, capture_output=True, text=True, timeout=60)
 
 
 @pytest.mark.parametrize("text, says", [

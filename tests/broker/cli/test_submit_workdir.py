@@ -94,17 +94,39 @@ def test_too_much_is_refused_naming_the_workdir(tmp_path, monkeypatch):
 # --- the command, as a user runs it ----------------------------------------------
 
 
-def submit(task: Path, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def submit(task: Path, tmp_path: Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`spotbroker submit TASK` run in `cwd` (the file's directory unless said)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPOTBROKER_")}
     env.update(HOME=str(tmp_path / "home"), SPOTBROKER_TOKEN="sbt_x", SPOTBROKER_URL="http://127.0.0.1:9")
     return subprocess.run([sys.executable, "-m", "spotbroker.broker.cli", "submit", str(task)], env=env,
-                          cwd="/", capture_output=True, text=True, timeout=60)
+                          cwd=cwd or task.parent, capture_output=True, text=True, timeout=60)
+
+
+def test_relative_paths_are_read_from_the_current_directory_as_sky_launch_reads_them(tmp_path):
+    """SkyPilot's docs: a relative `workdir` is read from where `sky launch`
+    runs, not from the file's directory (`sky launch sky/train.yaml` with
+    `workdir: .` uploads the project, not `sky/`); local mount sources too."""
+    proj = tmp_path / "proj"
+    task = tree(proj, {"sky/task.yaml": "run: python train.py\nworkdir: .\nfile_mounts:\n  /data: ./data\n",
+                       "train.py": "", "data/x": ""}) / "sky" / "task.yaml"
+    r = submit(task, tmp_path, cwd=proj)
+    assert r.returncode == 1 and "cannot reach the broker" in r.stderr, r.stderr  # packed: the broker is missing
+    assert f"uploading workdir {proj}: 3 files" in r.stderr, r.stderr
+    # A path that is only beside the file: said so, with what to do.
+    task.write_text("run: python train.py\nworkdir: ./code\n")
+    tree(proj, {"sky/code/train.py": ""})
+    r = submit(task, tmp_path, cwd=proj)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert (f"{task}:2: workdir: {proj / 'code'} does not exist; the task file's directory has code: relative "
+            "paths are read from the current directory, as `sky launch` reads them") in r.stderr, r.stderr
+    r = submit(task, tmp_path)  # run from there: found
+    assert r.returncode == 1 and f"uploading workdir {proj / 'sky' / 'code'}: 1 files" in r.stderr, r.stderr
 
 
 def test_a_workdir_that_cannot_travel_is_named_at_submission(tmp_path):
     proj = tmp_path / "proj"
     task = tree(proj, {"task.yaml": "run: python train.py\nworkdir: ./code\n"}) / "task.yaml"
-    r = submit(task, tmp_path)  # relative to the file, not to where the command runs
+    r = submit(task, tmp_path)
     assert r.returncode == 1 and f"workdir {proj / 'code'} does not exist" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
     tree(proj, {"code/train.py": ""})
