@@ -71,6 +71,24 @@ def _refuse_nested(remotes: list[str]) -> None:
                 raise ValueError(f"{remote!r} lies inside {outer!r}: mount each at a path of its own")
 
 
+def remote_path_error(remote: Any) -> str | None:
+    """Why `remote` cannot be where a file mount is placed, if it cannot."""
+    if isinstance(remote, str) and remote.strip() != remote:  # (the model strips str keys after this)
+        return "give the path without surrounding whitespace"
+    if not isinstance(remote, str) or not (remote.startswith("/") or remote.startswith("~/")):
+        if isinstance(remote, str) and remote and not remote.startswith("~"):
+            # SkyPilot places it under the task's workdir; a node here places mounts before the
+            # attempt's fresh working directory exists, so there is no such place to put it.
+            return (f"a remote path is absolute or starts with ~/ (SkyPilot would put a relative one under "
+                    f"~/sky_workdir): mount it at ~/{remote} and `ln -s ~/{remote} {remote}` in run")
+        return "a remote path is absolute or starts with ~/"
+    # `~/.` would be the home itself, `~//tmp` the host's /tmp: a node places mounts as root.
+    parts = (remote[2:] if remote.startswith("~/") else remote[1:]).split("/")
+    if remote.rstrip("/") != remote or "$" in remote or any(p in ("", ".", "..") for p in parts):
+        return "give the path itself, without a trailing '/', '.', '..', '//' or '$'"
+    return None
+
+
 def _check_env_name(key: Any) -> None:
     if not isinstance(key, str) or not _ENV_NAME_RE.match(key):
         raise ValueError(f"{key!r} is not a valid environment variable name")
@@ -153,15 +171,9 @@ class JobSpec(StrictModel):
     def _file_mounts(cls, value: Any) -> Any:
         if isinstance(value, dict):
             for remote in value:
-                if isinstance(remote, str) and remote.strip() != remote:  # (the model strips str keys after this)
-                    raise ValueError(f"{remote!r}: give the path without surrounding whitespace")
-                if not isinstance(remote, str) or not (remote.startswith("/") or remote.startswith("~/")):
-                    raise ValueError(f"{remote!r}: a remote path is absolute or starts with ~/")
-                # `~/.` would be the home itself, `~//tmp` the host's /tmp: a node places mounts as root.
-                parts = (remote[2:] if remote.startswith("~/") else remote[1:]).split("/")
-                if remote.rstrip("/") != remote or "$" in remote or any(p in ("", ".", "..") for p in parts):
-                    raise ValueError(f"{remote!r}: give the path itself, without a trailing '/', '.', '..', '//' "
-                                     "or '$'")
+                error = remote_path_error(remote)
+                if error:
+                    raise ValueError(f"{remote!r}: {error}")
             _refuse_nested(list(value))
         return value
 

@@ -143,7 +143,7 @@ def _refuse_early(doc: dict[str, Any]) -> None:
     machine, a task-file slot held all along), and `infra: local`, which
     SkyPilot's schema answers with its regex."""
     from spotbroker.broker.jobs.execlimits import MAX_ENV_BYTES
-    from spotbroker.broker.jobs.spec import MAX_FILE_MOUNTS
+    from spotbroker.broker.jobs.spec import MAX_FILE_MOUNTS, remote_path_error
 
     errors = []
     res = doc.get("resources")
@@ -164,6 +164,9 @@ def _refuse_early(doc: dict[str, Any]) -> None:
     if isinstance(mounts, dict) and len(mounts) > MAX_FILE_MOUNTS:
         errors.append({"field": "file_mounts", "message": f"{len(mounts)} mounts: at most {MAX_FILE_MOUNTS} "
                        "(mount a directory that holds them)"})
+    elif isinstance(mounts, dict):  # before the CLI uploads what they name, each at its own line
+        errors += [{"field": f"file_mounts.{remote}", "message": f"{remote!r}: {error}"}
+                   for remote in mounts if (error := remote_path_error(remote))]
     for name in ("envs", "secrets"):  # each at least `N=` and a NUL in the job's environment
         values = doc.get(name)
         if isinstance(values, dict | list) and len(values) * 3 > MAX_ENV_BYTES:

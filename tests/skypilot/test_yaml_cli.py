@@ -90,3 +90,16 @@ def test_what_the_broker_refuses_first_is_told_before_the_workdir_is_packed(tmp_
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "line 3: envs.HF_TOKEN: give its value: `spotbroker submit --env HF_TOKEN=VALUE FILE`" in r.stderr
     assert "uploading" not in r.stderr and "cannot reach the broker" not in r.stderr, r.stderr
+
+
+def test_a_relative_mount_path_is_refused_at_its_line_before_anything_is_uploaded(tmp_path):
+    """SkyPilot puts `data: ./data` under the workdir; a node here places mounts at absolute or ~/ paths.
+    Refused with what to write instead, at the mount's own line, before the workdir is packed (it was
+    refused by the broker after the uploads, at `file_mounts:`'s line)."""
+    (tmp_path / "data").mkdir()
+    task = tmp_path / "task.yaml"
+    task.write_text("run: ls data\nworkdir: .\nfile_mounts:\n  /ok: s3://bucket/x\n  data: ./data\n")
+    r = submit(task, tmp_path)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "uploading" not in r.stderr, r.stderr
+    assert "line 5: file_mounts.data: 'data': a remote path is absolute or starts with ~/" in r.stderr, r.stderr
+    assert "mount it at ~/data and `ln -s ~/data data` in run" in r.stderr, r.stderr
