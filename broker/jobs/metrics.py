@@ -4,7 +4,9 @@ metric across the job's attempts.
 
 Bounded whatever an agent sends: a point whose name is not a metric name or
 whose value is not a finite number is dropped; a job holds at most
-`MAX_NAMES` names and an attempt at most `MAX_POINTS_PER_ATTEMPT` points;
+`MAX_NAMES` names and `MAX_POINTS_PER_JOB` points, an attempt at most
+`MAX_POINTS_PER_ATTEMPT` (a job preempted a thousand times, by its own
+team's `simulate-preemption`, stored ten million before);
 and a point that comes within `FOLD_SECONDS` of the same attempt's newest
 point of that name (by the agent's clock) replaces it instead of adding a
 row, as the agent itself folds. What is dropped is said once per attempt,
@@ -26,6 +28,7 @@ from spotbroker.broker.store.models import Attempt, Event, Job
 
 MAX_NAMES = 32
 MAX_POINTS_PER_ATTEMPT = 10_000
+MAX_POINTS_PER_JOB = 50_000
 FOLD_SECONDS = 2.0
 DROPPED = "metrics_dropped"  # the broker's event: points an attempt sent past the bounds
 _NAME = re.compile(METRIC_NAME)
@@ -44,8 +47,8 @@ def record_many(session: Session, job: Job, attempt: Attempt, reports: list[tupl
     batch's size: a point a query at a time held SQLite's write lock for
     seconds over an agent's backlog of a thousand reports."""
     names = set(session.scalars(select(MetricPoint.name).where(MetricPoint.job_id == job.id).distinct()))
-    stored = session.scalar(select(func.count()).select_from(MetricPoint)
-                            .where(MetricPoint.attempt_id == attempt.id)) or 0
+    in_job, stored = session.execute(select(func.count(), func.count().filter(MetricPoint.attempt_id == attempt.id))
+                                     .where(MetricPoint.job_id == job.id)).one()
     rows = {p.name: p for p in session.scalars(select(MetricPoint).where(MetricPoint.id.in_(
         select(func.max(MetricPoint.id)).where(MetricPoint.attempt_id == attempt.id).group_by(MetricPoint.name))))}
     newest = {name: {"step": p.step, "value": p.value, "at": p.at} for name, p in rows.items()}
@@ -73,11 +76,15 @@ def record_many(session: Session, job: Job, attempt: Attempt, reports: list[tupl
             if stored >= MAX_POINTS_PER_ATTEMPT:
                 dropped.append(f"more than {MAX_POINTS_PER_ATTEMPT} points in the attempt")
                 break
+            if in_job >= MAX_POINTS_PER_JOB:
+                dropped.append(f"more than {MAX_POINTS_PER_JOB} points in the job")
+                break
             newest[name] = {"job_id": job.id, "attempt_id": attempt.id, "name": name, "step": step, "value": value,
                             "at": at}
             added.append(newest[name])
             names.add(name)
             stored += 1
+            in_job += 1
     for name in folded:
         row, last = rows[name], newest[name]
         row.step, row.value, row.at = last["step"], last["value"], last["at"]

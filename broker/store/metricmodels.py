@@ -1,7 +1,7 @@
 """The tables of a job's metrics and its early stop (migration 0019).
 
 `metric_points`: what the trainer reported (`ckpt.report`), per attempt, at
-most `MAX_POINTS_PER_ATTEMPT` rows of at most `MAX_NAMES` names a job (the
+most `MAX_POINTS_PER_ATTEMPT` rows, `MAX_POINTS_PER_JOB` a job, of at most `MAX_NAMES` names (the
 bounds are `broker/jobs/metrics.py`'s). `early_stops`: a job whose
 `early_stop` rule fired, when and where, and the checkpoint kept for it.
 """

@@ -170,3 +170,35 @@ def test_an_agents_backlog_of_reports_is_stored_in_a_few_statements(engine, fact
                            .order_by(MetricPoint.id)).all()
     assert len(points) == 600
     assert [tuple(p) for p in points[-2:]] == [("loss", 301, 0.001), ("acc", 300, 1.0)]
+
+
+def test_a_jobs_points_are_bounded_across_its_attempts(factory, monkeypatch):
+    """Each attempt kept its own 10,000 points, so a job its team preempted a thousand
+    times (`simulate-preemption`, max_restarts 1000) kept ten million, all listed by
+    GET .../metrics: the job's points are bounded too, and what is dropped is said."""
+    from sqlalchemy import func, select
+    from support.world import T0 as START
+    from support.world import World
+
+    from spotbroker.broker.jobs import metrics
+    from spotbroker.broker.store.db import transaction
+    from spotbroker.broker.store.metricmodels import MetricPoint
+    from spotbroker.broker.store.models import Attempt, Event, Job
+
+    monkeypatch.setattr(metrics, "MAX_POINTS_PER_ATTEMPT", 4)
+    monkeypatch.setattr(metrics, "MAX_POINTS_PER_JOB", 6)
+    world = World(factory)
+    job_id = world.job(world.team())
+    attempts = [world.attempt(job_id, end=START + timedelta(hours=1), end_reason="preempted"),
+                world.attempt(job_id, start=START + timedelta(hours=1))]
+    for n, attempt_id in enumerate(attempts):
+        reports = [({"step": i, "values": {"loss": 1.0 / i}}, START + timedelta(hours=n, seconds=10 * i))
+                   for i in range(1, 6)]
+        with transaction(factory) as s:
+            metrics.record_many(s, s.get(Job, job_id), s.get(Attempt, attempt_id), reports, START)
+    with factory() as s:
+        kept = dict(s.execute(select(MetricPoint.attempt_id, func.count()).group_by(MetricPoint.attempt_id)).all())
+        told = [e.data["reason"] for e in s.scalars(select(Event).where(Event.type == metrics.DROPPED))]
+    assert kept == {attempts[0]: 4, attempts[1]: 2}
+    assert any("more than 4 points in the attempt" in r for r in told), told
+    assert any("more than 6 points in the job" in r for r in told), told
