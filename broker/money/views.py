@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from sqlalchemy import Date, and_, cast, func, literal, null, or_, select, union_all
+from sqlalchemy import Date, and_, case, cast, func, literal, null, or_, select, union_all
 from sqlalchemy.orm import Session
 
 from spotbroker.broker.jobs.resfields import NO_LABEL
@@ -177,15 +177,18 @@ def draft_key(group_by: str, d: ledger.Draft, a: Attempt) -> str:
 
 
 def _sums() -> list:
+    # A waste entry (wasted > 0, docs/money.md) carries the node-hours lost, which its usage
+    # entries already count as run. (`wasted`, not `kind`: PostgreSQL's index carries it.)
+    run = case((LedgerEntry.wasted > 0, 0.0), else_=LedgerEntry.node_hours)
     return [func.sum(LedgerEntry.amount), func.sum(LedgerEntry.ondemand_amount), func.sum(LedgerEntry.wasted),
-            func.sum(LedgerEntry.node_hours), func.sum(LedgerEntry.kwh), func.sum(LedgerEntry.co2e_kg)]
+            func.sum(run), func.sum(LedgerEntry.kwh), func.sum(LedgerEntry.co2e_kg)]
 
 
 SUMS = ("cost", "od", "wasted", "hours", "kwh", "co2e")   # names of `_sums()`'s columns in a subquery
 
 
 def _values(d: ledger.Draft) -> tuple[float, float, float, float, float, float]:
-    return d.amount, d.ondemand_amount, d.wasted, d.node_hours, d.kwh, d.co2e_kg
+    return d.amount, d.ondemand_amount, d.wasted, 0.0 if d.wasted > 0 else d.node_hours, d.kwh, d.co2e_kg
 
 
 def _by_label(team_id: int, label: str, since: datetime, until: datetime):

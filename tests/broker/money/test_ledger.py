@@ -92,11 +92,18 @@ def test_waste_is_the_run_since_the_last_checkpoint_at_a_preemption(factory, wor
     a2 = world.attempt(job, price=2.0, start=T0 + 2 * H)
     world.end(a2, T0 + 3 * H, "succeeded")                 # no waste for a normal end
     clock.advance(hours=4)
+    # Node-hours are the hours run (the lost 20 minutes were run once, in usage: counted
+    # twice before), read from the tails before a pass and from the entries after.
+    unwritten = team_total(factory, team, clock.now(), "job")
+    assert unwritten.total.node_hours == pytest.approx(2.0) and unwritten.total.wasted == pytest.approx(2.0 / 3)
+    assert unwritten.groups[str(job)].node_hours == pytest.approx(2.0)
     accruer(factory, clock).accrue(clock.now())
     wastes = [r for r in entries(factory) if r[1] == "waste"]
     assert len(wastes) == 1 and wastes[0][6] == pytest.approx(2.0 * 20 / 60) and wastes[0][4] == 0
     report = team_total(factory, team, clock.now())
     assert report.total.wasted == pytest.approx(2.0 / 3) and report.total.cost == pytest.approx(4.0)
+    assert report.total.node_hours == pytest.approx(2.0)
+    assert team_total(factory, team, clock.now(), "job").groups[str(job)].node_hours == pytest.approx(2.0)
     # Closed attempts are never read again: another pass writes nothing.
     before = entries(factory)
     clock.advance(hours=1)
