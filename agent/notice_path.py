@@ -109,8 +109,8 @@ class NoticePath:
         pids = self._library_pids()
         if not pids:  # (the library announces itself once the trainer makes its Checkpointer, after its imports)
             age = time.monotonic() - self._trainer_started_s
-            return (f"the trainer does not use the checkpoint library, or had not started it yet "
-                    f"({age:.0f} s after the trainer started)")
+            return (f"the trainer does not use the checkpoint library, had not started it yet, or had closed "
+                    f"it after its loop ({age:.0f} s after the trainer started)")
         if not request_flush(self.control_dir, pids, deadline, notice.kind):
             return f"the library's processes {pids} are gone"
         log.info("asked the library (pids %s) to flush by %s", pids, deadline.isoformat())

@@ -84,12 +84,24 @@ from spotbroker.agent.checkpoint.listing import restore_candidates
 from spotbroker.agent.checkpoint.options import CheckpointOptions
 from spotbroker.agent.checkpoint.preflight import Preflight, device
 from spotbroker.agent.checkpoint.ranks import Agreement, Ranks
-from spotbroker.agent.checkpoint.reports import Reports
+from spotbroker.agent.checkpoint.reports import BEST_KEY, Reports
 from spotbroker.agent.checkpoint.state import rng_state, set_rng_state
 from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.checkpoint.upload import Uploader
 
 log = logging.getLogger("spotbroker.checkpoint")
+
+class CheckpointMismatch(RuntimeError):
+    """A verified checkpoint that does not load into the script's objects (a
+    changed model, a different optimizer). Not skipped for an older one: they
+    were saved by the same script. The process must start again (components
+    before the one named may hold the checkpoint's state)."""
+
+
+def _check_every(name: str, value: Any, kind: type | tuple[type, ...]) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value <= 0):
+        raise TypeError(f"Checkpointer(): {name} must be a positive number or None, not {value!r}")
+
 
 class Checkpointer:
     """Saves and restores a training loop's state; see the module's docstring.
@@ -126,7 +138,17 @@ class Checkpointer:
         }
         for name, obj in (stateful or {}).items():
             self._components[f"stateful.{name}"] = obj
-        self.extra: dict[str, Any] = dict(extra or {})
+        for name, obj in self._components.items():  # not at the first save, nor at a resume hours later
+            missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
+            if missing:
+                raise TypeError(f"Checkpointer(): {name} ({type(obj).__name__}) has no {' or '.join(f'{m}()' for m in missing)}: "
+                                "each component is saved by state_dict() and restored by load_state_dict()")
+        if extra is not None and not isinstance(extra, dict):
+            raise TypeError(f"Checkpointer(): extra must be a dict, not {type(extra).__name__}")
+        # The very dict given: the trainer updates it, a save takes it as it is then, restore fills it in.
+        self.extra: dict[str, Any] = extra if extra is not None else {}
+        _check_every("every_steps", every_steps, int)
+        _check_every("every_seconds", every_seconds, (int, float))
         self.every_steps = every_steps
         self.every_seconds = every_seconds
         self.keep_last = options.keep_last
@@ -136,7 +158,14 @@ class Checkpointer:
         self.max_workers = max(1, options.max_workers)
 
         env = os.environ
-        self.uri = uri or env.get(protocol.ENV_CHECKPOINT_URI) or None
+        given = env.get(protocol.ENV_CHECKPOINT_URI)
+        if uri and given and uri.rstrip("/") != given.rstrip("/"):
+            # The broker records and resumes only from the attempt's own place: a script's
+            # own bucket (`--checkpoint-uri`) lost every step at each preemption.
+            log.warning("uri=%s is not where the broker keeps this attempt's checkpoints: they go to %s (%s), "
+                        "the one place it records and resumes from", uri, given, protocol.ENV_CHECKPOINT_URI)
+            uri = given
+        self.uri = uri or given or None
         self.job_uri = options.job_uri or env.get(protocol.ENV_CHECKPOINT_ROOT) or None
         self.resume_from = options.resume_from or env.get(protocol.ENV_RESUME_FROM) or None
         self.control_dir = control_dir_from(options.control_dir)
@@ -157,7 +186,8 @@ class Checkpointer:
         if self.uri and self.ranks.writer and not self.sharded:
             self._uploader = Uploader(Storage(self.uri, max_concurrency=self.max_workers), state=self._state,
                                       on_commit=self._committed, half=self.half, part_bytes=self.part_bytes,
-                                      max_workers=self.max_workers, keep_last=self.keep_last)
+                                      max_workers=self.max_workers, keep_last=self.keep_last,
+                                      best_step=self._best_step)
         if not self.uri:
             log.warning("no checkpoint URI (pass uri= or set %s): checkpoints are off",
                         protocol.ENV_CHECKPOINT_URI)
@@ -165,6 +195,7 @@ class Checkpointer:
         self._last_save_step = 0
         self._last_save_time = time.monotonic()
         self._last_step: int | None = None
+        self._went_back = False
 
         self._control = ControlChannel(self.control_dir, options.handle_signal)
         self._interval = BrokerInterval(self.control_dir, self._control.emit, every_seconds)  # the spec's, if any
@@ -215,7 +246,7 @@ class Checkpointer:
                 log.warning("checkpoint %s is unusable (%s); falling back to the previous one", candidate, exc)
                 skipped.append({"uri": candidate, "reason": str(exc)})
                 continue
-            self._apply(state)
+            self._apply(state, candidate)
             total = sum(int(o["size"]) for o in manifest["objects"].values())
             self._last_committed = CheckpointInfo(step=manifest["step"], uri=candidate, bytes=total,
                                                   reason="restored")
@@ -253,6 +284,13 @@ class Checkpointer:
         Persists at once when the agent asked for a flush, otherwise starts a
         periodic save when one is due. Cheap when nothing is due.
         """
+        if type(step) is not int or step < 0:
+            raise TypeError(f"Checkpointer.step(): give the number of steps done so far (an int >= 0), not {step!r}")
+        if self._last_step is not None and step < self._last_step and not self._went_back:
+            self._went_back = True
+            log.warning("step went back from %d to %d: give the steps done in the whole run, not in an epoch "
+                        "(checkpoints are named and resumed by it, and periodic saves wait for it to pass %d)",
+                        self._last_step, step, self._last_save_step)
         self._last_step = step
         if self.preflight is not None and self.preflight.due():
             self.preflight.finish(self, step)  # exits 0, or raises
@@ -300,7 +338,12 @@ class Checkpointer:
 
     def close(self) -> None:
         """Wait for the background upload; tell the agent flushes are over; free the
-        host buffer and stop the threads. Under torch.distributed every rank calls it."""
+        host buffer and stop the threads. Under torch.distributed every rank calls it.
+
+        After ``close`` no flush can be taken: a notice during work after the
+        loop (an evaluation, an export) resumes from the newest checkpoint,
+        and the steps since it are trained again. Call ``save(step)`` before
+        ``close()`` when such work is long (it costs one upload of the state)."""
         try:
             if self.preflight is not None and self._last_step:  # a run shorter than the pre-flight's steps
                 self.preflight.check(self, self._last_step)
@@ -362,18 +405,29 @@ class Checkpointer:
             "extra": self.extra,
         }
 
+    def _best_step(self) -> int | None:
+        """The step of the early stop's best report so far, if the rule counts one."""
+        best = self.extra.get(BEST_KEY) if self._reports.rule is not None else None
+        return int(best[0]) if isinstance(best, list | tuple) and best and type(best[0]) is int else None
+
     # --- restoring ------------------------------------------------------------
 
-    def _apply(self, state: dict[str, Any]) -> None:
+    def _apply(self, state: dict[str, Any], uri: str) -> None:
         components = state.get("components", {})
         for name, obj in self._components.items():
             if name in components:
-                obj.load_state_dict(components[name])
+                try:
+                    obj.load_state_dict(components[name])
+                except Exception as exc:  # the script's model or optimizer is not the checkpoint's
+                    raise CheckpointMismatch(
+                        f"checkpoint {uri}: its {name} does not load into this {type(obj).__name__} (was the "
+                        f"script changed since it was saved?): {exc}") from exc
             else:
                 log.warning("the checkpoint holds no state for %s", name)
         if self.restore_rng and state.get("rng"):
             set_rng_state(state["rng"])
-        self.extra = dict(state.get("extra") or {})
+        self.extra.clear()
+        self.extra.update(state.get("extra") or {})
 
     # --- talking to the agent -------------------------------------------------
 

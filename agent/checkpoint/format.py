@@ -15,6 +15,7 @@ import ctypes
 import hashlib
 import json
 import pickle
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -135,16 +136,25 @@ def typed(raw: Any, slot: Slot) -> Any:
 
 
 def read_manifest(storage: Storage) -> dict[str, Any]:
-    """The checkpoint's manifest, its step an int; CheckpointInvalid if none or unreadable."""
+    """The checkpoint's manifest, its step an int; CheckpointInvalid if none,
+    unreadable, or not of its directory's step (the manifest is the one
+    object no checksum covers: `"step": 999` in step 40's resumed at 999)."""
     try:
         manifest = json.loads(storage.get(protocol.MANIFEST))
         manifest["step"] = int(manifest["step"])
         if not isinstance(manifest["objects"], dict):
             raise TypeError("objects is not a mapping")
+        for name, entry in manifest["objects"].items():
+            if not (isinstance(entry, dict) and type(entry.get("size")) is int and entry["size"] >= 0
+                    and isinstance(entry.get("sha256"), str) and re.fullmatch(r"[0-9a-f]{64}", entry["sha256"])):
+                raise ValueError(f"its entry for {name!r} is not a size and a sha256")
     except FileNotFoundError as exc:
         raise CheckpointInvalid("no manifest (never committed)") from exc
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointInvalid(f"unreadable manifest: {exc}") from exc
+    named = re.search(r"step-(\d{12})$", storage.url("").rstrip("/"))
+    if named and int(named.group(1)) != manifest["step"]:
+        raise CheckpointInvalid(f"its manifest says step {manifest['step']}, its directory {int(named.group(1))}")
     return manifest
 
 
@@ -167,6 +177,9 @@ def load_checkpoint(storage: Storage, workers: int) -> tuple[dict[str, Any], dic
         skeleton = pickle.loads(state_bytes)
     except Exception as exc:  # verified bytes that do not parse: a writer bug, still unusable
         raise CheckpointInvalid(f"unreadable index or state: {exc}") from exc
+    if not (isinstance(skeleton, dict) and isinstance(skeleton.get("components", {}), dict)
+            and skeleton.get("step", manifest["step"]) == manifest["step"]):
+        raise CheckpointInvalid("its state is not a checkpoint's state of this step")
 
     torch = import_torch()
     raw = [torch.empty(slot.nbytes, dtype=torch.uint8) for slot in layout.slots]

@@ -10,6 +10,7 @@ uploaded, and the manifest, written last, is the commit (see
 """
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import logging
@@ -113,8 +114,10 @@ class Uploader:
 
     def __init__(self, storage: Storage, *, state: Callable[[int], dict[str, Any]],
                  on_commit: Callable[[CheckpointInfo, str], None], half: HalfMode | None,
-                 part_bytes: int, max_workers: int, keep_last: int | None) -> None:
+                 part_bytes: int, max_workers: int, keep_last: int | None,
+                 best_step: Callable[[], int | None] = lambda: None) -> None:
         self.storage = storage
+        self.best_step = best_step  # the early stop's best so far: its checkpoint is never pruned
         self._state = state
         self._on_commit = on_commit
         self.half = half
@@ -362,8 +365,9 @@ class Uploader:
             log.debug("could not clean up %s: %r", save.directory, exc)
 
     def _prune(self) -> None:
-        """Keep the newest ``keep_last`` committed checkpoints of this attempt and
-        every one marked KEEP; remove older ones and older unfinished leftovers."""
+        """Keep the newest ``keep_last`` committed checkpoints of this attempt,
+        the one holding the early stop's best weights, and every one marked
+        KEEP; remove older ones and older unfinished leftovers."""
         assert self.keep_last
         by_step: dict[int, list[str]] = {}
         for obj in self.storage.iter():
@@ -374,6 +378,9 @@ class Uploader:
         if not committed:
             return
         keep = set(committed[-self.keep_last:])
+        best = self.best_step()
+        if best is not None:  # the best weights (a `best` save, or the first after it): what the broker keeps
+            keep.update(s for s in committed[bisect.bisect_left(committed, best):][:1])
         for step, keys in by_step.items():
             directory = protocol.step_dir(step)
             # Never touch a step newer than the newest commit: it may be in flight.

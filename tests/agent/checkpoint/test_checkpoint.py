@@ -748,3 +748,116 @@ def test_a_relative_control_directory_is_never_written(tmp_path: Path, monkeypat
     ck.step(1)
     ck.close()
     assert ck.control_dir is None and not (tmp_path / "agent").exists()
+
+
+# --------------------------------------------------------------------------
+# What a script hands the library, and what a tampered checkpoint holds
+
+
+def test_extra_is_the_very_dict_given_saved_as_it_is_and_filled_in_by_restore(tmp_path: Path) -> None:
+    """`extra=` was copied: the trainer's updates to its own dict were never saved, nor
+    given back (a resumed run read its data from the start, silently)."""
+    uri = f"file://{tmp_path}/ckpt"
+    position = {"epoch": 0, "sample": 0}
+    ck = Checkpointer(*make_run(), uri=uri, every_seconds=None, extra=position)
+    position.update(epoch=3, sample=3000)
+    ck.save(5)
+    ck.close()
+    again = {"epoch": 0, "sample": 0}
+    ck2 = Checkpointer(*make_run(), uri=uri, every_seconds=None, extra=again)
+    taken_before = ck2.extra
+    assert ck2.restore() == 5 and again == {"epoch": 3, "sample": 3000} and taken_before is again
+    ck2.close()
+    with pytest.raises(TypeError, match="extra must be a dict"):
+        Checkpointer(*make_run(), uri=uri, extra=[("epoch", 1)])
+
+
+def test_what_cannot_be_saved_or_restored_is_refused_when_the_checkpointer_is_made(tmp_path: Path) -> None:
+    """A `stateful=` object without load_state_dict was saved for a whole run and failed only
+    at the resume (hours of checkpoints unusable); bad knobs failed deep inside, or at the first save."""
+    class Counter:
+        def state_dict(self) -> dict:
+            return {"n": 1}
+
+    uri = f"file://{tmp_path}/ckpt"
+    with pytest.raises(TypeError, match=r"stateful.counter \(Counter\) has no load_state_dict\(\)"):
+        Checkpointer(*make_run(), uri=uri, stateful={"counter": Counter()})
+    with pytest.raises(TypeError, match=r"stateful.rng \(dict\) has no state_dict\(\) or load_state_dict\(\)"):
+        Checkpointer(uri=uri, stateful={"rng": {"w": 1}})
+    for knobs in ({"every_steps": "10"}, {"every_steps": -5}, {"every_seconds": -1}, {"every_steps": True}):
+        with pytest.raises(TypeError, match="must be a positive number or None"):
+            Checkpointer(*make_run(), uri=uri, **knobs)
+    ck = Checkpointer(*make_run(), uri=uri, every_seconds=None)
+    with pytest.raises(TypeError, match=r"an int >= 0\), not 1.5"):
+        ck.step(1.5)
+    ck.close()
+
+
+def test_a_step_count_that_goes_back_is_warned_of_once(tmp_path: Path, caplog) -> None:
+    """Steps counted per epoch silently stopped the periodic saves until the count passed the last save."""
+    ck = Checkpointer(*make_run(), uri=f"file://{tmp_path}/ckpt", every_steps=5, every_seconds=None)
+    with caplog.at_level(logging.WARNING, logger="spotbroker.checkpoint"):
+        for step in (*range(1, 11), *range(1, 11)):
+            ck.step(step)
+    ck.close()
+    assert caplog.text.count("step went back from 10 to 1: give the steps done in the whole run") == 1, caplog.text
+
+
+def test_a_checkpoint_of_another_model_names_the_component_and_the_checkpoint(tmp_path: Path) -> None:
+    uri = f"file://{tmp_path}/ckpt"
+    ck = Checkpointer(*make_run(), uri=uri, every_seconds=None)
+    ck.save(3)
+    ck.close()
+    from spotbroker.agent.checkpoint import CheckpointMismatch
+
+    wider = torch.nn.Linear(16, 64)
+    with pytest.raises(CheckpointMismatch, match=r"step-000000000003: its model does not load into this Linear"):
+        Checkpointer(wider, uri=uri, every_seconds=None).restore()
+
+
+@pytest.mark.parametrize("tamper", ["entry_without_size", "entry_a_string", "step_not_the_directorys",
+                                    "state_not_a_dict"])
+def test_a_manifest_or_state_that_does_not_hold_up_is_skipped_for_the_previous(tmp_path: Path, tamper: str) -> None:
+    """A manifest that parses but whose entries, or step, do not hold up (the one object no
+    checksum covers), or a verified state of the wrong shape, crashed restore, or resumed
+    at step 999 from step 40's directory: each is now unusable, and the previous one is used."""
+    import hashlib
+    import pickle
+
+    uri = f"file://{tmp_path}/ckpt"
+    ck = Checkpointer(*make_run(), uri=uri, every_seconds=None)
+    ck.save(30)
+    ck.save(40)
+    ck.close()
+    store = Storage(uri)
+    name = "step-000000000040/MANIFEST.json"
+    manifest = json.loads(store.get(name))
+    if tamper == "entry_without_size":
+        del manifest["objects"]["state.pkl"]["size"]
+    elif tamper == "entry_a_string":
+        manifest["objects"]["state.pkl"] = "abc"
+    elif tamper == "step_not_the_directorys":
+        manifest["step"] = 999
+    else:
+        data = pickle.dumps([1, 2, 3])
+        store.put("step-000000000040/state.pkl", data)
+        manifest["objects"]["state.pkl"] = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    store.put(name, json.dumps(manifest).encode())
+    again = Checkpointer(*make_run(), uri=uri, every_seconds=None, control_dir=tmp_path / "ctl")
+    assert again.restore() == 30
+    again.close()
+    (skipped,) = events(tmp_path / "ctl")[0]["data"]["skipped"]
+    assert skipped["uri"].endswith("step-000000000040"), skipped
+
+
+def test_under_the_agent_a_scripts_own_uri_gives_way_to_the_attempts(tmp_path: Path, monkeypatch, caplog) -> None:
+    """`--checkpoint-uri` under the broker wrote where the broker neither records nor
+    resumes from: every preemption trained from step 0 again."""
+    mine, attempts = f"file://{tmp_path}/mine", f"file://{tmp_path}/job/a1"
+    monkeypatch.setenv(protocol.ENV_CHECKPOINT_URI, attempts)
+    with caplog.at_level(logging.WARNING, logger="spotbroker.checkpoint"):
+        ck = Checkpointer(*make_run(), uri=mine, every_seconds=None, handle_signal=False)
+    ck.save(4)
+    ck.close()
+    assert [c.step for c in list_checkpoints(attempts)] == [4] and not list_checkpoints(mine)
+    assert f"uri={mine} is not where the broker keeps this attempt's checkpoints" in caplog.text

@@ -80,3 +80,21 @@ def test_a_stop_request_checkpoints_the_step_and_says_should_stop(tmp_path: Path
     ckpt.close()
     (committed,) = events(control, protocol.CHECKPOINT_COMMITTED)
     assert (committed["data"]["step"], committed["data"]["reason"]) == (6, protocol.EARLY_STOP)
+
+
+def test_keep_last_never_deletes_the_best_weights(tmp_path, monkeypatch) -> None:
+    """keep_last=1 deleted every `best` checkpoint before the broker could mark the best
+    one kept: the job said it kept step 750 of a directory that was gone."""
+    monkeypatch.setenv(protocol.ENV_EARLY_STOP, RULE)
+    model = torch.nn.Linear(1, 1, bias=False)
+    ckpt = Checkpointer(model, uri=f"file://{tmp_path}/ckpt", every_steps=5, every_seconds=None,
+                        control_dir=tmp_path / "control", keep_last=1)
+    for step in range(1, 41):
+        ckpt.step(step)
+        ckpt.wait()
+        if step % 10 == 0:
+            ckpt.report(step, val_loss={20: 0.5, 30: 0.2}.get(step, 0.9))
+            ckpt.wait()
+    ckpt.close()
+    saved = sorted(c.step for c in list_checkpoints(f"file://{tmp_path}/ckpt"))
+    assert saved == [30, 40], saved  # the best (30) and the newest
