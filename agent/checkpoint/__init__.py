@@ -12,13 +12,14 @@ skeleton plus tensors), ``upload`` (part uploads, the commit, pruning),
 ``hostbuffer`` (the snapshot's host memory), ``control`` (the agent's control
 directory) and ``storage`` (one API for s3, gs, az and file URIs).
 """
-from spotbroker.agent.checkpoint.checkpointer import CheckpointMismatch, Checkpointer
+from spotbroker.agent.checkpoint.checkpointer import Checkpointer, CheckpointMismatch
 from spotbroker.agent.checkpoint.format import CheckpointInfo, CheckpointInvalid
 from spotbroker.agent.checkpoint.listing import list_checkpoints, mark_keep
 from spotbroker.agent.checkpoint.options import CheckpointOptions
 from spotbroker.agent.checkpoint.state import TensorRef
 
-__all__ = ["CheckpointInfo", "CheckpointInvalid", "CheckpointMismatch", "CheckpointOptions", "Checkpointer", "list_checkpoints", "mark_keep"]
+__all__ = ["CheckpointInfo", "CheckpointInvalid", "CheckpointMismatch", "CheckpointOptions", "Checkpointer",
+           "list_checkpoints", "mark_keep"]
 
 # Pickle names a class by module and name: every state.pkl names its tensor
 # placeholders spotbroker.agent.checkpoint._TensorRef (where the class lived

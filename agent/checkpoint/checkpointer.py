@@ -141,7 +141,8 @@ class Checkpointer:
         for name, obj in self._components.items():  # not at the first save, nor at a resume hours later
             missing = [m for m in ("state_dict", "load_state_dict") if not callable(getattr(obj, m, None))]
             if missing:
-                raise TypeError(f"Checkpointer(): {name} ({type(obj).__name__}) has no {' or '.join(f'{m}()' for m in missing)}: "
+                named = " or ".join(f"{m}()" for m in missing)
+                raise TypeError(f"Checkpointer(): {name} ({type(obj).__name__}) has no {named}: "
                                 "each component is saved by state_dict() and restored by load_state_dict()")
         if extra is not None and not isinstance(extra, dict):
             raise TypeError(f"Checkpointer(): extra must be a dict, not {type(extra).__name__}")

@@ -180,8 +180,9 @@ def test_trainer_without_the_library_is_never_signalled(agent, broker, make_sim,
     types = broker.types()
     _assert_in_order(types, PREEMPTION_NOTICE, NO_FLUSH, TRAINER_EXITED)
     # a notice in a trainer's first seconds may come before its library announced itself: said so too
+    reason = broker.first(NO_FLUSH)["data"]["reason"]
     assert re.fullmatch(r"the trainer does not use the checkpoint library, had not started it yet, or had closed "
-                        r"it after its loop \(\d+ s after the trainer started\)", broker.first(NO_FLUSH)["data"]["reason"])
+                        r"it after its loop \(\d+ s after the trainer started\)", reason)
     assert broker.first(TRAINER_STARTED)["data"]["library"] is False
 
 
