@@ -157,9 +157,12 @@ def conditions(budget: Budget, spend: Spend, now: datetime, team: str = "TEAM") 
     raise_it = f"`spotbroker budget set {team} AMOUNT --period {budget.period}` (admin) raises the budget"
     out = []
     if rules.fast_burn and burn["1h"] >= FAST and burn["5m"] >= FAST:
+        # The pace is the last five minutes': the hour's dollars as a rate counted the minutes
+        # before a job started (a job 4 minutes old: "0.6 h more" when 3 minutes were left).
+        pace = spend.windows["5m"] / (WINDOWS["5m"].total_seconds() / 3600)
         out.append(Condition("fast_burn", "critical", f"spending {burn['1h']:.1f}x the budget's even rate over "
                              f"the last hour (${spend.windows['1h']:.2f}); the {budget.period}'s budget lasts "
-                             f"{_hours(left, spend.windows['1h'])} more at this pace",
+                             f"{_hours(left, pace)} more at the last 5 minutes' pace (${pace:.2f}/h)",
                              f"{look}; `spotbroker cancel JOB` stops what should not run, or {raise_it}",
                              burn["1h"], FAST))
     if rules.slow_burn and burn["6h"] >= SLOW and burn["30m"] >= SLOW:
@@ -198,7 +201,12 @@ def conditions(budget: Budget, spend: Spend, now: datetime, team: str = "TEAM") 
 
 
 def _hours(left: float, rate: float) -> str:
-    return "no time" if left <= 0 else f"{left / rate:.1f} h" if rate > 0 else "indefinitely"
+    if left <= 0:
+        return "no time"
+    if rate <= 0:
+        return "indefinitely"
+    hours = left / rate
+    return f"{hours:.1f} h" if hours >= 1 else f"{max(1, round(hours * 60))} min"
 
 
 def live(session: Session, open_alerts: list[Alert], now: datetime) -> dict[int, Condition | None]:

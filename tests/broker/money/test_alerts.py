@@ -330,3 +330,18 @@ def test_spend_alerts_opened_apart_before_the_upgrade_become_one(factory, world,
     evaluate(factory, clock)
     assert open_rules(factory) == {"spend_80"}
     assert evaluate(factory, clock) == (0, 0)
+
+
+def test_a_fast_burns_time_left_is_at_the_present_pace(factory, world, clock):
+    """The hour's dollars were read as a rate: a job ten minutes old at $100/h on a
+    $24 day was told "0.4 h more" when its $7.33 left lasted 4 minutes."""
+    team = world.team()
+    set_budget(factory, clock, team)
+    clock.advance(hours=2)
+    world.attempt(world.job(team), price=100.0, spot=False, start=clock.now())
+    clock.advance(minutes=10)
+    evaluate(factory, clock)
+    with factory() as s:
+        fast = s.scalar(select(Alert).where(Alert.rule == "fast_burn"))
+    assert fast is not None and "lasts 4 min more at the last 5 minutes' pace ($100.00/h)" in fast.summary, \
+        fast.summary if fast else open_rules(factory)
