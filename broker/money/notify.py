@@ -228,25 +228,35 @@ PASS_SENDS = 3  # one pass of deliveries spends at most this many sends' timeout
 
 def deliver(factory: sessionmaker[Session], settings: MoneySettings, now: datetime, limit: int = 200,
             allowed_networks: Iterable[str] | None = None, keyring: Keyring | None = None) -> int:
-    """Send what is due; how many went out. `allowed_networks` and `keyring`:
-    default, the broker's (SPOTBROKER_NOTIFY_ALLOWED_NETWORKS, its keys)."""
+    """Send what is due; how many went out. Each target gets its messages in
+    the order they were written: one waits while an older one to the same
+    target is still to be sent (each retries on its own back-off, and after
+    an outage "resolved: hard cap" reached a channel after the newer
+    "critical: hard cap"). `allowed_networks` and `keyring`: default, the
+    broker's (SPOTBROKER_NOTIFY_ALLOWED_NETWORKS, its keys)."""
     if allowed_networks is None:
         allowed_networks = get_settings().notify_allowed_networks
     with factory() as session:
-        due = list(session.scalars(select(Notification).where(
-            Notification.sent_at.is_(None), Notification.tries < settings.notify_max_tries,
-            Notification.next_try_at <= now).order_by(Notification.id).limit(limit)))
+        unsent = list(session.scalars(select(Notification).where(
+            Notification.sent_at.is_(None), Notification.tries < settings.notify_max_tries)
+            .order_by(Notification.id).limit(limit)))
         stored = {b.team_id: {t.name: t for t in budgets.targets(b)} for b in session.scalars(
-            select(Budget).where(Budget.team_id.in_({n.team_id for n in due})))} if due else {}
-    if due and keyring is None:
+            select(Budget).where(Budget.team_id.in_({n.team_id for n in unsent})))} if unsent else {}
+    queues: dict[tuple[int, str], list[Notification]] = {}
+    for n in unsent:
+        queues.setdefault((n.team_id, n.target), []).append(n)
+    if unsent and keyring is None:
         keyring = sealing.keyring(get_settings())
     sent, started = 0, time.monotonic()
-    for n in due:
-        if time.monotonic() - started > PASS_SENDS * settings.notify_timeout:
-            break  # slow receivers: the rest go out next pass (this thread stops and accrues too)
-        error = _send_one(n, stored.get(n.team_id, {}).get(n.target), keyring, settings, allowed_networks)
-        _record(factory, settings, n, now, error)
-        sent += error is None
+    for queue in queues.values():
+        for n in queue:
+            if n.next_try_at > now or time.monotonic() - started > PASS_SENDS * settings.notify_timeout:
+                break  # not due yet (nor the newer ones), or slow receivers: the rest go out next pass
+            error = _send_one(n, stored.get(n.team_id, {}).get(n.target), keyring, settings, allowed_networks)
+            _record(factory, settings, n, now, error)
+            if error is not None:
+                break
+            sent += 1
     return sent
 
 
