@@ -20,6 +20,7 @@ stay out of logs and of `last_error`: errors name the target and its hint.
 """
 from __future__ import annotations
 
+import email.utils
 import json
 import logging
 import smtplib
@@ -27,7 +28,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from urllib.parse import unquote, urlsplit
 
@@ -194,13 +195,17 @@ class _SMTPS(smtplib.SMTP_SSL):
 
 
 def _send_mail(target: budgets.Target, title: str, body: str, addresses: Sequence[str], timeout: float,
-               deadline: _Deadline) -> bool:
+               deadline: _Deadline, written: datetime | None, ident: str | None) -> bool:
     u = urlsplit(target.smtp_url)
     # A server named by its address gives no mail domain: say "localhost".
     domain = u.hostname if any(c.isalpha() for c in u.hostname) else "localhost"
     message = EmailMessage()
     message["Subject"], message["From"] = title, target.sender or f"spotbroker@{domain}"
     message["To"] = ", ".join(target.to)
+    # When it happened (a retried message is dated by its event, not its send) and one id
+    # whatever the tries: mail clients sort and thread by them, spam filters want both.
+    message["Date"] = email.utils.format_datetime(written or datetime.now(UTC))
+    message["Message-ID"] = f"<{ident or email.utils.make_msgid().strip('<>').split('@')[0]}@{domain}>"
     message.set_content(body)
     smtp_class = _SMTPS if u.scheme == "smtps" else _SMTP
     with smtp_class(addresses, u.hostname, u.port or (465 if u.scheme == "smtps" else 25), timeout, deadline) as smtp:
@@ -210,17 +215,18 @@ def _send_mail(target: budgets.Target, title: str, body: str, addresses: Sequenc
     return True
 
 
-def send(target: budgets.Target, title: str, body: str, timeout: float, allowed_networks: Iterable[str]) -> bool:
+def send(target: budgets.Target, title: str, body: str, timeout: float, allowed_networks: Iterable[str],
+         written: datetime | None = None, ident: str | None = None) -> bool:
     """Send one message to the target, connecting only to addresses checked
     now, in at most `timeout` seconds in all; Refused when its host may not
-    be reached."""
+    be reached. `written`, `ident`: an email's Date and Message-ID's own part."""
     u = urlsplit(target.url if target.kind == "webhook" else target.smtp_url)
     default_port = {"https": 443, "http": 80, "smtps": 465, "smtp": 25}[u.scheme]
     addresses = checked_addresses(target.host, u.port or default_port, allowed_networks)
     with _Deadline(timeout) as deadline:
         if target.kind == "webhook":
             return _post_webhook(target.url, f"*{title}*\n{body}", addresses, timeout, deadline)
-        return _send_mail(target, title, body, addresses, timeout, deadline)
+        return _send_mail(target, title, body, addresses, timeout, deadline, written, ident)
 
 
 PASS_SENDS = 3  # one pass of deliveries spends at most this many sends' timeouts
@@ -270,7 +276,8 @@ def _send_one(n: Notification, saved: budgets.StoredTarget | None, keyring: Keyr
     except SealError as exc:
         return f"{saved.kind} to {saved.name} cannot be sent: the target cannot be read: {exc}"
     try:
-        ok = send(target, n.title, n.body, settings.notify_timeout, allowed_networks)
+        ok = send(target, n.title, n.body, settings.notify_timeout, allowed_networks,
+                  n.created_at.replace(tzinfo=UTC), f"spotbroker.notification.{n.id}")
     except Refused as exc:
         return f"{target.kind} to {target.name} refused: {exc}"
     except Exception as exc:  # a sender must never end the loop

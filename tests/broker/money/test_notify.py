@@ -5,6 +5,7 @@ sends nothing twice."""
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
@@ -112,6 +113,14 @@ def test_an_alert_reaches_the_webhook_and_the_mailbox_once_then_resolves(factory
     assert set(hook) == {"text"} and "spend 50" in hook["text"] and "What to do" in hook["text"]
     ((to, mail),) = mailbox.got
     assert to == ["ops@example.com"] and "team ml: spend 50" in mail
+    # Dated by the alert, not the send, with an id of its own (RFC 5322 wants the date; clients sort by it).
+    from email import message_from_string
+    from email.utils import parsedate_to_datetime
+
+    headers = message_from_string(mail)
+    assert parsedate_to_datetime(headers["Date"]) == clock.now()
+    assert re.fullmatch(r"<spotbroker\.notification\.\d+@localhost>",
+                        headers["Message-ID"]), headers["Message-ID"]
     loop(factory, clock).alert_pass(force=True)              # still over 50 %: nothing new
     assert len(receiver.got) == 1 and len(mailbox.got) == 1
     world.end(a, clock.now())
