@@ -338,12 +338,13 @@ def _queue(session: Session, budget: Budget, alert: Alert, team: str, kind: str,
            now: datetime) -> None:
     if alert.rule in quiet or "*" in quiet or (alert.rule.startswith("spend_") and "spend_N" in quiet):
         return
+    # Each says when: a message delivered after a receiver's outage is read as of its time.
     if kind == "fire":
         title = f"[spotbroker] {alert.severity}: team {team}: {alert.rule.replace('_', ' ')}"
-        body = f"{alert.summary}.\nWhat to do: {alert.advice}."
+        body = f"Fired at {now:%Y-%m-%d %H:%M} UTC: {alert.summary}.\nWhat to do: {alert.advice}."
     elif kind.startswith("escalate"):
         title = f"[spotbroker] {alert.severity}: team {team}: {alert.rule.replace('_', ' ')}% (escalated)"
-        body = f"{alert.summary}.\nWhat to do: {alert.advice}."
+        body = f"Escalated at {now:%Y-%m-%d %H:%M} UTC: {alert.summary}.\nWhat to do: {alert.advice}."
     else:
         title = f"[spotbroker] resolved: team {team}: {alert.rule.replace('_', ' ')}"
         body = f"Resolved at {now:%Y-%m-%d %H:%M} UTC (fired {alert.fired_at:%Y-%m-%d %H:%M} UTC): {alert.summary}."

@@ -111,6 +111,7 @@ def test_an_alert_reaches_the_webhook_and_the_mailbox_once_then_resolves(factory
     assert result.opened == 1 and result.sent == 2
     (hook,) = receiver.got
     assert set(hook) == {"text"} and "spend 50" in hook["text"] and "What to do" in hook["text"]
+    assert f"\nFired at {clock.now():%Y-%m-%d %H:%M} UTC: " in hook["text"], hook["text"]  # when, if read late
     ((to, mail),) = mailbox.got
     assert to == ["ops@example.com"] and "team ml: spend 50" in mail
     # Dated by the alert, not the send, with an id of its own (RFC 5322 wants the date; clients sort by it).
