@@ -64,6 +64,7 @@ against an attacker who can write the manifest too).
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import time
 from collections.abc import Mapping
@@ -90,6 +91,7 @@ from spotbroker.agent.checkpoint.storage import Storage
 from spotbroker.agent.checkpoint.upload import Uploader
 
 log = logging.getLogger("spotbroker.checkpoint")
+
 
 class CheckpointMismatch(RuntimeError):
     """A verified checkpoint that does not load into the script's objects (a
@@ -285,8 +287,13 @@ class Checkpointer:
         Persists at once when the agent asked for a flush, otherwise starts a
         periodic save when one is due. Cheap when nothing is due.
         """
-        if type(step) is not int or step < 0:
-            raise TypeError(f"Checkpointer.step(): give the number of steps done so far (an int >= 0), not {step!r}")
+        given = step
+        try:
+            step = operator.index(step)  # an int, or NumPy's and torch's integers
+        except TypeError:
+            step = -1
+        if step < 0:
+            raise TypeError(f"Checkpointer.step(): give the number of steps done so far (an int >= 0), not {given!r}")
         if self._last_step is not None and step < self._last_step and not self._went_back:
             self._went_back = True
             log.warning("step went back from %d to %d: give the steps done in the whole run, not in an epoch "

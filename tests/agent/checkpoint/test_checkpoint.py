@@ -790,6 +790,7 @@ def test_what_cannot_be_saved_or_restored_is_refused_when_the_checkpointer_is_ma
     ck = Checkpointer(*make_run(), uri=uri, every_seconds=None)
     with pytest.raises(TypeError, match=r"an int >= 0\), not 1.5"):
         ck.step(1.5)
+    ck.step(torch.tensor(3))  # an integer of torch's (or NumPy's) is a count
     ck.close()
 
 
