@@ -119,6 +119,9 @@ NO_FLUSH = "no_flush"                          # data: reason (no library, deadl
 # and its own seq (counted per node); the broker keeps one seq per node.
 EVENT_NODE = "node"
 RESUMED = "resumed"                            # data: step, uri
+# data: steps (ints): this attempt's checkpoints the library's keep_last deleted (the broker forgets them)
+CHECKPOINTS_PRUNED = "checkpoints_pruned"
+MAX_PRUNED_STEPS = 1000                        # steps in one such event
 TRAINER_STARTED = "trainer_started"            # data: pid, library (bool)
 TRAINER_EXITED = "trainer_exited"              # data: exit_code
 # data: step (int), values ({name: finite float}). The library writes one per
@@ -135,6 +138,7 @@ CONTROL_UNAVAILABLE = "control_unavailable"
 AGENT_EVENT_TYPES = frozenset({
     HEARTBEAT, PREEMPTION_NOTICE, REBALANCE_RECOMMENDATION, CHECKPOINT_COMMITTED,
     NO_FLUSH, RESUMED, TRAINER_STARTED, TRAINER_EXITED, CONTROL_UNAVAILABLE, METRICS, INTERVAL_ADOPTED,
+    CHECKPOINTS_PRUNED,
 })
 
 # --- Agent -> broker over HTTP, `Authorization: Bearer <agent token>`.

@@ -19,12 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from spotbroker.agent.logbound import BoundedWriter
-from spotbroker.agent.protocol import CHECKPOINT_COMMITTED, EVENTS_FILE, INTERVAL_ADOPTED, METRICS, NO_FLUSH, RESUMED
+from spotbroker.agent.protocol import (CHECKPOINT_COMMITTED, CHECKPOINTS_PRUNED, EVENTS_FILE, INTERVAL_ADOPTED, METRICS,
+                                       NO_FLUSH, RESUMED)
 
 log = logging.getLogger("spotbroker.agent")
 
 # Events the trainer's library may report through events.jsonl; the others are the agent's own.
-TRAINER_EVENT_TYPES = frozenset({CHECKPOINT_COMMITTED, RESUMED, NO_FLUSH, METRICS, INTERVAL_ADOPTED})
+TRAINER_EVENT_TYPES = frozenset({CHECKPOINT_COMMITTED, RESUMED, NO_FLUSH, METRICS, INTERVAL_ADOPTED,
+                                 CHECKPOINTS_PRUNED})
 
 
 class EventTail:

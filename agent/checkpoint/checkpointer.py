@@ -190,7 +190,7 @@ class Checkpointer:
             self._uploader = Uploader(Storage(self.uri, max_concurrency=self.max_workers), state=self._state,
                                       on_commit=self._committed, half=self.half, part_bytes=self.part_bytes,
                                       max_workers=self.max_workers, keep_last=self.keep_last,
-                                      best_step=self._best_step)
+                                      best_step=self._best_step, on_pruned=self._pruned)
         if not self.uri:
             log.warning("no checkpoint URI (pass uri= or set %s): checkpoints are off",
                         protocol.ENV_CHECKPOINT_URI)
@@ -444,6 +444,12 @@ class Checkpointer:
         self._last_committed = info
         if self.preflight is None:  # a trial's save is no checkpoint of the job
             self._emit_committed(info, reason)
+
+    def _pruned(self, steps: list[int]) -> None:
+        """keep_last deleted these: the broker is told, so that it lists only what exists."""
+        if self.preflight is None:
+            for i in range(0, len(steps), protocol.MAX_PRUNED_STEPS):
+                self._control.emit(protocol.CHECKPOINTS_PRUNED, {"steps": steps[i:i + protocol.MAX_PRUNED_STEPS]})
 
     def _emit_committed(self, info: CheckpointInfo, reason: str) -> None:
         self._control.emit(protocol.CHECKPOINT_COMMITTED, {

@@ -115,8 +115,10 @@ class Uploader:
     def __init__(self, storage: Storage, *, state: Callable[[int], dict[str, Any]],
                  on_commit: Callable[[CheckpointInfo, str], None], half: HalfMode | None,
                  part_bytes: int, max_workers: int, keep_last: int | None,
-                 best_step: Callable[[], int | None] = lambda: None) -> None:
+                 best_step: Callable[[], int | None] = lambda: None,
+                 on_pruned: Callable[[list[int]], None] = lambda steps: None) -> None:
         self.storage = storage
+        self.on_pruned = on_pruned  # told the steps keep_last deleted
         self.best_step = best_step  # the early stop's best so far: its checkpoint is never pruned
         self._state = state
         self._on_commit = on_commit
@@ -377,7 +379,7 @@ class Uploader:
         committed = sorted(s for s, keys in by_step.items() if f"{protocol.step_dir(s)}/{protocol.MANIFEST}" in keys)
         if not committed:
             return
-        keep = set(committed[-self.keep_last:])
+        keep, pruned = set(committed[-self.keep_last:]), []
         best = self.best_step()
         if best is not None:  # the best weights (a `best` save, or the first after it): what the broker keeps
             keep.update(s for s in committed[bisect.bisect_left(committed, best):][:1])
@@ -396,3 +398,8 @@ class Uploader:
                 log.info("deleted checkpoint %s (keep_last=%d)", self.storage.url(directory), self.keep_last)
             except Exception as exc:
                 log.warning("could not delete %s: %r", self.storage.url(directory), exc)
+                continue
+            if manifest in keys:
+                pruned.append(step)
+        if pruned:
+            self.on_pruned(sorted(pruned))

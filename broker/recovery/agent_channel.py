@@ -53,7 +53,7 @@ A, J = AttemptState, JobState
 AGENT_TOKEN_PREFIX = "sba_"
 # Heartbeats are frequent and carry nothing new: they update the attempt, not the event log.
 # Metrics have a table of their own (broker/jobs/metrics.py).
-SILENT = {protocol.HEARTBEAT, protocol.METRICS}
+SILENT = {protocol.HEARTBEAT, protocol.METRICS, protocol.CHECKPOINTS_PRUNED}  # acted on, not stored
 # The events whose data the agent writes itself: a trainer's own events
 # (agent/trainer_process.py: checkpoints, resumed, ...) pass through with the
 # data the trainer gave them, so a GPU energy figure in those is the job's say.
@@ -164,6 +164,8 @@ def record(session: Session, attempt: Attempt, events: list[AgentEvent], checkpo
             session.add(Event(job_id=job.id, attempt_id=attempt.id, type=event.type, at=clock.now(), data=data))
         if event.seq in uris:
             _add_checkpoint(session, job, attempt, event.data, uris[event.seq], clock)
+        if event.type == protocol.CHECKPOINTS_PRUNED:
+            _forget_pruned(session, attempt, event.data)
         if event.type == protocol.METRICS:
             reports.append((event.data, event.at))  # stored together below: one write for the batch
         if not node and event.type in MEASURED_BY_AGENT and protocol.GPU_JOULES in event.data:
@@ -353,6 +355,18 @@ def _add_checkpoint(session: Session, job: Job, attempt: Attempt, data: dict[str
                                bytes=data.get("bytes") or 0, seconds=data.get("seconds"),
                                reason=data.get("reason"), committed_at=clock.now()))
         _forget_oldest(session, attempt)
+
+
+def _forget_pruned(session: Session, attempt: Attempt, data: dict[str, Any]) -> None:
+    """The attempt's checkpoints its trainer's keep_last deleted: forgotten, so
+    that the list, the dashboard and `keep` name only what exists. Only this
+    attempt's rows, and never one the broker keeps."""
+    steps = data.get("steps")
+    if not isinstance(steps, list) or not 0 < len(steps) <= protocol.MAX_PRUNED_STEPS \
+            or not all(_is_int(s) for s in steps):
+        return
+    session.execute(delete(Checkpoint).where(Checkpoint.attempt_id == attempt.id, Checkpoint.step.in_(steps),
+                                             Checkpoint.keep.is_(False)))
 
 
 def _forget_oldest(session: Session, attempt: Attempt) -> None:

@@ -257,6 +257,28 @@ def test_an_attempts_checkpoint_rows_are_bounded_and_listed_in_pages(api, team_h
     api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
 
 
+def test_checkpoints_the_trainers_keep_last_deleted_are_forgotten(api, team_headers, settings):
+    """keep_last deleted them and the broker went on listing them (52 listed, 1 on disk;
+    keep answered 409): the library says which it deleted, and only the attempt's own
+    rows, never a kept one, are forgotten."""
+    h = team_headers()
+    job, token = running_job(api, h, settings)
+    prefix = attempt_prefix(settings, job)
+    assert post(api, token, *[committed(i, i, f"{prefix}/step-{i:012d}") for i in range(1, 5)]).status_code == 200
+    with make_session_factory(make_engine(settings.database_url))() as s:
+        kept = s.query(Checkpoint).filter_by(attempt_id=job["attempts"][-1]["id"], step=1).one()
+        kept.keep = True
+        s.commit()
+    odd = [ev(AFTER_AGENT + 10, "checkpoints_pruned", steps="1"), ev(AFTER_AGENT + 11, "checkpoints_pruned")]
+    assert post(api, token, *odd).status_code == 200  # nothing to act on: forgets nothing
+    assert post(api, token, ev(AFTER_AGENT + 12, "checkpoints_pruned", steps=[1, 2, 3])).status_code == 200
+    listed = api.get(f"/v1/jobs/{job['id']}/checkpoints", headers=h).json()["checkpoints"]
+    assert [c["step"] for c in listed] == [4, 1]
+    events = api.get(f"/v1/jobs/{job['id']}/events", headers=h).json()["events"]
+    assert not [e for e in events if e["type"] == "checkpoints_pruned"]  # acted on, not stored
+    api.post(f"/v1/jobs/{job['id']}/cancel", headers=h)
+
+
 def test_keep_marks_only_a_checkpoint_its_manifest_confirms(api, team_headers, settings, job_scratch):
     torch = pytest.importorskip("torch")
     from spotbroker.agent.checkpoint import Checkpointer

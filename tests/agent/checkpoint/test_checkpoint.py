@@ -862,3 +862,14 @@ def test_under_the_agent_a_scripts_own_uri_gives_way_to_the_attempts(tmp_path: P
     ck.close()
     assert [c.step for c in list_checkpoints(attempts)] == [4] and not list_checkpoints(mine)
     assert f"uri={mine} is not where the broker keeps this attempt's checkpoints" in caplog.text
+
+
+def test_keep_last_tells_the_agent_what_it_deleted(tmp_path: Path) -> None:
+    ck = Checkpointer(*make_run(), uri=f"file://{tmp_path}/ckpt", every_steps=1, every_seconds=None,
+                      keep_last=2, control_dir=tmp_path / "ctl", handle_signal=False)
+    for step in range(1, 5):
+        ck.step(step)
+        ck.wait()
+    ck.close()
+    pruned = [e["data"]["steps"] for e in events(tmp_path / "ctl") if e["type"] == protocol.CHECKPOINTS_PRUNED]
+    assert pruned == [[1], [2]] and [c.step for c in list_checkpoints(f"file://{tmp_path}/ckpt")] == [4, 3]
