@@ -19,8 +19,15 @@ from pathlib import Path
 from typing import Any
 
 from spotbroker.agent.logbound import BoundedWriter
-from spotbroker.agent.protocol import (CHECKPOINT_COMMITTED, CHECKPOINTS_PRUNED, EVENTS_FILE, INTERVAL_ADOPTED, METRICS,
-                                       NO_FLUSH, RESUMED)
+from spotbroker.agent.protocol import (
+    CHECKPOINT_COMMITTED,
+    CHECKPOINTS_PRUNED,
+    EVENTS_FILE,
+    INTERVAL_ADOPTED,
+    METRICS,
+    NO_FLUSH,
+    RESUMED,
+)
 
 log = logging.getLogger("spotbroker.agent")
 
