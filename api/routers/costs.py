@@ -79,10 +79,12 @@ def time_range(since: datetime | None, until: datetime | None, now: datetime) ->
             raise invalid([{"field": field, "message": "a time between the years 2000 and 2999"}])
         return value
 
-    until = utc("until", until) if until is not None else now
+    given_until = until is not None
+    until = utc("until", until) if given_until else now
     since = utc("since", since) if since is not None else until - timedelta(days=30)
-    if since >= until:
-        raise invalid([{"field": "until", "message": "must be after since"}])
+    if since >= until:  # (blamed on until only when it was given: "until defaults to now" otherwise)
+        raise invalid([{"field": "until", "message": "must be after since"}] if given_until else
+                      [{"field": "since", "message": "is not before now (until, not given, is now)"}])
     if until - since > timedelta(days=MAX_DAYS):
         raise invalid([{"field": "since", "message": f"a range of at most {MAX_DAYS} days"}])
     return since, until
@@ -104,8 +106,17 @@ def _group_by(value: str | None) -> str | None:
                     "(KEY a label's name: letters, digits, '.', '_', '-', '/')"}])
 
 
+# What a script may guess the range's names to be: answered with a 422 naming since/until, not
+# with the default thirty days, which looked like the answer to the range asked.
+GUESSED = {"from": "since", "to": "until", "start": "since", "end": "until"}
+
+
 def _report(request: Request, session, principal: Principal, name: str, since: datetime | None,
             until: datetime | None, group_by: str | None) -> tuple[datetime, datetime, views.Report]:
+    guessed = [{"field": k, "message": f"not a parameter: the range is {v}"} for k, v in GUESSED.items()
+               if k in request.query_params]
+    if guessed:
+        raise invalid(guessed)
     may_read(principal, name)
     group_by = _group_by(group_by)
     now = request.app.state.clock.now()

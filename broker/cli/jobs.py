@@ -452,6 +452,8 @@ def cancel(job_id: int, as_json: bool) -> None:
     job = call(token_client().cancel, job_id)
     if as_json:
         _echo_json(job)
+    elif job["state"] in ("SUCCEEDED", "FAILED"):  # (a cancel is idempotent: one already ended is left as it is)
+        click.echo(f"job {job['id']}: {job['state']}: it had already ended, nothing was cancelled")
     else:
         click.echo(f"job {job['id']}: {job['state']}")
 

@@ -34,8 +34,9 @@ def _team(c: Client, team: str | None) -> str:
 
 @click.command()
 @click.option("--team", default=None, help="the team (default: the token's own)")
-@click.option("--since", default=None, help="ISO 8601 time or date (default: 30 days ago)")
-@click.option("--until", default=None, help="ISO 8601 time or date (default: now)")
+@click.option("--since", default=None, help="ISO 8601 time or date, UTC unless it says (default: 30 days ago)")
+@click.option("--until", default=None, help="ISO 8601 time or date, not included: a date is its first moment, so "
+              "--until 2026-12-01 ends with November (default: now)")
 @click.option("--group-by", "group_by", type=GroupBy(), default=None,
               help="label:KEY groups by the value of the jobs' label KEY ('(none)': jobs without it)")
 @click.option("--json", "as_json", is_flag=True)
@@ -43,6 +44,8 @@ def _team(c: Client, team: str | None) -> str:
 def costs(team: str | None, since: str | None, until: str | None, group_by: str | None, as_json: bool,
           as_csv: bool) -> None:
     """A team's spend from the ledger: paid, on-demand equivalent, savings, waste, kWh and kg CO2e."""
+    if as_csv and as_json:
+        raise click.UsageError("--csv or --json, not both")
     c = reader_client(team)
     if as_csv:
         click.echo(call(c.costs_csv, _team(c, team), since, until, group_by), nl=False)
@@ -71,8 +74,13 @@ def costs(team: str | None, since: str | None, until: str | None, group_by: str 
 
 def _figures(m: dict) -> list[str]:
     """A row's money, node-hours, energy and emissions (a broker without energy figures: 0)."""
-    return [f"{m['cost']:.2f}", f"{m['on_demand_cost']:.2f}", f"{m['savings']:.2f}", f"{m['wasted']:.2f}",
-            f"{m['node_hours']:.1f}", f"{m.get('kwh', 0.0):.2f}", f"{m.get('co2e_kg', 0.0):.3f}"]
+    return [*(_amount(m[k]) for k in ("cost", "on_demand_cost", "savings", "wasted", "node_hours")),
+            f"{m.get('kwh', 0.0):.2f}", f"{m.get('co2e_kg', 0.0):.3f}"]
+
+
+def _amount(value: float) -> str:
+    """Two decimals, or four under one (a short spot job's $0.0007 read 0.00, as if free)."""
+    return f"{value:.2f}" if abs(value) >= 1 or value == 0 else f"{value:.4f}"
 
 
 def energy_line(job: dict[str, Any]) -> str:
@@ -118,7 +126,7 @@ def budget_show(team: str | None, as_json: bool) -> None:
     show(t)
 
 
-@budget.command("set")
+@budget.command("set", context_settings={"ignore_unknown_options": True})  # -3: the amount, refused as such
 @click.argument("team")
 @click.argument("amount", type=FiniteFloat(min=0, min_open=True))
 @click.option("--period", type=click.Choice(["day", "week", "month"]), default=None,

@@ -73,8 +73,12 @@ def test_another_teams_costs_are_refused_and_bad_parameters_name_their_field(api
                           ({"until": "0001-01-01T00:00:00Z"}, "until"),
                           # offsets that take the calendar's first and last days past its ends
                           ({"until": "0001-01-01T00:00:00+14:00"}, "until"),
-                          ({"since": "9999-12-31T23:59:59-14:00"}, "since")]:
+                          ({"since": "9999-12-31T23:59:59-14:00"}, "since"),
+                          # a future since, until not given: since is what is wrong (it blamed until)
+                          ({"since": "2999-01-01T00:00:00Z"}, "since"),
+                          # the range under other names: it was the default thirty days, as if the answer
+                          ({"from": "2027-01-01", "to": "2027-02-01"}, ["from", "to"])]:
         for path in ("/v1/teams/a/costs", "/v1/teams/a/costs.csv"):
             r = api.get(path, params=params, headers=a)
             assert r.status_code == 422, (path, params, r.text)
-            assert [e["field"] for e in r.json()["errors"]] == [field], params
+            assert [e["field"] for e in r.json()["errors"]] == (field if isinstance(field, list) else [field]), params

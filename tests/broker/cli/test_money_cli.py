@@ -56,6 +56,16 @@ def test_costs_prints_the_ledger_as_the_api_answers_it(api, env, factory):
         assert r.returncode == 1 and words in r.stderr and "Traceback" not in r.stderr, r.stderr
     r = spotbroker("costs", "--group-by", "week", env=mine)
     assert r.returncode == 2 and "week" in r.stderr and "Traceback" not in r.stderr
+    r = spotbroker("costs", "--csv", "--json", env=mine)  # (printed CSV, saying nothing)
+    assert r.returncode == 2 and "--csv or --json, not both" in r.stderr
+
+    # A short spot job's cents are shown, not 0.00 as if it ran for free.
+    short = world.job(ml, name="probe", state="SUCCEEDED")
+    world.attempt(short, start=now - timedelta(minutes=2), end=now - timedelta(minutes=1), price=0.05)
+    r = spotbroker("costs", "--since", since, "--group-by", "job", env={**mine, "COLUMNS": "160"})
+    assert r.returncode == 0 and f"{short} probe" in r.stdout, r.stdout
+    row = next(line for line in r.stdout.splitlines() if f"{short} probe" in line)
+    assert "0.0008" in row and "0.0167" in row, row  # $0.05/h for a minute; a minute in node-hours
 
 
 def test_budget_set_and_show(api, env):
@@ -74,6 +84,8 @@ def test_budget_set_and_show(api, env):
 
     r = spotbroker("budget", "set", "ml", "8000", env=admin)                  # the period and hard cap are kept
     assert r.returncode == 0 and "$8000.00 per week, over it: stop_running" in r.stdout  # (was: per month)
+    r = spotbroker("budget", "set", "ml", "-3", env=admin)                    # (was: "No such option: -3")
+    assert r.returncode == 2 and "Invalid value for 'AMOUNT': -3.0 is not in the range x>0" in r.stderr, r.stderr
     r = spotbroker("budget", "set", "ml", "1", env=mine)                      # a team's token: refused
     assert r.returncode == 1 and "admin" in r.stderr and "Traceback" not in r.stderr
     assert json.loads(spotbroker("budget", "show", "ml", "--json", env=admin).stdout)["amount"] == 8000
@@ -93,3 +105,13 @@ def test_budget_set_and_show(api, env):
         assert r.returncode == 2 and "AMOUNT" in r.stderr and "Traceback" not in r.stderr
     r = spotbroker("budget", "show", "nobody", env=admin)
     assert r.returncode == 1 and "nobody" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_cancel_of_a_job_that_had_ended_says_nothing_was_cancelled(api, env, factory):
+    """It printed `job 1: SUCCEEDED` and exit 0, as if cancelled just then."""
+    token = team_token(api, "ml", ADMIN_TOKEN)
+    with factory() as s:
+        ml = s.scalar(select(Team.id).where(Team.name == "ml"))
+    job = World(factory).job(ml, name="done", state="SUCCEEDED")
+    r = spotbroker("cancel", str(job), env={**env, "SPOTBROKER_TOKEN": token})
+    assert r.returncode == 0 and r.stdout.strip() == f"job {job}: SUCCEEDED: it had already ended, nothing was cancelled"
