@@ -114,4 +114,5 @@ def test_cancel_of_a_job_that_had_ended_says_nothing_was_cancelled(api, env, fac
         ml = s.scalar(select(Team.id).where(Team.name == "ml"))
     job = World(factory).job(ml, name="done", state="SUCCEEDED")
     r = spotbroker("cancel", str(job), env={**env, "SPOTBROKER_TOKEN": token})
-    assert r.returncode == 0 and r.stdout.strip() == f"job {job}: SUCCEEDED: it had already ended, nothing was cancelled"
+    said = r.stdout.strip()
+    assert r.returncode == 0 and said == f"job {job}: SUCCEEDED: it had already ended, nothing was cancelled"
