@@ -56,7 +56,8 @@ def svg(chart: Chart, label: str, dom_id: str) -> Markup:
 
 
 def money(x: float) -> str:
-    return f"${x:,.2f}"
+    """Cents, or four decimals under a dollar (a short spot job's $0.0007 read $0.00, as if free)."""
+    return f"${x:,.2f}" if abs(x) >= 1 or x == 0 else f"${x:.4f}"
 
 
 def _figure(x: float) -> str:
@@ -200,8 +201,9 @@ def timeline(jobs: list[JobLine], since: datetime, now: datetime, row: int = 34)
 
     for i, job in enumerate(jobs):
         y = 4 + i * row
-        name = job.name if len(job.name) <= 22 else job.name[:21] + "…"
-        chart.texts.append(dict(x=left - 8, y=y + 18, text=f"{name} ({money(job.cost)})", cls="label", anchor="end"))
+        name = job.name if len(job.name) <= 22 else job.name[:21] + "…"  # (names are not unique: the id first)
+        chart.texts.append(dict(x=left - 8, y=y + 18, text=f"{job.id} {name} ({money(job.cost)})", cls="label",
+                                anchor="end"))
         chart.lines.append(dict(x1=left, y1=y + row - 2, x2=WIDTH - RIGHT, y2=y + row - 2, cls="grid"))
         for a in job.attempts:
             ax, bx = x(a.start), max(x(a.end), x(a.start) + 2)

@@ -190,7 +190,7 @@ def _charts(data: dashboard.TeamPage, now) -> dict:
         kwh_chart=charts.stacked_days(data.days, data.kwh_by_cloud, height=200, unit=charts.kwh),
         co2e_chart=charts.stacked_days(data.days, data.co2e_by_cloud, height=200, unit=charts.kg),
         burn=charts.burn(data.budget, now) if data.budget else None, money_chart=charts.bars(money_rows),
-        top=charts.bars([(j.name, j.cost, "#0072B2") for j in data.jobs]),
+        top=charts.bars([(f"{j.id} {j.name}", j.cost, "#0072B2") for j in data.jobs]),  # (names are not unique)
         timeline=charts.timeline(data.jobs, data.since, now) if data.jobs else None)
 
 from spotbroker.api.dashboard import jobpage as _jobpage  # noqa: E402, F401  (its route, on this router)
