@@ -41,7 +41,14 @@ templates.filters["kg"] = charts.kg
 templates.globals["svg"] = charts.svg
 
 router = APIRouter(prefix="/dashboard", include_in_schema=False)
-Days = Annotated[int, Query(ge=1, le=400, description="how many days back")]
+# Read here, not by FastAPI: a browser given `?days=0` gets a page saying so, not a JSON problem.
+Days = Annotated[str, Query(max_length=16, description="how many days back: 1 to 400")]
+DAYS_WRONG = "days: a whole number of days from 1 to 400"
+
+
+def days_back(value: str) -> int | None:
+    """The range's days, or None when `value` is not 1 to 400."""
+    return int(value) if value.isascii() and value.isdigit() and 1 <= int(value) <= 400 else None
 
 
 def page(name: str, status: int = 200, **context) -> HTMLResponse:
@@ -138,11 +145,14 @@ def logout(request: Request) -> Response:
 
 
 @router.get("")
-def home(request: Request, principal: Viewer, days: Days = 30) -> Response:
+def home(request: Request, principal: Viewer, days: Days = "30") -> Response:
     if principal is None:
         return to_login()
     if not principal.is_admin:
         return RedirectResponse(f"/dashboard/teams/{principal.team_name}", status_code=303, headers=HEADERS)
+    days = days_back(days)
+    if days is None:
+        return page("error.html", 422, title="Invalid request", admin=True, detail=DAYS_WRONG)
     now = request.app.state.clock.now()
     since = now - timedelta(days=days)
     with request.app.state.session_factory() as s:
@@ -154,7 +164,7 @@ def home(request: Request, principal: Viewer, days: Days = 30) -> Response:
 
 
 @router.get("/teams/{name}")
-def team(request: Request, name: str, principal: Viewer, days: Days = 30,
+def team(request: Request, name: str, principal: Viewer, days: Days = "30",
          label: Annotated[str | None, Query(max_length=127, description="the label charted")] = None) -> Response:
     if principal is None:
         return to_login()
@@ -164,6 +174,9 @@ def team(request: Request, name: str, principal: Viewer, days: Days = 30,
     if label is not None and not resfields.LABEL_KEY_RE.match(label):
         return page("error.html", 422, title="Invalid request", admin=principal.is_admin,
                     detail="label: a label's name (letters, digits, '.', '_', '-', '/')")
+    days = days_back(days)
+    if days is None:
+        return page("error.html", 422, title="Invalid request", admin=principal.is_admin, detail=DAYS_WRONG)
     now = request.app.state.clock.now()
     since = now - timedelta(days=days)
     try:
