@@ -287,7 +287,9 @@ def _evaluate_budget(session: Session, budget: Budget, team: str, spend: Spend, 
     opened = resolved = 0
     spent = open_.get("spend")
     if spent is not None and not math.isclose(spent.threshold or 0.0, budget.amount * _percent(spent.rule) / 100):
-        _resolve(session, budget, spent, team, quiet, now)
+        changed = (f"the {budget.period}'s budget is now ${budget.amount:.2f}, with ${spend.period:.2f} spent "
+                   f"({spend.period / budget.amount * 100:.0f}%)")
+        _resolve(session, budget, spent, team, quiet, now, changed)
         del open_["spend"]
         resolved += 1
     for key, c in holding.items():
@@ -328,14 +330,16 @@ def _percent(rule: str) -> float:
     return float(rule.removeprefix("spend_"))
 
 
-def _resolve(session: Session, budget: Budget, alert: Alert, team: str, quiet: set[str], now: datetime) -> None:
+def _resolve(session: Session, budget: Budget, alert: Alert, team: str, quiet: set[str], now: datetime,
+             why: str | None = None) -> None:
+    """`why`: what ended it, when not the condition itself (the budget changed)."""
     alert.open_key, alert.resolved_at, alert.clear_since = None, now, None
     alert.history = [*(alert.history or []), {"at": now.isoformat(), "kind": "resolve"}]
-    _queue(session, budget, alert, team, "resolve", quiet, now)
+    _queue(session, budget, alert, team, "resolve", quiet, now, why)
 
 
 def _queue(session: Session, budget: Budget, alert: Alert, team: str, kind: str, quiet: set[str],
-           now: datetime) -> None:
+           now: datetime, why: str | None = None) -> None:
     if alert.rule in quiet or "*" in quiet or (alert.rule.startswith("spend_") and "spend_N" in quiet):
         return
     # Each says when: a message delivered after a receiver's outage is read as of its time.
@@ -345,9 +349,11 @@ def _queue(session: Session, budget: Budget, alert: Alert, team: str, kind: str,
     elif kind.startswith("escalate"):
         title = f"[spotbroker] {alert.severity}: team {team}: {alert.rule.replace('_', ' ')}% (escalated)"
         body = f"Escalated at {now:%Y-%m-%d %H:%M} UTC: {alert.summary}.\nWhat to do: {alert.advice}."
-    else:
-        title = f"[spotbroker] resolved: team {team}: {alert.rule.replace('_', ' ')}"
-        body = f"Resolved at {now:%Y-%m-%d %H:%M} UTC (fired {alert.fired_at:%Y-%m-%d %H:%M} UTC): {alert.summary}."
+    else:  # (a spend alert by its name alone: the step it reached may be one the hard cap told instead)
+        rule = "spend" if alert.rule.startswith("spend_") else alert.rule.replace("_", " ")
+        title = f"[spotbroker] resolved: team {team}: {rule}"
+        when = f"Resolved at {now:%Y-%m-%d %H:%M} UTC (fired {alert.fired_at:%Y-%m-%d %H:%M} UTC)"
+        body = f"{when}: {why}. It said: {alert.summary}." if why else f"{when}: {alert.summary}."
     for target in budgets.targets(budget):
         session.add(Notification(alert_id=alert.id, team_id=budget.team_id, target=target.name, kind=kind,
                                  title=title, body=body, tries=0, next_try_at=now, created_at=now))

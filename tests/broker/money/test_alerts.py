@@ -228,8 +228,12 @@ def test_a_budget_changed_mid_period_tells_each_threshold_of_the_new_amount_once
     clock.advance(minutes=25)                                       # $25 of $30: 83 %
     evaluate(factory, clock)
     evaluate(factory, clock)
-    assert spend_sent(factory) == [("fire", "spend 80"), ("resolve", "spend 80"), ("fire", "spend 50"),
+    assert spend_sent(factory) == [("fire", "spend 80"), ("resolve", "spend"), ("fire", "spend 50"),
                                    ("escalate_80", "spend 80% (escalated)")]
+    # The resolve says the budget changed, with the figures of now (it said "83% ... of $24.00" alone).
+    with factory() as s:
+        body = s.scalar(select(Notification.body).where(Notification.kind == "resolve"))
+    assert "the day's budget is now $30.00, with $20.00 spent (67%). It said: 83% of the day's budget" in body, body
 
 
 def test_one_teams_failing_alerts_leave_the_others_theirs(factory, world, clock):
