@@ -2,6 +2,7 @@
 authorizes, calls one `broker` function and shapes the answer."""
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Annotated
 
@@ -171,6 +172,14 @@ async def submit_job(request: Request, team: CurrentTeam,
                                     state.settings.max_unfinished_jobs_per_team, idempotency_key)
     if known.full:  # before the spec is read: a full team's flood costs no parse
         raise Problem(429, "Too many requests", known.full)
+    digest = await _request_digest(request) if idempotency_key is not None else None
+    if known.keyed is not None and known.keyed.digest is not None:
+        # A retry is answered by what it sends, before its spec meets today's policy and clock
+        # (a deadline a few seconds nearer refused the retry of a request that had made its job).
+        if known.keyed.digest != digest:
+            raise invalid([{"field": "Idempotency-Key", "message": f"already used for job {known.keyed.job_id}, "
+                            "made by another request; a retry must send the same body, a new job a new key"}])
+        return await run_in_threadpool(_submitted, state, team, known.keyed.job_id)
     spec, warnings = await _read_spec(request, team.team_id, known.policy)
     if problems := spec.per_attempt_errors() + execlimits.size_errors(spec):
         raise await _refused(request, problems)
@@ -192,7 +201,7 @@ async def submit_job(request: Request, team: CurrentTeam,
     if admission.errors:
         raise await _refused(request, admission.errors)
     out = await request.app.state.batcher.submit(jobs.Submission(team.team_id, spec, idempotency_key,
-                                                                 admission.hold), team.team_name)
+                                                                 admission.hold, digest), team.team_name)
     if idempotency_key is not None and not jobs.same_spec(out.spec, spec):
         # The key named another request: answering with its job would tell the
         # caller that this one was submitted.
@@ -204,6 +213,22 @@ async def submit_job(request: Request, team: CurrentTeam,
         warnings = [*warnings, {"field": beyond[0], "message": f"the job will be HELD: {beyond[1]}"}]
     # Already a JobOut: send it as it is, without validating it a second time.
     answer = JobSubmitted.model_construct(**dict(out), warnings=[SubmitWarning(**w) for w in warnings])
+    return Response(answer.model_dump_json(), status_code=201, media_type="application/json")
+
+
+async def _request_digest(request: Request) -> str:
+    """What a retry is compared by: the body as sent, and whether it is JSON or a task file."""
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        raise Problem(413, "Payload too large", f"a job spec is at most {MAX_BODY} bytes")
+    return hashlib.sha256(_format_of(request).encode() + b"\0" + body).hexdigest()
+
+
+def _submitted(state, team, job_id: int) -> Response:
+    """The answer to a retried submission: its job, as the first answer showed it."""
+    with state.session_factory() as session:
+        out = JobOut.of(jobs.get(session, team.team_id, job_id), team.team_name, state.clock.now())
+    answer = JobSubmitted.model_construct(**dict(out), warnings=[])
     return Response(answer.model_dump_json(), status_code=201, media_type="application/json")
 
 

@@ -115,6 +115,8 @@ class Job(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     # A client's retry of the same submission returns the job it created.
     idempotency_key: Mapped[str | None] = mapped_column(String(128))
+    # The sha256 of the request that made it (with a key): a retry is told by what it sends (0032).
+    idempotency_digest: Mapped[str | None] = mapped_column(String(64))
     restarts: Mapped[int] = mapped_column(Integer, default=0)      # non-zero exits recovered
     recoveries: Mapped[int] = mapped_column(Integer, default=0)    # preemptions recovered
     created_at: Mapped[datetime]

@@ -27,13 +27,25 @@ class Team:
     policy: policies.Policy
     budget_hold: str | None  # over budget: the job is HELD from the start
     full: str | None         # the team has as many unfinished jobs as it may: the submission is refused
+    keyed: Keyed | None = None  # the job the request's Idempotency-Key already made, if any
+
+
+@dataclass(frozen=True)
+class Keyed:
+    job_id: int
+    digest: str | None  # its request's sha256 (None: made before digests were kept)
 
 
 def team_of(factory: sessionmaker[Session], team_id: int, now: datetime, max_unfinished: int = 0,
             idempotency_key: str | None = None) -> Team:
     with factory() as session:
-        return Team(policies.get(session, team_id), budgets.hold_reason(session, team_id, False, now),
-                    _full(session, team_id, max_unfinished, idempotency_key))
+        keyed = None
+        if idempotency_key is not None:
+            row = session.execute(select(Job.id, Job.idempotency_digest).where(
+                Job.team_id == team_id, Job.idempotency_key == idempotency_key)).first()
+            keyed = Keyed(row.id, row.idempotency_digest) if row is not None else None
+        full = None if keyed is not None else _full(session, team_id, max_unfinished)
+        return Team(policies.get(session, team_id), budgets.hold_reason(session, team_id, False, now), full, keyed)
 
 
 # Built once (a submission is the API's hot path); the index on (team_id, state) answers it.
@@ -41,15 +53,12 @@ _UNFINISHED = (select(func.count()).select_from(Job)
                .where(Job.team_id == bindparam("team"), Job.state.in_([str(s) for s in LIVE_JOB_STATES])))
 
 
-def _full(session: Session, team_id: int, max_unfinished: int, key: str | None) -> str | None:
-    """Why the team may submit no more jobs now, if it may not (a retry of a
-    submission that made its job is answered with that job, not refused)."""
+def _full(session: Session, team_id: int, max_unfinished: int) -> str | None:
+    """Why the team may submit no more jobs now, if it may not."""
     if not max_unfinished:
         return None
     count = session.scalar(_UNFINISHED, {"team": team_id})
     if count < max_unfinished:
-        return None
-    if key is not None and session.scalar(select(Job.id).where(Job.team_id == team_id, Job.idempotency_key == key)):
         return None
     return (f"the team has {count} unfinished job{'' if count == 1 else 's'}, as many as a team may have at once "
             f"(SPOTBROKER_MAX_UNFINISHED_JOBS_PER_TEAM={max_unfinished}): submit again once some have ended, "

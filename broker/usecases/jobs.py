@@ -37,6 +37,7 @@ class Submission:
     spec: JobSpec
     idempotency_key: str | None = None
     hold: str | None = None  # why it is HELD from the start (intake.admit), if it is
+    digest: str | None = None  # with a key: the sha256 of the request (what a retry is compared by)
 
 
 def submit(session: Session, team_id: int, spec: JobSpec, clock: Clock = SYSTEM_CLOCK,
@@ -70,7 +71,8 @@ def submit_many(session: Session, subs: Sequence[Submission], clock: Clock = SYS
         stored = sealed.seal(s.spec.stored(), s.team_id, keyring) if s.spec.secrets else s.spec.stored()
         state = JobState.HELD if s.hold else JobState.PENDING
         rows.append((i, dict(team_id=s.team_id, name=s.spec.name, state=str(state), reason=s.hold or reasons.QUEUED,
-                             spec=stored, idempotency_key=s.idempotency_key, created_at=now,
+                             spec=stored, idempotency_key=s.idempotency_key,
+                             idempotency_digest=s.digest if s.idempotency_key is not None else None, created_at=now,
                              updated_at=now, next_check_at=now, restarts=0, recoveries=0, version=1)))
     made: dict[int, Job] = {}
     if rows:

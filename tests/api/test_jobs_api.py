@@ -385,6 +385,29 @@ def test_an_idempotency_key_reused_for_another_job_is_refused(api, team_headers)
     assert [j["name"] for j in api.get("/v1/jobs", headers=h).json()["jobs"]] == ["a"]
 
 
+def test_a_retry_is_answered_by_what_it_sends_not_by_todays_rules(api, team_headers):
+    """The retry of a request that had made its job was judged again against the
+    policy (and the clock) of the retry: the admin's narrower accelerators made it a
+    422 that named the spec and not the job, and new policy defaults "another request"."""
+    from conftest import ADMIN_TOKEN
+
+    h = team_headers("ml")
+    body = {"name": "a", "run": "sleep 600", "resources": {"accelerators": "T4:1"}}
+    first = api.post("/v1/jobs", json=body, headers={**h, "Idempotency-Key": "k3"})
+    assert first.status_code == 201, first.text
+    policy = {"allowed_accelerators": ["L4"], "envs": {"HF_HOME": "/cache"}}
+    assert api.put("/v1/teams/ml/policy", json=policy,
+                   headers={"Authorization": f"Bearer {ADMIN_TOKEN}"}).status_code == 200
+    again = api.post("/v1/jobs", json=body, headers={**h, "Idempotency-Key": "k3"})
+    assert again.status_code == 201 and again.json()["id"] == first.json()["id"], again.text
+    other = api.post("/v1/jobs", json={**body, "name": "b"}, headers={**h, "Idempotency-Key": "k3"})
+    assert other.status_code == 422 and other.json()["errors"][0]["field"] == "Idempotency-Key", other.text
+    assert f"already used for job {first.json()['id']}" in other.json()["errors"][0]["message"]
+    fresh = api.post("/v1/jobs", json=body, headers={**h, "Idempotency-Key": "k4"})  # a new job meets the policy
+    assert fresh.status_code == 422 and fresh.json()["errors"][0]["field"] == "resources.accelerators", fresh.text
+    api.post(f"/v1/jobs/{first.json()['id']}/cancel", headers=h)
+
+
 def test_concurrent_submissions_are_written_together_each_with_its_own_job(api, team_headers, settings):
     """Group commit: many submissions at once, some retried under one key."""
     import asyncio
