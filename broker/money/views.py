@@ -92,11 +92,24 @@ class Unwritten:
 
 
 def unwritten(session: Session, team_id: int | None, now: datetime) -> list[Unwritten]:
-    """A team's (or every team's) open attempts' unwritten tails, in a fixed
-    number of statements whatever their number (ledger.pending_all)."""
-    opens = open_attempts(session, team_id)
+    """A team's (or every team's) open attempts' unwritten tails to `now` (the
+    end of a range in the past, for a report of it), in a fixed number of
+    statements whatever their number (ledger.pending_all). A tail that starts
+    at or after `now` has nothing before it: left out (read to a past `now`,
+    it was taken for a correction of everything since, minute by minute: a
+    report until 2000 built 14 million entries and took the broker's memory)."""
+    opens = [(a, accrued_to, team) for a, accrued_to, team in open_attempts(session, team_id)
+             if _tail_before(a, accrued_to, now)]
     tails = ledger.pending_all(session, [(a, accrued_to) for a, accrued_to, _ in opens], now, PENDING_STEP_S)
     return [Unwritten(a, team, drafts) for (a, _, team), (drafts, _, _) in zip(opens, tails, strict=True)]
+
+
+def _tail_before(attempt: Attempt, accrued_to: datetime | None, now: datetime) -> bool:
+    start = accrued_to or attempt.started_at
+    if start is None or start < now:
+        return True
+    # an end committed behind a pass: its correction spans at most that pass's interval
+    return attempt.ended_at is not None and attempt.ended_at < start
 
 
 # --- attempts --------------------------------------------------------------------------

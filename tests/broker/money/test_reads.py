@@ -197,3 +197,21 @@ def test_a_teams_page_sums_are_the_costs_apis_numbers_over_each_range(factory, w
         assert b.spent == pytest.approx(standing.spent) and b.cumulative[-1][1] == pytest.approx(standing.spent)
         assert b.rate_6h == pytest.approx(windows["6h"] / 6)
         assert b.burn["1h"] == pytest.approx(windows["1h"] / (b.amount / budgets.period_of("month", now).hours))
+
+
+def test_a_range_that_ended_before_an_attempts_tail_builds_nothing_for_it(factory, world, clock):
+    """A report until a past date took every running attempt's tail, which starts
+    after that date, for a correction of everything since, cut minute by minute:
+    `until=2000-01-01` built 14 million entries and took the broker to 17 GB."""
+    team = world.team()
+    world.attempt(world.job(team), price=2.0)
+    clock.advance(days=30)
+    Accruer(factory, MoneySettings(_env_file=None), clock=clock).accrue(clock.now())
+    clock.advance(minutes=3)  # a tail not yet written, after the range below
+    with factory() as s:
+        assert views.unwritten(s, team, T0 + timedelta(days=1)) == []
+        report = views.team_costs(s, team, T0, T0 + timedelta(days=1), "job", clock.now())
+        assert report.total.cost == pytest.approx(48.0)  # the day's entries, as written
+        assert views.every_team(s, T0 - timedelta(days=60), T0 - timedelta(days=30), clock.now())[team].cost == 0
+        tails = views.unwritten(s, team, clock.now())  # to now: the unwritten minutes
+        assert tails and sum(d.amount for t in tails for d in t.drafts) == pytest.approx(2.0 * 3 / 60, rel=0.4)
