@@ -226,7 +226,7 @@ class RankedSaves:
             apply_sharded(ckpt._components, state)
         else:
             state, manifest = load_checkpoint(storage, ckpt.max_workers)
-            ckpt._apply(state)
+            ckpt._apply(state, uri)
         self._apply_rank_state(storage, manifest)
         return manifest
 
