@@ -244,6 +244,51 @@ async def pages(factory: sessionmaker[Session], key: LogKey, offset: int, end: i
     yield decoder.decode(b"", final=True).encode()
 
 
+# How often a stream asks whether the token that opened it still stands.
+RECHECK_S = 10.0
+REVOKED_LINE = "the token this stream was opened with was revoked or rotated: the stream ends"
+
+
+async def while_authorized(content: AsyncIterator[bytes], stands: Callable[[], bool],
+                           every_s: float | None = None) -> AsyncIterator[bytes]:
+    """`content` for as long as `stands()` (asked off the event loop, every
+    `every_s` seconds, while it sends and while it waits) says the token that
+    opened the stream still stands: a follow opened with a leaked token went
+    on for the rest of the job after the token was rotated."""
+    from spotbroker.broker.usecases.narration import line
+
+    every_s = every_s or RECHECK_S
+    it = aiter(content)
+    pending: asyncio.Future | None = None
+    checked = time.monotonic()
+    try:
+        while True:
+            if pending is None:
+                pending = asyncio.ensure_future(anext(it))
+            done, _ = await asyncio.wait({pending}, timeout=every_s)
+            if time.monotonic() - checked >= every_s:
+                checked = time.monotonic()
+                if not await run_in_threadpool(stands):
+                    yield b"\n" + line(REVOKED_LINE)
+                    return
+            if not done:
+                continue
+            finished, pending = pending, None
+            try:
+                chunk = finished.result()
+            except StopAsyncIteration:
+                return
+            yield chunk
+    finally:
+        if pending is not None:
+            pending.cancel()
+            try:
+                await pending
+            except BaseException:  # (its cancellation, or the end it had reached)
+                pass
+        await it.aclose()
+
+
 class FollowResponse(StreamingResponse):
     """One of a team's log streams (followed, or a whole read's pages), which
     gives the team's place (taken by `admit`) back however it ends, even if

@@ -15,7 +15,8 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from spotbroker.api.deps import MAX_ID, CheckpointId, CurrentTeam, JobId, SessionDep
 from spotbroker.api.errors import Problem, field_errors, invalid, responses
-from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers, pages
+from spotbroker.api.following import Followers, FollowResponse, TooManyFollowers, pages, while_authorized
+from spotbroker.api.guard import bearer_token
 from spotbroker.api.jobfollow import follow_job
 from spotbroker.api.jsonbody import JSONBodyRoute
 from spotbroker.api.schemas import (
@@ -315,10 +316,18 @@ async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
     if not follow:
         return FollowResponse(followers, team.team_id, pages(state.session_factory, (start.attempt_id, start.rank),
                                                              start.offset, start.end, followers.reads))
+    token = bearer_token(request.scope) or ""
+
+    def stands() -> bool:  # (a rotation ends what the old token opened, as it ends the token's logins)
+        with state.session_factory() as session:
+            return state.tokens.resolve(session, token) == team
+
     if attempt is not None:
-        return FollowResponse(followers, team.team_id, followers.stream((start.attempt_id, start.rank), start.offset))
-    first = (start.attempt_id, start.offset) if start is not None and tail is not None else None
-    return FollowResponse(followers, team.team_id, follow_job(followers, team.team_id, job_id, node, first))
+        stream = followers.stream((start.attempt_id, start.rank), start.offset)
+    else:
+        first = (start.attempt_id, start.offset) if start is not None and tail is not None else None
+        stream = follow_job(followers, team.team_id, job_id, node, first)
+    return FollowResponse(followers, team.team_id, while_authorized(stream, stands))
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=_READ)

@@ -436,3 +436,28 @@ def test_concurrent_submissions_are_written_together_each_with_its_own_job(api, 
             assert a["id"] == keyed[f"k{i % 20}"]                  # a retried key: the same job
     assert len(set(plain) | set(keyed.values())) == 50
     assert len(api.get("/v1/jobs", params={"limit": 500}, headers=h).json()["jobs"]) == 50
+
+
+def test_a_followed_log_ends_when_the_token_that_opened_it_is_rotated(api, team_headers, monkeypatch):
+    """A follow opened with a leaked token went on for the rest of the job after the
+    team rotated it (new requests got 401 at once): it ends, saying why."""
+    from conftest import ADMIN_TOKEN
+
+    from spotbroker.api import following
+
+    monkeypatch.setattr(following, "RECHECK_S", 0.5)
+    h = team_headers("ml")
+    job_id = api.post("/v1/jobs", json={"run": "while true; do echo tick; sleep 0.2; done"}, headers=h).json()["id"]
+    wait_state(api, h, job_id, {"RUNNING"}, timeout=60)
+    got, rotated = b"", None
+    with api.stream("GET", f"/v1/jobs/{job_id}/logs", params={"follow": "true"}, headers=h, timeout=60) as r:
+        started = time.monotonic()
+        for chunk in r.iter_bytes():
+            got += chunk
+            if b"tick" in got and rotated is None:
+                rotated = api.post("/v1/teams/ml/tokens/rotate", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+                assert rotated.status_code in (200, 201), rotated.text
+                h = {"Authorization": f"Bearer {rotated.json()['token']}"}
+            assert time.monotonic() - started < 30, "the stream went on after the rotation"
+    assert got.rstrip().endswith(f"— {following.REVOKED_LINE} —".encode()), got[-300:]
+    api.post(f"/v1/jobs/{job_id}/cancel", headers=h)
