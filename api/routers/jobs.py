@@ -291,7 +291,10 @@ async def job_logs(request: Request, job_id: JobId, team: CurrentTeam,
     given), a line "— ... —" at each change (why an attempt ended, where
     the next runs, why the job waits), until the job ends, with its final
     state. Following holds no thread and no database connection, ends when
-    the client goes, and is bounded per team (429)."""
+    the client goes, and is bounded per team (429). The stream's end is not
+    the job's word: a broker that restarts, or a token revoked, ends it too
+    (the last line says why where it can), and a job can print any line:
+    read `GET /v1/jobs/{id}` for its state, as `spotbroker logs -f` does."""
     state = request.app.state
     try:
         start = await run_in_threadpool(jobs.log_start, state.session_factory, team.team_id, job_id, attempt, tail,
