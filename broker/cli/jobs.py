@@ -312,14 +312,22 @@ def _read(file: Path) -> bytes:
 
 @click.command("jobs")
 @click.option("--state", "states", multiple=True, help="filter (repeatable): PENDING, RUNNING, ...")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 500), help="jobs a page")
+@click.option("--all", "every", is_flag=True, help="every page (a script that acts on each job: one page missed "
+              "the rest silently)")
 @click.option("--json", "as_json", is_flag=True)
-def list_jobs(states: tuple[str, ...], limit: int, as_json: bool) -> None:
+def list_jobs(states: tuple[str, ...], limit: int, every: bool, as_json: bool) -> None:
     """List your team's jobs, newest first."""
-    page = call(token_client().jobs, [s.upper() for s in states], limit)
+    c = token_client()
+    page = call(c.jobs, [s.upper() for s in states], limit)
+    while every and page.get("next_cursor"):
+        more = call(c.jobs, [s.upper() for s in states], limit, page["next_cursor"])
+        page = {**more, "jobs": page["jobs"] + more["jobs"]}
     if as_json:
         _echo_json(page)
         return
+    if page.get("next_cursor"):
+        click.echo(f"(the newest {len(page['jobs'])}: --all lists every page)", err=True)
     from rich.table import Table
 
     from spotbroker.broker.cli.output import console

@@ -106,13 +106,3 @@ def test_budget_set_and_show(api, env):
     r = spotbroker("budget", "show", "nobody", env=admin)
     assert r.returncode == 1 and "nobody" in r.stderr and "Traceback" not in r.stderr
 
-
-def test_cancel_of_a_job_that_had_ended_says_nothing_was_cancelled(api, env, factory):
-    """It printed `job 1: SUCCEEDED` and exit 0, as if cancelled just then."""
-    token = team_token(api, "ml", ADMIN_TOKEN)
-    with factory() as s:
-        ml = s.scalar(select(Team.id).where(Team.name == "ml"))
-    job = World(factory).job(ml, name="done", state="SUCCEEDED")
-    r = spotbroker("cancel", str(job), env={**env, "SPOTBROKER_TOKEN": token})
-    said = r.stdout.strip()
-    assert r.returncode == 0 and said == f"job {job}: SUCCEEDED: it had already ended, nothing was cancelled"
