@@ -172,7 +172,7 @@ async def submit_job(request: Request, team: CurrentTeam,
     known = await run_in_threadpool(intake.team_of, state.session_factory, team.team_id, state.clock.now(),
                                     state.settings.max_unfinished_jobs_per_team, idempotency_key)
     if known.full:  # before the spec is read: a full team's flood costs no parse
-        raise Problem(429, "Too many requests", known.full)
+        raise Problem(429, "Too many requests", known.full, headers={"Retry-After": "60"})
     digest = await _request_digest(request) if idempotency_key is not None else None
     if known.keyed is not None and known.keyed.digest is not None:
         # A retry is answered by what it sends, before its spec meets today's policy and clock

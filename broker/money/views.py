@@ -259,7 +259,9 @@ def team_costs(session: Session, team_id: int, since: datetime, until: datetime,
                     groups[values_of.get(tail.attempt.job_id, NO_LABEL)].add(*_values(d))
                 elif group_by:
                     groups[draft_key(group_by, d, tail.attempt)].add(*_values(d))
-    report = Report(total, dict(sorted(groups.items())))
+    # job ids in their order ("2" before "10"); the other keys as text
+    order = (lambda kv: (len(kv[0]), kv[0])) if group_by == "job" else (lambda kv: kv[0])
+    report = Report(total, dict(sorted(groups.items(), key=order)))
     if group_by == "job" and groups:
         report.names = {str(i): n for i, n in session.execute(
             select(Job.id, Job.name).where(Job.id.in_([int(k) for k in groups])))}

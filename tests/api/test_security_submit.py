@@ -94,7 +94,7 @@ def test_a_team_has_at_most_so_many_unfinished_jobs(api, settings, team_headers)
     assert first.status_code == 201, first.text
     assert api.post("/v1/jobs", json=waits, headers=ml).status_code == 201
     refused = api.post("/v1/jobs", json=waits, headers=ml)
-    assert refused.status_code == 429, refused.text
+    assert refused.status_code == 429 and refused.headers["retry-after"] == "60", refused.text  # (a 429 says when)
     assert "2 unfinished jobs" in refused.json()["detail"]
     assert "SPOTBROKER_MAX_UNFINISHED_JOBS_PER_TEAM" in refused.json()["detail"]
     yaml = {**ml, "Content-Type": "application/yaml"}

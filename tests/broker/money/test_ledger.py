@@ -245,3 +245,13 @@ def test_every_teams_totals_in_one_read_agree_with_each_teams_view(factory, worl
             assert (mine.cost, mine.on_demand_cost, mine.wasted, mine.node_hours) == pytest.approx(
                 (one.cost, one.on_demand_cost, one.wasted, one.node_hours)), team
     assert every[other].cost == pytest.approx(5.0 * (now - T0).total_seconds() / 3600)
+
+
+def test_jobs_are_grouped_in_the_order_of_their_ids(factory, world, clock):
+    """Grouped by job, "10" came before "2" (the keys sorted as text), in the API and the CSV."""
+    team = world.team()
+    for _ in range(11):
+        world.attempt(world.job(team), price=1.0)
+    clock.advance(hours=1)
+    keys = list(team_total(factory, team, clock.now(), "job").groups)
+    assert keys == sorted(keys, key=int) and len(keys) == 11, keys
