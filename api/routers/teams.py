@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Request
+from fastapi import APIRouter, Path, Request, Response
 from sqlalchemy import select
 
 from spotbroker.api.deps import Admin, CurrentTeam, SessionDep
@@ -25,8 +25,9 @@ TeamName = Annotated[str, Path(pattern=auth.TEAM_NAME_RE.pattern)]
 
 
 @router.post("/teams", status_code=201, response_model=TokenOut, responses=responses(401, 403, 409, 422))
-def create_team(request: Request, body: TeamCreate, _: Admin) -> TokenOut:
+def create_team(request: Request, response: Response, body: TeamCreate, _: Admin) -> TokenOut:
     """Create a team; the answer holds its first token (shown once)."""
+    shown_once(response)
     with transaction(request.app.state.session_factory) as session:
         try:
             team, token = auth.create_team(session, body.name, clock=request.app.state.clock)
@@ -45,14 +46,20 @@ def list_teams(session: SessionDep, _: Admin) -> list[TeamOut]:
 
 @router.post("/teams/{name}/tokens", status_code=201, response_model=TokenOut,
              responses=responses(401, 403, 404, 422))
-def create_token(request: Request, name: TeamName, _: Admin) -> TokenOut:
+def create_token(request: Request, response: Response, name: TeamName, _: Admin) -> TokenOut:
     """Another token for a team (the old ones stay valid)."""
+    shown_once(response)
     with transaction(request.app.state.session_factory) as session:
         team = session.scalar(select(Team).where(Team.name == name))
         if team is None:
             raise Problem(404, "Not found", f"no team {name!r}")
         token = auth.create_token(session, team, name="api", clock=request.app.state.clock)
     return TokenOut(team=team.name, token=token)
+
+
+def shown_once(response: Response) -> None:
+    """An answer holding a token in the clear: no cache (a proxy's, a browser's) may keep it."""
+    response.headers["Cache-Control"] = "no-store"
 
 
 def _team(session, name: str) -> Team:
@@ -64,10 +71,11 @@ def _team(session, name: str) -> Team:
 
 @router.post("/teams/{name}/tokens/rotate", status_code=201, response_model=TokenOut,
              responses=responses(401, 403, 404, 422, s403="A team's token naming another team"))
-def rotate_tokens(request: Request, name: TeamName, principal: Caller) -> TokenOut:
+def rotate_tokens(request: Request, response: Response, name: TeamName, principal: Caller) -> TokenOut:
     """Replace every token of the team by one new one (shown once); the old
     ones stop working at once. The admin's token, or the team's own (a team
     that still holds its token may replace it, e.g. after a leak)."""
+    shown_once(response)
     may_read(principal, name)
     with transaction(request.app.state.session_factory) as session:
         team = _team(session, name)

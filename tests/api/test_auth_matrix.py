@@ -91,9 +91,14 @@ def test_no_token_reaches_a_log_line_or_the_database_in_clear(serve_process, set
     with serve_process(log_level="debug") as server, httpx.Client(base_url=server.url, timeout=10) as client:
         admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
         tokens = [ADMIN_TOKEN, "sbt_wrong-token-sent-by-a-client"]
-        tokens.append(client.post("/v1/teams", json={"name": "a"}, headers=admin).json()["token"])
-        tokens.append(client.post("/v1/teams/a/tokens", headers=admin).json()["token"])
-        h = {"Authorization": f"Bearer {tokens[2]}"}
+        made = [client.post("/v1/teams", json={"name": "a"}, headers=admin),
+                client.post("/v1/teams/a/tokens", headers=admin)]
+        tokens += [r.json()["token"] for r in made]
+        made.append(client.post("/v1/teams/a/tokens/rotate", headers={"Authorization": f"Bearer {tokens[3]}"}))
+        tokens.append(made[-1].json()["token"])
+        # an answer holding a token is kept by no cache, a proxy's or a browser's
+        assert [r.headers.get("cache-control") for r in made] == ["no-store"] * 3
+        h = {"Authorization": f"Bearer {tokens[4]}"}  # (the rotation ended the first two)
         job_id = client.post("/v1/jobs", json={"run": "true"}, headers=h).json()["id"]
         job = wait_state(client, h, job_id, TERMINAL, timeout=60)
         tokens.append(agent_token(b"test-signing-key", job["attempts"][0]["id"]))
