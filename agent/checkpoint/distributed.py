@@ -242,4 +242,5 @@ class RankedSaves:
         if self.ckpt.restore_rng and writers == self.ranks.world_size:
             set_rng_state(own["rng"])
         if self.ckpt.sharded:
-            self.ckpt.extra = dict(own.get("extra") or {})
+            self.ckpt.extra.clear()  # (the trainer's own dict, given as extra=: filled in, not replaced)
+            self.ckpt.extra.update(own.get("extra") or {})
