@@ -59,14 +59,17 @@ _MEANINGS = {
     415: "The body's content type is not one this route reads",
     422: "A field or parameter is invalid; `errors` names each",
     429: "Too many at once for this team; retry after `Retry-After` seconds",
+    503: "The broker's database did not answer; retry after `Retry-After` seconds",
 }
 
 
 def responses(*statuses: int, **described: str) -> dict[int | str, dict[str, Any]]:
     """OpenAPI entries for a route's error answers, all problem documents:
-    `responses(401, 403, 404)`, with `s409="why"` to say more for one."""
+    `responses(401, 403, 404)`, with `s409="why"` to say more for one. Every
+    route may answer 503 while the database does not (the README says so to
+    a client): it is declared on each."""
     out: dict[int | str, dict[str, Any]] = {}
-    for status in statuses:
+    for status in dict.fromkeys((*statuses, 503)):
         text = described.get(f"s{status}", _MEANINGS.get(status, _TITLES.get(status, "Error")))
         out[status] = {"description": text,
                        "content": {PROBLEM: {"schema": {"$ref": "#/components/schemas/ProblemDoc"}}}}

@@ -358,6 +358,10 @@ def test_openapi_is_complete(api):
     body = schema["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]
     assert body["application/json"]["schema"]["$ref"] == "#/components/schemas/JobSpec"
     assert "JobSpec" in schema["components"]["schemas"] and "Resources" in schema["components"]["schemas"]
+    # Every route that reads the database may answer 503 (the README tells clients so): each declares it.
+    silent = [f"{m} {p}" for p, ops in schema["paths"].items() for m, op in ops.items()
+              if "401" in op["responses"] and "503" not in op["responses"]]
+    assert not silent, silent
 
 
 
