@@ -232,8 +232,9 @@ def test_tail_of_a_log_of_long_lines_reads_only_what_it_returns(serve_process, s
         assert r.content == b"z" * (32 * MIB) + b"\nend\n" and whole.content.endswith(r.content)
         # Against the whole log read just before, on the same machine under the same load (a fixed
         # bound failed on a slow machine): tail=2 returns less of it, so it takes about as long or less.
-        # The old walk took 17 s and more where the whole log took under one.
-        assert took < 2 * read_all + 1, f"tail=2 took {took:.1f} s, the whole log {read_all:.1f} s"
+        # The old walk took 17 s and more where the whole log took under one; under the whole suite the
+        # two reads' loads differ (4.7 s against 1.6 s once): a margin for that, far below the old walk's.
+        assert took < 3 * read_all + 5, f"tail=2 took {took:.1f} s, the whole log {read_all:.1f} s"
         assert httpx.get(f"{server.url}/v1/jobs/{job_id}/logs", params={"tail": 1}, headers=h).text == "end\n"
         assert httpx.get(f"{server.url}/v1/jobs/{job_id}/logs", params={"tail": 0}, headers=h).text == ""
         httpx.post(f"{server.url}/v1/jobs/{job_id}/cancel", headers=h)
