@@ -110,9 +110,7 @@ def _with_lines(errors: list[dict], body: bytes, fmt: str) -> list[dict]:
 async def _read_spec(request: Request, team_id: int, policy) -> tuple[JobSpec, list[dict]]:
     """The submitted spec, the team `policy`'s defaults merged under it, and
     the warnings about what of it was dropped."""
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        raise Problem(413, "Payload too large", f"a job spec is at most {MAX_BODY} bytes")
+    body = await _spec_body(request)
     ctype, fmt = _content_type(request), _format_of(request)
     if ctype not in _YAML_TYPES and ctype not in ("application/json", ""):
         raise Problem(415, "Unsupported media type", f"send application/json or application/yaml, not {ctype}")
@@ -217,12 +215,16 @@ async def submit_job(request: Request, team: CurrentTeam,
     return Response(answer.model_dump_json(), status_code=201, media_type="application/json")
 
 
-async def _request_digest(request: Request) -> str:
-    """What a retry is compared by: the body as sent, and whether it is JSON or a task file."""
-    body = await request.body()
+async def _spec_body(request: Request) -> bytes:
+    body = await request.body()  # (read once: Starlette keeps it for the next call)
     if len(body) > MAX_BODY:
         raise Problem(413, "Payload too large", f"a job spec is at most {MAX_BODY} bytes")
-    return hashlib.sha256(_format_of(request).encode() + b"\0" + body).hexdigest()
+    return body
+
+
+async def _request_digest(request: Request) -> str:
+    """What a retry is compared by: the body as sent, and whether it is JSON or a task file."""
+    return hashlib.sha256(_format_of(request).encode() + b"\0" + await _spec_body(request)).hexdigest()
 
 
 def _submitted(state, team, job_id: int) -> Response:
