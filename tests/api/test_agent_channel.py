@@ -265,10 +265,10 @@ def test_checkpoints_the_trainers_keep_last_deleted_are_forgotten(api, team_head
     job, token = running_job(api, h, settings)
     prefix = attempt_prefix(settings, job)
     assert post(api, token, *[committed(i, i, f"{prefix}/step-{i:012d}") for i in range(1, 5)]).status_code == 200
-    with make_session_factory(make_engine(settings.database_url))() as s:
-        kept = s.query(Checkpoint).filter_by(attempt_id=job["attempts"][-1]["id"], step=1).one()
-        kept.keep = True
-        s.commit()
+    # A writing transaction from its start (IMMEDIATE on SQLite): a deferred one that read, then
+    # wrote, failed at once with "database is locked" when the app wrote in between.
+    with transaction(make_session_factory(make_engine(settings.database_url))) as s:
+        s.query(Checkpoint).filter_by(attempt_id=job["attempts"][-1]["id"], step=1).one().keep = True
     odd = [ev(AFTER_AGENT + 10, "checkpoints_pruned", steps="1"), ev(AFTER_AGENT + 11, "checkpoints_pruned")]
     assert post(api, token, *odd).status_code == 200  # nothing to act on: forgets nothing
     assert post(api, token, ev(AFTER_AGENT + 12, "checkpoints_pruned", steps=[1, 2, 3])).status_code == 200
