@@ -397,6 +397,7 @@ def simulate_preemption(request: Request, job_id: JobId, team: CurrentTeam) -> J
     (local launcher only: a real cloud's notice cannot be forged)."""
     state = request.app.state
     try:
+        jobs.await_simulated_cloud(state.session_factory, team.team_id, job_id, state.launchers)
         # a write from the start: on SQLite a read transaction that then writes fails at once
         # when another writer (the agent, the reconciler) came in between
         with transaction(state.session_factory) as session:

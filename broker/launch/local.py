@@ -58,7 +58,13 @@ from spotbroker.broker.jobs.runs import RunState, RunStatus
 from spotbroker.broker.launch.base import Handle, LaunchError, LaunchRequest
 from spotbroker.broker.launch.identity import SYSTEM_PATH, JobUsers, secure_data_dir
 from spotbroker.broker.launch.local_claims import claim_node
-from spotbroker.broker.launch.local_node import NodeSpec, sim_token_file, sim_url_file, start_failure
+from spotbroker.broker.launch.local_node import (
+    SIMULATOR_START_S,
+    NodeSpec,
+    sim_token_file,
+    sim_url_file,
+    start_failure,
+)
 from spotbroker.broker.launch.local_rendezvous import rendezvous_env
 from spotbroker.broker.pricing import gcp_n1
 from spotbroker.broker.pricing.offers import Placement
@@ -186,7 +192,8 @@ class LocalLauncher:
                                     start_new_session=True, cwd=str(run_dir), env=node_env())
         with self._lock:
             self._children[proc.pid] = proc
-        node = {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid), "marks_start": True}
+        node = {"rank": rank, "pid": proc.pid, "start": start_time(proc.pid), "marks_start": True,
+                "simulated": simulated}
         # Another broker on the database may see the run end and release it, and this one then never
         # asks after it again: its exit is collected here (else a zombie until this broker restarts).
         threading.Thread(target=self._collect, args=(proc,), name=f"node-{proc.pid}", daemon=True).start()
@@ -257,8 +264,7 @@ class LocalLauncher:
 
     def simulate_preemption(self, handle: Handle, node: int = 0) -> dict:
         """Make the metadata simulator of the attempt's node `node` publish a preemption notice."""
-        url_file = Path(handle["run_dir"]) / sim_url_file(node)
-        url = url_file.read_text().split("\n", 1)[0].strip() if url_file.exists() else ""
+        url = self.simulator_url(handle, node)
         if not url:
             raise LaunchError("this attempt has no metadata simulator (a job on the broker's host, or not started yet)")
         token_file = Path(handle["run_dir"]) / sim_token_file(node)
@@ -272,6 +278,22 @@ class LocalLauncher:
         except httpx.HTTPError as exc:
             raise LaunchError(f"the metadata simulator did not take the notice: {exc}") from None
         return r.json() if r.headers.get("content-type", "").startswith("application/json") else {}
+
+    def simulator_url(self, handle: Handle, rank: int = 0) -> str:
+        """Where node `rank`'s simulator listens. The node starts it after the
+        launch has returned: a notice asked for at once waits for it, as long as
+        the node itself does, while the node lives ("" when it has none)."""
+        url_file = Path(handle["run_dir"]) / sim_url_file(rank)
+        node = next((n for n in handle["nodes"] if n["rank"] == rank), None)
+        deadline = time.monotonic() + SIMULATOR_START_S
+        while True:
+            text = url_file.read_text() if url_file.exists() else ""
+            if "\n" in text:  # the whole line: the simulator listens
+                return text.split("\n", 1)[0].strip()
+            if (node is None or not node.get("simulated") or time.monotonic() > deadline
+                    or start_time(node["pid"]) != node["start"]):
+                return ""
+            time.sleep(0.05)
 
     # --- observing and stopping ------------------------------------------------------
 

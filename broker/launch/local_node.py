@@ -250,6 +250,9 @@ def sim_url_file(rank: int) -> str:
     return "sim.url" if rank == 0 else f"sim-{rank}.url"
 
 
+SIMULATOR_START_S = 20  # how long a node waits for its metadata simulator to listen
+
+
 def sim_token_file(rank: int) -> str:
     """Where node `rank` keeps its simulator's control token, for the broker's `simulate_preemption`."""
     return sim_url_file(rank).replace(".url", ".token")
@@ -278,7 +281,7 @@ def start_simulator(spec: NodeSpec) -> subprocess.Popen[bytes] | None:
                                 "--kill-at-hard-stop", str(os.getpid())],
                                stdin=subprocess.DEVNULL, stdout=out, stderr=log,
                                env={**os.environ, protocol.ENV_SIM_CONTROL_TOKEN: token})
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + SIMULATOR_START_S
     while time.monotonic() < deadline:
         text = url_file.read_text()
         if "\n" in text:  # the simulator prints its URL as one line once it listens

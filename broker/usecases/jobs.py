@@ -217,25 +217,40 @@ class NotPreemptible(RuntimeError):
     """The job has no running attempt whose cloud can be made to send a notice."""
 
 
-def simulate_preemption(session: Session, team_id: int, job_id: int, launchers: Mapping[str, Launcher]) -> Job:
-    """Make the job's running attempt's simulated cloud send its preemption
-    notice: only a launcher that simulates a cloud (the local one) has
-    `simulate_preemption`; a real cloud's notice cannot be forged. `session`
-    writes (db.transaction)."""
-    job = get(session, team_id, job_id)
+def _notice_target(job: Job, launchers: Mapping[str, Launcher]) -> tuple[Attempt, Launcher]:
+    """The job's running attempt and its launcher, if that launcher simulates a
+    cloud (the local one has `simulate_preemption`): a real cloud's notice cannot be forged."""
     attempt = current_attempt(job)
     launcher = launchers.get(attempt.launcher) if attempt else None
-    simulate = getattr(launcher, "simulate_preemption", None)
-    if attempt is None or attempt.handle is None or simulate is None:
+    if attempt is None or attempt.handle is None or not hasattr(launcher, "simulate_preemption"):
         raise NotPreemptible("only a running attempt on the local launcher can be preempted on request")
     if attempt.cloud == "k8s":
         raise NotPreemptible("the attempt runs on a Kubernetes place, which no cloud reclaims: there is no "
                              "preemption notice to simulate")
+    return attempt, launcher
+
+
+def await_simulated_cloud(session_factory: sessionmaker, team_id: int, job_id: int,
+                          launchers: Mapping[str, Launcher]) -> None:
+    """A node starts its simulated cloud just after its launch: a notice asked
+    for at once waits for it here, before `simulate_preemption`'s write
+    transaction (a writer held while a node starts would stall every other)."""
+    with session_factory() as session:
+        attempt, launcher = _notice_target(get(session, team_id, job_id), launchers)
+        handle = attempt.handle
+    launcher.simulator_url(handle)
+
+
+def simulate_preemption(session: Session, team_id: int, job_id: int, launchers: Mapping[str, Launcher]) -> Job:
+    """Make the job's running attempt's simulated cloud send its preemption
+    notice. `session` writes (db.transaction)."""
+    job = get(session, team_id, job_id)
+    attempt, launcher = _notice_target(job, launchers)
     # A reclaim the team asked for steers no other team (histories.py): marked in the caller's
     # transaction (a write one), which a failed send rolls back.
     session.execute(update(Attempt).where(Attempt.id == attempt.id).values(preemption_requested=True))
     try:
-        simulate(attempt.handle)
+        launcher.simulate_preemption(attempt.handle)
     except LaunchError as exc:
         raise NotPreemptible(str(exc)) from None
     return job

@@ -8,12 +8,13 @@ import signal
 import time
 from dataclasses import replace
 
+import pytest
 from support.helpers import processes
 
 from spotbroker.agent import protocol
 from spotbroker.agent.proctree import start_time
 from spotbroker.broker.jobs.runs import RunState
-from spotbroker.broker.launch.base import LaunchRequest
+from spotbroker.broker.launch.base import LaunchError, LaunchRequest
 from spotbroker.broker.launch.local import LocalLauncher
 from spotbroker.broker.pricing.offers import LOCAL_PLACEMENT
 
@@ -246,6 +247,38 @@ def test_a_node_stopped_while_it_starts_leaves_no_simulator_behind(tmp_path):
         time.sleep(0.05)
     assert (status.state, status.exit_code) == (RunState.FAILED, 143)
     assert _simulators_of(handle["nodes"][0]["pid"]) == []
+
+
+def test_a_notice_asked_for_as_soon_as_the_launch_returns_reaches_the_node(tmp_path):
+    """The node starts its metadata simulator after the launch returns: a
+    notice asked for at once (the job already RUNNING) was refused with "no
+    metadata simulator" on a loaded host (seen in CI)."""
+    launcher = LocalLauncher(tmp_path, 10)
+    aws = replace(LOCAL_PLACEMENT, cloud="aws", region="us-east-1", zone="us-east-1a")
+    req = replace(request(tmp_path, "sleep 60"), placement=aws,
+                  extra_env={protocol.ENV_AGENT_TOKEN: "agent-token", protocol.ENV_BROKER_URL: "http://127.0.0.1:9"})
+    handle = launcher.launch(req)
+    try:
+        url = tmp_path / "runs" / "7" / "sim.url"
+        assert not url.exists() or "\n" not in url.read_text()  # not listening yet
+        assert launcher.simulate_preemption(handle) is not None
+    finally:
+        launcher.terminate(handle)
+        deadline = time.monotonic() + 15
+        while launcher.status(handle).state == RunState.RUNNING and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def test_a_job_without_a_simulator_is_refused_at_once(tmp_path):
+    launcher = LocalLauncher(tmp_path, 10)
+    handle = launcher.launch(request(tmp_path, "sleep 60"))
+    try:
+        started = time.monotonic()
+        with pytest.raises(LaunchError, match="no metadata simulator"):
+            launcher.simulate_preemption(handle)
+        assert time.monotonic() - started < 1
+    finally:
+        launcher.terminate(handle)
 
 
 def test_a_node_lost_before_it_started_the_job_is_a_failed_start_not_a_vanished_node(tmp_path):
