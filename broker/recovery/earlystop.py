@@ -16,10 +16,11 @@ agent folds them on their way here) and each report carries its standing
 (`agent/checkpoint/reports.py`); the broker fires on the newest. A resumed
 run counts on from its checkpoint, as the library keeps the count in it.
 
-The kept checkpoint is the newest one the library saved at a report that
-improved the metric (reason `best`); without one (the upload was busy, or
-the trainer saved none), the first committed at or after the best step,
-nearest to the best weights. It is marked `keep` (never deleted nor
+The kept checkpoint is the one the library saved at the best step (reason
+`best`): a report that beat it after the rule fired, while the stop was on
+its way, saved one too, but judges nothing. Without one (the upload was
+busy, or the trainer saved none), the first committed at or after the best
+step, nearest to the best weights. It is marked `keep` (never deleted nor
 archived) and named in the job, with how it was chosen.
 """
 from __future__ import annotations
@@ -171,7 +172,8 @@ def _keep_best(session: Session, job: Job, row: EarlyStop, clock: Clock, root: s
 
 
 def choose_checkpoint(session: Session, job_id: int, best_step: int) -> tuple[Checkpoint | None, str | None]:
-    best = session.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.reason == BEST)
+    best = session.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id, Checkpoint.reason == BEST,
+                                                   Checkpoint.step == best_step)
                           .order_by(Checkpoint.committed_at.desc(), Checkpoint.id.desc()).limit(1))
     if best is not None:
         return best, BEST

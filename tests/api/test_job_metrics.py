@@ -132,6 +132,31 @@ def test_without_a_best_save_the_first_checkpoint_at_or_after_the_best_step_is_n
     assert [e["data"]["checkpoint_id"] for e in events if e["type"] == "keep_refused"] == [stop["checkpoint"]["id"]]
 
 
+def test_a_best_save_after_the_rule_fired_is_not_the_kept_one(api, team_headers, settings):
+    """The trainer goes on until the stop reaches it, and a report in that
+    time may beat the best: the library saves it as `best` too, but the rule
+    has judged; the kept checkpoint is the best step's (a loaded machine kept
+    step 790 against a best step of 750)."""
+    h = team_headers()
+    job, token = started(api, h, settings, early_stop={**RULE, "min_steps": 0})
+    prefix = f"{settings.checkpoint_uri}/ml/{job['id']}/{job['attempts'][-1]['id']}"
+
+    def committed(seq: int, step: int) -> dict:
+        return {"seq": seq, "type": "checkpoint_committed", "at": datetime.now(UTC).isoformat(), "data": {
+            "step": step, "uri": f"{prefix}/step-{step:012d}", "bytes": 10, "seconds": 0.1, "reason": "best"}}
+
+    run: dict = {}
+    post(api, token, report(100, 10, 0, run, val_loss=1.0), report(101, 20, 5, run, val_loss=0.5), committed(102, 20),
+         report(103, 40, 10, run, val_loss=0.6), report(104, 50, 15, run, val_loss=0.7))
+    fired = api.get(f"/v1/jobs/{job['id']}", headers=h).json()["early_stop"]
+    assert fired is not None and fired["best_step"] == 20
+    post(api, token, report(105, 70, 20, run, val_loss=0.3), committed(106, 70))  # the stop on its way
+    post(api, token, {"seq": 107, "type": "no_flush", "at": datetime.now(UTC).isoformat(),
+                      "data": {"reason": "no library", "early_stop": True}})
+    stop = wait_state(api, h, job["id"], {"SUCCEEDED", "FAILED", "CANCELLED"})["early_stop"]
+    assert (stop["best_step"], stop["checkpoint"]["step"], stop["checkpoint"]["choice"]) == (20, 20, "best")
+
+
 def test_an_agents_backlog_of_reports_is_stored_in_a_few_statements(engine, factory):
     """A batch of a thousand reports (an agent's backlog) was three queries and a
     flush a report, under SQLite's write lock for seconds: the batch is now a few
