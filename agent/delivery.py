@@ -297,12 +297,12 @@ class LogShipper(Delivery):
                 if finishing:
                     return  # the whole log delivered
                 self._pause(self.config.log_interval)
-        if self.shipped < _size(self.path):
-            log.warning("the log is shipped up to byte %d of %d", self.shipped, _size(self.path))
+        if self.shipped < log_size(self.path):
+            log.warning("the log is shipped up to byte %d of %d", self.shipped, log_size(self.path))
 
     def _ship_once(self) -> bool:
         """Send the next chunk; True when the broker has the whole file."""
-        size = _size(self.path)
+        size = log_size(self.path)
         if self.shipped >= size:
             return True
         with open(self.path, "rb") as log_file:
@@ -319,5 +319,6 @@ class LogShipper(Delivery):
         return self.shipped >= size
 
 
-def _size(path: Path) -> int:
+def log_size(path: Path) -> int:
+    """The log file's length in bytes (0 before the trainer printed)."""
     return path.stat().st_size if path.exists() else 0

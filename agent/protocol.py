@@ -123,7 +123,11 @@ RESUMED = "resumed"                            # data: step, uri
 CHECKPOINTS_PRUNED = "checkpoints_pruned"
 MAX_PRUNED_STEPS = 1000                        # steps in one such event
 TRAINER_STARTED = "trainer_started"            # data: pid, library (bool)
-TRAINER_EXITED = "trainer_exited"              # data: exit_code
+TRAINER_EXITED = "trainer_exited"              # data: exit_code, log_bytes
+# trainer_exited's data: how long the node's log is. It may overtake the log's
+# last bytes (a broker back from an outage takes both at once): the broker
+# holds the log unfinished until it has them.
+EVENT_LOG_BYTES = "log_bytes"
 # data: step (int), values ({name: finite float}). The library writes one per
 # report(); the agent folds those that come more often than every few seconds.
 # Under early_stop, data[EARLY_STOP] is the rule's standing, counted by the library

@@ -58,6 +58,7 @@ from spotbroker.agent.delivery import (
     Delivery,
     EventSender,
     LogShipper,
+    log_size,
 )
 from spotbroker.agent.energy import GpuEnergy
 from spotbroker.agent.flush import write_interval_file
@@ -73,6 +74,7 @@ from spotbroker.agent.protocol import (
     ENV_CONTROL_DIR,
     ENV_JOB_ID,
     ENV_TRAINER_ENV_FD,
+    EVENT_LOG_BYTES,
     EVENTS_FILE,
     GPU_JOULES,
     GPU_SECONDS,
@@ -240,7 +242,8 @@ class Supervisor(NoticePath, StopPath):
         self._notices.put(None)
         self._join("notice-handler", 10.0)  # it may still acknowledge (Azure): watchers stop after
         self._stop_watchers()
-        data: dict[str, Any] = {"exit_code": exit_code, **self._energy_used()}
+        data: dict[str, Any] = {"exit_code": exit_code, EVENT_LOG_BYTES: log_size(self.log_path),
+                                **self._energy_used()}
         self.energy.close()
         if returncode < 0:
             data["signal"] = signal_name(-returncode)

@@ -74,30 +74,54 @@ def finished(session: Session, keys: Iterable[tuple[int, int]], now: datetime) -
     """The (attempt, rank) logs among `keys` that will not grow any more.
 
     A node that outlives its attempt's end is waited for until its agent
-    reports the trainer's exit, which it sends only once the log is shipped
+    reports the trainer's exit, which it sends once the log is shipped
     (agent/runner.py), or for LATE_S. One whose agent never spoke has
-    nothing to ship; one the launcher saw end (an exit code) has ended."""
+    nothing to ship; one the launcher saw end (an exit code) has ended. The
+    exit says how long the log is: a broker back from an outage takes the
+    exit and the log's last bytes at once, and the exit may come first; the
+    log is then finished once it has them, or LATE_S after the end."""
     keys = set(keys)
     rows = session.execute(select(Attempt.id, Attempt.job_id, Attempt.state, Attempt.end_reason,
                                   Attempt.exit_code, Attempt.ended_at, Attempt.agent_seq)
                            .where(Attempt.id.in_({a for a, _ in keys}))).all()
-    ended, waiting = set(), {}
+    ended, waiting, late = set(), set(), set()
     for row in rows:
         if row.state in LIVE_ATTEMPT_STATES:
             continue
-        outlives = (row.end_reason in _NODE_OUTLIVES and row.exit_code is None and row.agent_seq > 0
-                    and row.ended_at is not None and now - row.ended_at < timedelta(seconds=LATE_S))
-        if outlives:
-            waiting[row.id] = row.job_id
+        if row.ended_at is None or now - row.ended_at >= timedelta(seconds=LATE_S):
+            late.add(row.id)
+        if row.end_reason in _NODE_OUTLIVES and row.exit_code is None and row.agent_seq > 0 and row.id not in late:
+            waiting.add(row.id)
         else:
             ended.add(row.id)
     done = {key for key in keys if key[0] in ended}
-    if waiting:
-        exits = session.execute(select(Event.attempt_id, Event.data).where(  # job_id: the events' index
-            Event.job_id.in_(set(waiting.values())), Event.attempt_id.in_(waiting),
-            Event.type == protocol.TRAINER_EXITED))
-        done |= {(attempt_id, _rank(data)) for attempt_id, data in exits} & keys
+    over = {row.job_id for row in rows if row.id in ended | waiting}
+    if not over:
+        return done
+    exits = session.execute(select(Event.attempt_id, Event.data).where(  # job_id: the events' index
+        Event.job_id.in_(over), Event.attempt_id.in_(ended | waiting), Event.type == protocol.TRAINER_EXITED)).all()
+    said = {(attempt_id, _rank(data)): data for attempt_id, data in exits}
+    stored = _sizes(session, [key for key in said if key in keys and key[0] not in late])
+    for key, data in said.items():
+        if key not in keys:
+            continue
+        expected = data.get(protocol.EVENT_LOG_BYTES) if isinstance(data, dict) else None
+        whole = key[0] in late or not isinstance(expected, int) or stored.get(key, 0) >= expected
+        if whole:
+            done.add(key)
+        else:
+            done.discard(key)
     return done
+
+
+def _sizes(session: Session, keys: list[tuple[int, int]]) -> dict[tuple[int, int], int]:
+    """Each log's length, from its rows (contiguous from 0), in one query."""
+    if not keys:
+        return {}
+    rows = session.execute(select(LogChunk.attempt_id, LogChunk.rank, func.max(LogChunk.start + LogChunk.size))
+                           .where(LogChunk.attempt_id.in_({a for a, _ in keys}))
+                           .group_by(LogChunk.attempt_id, LogChunk.rank))
+    return {(a, r): n for a, r, n in rows}
 
 
 def _rank(data: object) -> int:

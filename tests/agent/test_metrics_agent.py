@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from spotbroker.agent.protocol import CHECKPOINT_COMMITTED, EARLY_STOP, METRICS, NO_FLUSH, TRAINER_EXITED
+from spotbroker.agent.protocol import (
+    CHECKPOINT_COMMITTED,
+    EARLY_STOP,
+    EVENT_LOG_BYTES,
+    METRICS,
+    NO_FLUSH,
+    TRAINER_EXITED,
+)
 
 TOKEN = "test-agent-token-7f3a"  # the fake broker's (conftest.AGENT_TOKEN)
 
@@ -100,7 +107,7 @@ def test_the_brokers_stop_checkpoints_and_ends_the_trainers_loop(agent, broker, 
     assert [c["reason"] for c in committed] == [EARLY_STOP]
     assert f"left the loop at {committed[0]['step']} " in out
     assert err.count("the broker stopped the run early") == 1 and NO_FLUSH not in broker.types()
-    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 0}
+    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 0, EVENT_LOG_BYTES: len(broker.log_bytes)}
 
 
 def test_a_number_no_float_holds_is_dropped_not_fatal():

@@ -28,6 +28,7 @@ from spotbroker.agent.protocol import (
     ENV_JOB_ID,
     ENV_METADATA_URL,
     ENV_RESUME_FROM,
+    EVENT_LOG_BYTES,
     FLUSH_FILE,
     HEARTBEAT,
     NO_FLUSH,
@@ -119,6 +120,14 @@ def _control_dir(process) -> Path:
     return control
 
 
+def exit_of(broker) -> dict:
+    """The trainer_exited event's data, less the log's length, which is checked:
+    the exit says how long the log is, and the broker has all of it."""
+    data = dict(broker.first(TRAINER_EXITED)["data"])
+    assert data.pop(EVENT_LOG_BYTES) == len(broker.log_bytes)
+    return data
+
+
 def _assert_drain_notice(broker, window: float) -> dict:
     """The one preemption_notice a drain is reported as; its data."""
     notices = [e["data"] for e in broker.ordered() if e["type"] == PREEMPTION_NOTICE]
@@ -150,7 +159,7 @@ def test_notice_reaches_the_broker_then_the_commit_then_the_exit(cloud, agent, b
         assert abs((datetime.fromisoformat(notice["deadline"]) - sim.deadline).total_seconds()) < 1
     committed = broker.first(CHECKPOINT_COMMITTED)["data"]
     assert committed["reason"] == "preemption" and committed["deadline"] == notice["deadline"]
-    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 0}
+    assert exit_of(broker) == {"exit_code": 0}
     _assert_seq_contiguous(broker)
     assert broker.refused == 0
     if cloud == "azure":
@@ -253,7 +262,7 @@ def test_exit_code_is_passed_through(agent, broker, trainer_code):
     code, _, err = agent("--steps", "3", "--exit-code", str(trainer_code), broker_url=broker.url,
                          sim_url=None).finish()
     assert code == trainer_code, err
-    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": trainer_code}
+    assert exit_of(broker) == {"exit_code": trainer_code}
 
 
 @pytest.mark.parametrize("sig, trainer_code", [(signal.SIGTERM, 42), (signal.SIGINT, 43)])
@@ -265,7 +274,7 @@ def test_signals_are_forwarded_to_the_trainer(agent, broker, wait, tmp_path, sig
     code, out, err = process.finish()
     assert code == trainer_code, err  # the trainer's handler exits 42 on SIGTERM, 43 on SIGINT
     assert f"trainer: got {sig.name}" in out
-    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": trainer_code}
+    assert exit_of(broker) == {"exit_code": trainer_code}
 
 
 def test_a_gone_broker_stops_the_delivery_and_the_trainer_and_the_agent_exits(agent, broker, wait):
@@ -325,7 +334,7 @@ def test_cancel_from_the_broker_stops_the_trainer(agent, broker, wait):
     broker.cancel = True
     code, _, err = agent(broker_url=broker.url, sim_url=None).finish()
     assert code == 42, err
-    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 42}
+    assert exit_of(broker) == {"exit_code": 42}
 
 
 def test_drain_flushes_once_however_often_the_broker_says_it(agent, broker, wait):
@@ -402,7 +411,7 @@ def test_the_output_is_drained_when_the_log_file_cannot_be_opened(agent, broker,
     assert code == 0, err
     assert "out line 4999\n" in out and "err line 4999\n" in out  # still mirrored
     assert "cannot open" in err and "trainer.log" in err
-    assert broker.first(TRAINER_EXITED)["data"] == {"exit_code": 0}
+    assert exit_of(broker) == {"exit_code": 0}
 
 
 def test_a_wrong_token_is_refused_and_the_trainer_still_runs(agent, broker):

@@ -111,6 +111,28 @@ def test_a_log_is_finished_once_its_node_has_said_its_last_word_or_cannot(factor
     assert finished(exit_code=None, state="SUCCEEDED", end_reason="succeeded") == set(keys)
 
 
+def test_a_log_whose_exit_came_before_its_last_bytes_is_finished_once_it_has_them(factory, attempt):
+    """A broker back from an outage takes the agent's exit and the log's last
+    bytes at once, and the exit came first: `logs -f` ended with the job, six
+    lines of forty shown (seen once in the suite under load)."""
+    keys, end = [(attempt, 0)], T0 + timedelta(minutes=5)
+    with transaction(factory) as s:
+        a = s.get(Attempt, attempt)
+        a.state, a.end_reason, a.exit_code, a.ended_at, a.agent_seq = "SUCCEEDED", "succeeded", 0, end, 9
+        s.add(Event(job_id=a.job_id, attempt_id=attempt, type=protocol.TRAINER_EXITED, at=end,
+                    data={"exit_code": 0, protocol.EVENT_LOG_BYTES: 12}))
+    logs.append_at(factory, attempt, 0, 0, b"line 1\n")
+
+    def finished(at=end) -> set:
+        with factory() as s:
+            return logs.finished(s, keys, at)
+
+    assert finished() == set()                                          # 7 of its 12 bytes
+    assert finished(end + timedelta(seconds=logs.LATE_S)) == set(keys)  # ... waited for LATE_S at most
+    logs.append_at(factory, attempt, 0, 7, b"line 2\n")
+    assert finished() == set(keys)
+
+
 @pytest.mark.parametrize("text", [
     b"", b"\n", b"a", b"a\n", b"a\nb", b"a\nb\n", b"\n\n\n", b"a\n\nb\n\n", b"x" * 70_000 + b"\n" + b"y" * 200_000,
 ])
